@@ -1,0 +1,548 @@
+"""Scenario-driven simulator of the CUDA caching allocator, for the demo, tests and benchmarks.
+
+One :class:`_RankModel` holds the memory state of one training process on one GPU and
+advances it step by step the way a real run behaves:
+
+- a **floor** (``allocated`` at the step boundary: weights, gradients, optimizer state) that
+  grows concavely during warm-up (compiled graphs, CUDA-graph pools, in ever rarer jumps);
+- a per-step **activation peak** above the floor that varies with sequence length;
+- **reserved** that only grows when a demand does not fit the cache (a ratchet), is capped
+  by the device, and is released only on the OOM-retry path (``alloc_retries``);
+- memory **outside the allocator** (CUDA context, NCCL, cuBLAS workspaces) seen by NVML;
+- scenario effects on top: checkpoint and eval phases, a one-time late step, leaks inside
+  or outside the allocator, fragmentation, a sawtooth cache, OOM.
+
+Every size is a fraction of the device capacity, so one scenario means the same thing on
+a 24 GB, 80 GB or 143.8 GB card. The defaults model the KoHRM-Text notes: 8 x H200
+(143.8 GB), ~127.6 GB used per GPU on the plateau, rank 0 ~2.3 GB higher, checkpoint
+spikes above the training peak.
+
+:class:`SimulatedProbe` wraps one model behind the Probe contract (the hook calls
+``read(step, phase)``); :func:`simulate_trace` drives one and writes full schema-1 samples,
+with trace-level effects (phase samples, crash-and-resume, dropped samples, irregular step
+times). :func:`scenario_truth` states the ground truth that tests and benchmarks score
+against. Everything is deterministic given ``seed``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+H200_TOTAL_BYTES = 143_771_009_024
+_SEGMENT = 2 * 1024 * 1024  # the caching allocator maps memory in 2 MiB multiples
+
+#: Parameters every scenario starts from (fractions of total_bytes unless named otherwise).
+DEFAULTS: dict[str, Any] = {
+    "base_frac": 0.34,  # weights + grads + optimizer state at the step boundary
+    "warm_frac": 0.04,  # floor growth during warm-up (compiled graphs, CUDA-graph pools)
+    "warm_tau": 150.0,  # warm-up time constant, steps (concave: settles after ~5 tau)
+    "warm_jumps": 4,  # discrete one-time jumps during warm-up (new shapes), ever rarer
+    "act_frac": 0.49,  # activation peak above the floor at the longest sequence
+    "seq_min": 0.55,  # shortest batch relative to the longest (variable-length noise)
+    "seq_skew": 3.0,  # >1: long batches are rare, so reserved grows in ever rarer jumps
+    "floor_noise_frac": 0.00008,  # jitter of allocated at the step boundary
+    "ctx_frac": 0.0146,  # CUDA context + NCCL + workspaces: NVML used - reserved
+    "rank0_extra_frac": 0.016,  # rank 0 keeps logging/metadata/checkpoint coordination state
+    "split_frac": 0.004,  # inactive split bytes of a healthy cache
+    "step_time_s": 1.0,
+    "step_time_jitter": 0.02,  # relative
+    "stall_prob": 0.0,  # probability of a slow step (irregular step times)
+    "stall_factor": 8.0,
+    "ckpt_every": 0,  # steps between checkpoint phases (0: none)
+    "ckpt_above_frac": 0.03,  # checkpoint peak above the largest training peak
+    "ckpt_time_s": 20.0,
+    "eval_every": 0,  # steps between eval phases (0: none)
+    "eval_act_frac": 0.42,  # eval activations (no grads, bigger batch) above the floor
+    "eval_time_s": 15.0,
+    "step_at": None,  # one-time late step (new plateau) at this step
+    "step_frac": 0.03,
+    "leak_onset": None,  # allocator leak (allocated floor rises linearly) from this step
+    "leak_rate_frac": 0.0,  # per step
+    "outside_onset": None,  # leak outside the allocator (NVML rises, torch flat)
+    "outside_rate_frac": 0.0,  # per step
+    "frag_onset": None,  # fragmentation: cached-but-unusable bytes grow
+    "frag_rate_frac": 0.0,  # per step
+    "saw_period": 0,  # sawtooth: a cache fills over this many steps, then is cleared
+    "saw_frac": 0.0,  # its size when full
+    "periodic_every": 0,  # unmarked periodic spike in the per-step peak (no phase marker)
+    "periodic_frac": 0.0,
+    "leak_rank": None,  # multi-rank scenarios: only this rank runs the leak effects
+    "crash_at": None,  # trace: the process dies at this step ...
+    "resume_from": None,  # ... and a new incarnation resumes from this step
+    "restart_delay_s": 180.0,
+    "drop_prob": 0.0,  # trace: fraction of samples lost
+    "gap_at": None,  # trace: a run of samples lost (collector down, spool lost)
+    "gap_len": 0,
+    "sample_every": 1,  # trace: the hook emits every N-th step
+    "stop_on_oom": True,  # trace: the process dies at its first OOM
+    "world_size": 1,
+}
+
+#: Named scenarios: description plus the parameters that differ from DEFAULTS.
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "healthy": {"description": "warm-up, then a clean plateau", "params": {}},
+    "long_warmup": {
+        "description": "slow concave warm-up lasting thousands of steps, then a plateau",
+        "params": {"warm_tau": 700.0, "warm_frac": 0.09, "base_frac": 0.30, "warm_jumps": 6},
+    },
+    "checkpoint": {
+        "description": "checkpoint phases every N steps; the first one ratchets reserved once",
+        "params": {"ckpt_every": 1000},
+    },
+    "eval": {
+        "description": "eval phases every N steps, with their own (lower) peak",
+        "params": {"eval_every": 700},
+    },
+    "late_step": {
+        "description": "a one-time step late in the run (new compiled shape), then a new plateau",
+        "params": {"step_at": 3000, "step_frac": 0.03},
+    },
+    "fast_leak": {
+        "description": "allocated floor rises fast from an onset step (runway of a few thousand steps)",
+        "params": {"leak_onset": 1500, "leak_rate_frac": 2.5e-5},
+    },
+    "slow_leak": {
+        "description": "allocated floor rises slowly with lots of headroom (runway far beyond the trace)",
+        "params": {"leak_onset": 1500, "leak_rate_frac": 2.0e-6, "act_frac": 0.30},
+    },
+    "noisy_leak": {
+        "description": "a leak hidden under variable-length noise in the per-step peak",
+        "params": {"leak_onset": 1500, "leak_rate_frac": 5e-6, "seq_min": 0.2, "act_frac": 0.40,
+                   "floor_noise_frac": 0.0005},
+    },
+    "leak_to_oom": {
+        "description": "an allocator leak that runs into OOM (ooms counter increments, the process dies)",
+        "params": {"leak_onset": 1200, "leak_rate_frac": 4e-5, "ckpt_every": 1000},
+    },
+    "fragmentation": {
+        "description": "reserved - allocated and inactive split grow, allocation retries climb, allocated flat",
+        "params": {"frag_onset": 1500, "frag_rate_frac": 4e-5},
+    },
+    "outside_leak": {
+        "description": "NVML used - reserved rises (driver/NCCL/GL leak) while torch stats stay flat",
+        "params": {"outside_onset": 1500, "outside_rate_frac": 1.5e-5},
+    },
+    "sawtooth": {
+        "description": "a cache that fills and is cleared periodically: not a leak",
+        "params": {"saw_period": 400, "saw_frac": 0.05},
+    },
+    "periodic_spikes": {
+        "description": "unmarked periodic spikes in the per-step peak (no phase marker)",
+        "params": {"periodic_every": 250, "periodic_frac": 0.04, "act_frac": 0.40},
+    },
+    "crash_resume": {
+        "description": "the process dies and a new incarnation resumes from the last checkpoint",
+        "params": {"ckpt_every": 1000, "crash_at": 2600, "resume_from": 2000},
+    },
+    "dropped": {
+        "description": "5 % of samples lost at random plus a long gap, irregular step times",
+        "params": {"drop_prob": 0.05, "gap_at": 2000, "gap_len": 400, "stall_prob": 0.02,
+                   "step_time_jitter": 0.3},
+    },
+    "multi_rank": {
+        "description": "8 ranks, rank 0 ~2 GB higher, one bad rank (leak_rank) leaking",
+        "params": {"world_size": 8, "leak_rank": 3, "leak_onset": 1500, "leak_rate_frac": 1.5e-5,
+                   "ckpt_every": 1000},
+    },
+    "demo": {
+        "description": "vramwatch demo: 8 ranks at ~10 steps/s, plateau near 127-130 GB, checkpoint "
+        "spikes, rank 0 ~2 GB higher, rank 5 leaking from step 600 (runway ~4000 steps)",
+        "params": {"world_size": 8, "warm_tau": 60.0, "act_frac": 0.46, "ckpt_every": 500, "ckpt_time_s": 1.0,
+                   "step_time_s": 0.1, "leak_rank": 5, "leak_onset": 600, "leak_rate_frac": 2.5e-5},
+    },
+}
+
+#: Effects that run only on ``leak_rank`` when a scenario names one.
+_BAD_RANK_EFFECTS = ("leak_onset", "outside_onset", "frag_onset", "step_at")
+
+
+def scenario_params(scenario: str, **overrides: Any) -> dict[str, Any]:
+    """DEFAULTS, then the scenario's parameters, then ``overrides``; unknown names raise."""
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
+    params = dict(DEFAULTS)
+    params.update(SCENARIOS[scenario]["params"])
+    for name, value in overrides.items():
+        if name not in DEFAULTS:
+            raise ValueError(f"unknown simulator parameter {name!r}")
+        params[name] = value
+    return params
+
+
+def _rank_params(params: dict[str, Any], rank: int) -> dict[str, Any]:
+    bad = params.get("leak_rank")
+    if bad is None or rank == bad:
+        return params
+    healthy = dict(params)
+    for name in _BAD_RANK_EFFECTS:
+        healthy[name] = None
+    return healthy
+
+
+class _RankModel:
+    """Memory state of one process on one GPU; advanced by :meth:`read`."""
+
+    def __init__(self, params: dict[str, Any], total_bytes: int, rank: int, seed: int, start_step: int = 0) -> None:
+        self.p = p = _rank_params(params, rank)
+        self.start_step = start_step  # a resumed process warms up again from its first step
+        self.total = total = int(total_bytes)
+        self.rng = rng = random.Random(seed)
+        self.base = (p["base_frac"] + (p["rank0_extra_frac"] if rank == 0 else 0.0)) * total
+        self.warm = p["warm_frac"] * total
+        self.warm_tau = max(1.0, float(p["warm_tau"]))
+        # Warm-up arrives partly as a smooth approach, partly as discrete jumps (a new shape
+        # compiled) at ever longer intervals: the classic staircase that settles.
+        jumps = max(1, int(p["warm_jumps"]))
+        # ever longer gaps, ever smaller jumps, all within ~4 time constants
+        self.jumps = [
+            (self.warm_tau * 4.0 * ((k + rng.random()) / jumps) ** 1.5, self.warm * (jumps - k) / (jumps * (jumps + 1)))
+            for k in range(jumps)
+        ]
+        self.act = p["act_frac"] * total
+        self.seq_min = p["seq_min"]
+        self.seq_skew = p["seq_skew"]
+        self.floor_noise = p["floor_noise_frac"] * total
+        self.ctx = p["ctx_frac"] * total + rng.uniform(-0.0005, 0.0005) * total
+        self.split = p["split_frac"] * total
+        self.reserved = 0
+        self.retries = 0
+        self.ooms = 0
+        self.allocated = 0
+        self.peak_since_read = 0
+        self.last_train_step: int | None = None
+        self.oom_now = False
+
+    # -- the deterministic parts, as functions of the step ------------------------------
+    def floor(self, step: int) -> float:
+        p = self.p
+        age = step - self.start_step
+        value = self.base + 0.5 * self.warm * (1.0 - math.exp(-age / self.warm_tau))
+        for at, size in self.jumps:
+            if age >= at:
+                value += size
+        if p["step_at"] is not None and step >= p["step_at"]:
+            value += p["step_frac"] * self.total
+        onset = p["leak_onset"]
+        if onset is not None and step > onset:
+            value += p["leak_rate_frac"] * self.total * (step - max(onset, self.start_step))
+        if p["saw_period"]:
+            value += p["saw_frac"] * self.total * ((step % p["saw_period"]) / p["saw_period"])
+        return value
+
+    def outside(self, step: int) -> float:
+        p = self.p
+        if p["outside_onset"] is not None and step > p["outside_onset"]:
+            return p["outside_rate_frac"] * self.total * (step - p["outside_onset"])
+        return 0.0
+
+    def waste(self, step: int) -> float:
+        """Cached bytes that cannot serve requests (split blocks): fragmentation."""
+        p = self.p
+        if p["frag_onset"] is not None and step > p["frag_onset"]:
+            return self.split + p["frag_rate_frac"] * self.total * (step - p["frag_onset"])
+        return self.split
+
+    def cap(self, step: int) -> float:
+        return self.total - self.ctx - self.outside(step)
+
+    # -- one read -----------------------------------------------------------------------
+    def _demand(self, need: float, step: int) -> bool:
+        """Serve a peak demand of ``need`` bytes; grow, release or fail like the allocator."""
+        waste = self.waste(step)
+        want = need + waste
+        cap = self.cap(step)
+        if want > cap or self.reserved > cap:
+            # cudaMalloc fails (or memory outside the allocator took the room): free every
+            # cached non-split block and retry; splits release what they can.
+            self.retries += 1
+            want = need + waste * 0.5
+            if want > cap:
+                self.ooms += 1
+                self.reserved = max(0, int(cap) // _SEGMENT * _SEGMENT)
+                return False
+            self.reserved = -(-int(want) // _SEGMENT) * _SEGMENT
+        elif want > self.reserved:
+            self.reserved = -(-int(want) // _SEGMENT) * _SEGMENT
+        return True
+
+    def read(self, step: int, phase: str = "train") -> dict[str, Any]:
+        p = self.p
+        rng = self.rng
+        floor = self.floor(step) + rng.gauss(0.0, self.floor_noise)
+        floor = max(floor, 0.0)
+        if phase == "train":
+            seq = self.seq_min + (1.0 - self.seq_min) * rng.random() ** self.seq_skew
+            need = floor + self.act * seq
+            if p["periodic_every"] and step % p["periodic_every"] == 0 and step > 0:
+                need += p["periodic_frac"] * self.total
+            self.last_train_step = step
+        elif phase == "checkpoint":
+            need = floor + self.act + p["ckpt_above_frac"] * self.total
+        else:  # eval, validation, any other named phase
+            need = floor + p["eval_act_frac"] * self.total
+        ok = self._demand(need, step)
+        self.oom_now = not ok
+        cap = self.cap(step)
+        if not ok:
+            need = min(need, cap)
+            floor = min(floor, cap)
+        allocated = int(min(floor, self.reserved))
+        peak = int(min(max(need, allocated), self.reserved))
+        reserved = self.reserved
+        waste = self.waste(step)
+        inactive = int(min(max(0.0, waste * (0.8 + 0.4 * rng.random())), reserved - allocated))
+        active = min(reserved, allocated + int(rng.random() * 0.0003 * self.total))
+        used = int(min(self.total, reserved + self.ctx + self.outside(step)))
+        self.allocated = allocated
+        return {
+            "allocated_bytes": allocated,
+            "reserved_bytes": reserved,
+            "peak_allocated_bytes": peak,
+            "active_bytes": active,
+            "inactive_split_bytes": inactive,
+            "alloc_retries": self.retries,
+            "ooms": self.ooms,
+            "total_bytes": self.total,
+            "nvml_used_bytes": used,
+            "process_used_bytes": used,
+        }
+
+
+class SimulatedProbe:
+    """The Probe contract (docs/architecture.md) over a simulated allocator.
+
+    ``scenario`` names an entry of :data:`SCENARIOS`; keyword ``params`` override its
+    parameters (see :data:`DEFAULTS`). The model advances with the ``step`` the caller
+    passes, so a hook that reads every step sees the scenario play out in step units.
+    """
+
+    name = "simulated"
+
+    def __init__(
+        self,
+        scenario: str = "healthy",
+        *,
+        rank: int = 0,
+        local_rank: int | None = None,
+        total_bytes: int = H200_TOTAL_BYTES,
+        seed: int | None = None,
+        **params: Any,
+    ) -> None:
+        self.scenario = scenario
+        self.params = scenario_params(scenario, **params)
+        self.rank = rank
+        self.local_rank = rank % 8 if local_rank is None else local_rank
+        self.total_bytes = int(total_bytes)
+        if self.total_bytes <= 0:
+            raise ValueError("total_bytes must be positive")
+        self.seed = _rank_seed(0 if seed is None else seed, rank)
+        self._model = _RankModel(self.params, self.total_bytes, rank, self.seed)
+        self._uuid = f"GPU-sim-{self.seed & 0xFFFFFFFF:08x}-{rank:04d}"
+        self.closed = False
+
+    def device_info(self) -> dict[str, Any]:
+        return {
+            "uuid": self._uuid,
+            "gpu": self.local_rank,
+            "total_bytes": self.total_bytes,
+            "name": "Simulated H200" if self.total_bytes == H200_TOTAL_BYTES else "Simulated GPU",
+            "allocator": "native",
+        }
+
+    def read(self, step: int, phase: str = "train") -> dict[str, Any]:
+        return self._model.read(int(step), phase)
+
+    def phases_at(self, step: int) -> list[str]:
+        """Phases the scenario schedules after train step ``step`` (for drivers like the demo)."""
+        return _phases_at(self.params, step)
+
+    @property
+    def step_time_s(self) -> float:
+        """The scenario's nominal seconds per step (the demo paces itself with it)."""
+        return float(self.params["step_time_s"])
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _rank_seed(seed: int, rank: int) -> int:
+    return (seed * 1_000_003 + rank * 7_919 + 12_345) & 0x7FFFFFFF
+
+
+def _phases_at(params: dict[str, Any], step: int) -> list[str]:
+    phases = []
+    if step > 0 and params["ckpt_every"] and step % params["ckpt_every"] == 0:
+        phases.append("checkpoint")
+    if step > 0 and params["eval_every"] and step % params["eval_every"] == 0:
+        phases.append("eval")
+    return phases
+
+
+def simulate_trace(
+    scenario: str,
+    *,
+    steps: int,
+    run: str = "sim",
+    host: str = "sim-host",
+    rank: int = 0,
+    start_ts: float = 1.7e9,
+    step_time_s: float | None = None,
+    seed: int = 0,
+    total_bytes: int = H200_TOTAL_BYTES,
+    **params: Any,
+) -> Iterator[dict[str, Any]]:
+    """Yield the schema-1 samples the hook would emit for one rank over ``steps`` steps.
+
+    Train samples at every ``sample_every``-th step, each followed by that step's phase
+    samples (checkpoint/eval) when scheduled; crash-and-resume starts a new incarnation
+    whose steps go back; dropped samples are simply missing. ``step_time_s`` overrides the
+    scenario's nominal step time (1 s; the demo's is 0.1 s) when given.
+    """
+    if step_time_s is not None:
+        params["step_time_s"] = step_time_s
+    p = scenario_params(scenario, **params)
+    rank_seed = _rank_seed(seed, rank)
+    rng = random.Random(rank_seed ^ 0x5EED)
+    model = _RankModel(p, total_bytes, rank, rank_seed)
+    world = int(p["world_size"])
+    incarnation_no = 0
+    pid = 10_000 + rank_seed % 50_000
+    ts = float(start_ts)
+    every = max(1, int(p["sample_every"]))
+    nominal = float(p["step_time_s"])
+    jitter = float(p["step_time_jitter"])
+    identity = {
+        "schema": 1,
+        "run": run,
+        "host": host,
+        "rank": rank,
+    }
+    extra_identity = {
+        "local_rank": rank % 8,
+        "world_size": world,
+        "uuid": f"GPU-sim-{rank_seed & 0xFFFFFFFF:08x}-{rank:04d}",
+        "gpu": rank % 8,
+        "allocator": "native",
+    }
+    gap_at, gap_len = p["gap_at"], int(p["gap_len"])
+    crash_at, resume_from = p["crash_at"], p["resume_from"]
+    step = 0
+    emitted_steps = 0
+    while emitted_steps < steps:
+        step += 1
+        emitted_steps += 1
+        dt = nominal * max(0.05, 1.0 + jitter * rng.gauss(0.0, 1.0))
+        if p["stall_prob"] and rng.random() < p["stall_prob"]:
+            dt *= p["stall_factor"]
+        ts += dt
+        if step % every:
+            model.read(step, "train")  # the process still runs the step
+            continue
+        stats = model.read(step, "train")
+        dropped = (p["drop_prob"] and rng.random() < p["drop_prob"]) or (
+            gap_at is not None and gap_at <= step < gap_at + gap_len and incarnation_no == 0
+        )
+        sample_base = {**identity, "step": step}
+        if not dropped:
+            yield _sample(sample_base, ts, "train", stats, extra_identity, pid, incarnation_no, dt)
+        if model.oom_now and p["stop_on_oom"]:
+            return
+        for phase in _phases_at(p, step):
+            duration = p["ckpt_time_s"] if phase == "checkpoint" else p["eval_time_s"]
+            ts += duration
+            stats = model.read(step, phase)
+            if not (p["drop_prob"] and rng.random() < p["drop_prob"]):
+                yield _sample(sample_base, ts, phase, stats, extra_identity, pid, incarnation_no, duration)
+            if model.oom_now and p["stop_on_oom"]:
+                return
+        if crash_at is not None and step == crash_at and incarnation_no == 0:
+            # The process dies; a new one resumes from the checkpoint with a fresh allocator.
+            incarnation_no += 1
+            pid += 1
+            ts += p["restart_delay_s"]
+            step = int(resume_from if resume_from is not None else 0)
+            model = _RankModel(p, total_bytes, rank, rank_seed + 1, start_step=step)
+
+
+def _sample(
+    base: dict[str, Any],
+    ts: float,
+    phase: str,
+    stats: dict[str, Any],
+    extra_identity: dict[str, Any],
+    pid: int,
+    incarnation_no: int,
+    duration: float,
+) -> dict[str, Any]:
+    sample = dict(base)
+    sample["ts"] = round(ts, 3)
+    sample["phase"] = phase
+    sample.update(stats)
+    sample.update(extra_identity)
+    sample["pid"] = pid
+    sample["incarnation"] = f"{base['run']}-{base['rank']}-{incarnation_no}"
+    sample["step_time_s"] = round(duration, 4)
+    return sample
+
+
+def scenario_truth(
+    scenario: str, *, rank: int = 0, total_bytes: int = H200_TOTAL_BYTES, **params: Any
+) -> dict[str, Any]:
+    """Ground truth for one rank of a scenario, from its parameters (not from the samples).
+
+    ``leak``: None or {"onset", "slope_bytes_per_step", "source", "oom_step"} where
+    ``oom_step`` is the step at which the largest training peak no longer fits the device
+    (projected analytically, so slow leaks that never reach it within the trace have one).
+    ``plateau_break``: the step of a sustained rise after a plateau (late step, leak onset),
+    or None. ``fragmentation``: the onset step or None.
+    """
+    p = _rank_params(scenario_params(scenario, **params), rank)
+    total = float(total_bytes)
+    base = (p["base_frac"] + (p["rank0_extra_frac"] if rank == 0 else 0.0)) * total
+    plateau_floor = base + p["warm_frac"] * total  # warm-up settled
+    if p["saw_period"]:
+        plateau_floor += p["saw_frac"] * total
+    peak_high = plateau_floor + p["act_frac"] * total
+    cap = total - p["ctx_frac"] * total
+    truth: dict[str, Any] = {"leak": None, "plateau_break": None, "fragmentation": None, "oom": False}
+    if p["step_at"] is not None:
+        truth["plateau_break"] = p["step_at"]
+        peak_high += p["step_frac"] * total
+    if p["leak_onset"] is not None and p["leak_rate_frac"] > 0:
+        slope = p["leak_rate_frac"] * total
+        onset = int(p["leak_onset"])
+        truth["leak"] = {
+            "onset": onset,
+            "slope_bytes_per_step": slope,
+            "source": "allocator",
+            "oom_step": onset + int(max(0.0, cap - peak_high) / slope),
+        }
+        truth["plateau_break"] = truth["plateau_break"] or onset
+    elif p["outside_onset"] is not None and p["outside_rate_frac"] > 0:
+        slope = p["outside_rate_frac"] * total
+        onset = int(p["outside_onset"])
+        truth["leak"] = {
+            "onset": onset,
+            "slope_bytes_per_step": slope,
+            "source": "outside_allocator",
+            "oom_step": onset + int(max(0.0, cap - peak_high - p["split_frac"] * total) / slope),
+        }
+    if p["frag_onset"] is not None and p["frag_rate_frac"] > 0:
+        truth["fragmentation"] = int(p["frag_onset"])
+    return truth
+
+
+def probe_from_env(**kwargs: Any) -> SimulatedProbe:
+    """A probe configured by VRAMWATCH_SIM_SCENARIO / VRAMWATCH_SIM_SEED when set."""
+    scenario = os.environ.get("VRAMWATCH_SIM_SCENARIO", kwargs.pop("scenario", "healthy"))
+    seed_text = os.environ.get("VRAMWATCH_SIM_SEED")
+    if seed_text is not None and "seed" not in kwargs:
+        kwargs["seed"] = int(seed_text)
+    return SimulatedProbe(scenario, **kwargs)
+
+
+__all__ = ["DEFAULTS", "SCENARIOS", "SimulatedProbe", "scenario_params", "scenario_truth", "simulate_trace"]
