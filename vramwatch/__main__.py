@@ -1,0 +1,2 @@
+from vramwatch.cli import main
+raise SystemExit(main())

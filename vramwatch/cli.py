@@ -1,0 +1,290 @@
+"""``vramwatch`` command line. Bad arguments or input: one line on stderr, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad arguments or input: reported in one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0-65535, got {value}")
+    return value
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> float | int:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _existing_files(paths: Sequence[str]) -> list[Path]:
+    out = []
+    for p in paths:
+        path = Path(p)
+        if not path.is_file():
+            raise UsageError(f"cannot read {p}: no such file")
+        out.append(path)
+    return out
+
+
+def _read_token(args: argparse.Namespace) -> str | None:
+    if getattr(args, "token_file", None):
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"cannot read --token-file {args.token_file}: {exc.strerror}") from None
+        if not token:
+            raise UsageError(f"--token-file {args.token_file} is empty")
+        return token
+    return os.environ.get("VRAMWATCH_TOKEN") or None
+
+
+def _db_path(args: argparse.Namespace) -> str:
+    from vramwatch.collector.store import default_db_path
+
+    return str(args.db) if args.db else str(default_db_path())
+
+
+# ---------------------------------------------------------------- commands
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from vramwatch.collector.app import Settings
+    from vramwatch.collector.server import serve
+    from vramwatch.collector.store import StoreError
+
+    token = _read_token(args)
+    settings = Settings(db_path=_db_path(args), token=token, auth_read=args.auth_read,
+                        finished_after_s=args.finished_after)
+    if args.auth_read and not token:
+        raise UsageError("--auth-read needs a token (VRAMWATCH_TOKEN or --token-file)")
+    if args.host in ("0.0.0.0", "::") and not token:
+        logging.getLogger("vramwatch").warning(
+            "listening on %s without a token: anyone on the network can write samples. "
+            "Set VRAMWATCH_TOKEN or --token-file.", args.host)
+    print(f"vramwatch collector: http://{args.host}:{args.port}/  db={settings.db_path}", file=sys.stderr)
+    try:
+        serve(settings, host=args.host, port=args.port, log_level=args.log_level)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from vramwatch.demo import run_demo
+
+    run_demo(ranks=args.ranks, duration=args.duration, port=args.port, db=args.db,
+             steps_per_s=args.steps_per_s, host=args.host)
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    import orjson
+
+    from vramwatch.engine.analyze import analyze_paths, format_table
+    from vramwatch.wire import WireError
+
+    paths = _existing_files(args.paths)
+    try:
+        doc = analyze_paths([str(p) for p in paths])
+    except WireError as exc:
+        raise UsageError(str(exc)) from None
+    except (OSError, EOFError) as exc:
+        raise UsageError(f"cannot read trace: {exc}") from None
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+    else:
+        sys.stdout.write(format_table(doc) + "\n")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from vramwatch.collector.store import Store, StoreError
+    from vramwatch.wire import WireError, iter_samples
+
+    paths = _existing_files(args.paths)
+    try:
+        # pass 1: validate everything, so bad input changes nothing
+        total = sum(1 for p in paths for _ in iter_samples(p))
+        store = Store(_db_path(args))
+    except WireError as exc:
+        raise UsageError(f"{exc} (nothing imported)") from None
+    except (OSError, EOFError) as exc:
+        raise UsageError(f"cannot read trace: {exc}") from None
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    accepted = duplicates = 0
+    try:
+        batch = []
+        for p in paths:
+            for sample in iter_samples(p):
+                batch.append(sample)
+                if len(batch) >= 5000:
+                    result = store.insert(batch)
+                    accepted, duplicates = accepted + result.accepted, duplicates + result.duplicates
+                    batch = []
+        if batch:
+            result = store.insert(batch)
+            accepted, duplicates = accepted + result.accepted, duplicates + result.duplicates
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        store.close()
+    print(f"imported {accepted} samples ({duplicates} already present) of {total} into {store.path}",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from vramwatch.collector.store import Store, StoreError
+    from vramwatch.wire import encode
+
+    try:
+        store = Store(_db_path(args), readonly=True)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        if args.run not in store.runs():
+            raise UsageError(f"no run named {args.run!r} in {store.path}")
+        out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115
+        try:
+            count = 0
+            for sample in store.iter_samples(args.run):
+                out.write(encode(sample) + b"\n")
+                count += 1
+        finally:
+            if args.out:
+                out.close()
+            else:
+                out.flush()
+    finally:
+        store.close()
+    print(f"exported {count} samples of run {args.run!r}", file=sys.stderr)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from vramwatch.collector.store import Store, StoreError
+    from vramwatch.report import build_report
+
+    db = _db_path(args)
+    try:
+        store = Store(db, readonly=True)
+        known = store.runs()
+        store.close()
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    if args.run not in known:
+        raise UsageError(f"no run named {args.run!r} in {db}")
+    html = build_report(db, args.run)
+    Path(args.out).write_text(html, encoding="utf-8")
+    print(f"wrote {args.out} ({len(html) // 1024} KiB)", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    from vramwatch.__about__ import __version__
+
+    parser = _Parser(prog="vramwatch", description="Live GPU-memory telemetry for deep-learning training.")
+    parser.add_argument("--version", action="version", version=f"vramwatch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def add_db(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--db", metavar="PATH",
+                       help="SQLite database (default: $VRAMWATCH_DB or the user data dir)")
+
+    p = sub.add_parser("serve", help="run the collector (HTTP ingest, API, dashboard, /metrics)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8765, help="port (default 8765)")
+    add_db(p)
+    p.add_argument("--token-file", metavar="FILE", help="bearer token for ingest (else $VRAMWATCH_TOKEN)")
+    p.add_argument("--auth-read", action="store_true", help="require the token for the dashboard and read API too")
+    p.add_argument("--finished-after", type=_positive(float), default=3600.0, metavar="SECONDS",
+                   help="runs silent this long leave /metrics (default 3600)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("demo", help="collector + a simulated 8-rank run through the real hook")
+    p.add_argument("--ranks", type=_positive(int), default=8, help="simulated ranks (default 8)")
+    p.add_argument("--duration", type=_positive(float), default=None, metavar="SECONDS",
+                   help="stop after this long (default: until Ctrl-C)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=0, help="port (default: a free one)")
+    p.add_argument("--steps-per-s", type=_positive(float), default=10.0, help="simulated steps per second")
+    add_db(p)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("analyze", help="trend verdicts per rank from trace files (.jsonl, .jsonl.gz)")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout (stable contract)")
+    p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("import", help="load trace files into the database (idempotent)")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    add_db(p)
+    p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("export", help="write a run's samples as JSON Lines, exactly as ingested")
+    p.add_argument("run")
+    add_db(p)
+    p.add_argument("--out", metavar="FILE", help="output file (default stdout)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("report", help="self-contained static HTML report of a run")
+    p.add_argument("run")
+    add_db(p)
+    p.add_argument("--out", metavar="FILE", required=True, help="output .html file")
+    p.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"vramwatch {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

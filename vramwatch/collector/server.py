@@ -1,0 +1,120 @@
+"""Running the collector: in the foreground (``vramwatch serve``) or in a background
+thread (``vramwatch demo``, tests, benchmarks) — the same uvicorn server either way."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from types import TracebackType
+
+import uvicorn
+
+from vramwatch.collector.app import Settings, create_app
+from vramwatch.collector.store import Store
+
+log = logging.getLogger("vramwatch.collector")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def check_database(db_path: str) -> None:
+    """Open (and migrate) the database once so a locked or read-only file fails before the
+    server starts, with a clear message instead of a crash loop."""
+    Store(db_path).close()
+
+
+def _config(settings: Settings, log_level: str) -> uvicorn.Config:
+    return uvicorn.Config(
+        create_app(settings),
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+        # the collector serves many ranks on few connections; keep them open
+        timeout_keep_alive=30,
+    )
+
+
+def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8765, log_level: str = "info") -> None:
+    """Run in the foreground until SIGINT/SIGTERM; shutdown flushes and closes the DB."""
+    check_database(settings.db_path)
+    sock = bind_socket(host, port)
+    server = uvicorn.Server(_config(settings, log_level))
+    server.run(sockets=[sock])
+
+
+class BackgroundServer:
+    """A real collector (uvicorn + SQLite) on a loopback port, in a daemon thread.
+
+    >>> with BackgroundServer("/tmp/vw.db") as srv:
+    ...     print(srv.url)
+    """
+
+    def __init__(
+        self,
+        db_path: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        log_level: str = "warning",
+        **settings: object,
+    ) -> None:
+        self.settings = Settings(db_path=str(db_path), token=token, **settings)  # type: ignore[arg-type]
+        self.host = host
+        self._requested_port = port
+        self._log_level = log_level
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def app(self):
+        assert self._server is not None
+        return self._server.config.app
+
+    def start(self, timeout: float = 30.0) -> BackgroundServer:
+        check_database(self.settings.db_path)
+        sock = bind_socket(self.host, self._requested_port)
+        self.port = sock.getsockname()[1]
+        self._server = uvicorn.Server(_config(self.settings, self._log_level))
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="vramwatch-collector", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("collector failed to start (see log)")
+            if time.monotonic() > deadline:
+                raise TimeoutError("collector did not start in time")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout)
+        self._server = None
+        self._thread = None
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
