@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
+import orjson
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, ORJSONResponse, Response
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from vramwatch import __about__
@@ -61,8 +62,17 @@ def plotly_js_path() -> Path:
     return Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
 
 
-def _json_error(status: int, detail: str, **extra: Any) -> JSONResponse:
-    return ORJSONResponse({"detail": detail, **extra}, status_code=status)
+class JSONBytes(Response):
+    """JSON via orjson: the API returns large numeric arrays (series, heatmaps)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _json_error(status: int, detail: str, **extra: Any) -> Response:
+    return JSONBytes({"detail": detail, **extra}, status_code=status)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -88,7 +98,7 @@ def create_app(settings: Settings) -> FastAPI:
         title="vramwatch collector",
         version=__about__.__version__,
         lifespan=lifespan,
-        default_response_class=ORJSONResponse,
+        default_response_class=JSONBytes,
     )
     app.state.settings = settings
 
@@ -165,7 +175,7 @@ def create_app(settings: Settings) -> FastAPI:
         metrics.observe(
             accepted=result.accepted, duplicates=result.duplicates, rejected=0, seconds=time.perf_counter() - started
         )
-        return ORJSONResponse({"accepted": result.accepted, "duplicates": result.duplicates, "rejected": 0})
+        return JSONBytes({"accepted": result.accepted, "duplicates": result.duplicates, "rejected": 0})
 
     # ------------------------------------------------------------------ health + metrics
     @app.get("/healthz")

@@ -20,7 +20,7 @@ def minmax_indices(columns: Sequence[Sequence[float | None]], max_points: int) -
     if n <= max_points or n == 0:
         return np.arange(n)
     per_bucket = 2 * max(1, len(columns))
-    buckets = max(1, max_points // per_bucket)
+    buckets = max(1, (max_points - 2) // per_bucket)  # 2: first and last point
     edges = np.linspace(0, n, buckets + 1).astype(np.int64)
     starts = edges[:-1]
     keep = [np.array([0, n - 1])]

@@ -1,0 +1,201 @@
+"""The collector end to end: a real uvicorn server on loopback, SQLite on disk."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import httpx
+import orjson
+import pytest
+from helpers import GiB, gz, make_sample, ndjson
+
+from vramwatch.collector.server import BackgroundServer
+
+
+@pytest.fixture
+def collector(tmp_path):
+    with BackgroundServer(str(tmp_path / "vw.db")) as srv:
+        with httpx.Client(base_url=srv.url, timeout=10) as client:
+            srv.client = client  # type: ignore[attr-defined]
+            yield srv
+
+
+def stored_count(srv) -> int:
+    with sqlite3.connect(srv.settings.db_path) as conn:
+        return conn.execute("SELECT count(*) FROM samples").fetchone()[0]
+
+
+def post(srv, samples, *, gzip_body=False, as_array=False):
+    body = orjson.dumps(samples) if as_array else ndjson(samples)
+    headers = {"content-type": "application/x-ndjson"}
+    if gzip_body:
+        body, headers["content-encoding"] = gz(body), "gzip"
+    return srv.client.post("/api/v1/samples", content=body, headers=headers)
+
+
+def test_ingest_store_api_and_metrics(collector) -> None:
+    samples = [make_sample(i, rank=r, host=f"node-{r // 4}") for r in range(8) for i in range(100)]
+    r = post(collector, samples, gzip_body=True)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"accepted": 800, "duplicates": 0, "rejected": 0}
+    assert stored_count(collector) == 800
+
+    runs = collector.client.get("/api/v1/runs").json()
+    assert [(x["run"], x["ranks"], x["hosts"], x["samples"], x["last_step"]) for x in runs] == [
+        ("run-a", 8, 2, 800, 99)
+    ]
+    ranks = collector.client.get("/api/v1/runs/run-a/ranks").json()
+    assert [x["rank"] for x in ranks] == list(range(8))
+    assert ranks[3]["host"] == "node-0" and ranks[5]["host"] == "node-1"
+    assert ranks[0]["last"]["step"] == 99 and "state" in ranks[0]["verdict"]
+
+    series = collector.client.get(
+        "/api/v1/runs/run-a/series", params={"rank": 2, "fields": "allocated_bytes,reserved_bytes"}
+    ).json()
+    assert series["x"] == list(range(100)) and not series["downsampled"]
+    assert series["series"]["allocated_bytes"][10] == 100 * GiB + 10 * 1024
+
+    text = collector.client.get("/metrics").text
+    assert 'vramwatch_memory_allocated_bytes{' in text
+    line = next(ln for ln in text.splitlines()
+                if ln.startswith("vramwatch_memory_reserved_bytes{") and 'rank="7"' in ln)
+    assert float(line.rsplit(" ", 1)[1]) == 120 * GiB
+    assert collector.client.get("/healthz").json()["status"] == "ok"
+
+
+def test_ingest_is_idempotent_and_accepts_array_and_single_object(collector) -> None:
+    samples = [make_sample(i) for i in range(10)]
+    assert post(collector, samples, as_array=True).json()["accepted"] == 10
+    again = post(collector, samples[5:] + [make_sample(10)], gzip_body=True).json()
+    assert again == {"accepted": 1, "duplicates": 5, "rejected": 0}
+    single = collector.client.post("/api/v1/samples", content=orjson.dumps(make_sample(11)))
+    assert single.json()["accepted"] == 1
+    # a different phase or incarnation at the same step is a different sample
+    extra = [make_sample(11, phase="checkpoint"), make_sample(0, incarnation="restart-1")]
+    assert post(collector, extra).json()["accepted"] == 2
+    assert stored_count(collector) == 14
+
+
+def test_export_returns_what_was_ingested(collector, tmp_path) -> None:
+    from vramwatch.cli import main
+
+    samples = [
+        make_sample(i, uuid="GPU-abc", gpu=1, pid=42, local_rank=1, world_size=8, incarnation="i1",
+                    step_time_s=0.98, tokens=22528, active_bytes=100 * GiB + i * 1024,
+                    process_used_bytes=121 * GiB, extra={"loss": 2.5 - i / 100})
+        for i in range(20)
+    ] + [make_sample(5, phase="checkpoint", incarnation="i1", uuid="GPU-abc", gpu=1, pid=42, local_rank=1,
+                     world_size=8, nvml_used_bytes=None)]
+    assert post(collector, samples).json()["accepted"] == 21
+    out = tmp_path / "export.jsonl"
+    assert main(["export", "run-a", "--db", collector.settings.db_path, "--out", str(out)]) == 0
+    exported = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    key = lambda s: (s["step"], s["phase"])  # noqa: E731
+    assert sorted(exported, key=key) == sorted(samples, key=key)
+
+
+BAD_REQUESTS = [
+    # (description, body, headers, expected status, text that must appear in the detail)
+    ("invalid json", b"{not json", {}, 400, "invalid JSON"),
+    ("empty body", b"", {}, 400, "empty"),
+    ("bad gzip", b"\x1f\x8bnope", {"content-encoding": "gzip"}, 400, "gzip"),
+    ("unknown encoding", b"{}", {"content-encoding": "br"}, 415, "content-encoding"),
+    ("not an object", b"[1, 2]", {}, 422, "sample"),
+    ("unknown schema", orjson.dumps(make_sample(schema=9)), {}, 422, "schema"),
+    ("negative bytes", orjson.dumps(make_sample(allocated_bytes=-5)), {}, 422, "allocated_bytes"),
+    ("allocated above reserved", orjson.dumps(make_sample(allocated_bytes=121 * GiB)), {}, 422,
+     "allocated_bytes"),
+    ("peak below allocated", orjson.dumps(make_sample(peak_allocated_bytes=GiB)), {}, 422,
+     "peak_allocated_bytes"),
+    ("reserved above capacity", orjson.dumps(make_sample(total_bytes=80 * GiB)), {}, 422, "reserved_bytes"),
+    ("missing field", orjson.dumps({k: v for k, v in make_sample().items() if k != "rank"}), {}, 422, "rank"),
+    ("unknown field", orjson.dumps(make_sample(memory=1)), {}, 422, "memory"),
+    ("string number", orjson.dumps({**make_sample(), "step": "10"}), {}, 422, "step"),
+    ("nan", b'{"schema":1,"ts":NaN}', {}, 400, "invalid JSON"),
+    ("huge integer", orjson.dumps(make_sample(reserved_bytes=2**62)), {}, 422, "reserved_bytes"),
+    ("future timestamp", orjson.dumps(make_sample(ts=4_000_000_000.0)), {}, 422, "future"),
+    ("ancient timestamp", orjson.dumps(make_sample(ts=1000.0)), {}, 422, "ts"),
+    ("control character in run", orjson.dumps(make_sample(run="a\u0000b")), {}, 422, "run"),
+    ("bad phase", orjson.dumps(make_sample(phase="<script>")), {}, 422, "phase"),
+    ("non-numeric extra", orjson.dumps(make_sample(extra={"note": "x"})), {}, 422, "extra.note"),
+]
+
+
+@pytest.mark.parametrize(("desc", "body", "headers", "status", "needle"), BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+def test_bad_input_is_a_clear_4xx_and_stores_nothing(collector, desc, body, headers, status, needle) -> None:
+    r = collector.client.post("/api/v1/samples", content=body, headers=headers)
+    assert r.status_code == status, r.text
+    assert needle in r.json()["detail"]
+    assert stored_count(collector) == 0
+
+
+def test_one_bad_sample_rejects_the_whole_batch(collector) -> None:
+    batch = [make_sample(i) for i in range(5)] + [make_sample(5, ooms=-1)] + [make_sample(6, run="")]
+    r = post(collector, batch)
+    assert r.status_code == 422
+    body = r.json()
+    assert body["rejected"] == 2 and body["accepted"] == 0
+    assert [(e["index"], e["field"]) for e in body["errors"]] == [(5, "ooms"), (6, "run")]
+    assert stored_count(collector) == 0
+    assert collector.client.get("/api/v1/runs").json() == []
+
+
+def test_oversize_bodies_and_gzip_bombs_get_413(tmp_path) -> None:
+    import gzip
+
+    with BackgroundServer(str(tmp_path / "vw.db"), max_body_bytes=64 * 1024,
+                          max_decompressed_bytes=1024 * 1024) as srv:
+        with httpx.Client(base_url=srv.url) as client:
+            big = ndjson([make_sample(i) for i in range(1000)])
+            assert len(big) > 64 * 1024
+            r = client.post("/api/v1/samples", content=big)
+            assert r.status_code == 413 and "body" in r.json()["detail"]
+            bomb = gzip.compress(b" " * (50 * 1024 * 1024))
+            r = client.post("/api/v1/samples", content=bomb, headers={"content-encoding": "gzip"})
+            assert r.status_code == 413 and "exceeds" in r.json()["detail"]
+        with sqlite3.connect(srv.settings.db_path) as conn:
+            assert conn.execute("SELECT count(*) FROM samples").fetchone()[0] == 0
+
+
+def test_read_api_errors_name_the_parameter(collector) -> None:
+    post(collector, [make_sample(i) for i in range(3)])
+    r = collector.client.get("/api/v1/runs/nope/ranks")
+    assert r.status_code == 404 and "run" in r.json()["detail"]
+    r = collector.client.get("/api/v1/runs/run-a/series", params={"rank": 0, "fields": "bogus"})
+    assert r.status_code == 422 and "fields" in r.json()["detail"]
+    r = collector.client.get("/api/v1/runs/run-a/series", params={"rank": -1})
+    assert r.status_code == 422
+    r = collector.client.get("/api/v1/runs/run-a/series", params={"rank": 0, "x": "bogus"})
+    assert r.status_code == 422
+
+
+def test_series_downsampling_keeps_the_biggest_spike(collector) -> None:
+    samples = [make_sample(i, peak_allocated_bytes=110 * GiB + (i % 7) * GiB) for i in range(20000)]
+    samples[12345]["peak_allocated_bytes"] = 140 * GiB
+    for start in range(0, len(samples), 5000):
+        assert post(collector, samples[start:start + 5000], gzip_body=True).status_code == 200
+    data = collector.client.get(
+        "/api/v1/runs/run-a/series", params={"rank": 0, "fields": "peak_allocated_bytes", "points": 500}
+    ).json()
+    assert data["downsampled"] and data["raw_points"] == 20000 and len(data["x"]) <= 500
+    peaks = data["series"]["peak_allocated_bytes"]
+    assert max(peaks) == 140 * GiB and data["x"][peaks.index(140 * GiB)] == 12345
+    zoom = collector.client.get(
+        "/api/v1/runs/run-a/series",
+        params={"rank": 0, "fields": "peak_allocated_bytes", "start": 12300, "end": 12400},
+    ).json()
+    assert zoom["x"] == list(range(12300, 12401)) and not zoom["downsampled"]
+
+
+def test_state_is_rebuilt_from_the_database_after_restart(tmp_path) -> None:
+    db = str(tmp_path / "vw.db")
+    with BackgroundServer(db) as srv, httpx.Client(base_url=srv.url) as client:
+        client.post("/api/v1/samples", content=ndjson([make_sample(i, rank=r) for r in range(2) for i in range(50)]))
+        before = client.get("/api/v1/runs/run-a/ranks").json()
+    with BackgroundServer(db) as srv, httpx.Client(base_url=srv.url) as client:
+        after = client.get("/api/v1/runs/run-a/ranks").json()
+        assert [(r["rank"], r["last_step"], r["samples"], r["verdict"]) for r in after] == [
+            (r["rank"], r["last_step"], r["samples"], r["verdict"]) for r in before
+        ]
+        r = client.post("/api/v1/samples", content=ndjson([make_sample(49, rank=0)]))
+        assert r.json()["duplicates"] == 1
