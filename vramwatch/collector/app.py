@@ -236,7 +236,8 @@ def create_app(settings: Settings) -> FastAPI:
         end: float | None = None,
     ) -> dict[str, Any]:
         names = [f.strip() for f in fields.split(",") if f.strip()]
-        unknown = [f for f in names if f not in FIELD_COLUMNS or f == "ts"]
+        # "ts" is allowed as a field with x=step: the dashboard maps steps to wall time
+        unknown = [f for f in names if f not in FIELD_COLUMNS]
         if unknown or not names:
             raise HTTPException(422, f"fields: unknown field {unknown[0] if unknown else ''!r}; "
                                      f"choose from {', '.join(k for k in FIELD_COLUMNS if k != 'ts')}")
