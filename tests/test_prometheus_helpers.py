@@ -1,0 +1,241 @@
+"""Helpers for the Prometheus/deploy tests: binaries, a real Prometheus server, feeding a
+real collector with simulated traces, and pulling metric names out of PromQL.
+
+(Named test_* so it stays with the files it serves; it holds no tests itself.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from vramwatch.wire import encode_lines
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+RULES = DEPLOY / "prometheus" / "rules" / "vramwatch.rules.yml"
+RULE_TESTS = DEPLOY / "prometheus" / "tests" / "vramwatch.rules.test.yml"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "vramwatch.json"
+GRAFANA_ALERTS = DEPLOY / "grafana" / "provisioning" / "alerting" / "vramwatch-plateau-break.yaml"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def need_binary(name: str) -> str:
+    """Path of a Prometheus binary; under CI=true its absence fails the test, else skips."""
+    path = shutil.which(name) or (f"/usr/bin/{name}" if os.access(f"/usr/bin/{name}", os.X_OK) else None)
+    if path:
+        return path
+    message = f"{name} not found: apt-get install prometheus (Debian package: prometheus, promtool)"
+    if in_ci():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def run_promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [need_binary("promtool"), *args], input=stdin, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+
+
+# ------------------------------------------------------------------ collector side
+
+def post_samples(url: str, samples: Iterable[dict[str, Any]], batch: int = 2000) -> int:
+    """POST samples as NDJSON in batches; returns how many the collector accepted."""
+    accepted = 0
+    chunk: list[dict[str, Any]] = []
+    with httpx.Client(base_url=url, timeout=30) as client:
+        def flush() -> None:
+            nonlocal accepted
+            response = client.post(
+                "/api/v1/samples", content=encode_lines(chunk), headers={"content-type": "application/x-ndjson"}
+            )
+            assert response.status_code == 200, response.text
+            accepted += response.json()["accepted"]
+            chunk.clear()
+
+        for sample in samples:
+            chunk.append(sample)
+            if len(chunk) >= batch:
+                flush()
+        if chunk:
+            flush()
+    return accepted
+
+
+def scrape(url: str, accept: str | None = None) -> httpx.Response:
+    headers = {"accept": accept} if accept else {}
+    response = httpx.get(f"{url}/metrics", headers=headers, timeout=30)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def exposed_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [
+        (sample.name, dict(sample.labels), sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
+
+
+def exposed_names(text: str) -> set[str]:
+    """Names of the samples in an exposition (what PromQL can select)."""
+    return {name for name, _, _ in exposed_samples(text)}
+
+
+# ------------------------------------------------------------------ PromQL names
+
+_KEYWORDS = {
+    "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
+    "offset", "inf", "nan", "atan2", "start", "end",
+}
+_IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names selected by a PromQL expression (or a Grafana ``label_values`` query).
+
+    A small lexer, enough for the expressions vramwatch ships: strings, label matchers,
+    ranges, grouping clauses and template variables are dropped, then every identifier
+    that is not a function call or a keyword is a metric name.
+    """
+    text = re.sub(r"\$\{[^}]*\}|\$[A-Za-z_]\w*", "x", expr)  # Grafana variables
+    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', text)
+    label_values = re.fullmatch(r"\s*label_values\((.*),\s*[A-Za-z_]\w*\s*\)\s*", text, re.S)
+    if label_values:
+        text = label_values.group(1)
+    text = re.sub(r"\{[^}]*\}", " ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    text = re.sub(r"\b(offset|@)\s+-?[0-9a-z.]+", " ", text)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    text = re.sub(r"\b\d+(\.\d+)?(e[+-]?\d+)?\b", " ", text)  # numbers, incl. 1e9
+    names = set()
+    for match in _IDENT.finditer(text):
+        word = match.group(0)
+        following = text[match.end():].lstrip()
+        if following.startswith("(") or word.lower() in _KEYWORDS:
+            continue
+        names.add(word)
+    return names
+
+
+def rule_groups() -> list[dict[str, Any]]:
+    return yaml.safe_load(RULES.read_text())["groups"]
+
+
+def recording_rule_names() -> set[str]:
+    return {rule["record"] for group in rule_groups() for rule in group["rules"] if "record" in rule}
+
+
+def alert_rules() -> dict[str, dict[str, Any]]:
+    return {rule["alert"]: rule for group in rule_groups() for rule in group["rules"] if "alert" in rule}
+
+
+# ------------------------------------------------------------------ a real Prometheus
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class PrometheusServer:
+    """``/usr/bin/prometheus`` on a loopback port with temporary storage, for one test."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any], rule_files: dict[str, Any]) -> None:
+        self.binary = need_binary("prometheus")
+        self.workdir = workdir
+        self.config = config
+        self.rule_files = rule_files
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.log = workdir / "prometheus.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> PrometheusServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        names = []
+        for name, content in self.rule_files.items():
+            (self.workdir / name).write_text(yaml.safe_dump(content, sort_keys=False))
+            names.append(str(self.workdir / name))
+        config = dict(self.config, rule_files=names)
+        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+        for _attempt in range(3):  # the free port can be taken between probe and bind
+            self.port = free_port()
+            with open(self.log, "wb") as log:
+                self.process = subprocess.Popen(
+                    [
+                        self.binary,
+                        f"--config.file={self.workdir / 'prometheus.yml'}",
+                        f"--storage.tsdb.path={self.workdir / 'data'}",
+                        f"--web.listen-address=127.0.0.1:{self.port}",
+                        "--web.enable-lifecycle",
+                        "--storage.tsdb.retention.time=1h",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.workdir,
+                )
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and self.process.poll() is None:
+                try:
+                    if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            self.stop()
+            if "address already in use" not in self.log.read_text():
+                break
+        raise RuntimeError(f"prometheus did not become ready:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+
+    def __enter__(self) -> PrometheusServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        response = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)
+        body = response.json()
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def wait_for(self, expr: str, predicate=bool, timeout: float = 30.0) -> list[dict[str, Any]]:
+        """Poll an instant query until ``predicate(result)`` holds; fail with the last result."""
+        deadline = time.monotonic() + timeout
+        result: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            result = self.query(expr)
+            if predicate(result):
+                return result
+            time.sleep(0.25)
+        raise AssertionError(f"timed out waiting for {expr!r}; last result: {result}\n"
+                             f"prometheus log tail:\n{self.log.read_text()[-2000:]}")
