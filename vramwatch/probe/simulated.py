@@ -150,9 +150,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     },
     "demo": {
         "description": "vramwatch demo: 8 ranks at ~10 steps/s, plateau near 127-130 GB, checkpoint "
-        "spikes, rank 0 ~2 GB higher, rank 5 leaking from step 600 (runway ~4000 steps)",
+        "spikes, rank 0 ~2 GB higher, rank 5 leaking from step 700 (runway ~2800 steps)",
         "params": {"world_size": 8, "warm_tau": 60.0, "act_frac": 0.46, "ckpt_every": 500, "ckpt_time_s": 1.0,
-                   "step_time_s": 0.1, "leak_rank": 5, "leak_onset": 600, "leak_rate_frac": 2.5e-5},
+                   "step_time_s": 0.1, "leak_rank": 5, "leak_onset": 700, "leak_rate_frac": 4e-5},
     },
 }
 
@@ -278,7 +278,7 @@ class _RankModel:
             seq = self.seq_min + (1.0 - self.seq_min) * rng.random() ** self.seq_skew
             need = floor + self.act * seq
             if p["periodic_every"] and step % p["periodic_every"] == 0 and step > 0:
-                need += p["periodic_frac"] * self.total
+                need = floor + self.act + p["periodic_frac"] * self.total  # above any batch
             self.last_train_step = step
         elif phase == "checkpoint":
             need = floor + self.act + p["ckpt_above_frac"] * self.total

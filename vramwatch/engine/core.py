@@ -1,0 +1,749 @@
+"""TrendEngine: online per-series verdicts on GPU memory (see docs/engine.md for the why).
+
+Per sample the engine only folds the sample into the current block (a handful of
+min/max updates). Every ``block_steps`` steps the block is closed and pushed into a
+pyramid of rings (level k holds blocks of ``block_steps * 4**k`` steps, ``ring_blocks``
+of them), so memory is bounded and any window from a few hundred to a million steps is
+at most ``fit_points`` summaries away. The detectors run on those summaries:
+
+- the **floor** (minimum ``allocated`` per block: memory at the step boundary, after the
+  step's temporaries are freed) carries the leak verdict, never the noisy per-step peak;
+- a one-sided CUSUM against the plateau level finds a plateau break quickly;
+- a leak is a break whose growth is significant (Mann-Kendall with Hamed-Rao correction),
+  material (against the noise and the device size), linear (Theil-Sen slopes of both
+  halves of the window agree, which rejects one-time steps and concave warm-up), and
+  longer than any sawtooth period the series has shown (judged on the lower envelope).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+from .stats import mann_kendall_z, median, noise_sigma, rolling_min, theil_sen
+
+STATES = ("warmup", "plateau", "rising", "leak", "fragmentation")
+
+FRAGMENTATION_ADVICE = (
+    "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so the allocator grows segments "
+    "instead of splitting them"
+)
+
+# block layout (lists, for speed): indices
+_START, _END, _TS, _FLOOR, _RESV, _PEAK, _OUTSIDE, _SLACK, _SPLIT, _RETRIES = range(10)
+_INF = math.inf
+
+
+@dataclass
+class EngineConfig:
+    """Knobs of the engine; every size threshold is relative to the device or the noise."""
+
+    block_steps: int = 32  # level-0 block length in steps
+    ring_blocks: int = 48  # blocks kept per level
+    levels: int = 8  # level k blocks are block_steps * 4**k steps (32 .. 524288)
+    fit_points: int = 16  # estimators see at most this many (grouped) points
+    min_blocks: int = 8  # fewest points a verdict rests on
+    tol_frac: float = 0.001  # smallest material change: this fraction of the device ...
+    noise_k: float = 4.0  # ... or this many noise sigmas of the block floor, whichever is larger
+    reserved_break_frac: float = 0.005  # a reserved ratchet this large is a plateau break
+    mk_z: float = 2.6  # Mann-Kendall significance for a trend
+    half_ratio: float = 0.5  # slopes of the two halves must agree within this ratio (linearity)
+    warmup_half_ratio: float = 0.7  # stricter while the series never settled
+    warmup_span_frac: float = 0.25  # a plateau must be flat over this fraction of the process age
+    warmup_leak_min_blocks: int = 64  # a never-settled series is not called a leak before this
+    spike_margin_frac: float = 0.01  # an unmarked spike is this far above the training peak
+    max_events: int = 256  # events kept (most recent)
+
+
+class _Level:
+    __slots__ = ("blocks", "pending", "span")
+
+    def __init__(self, span: int, ring: int) -> None:
+        self.span = span
+        self.blocks: deque[list[Any]] = deque(maxlen=ring)
+        self.pending: list[list[Any]] = []
+
+
+def _merge(children: list[list[Any]]) -> list[Any]:
+    outside = [c[_OUTSIDE] for c in children if c[_OUTSIDE] is not None]
+    return [
+        children[0][_START],
+        children[-1][_END],
+        children[-1][_TS],
+        min(c[_FLOOR] for c in children),
+        max(c[_RESV] for c in children),
+        max(c[_PEAK] for c in children),
+        min(outside) if outside else None,
+        min(c[_SLACK] for c in children),
+        min(c[_SPLIT] for c in children),
+        children[-1][_RETRIES],
+    ]
+
+
+class TrendEngine:
+    """Online verdicts for one series (run, host, rank). Feed samples in arrival order."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = cfg = config or EngineConfig()
+        self.events: deque[dict[str, Any]] = deque(maxlen=cfg.max_events)
+        self.state = "warmup"
+        self.plateau_breaks = 0
+        self.samples = 0
+        self.out_of_order = 0
+        self._last: dict[str, Any] | None = None  # latest train sample
+        self._incarnation: Any = None
+        self._started = False
+        self._ooms = 0
+        self._retries = 0
+        self._total = 0
+        self._checkpoint_peak: int | None = None
+        self._checkpoint_headroom: int | None = None
+        self._reset_series(0)
+
+    # ------------------------------------------------------------------ state
+    def _reset_series(self, step: int) -> None:
+        """A new process (first sample or restart): warm-up again, fresh trend state."""
+        cfg = self.config
+        self._levels = [_Level(cfg.block_steps * 4**k, cfg.ring_blocks) for k in range(cfg.levels)]
+        self._inc_start = step
+        self._last_step = -1
+        self._blk_start = step
+        self._blk_end = step  # the first sample opens a block
+        self._blk_n = 0
+        self._b_floor = self._b_outside = self._b_slack = self._b_split = _INF
+        self._b_resv = self._b_peak = -1
+        self._b_ts = 0.0
+        self.state = "warmup"
+        self._plateau: dict[str, float] | None = None
+        self._first_plateau_age: int | None = None
+        self._tol = 0.0
+        self._cusum = {"floor": 0.0, "outside": 0.0, "slack": 0.0}
+        self._cp = {"floor": step, "outside": step, "slack": step}
+        self._rising_since = step
+        self._leak: dict[str, Any] | None = None
+        self._frag: dict[str, Any] | None = None
+        self._phase_ratchet: str | None = None
+        self._saw_drops: deque[int] = deque(maxlen=6)
+        self._saw_period = 0
+        self._spike_threshold = _INF
+        self._spikes: deque[int] = deque(maxlen=5)
+        self._periodic_period = 0
+
+    def _emit(self, event: dict[str, Any], out: list[dict[str, Any]]) -> None:
+        self.events.append(event)
+        out.append(event)
+
+    # ------------------------------------------------------------------ feed
+    def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
+        """Fold one validated sample in; return the events it raised (usually none)."""
+        self.samples += 1
+        out: list[dict[str, Any]] = []
+        step = sample["step"]
+        ooms = sample["ooms"]
+        retries = sample["alloc_retries"]
+        incarnation = sample.get("incarnation")
+        stepped_back = step < self._last_step and sample["phase"] == "train"
+        if stepped_back and incarnation is not None and incarnation == self._incarnation:
+            self.out_of_order += 1  # a late (replayed) sample of this process: too old to fold in
+            return out
+        if incarnation != self._incarnation or ooms < self._ooms or retries < self._retries or stepped_back:
+            if self._started:
+                self._emit(
+                    {
+                        "type": "restart",
+                        "step": step,
+                        "from_step": self._last_step,
+                        "incarnation": incarnation,
+                    },
+                    out,
+                )
+            self._started = True
+            self._incarnation = incarnation
+            self._ooms = ooms
+            self._retries = retries
+            self._reset_series(step)
+        if ooms > self._ooms:
+            self._emit({"type": "oom", "step": step, "ooms": ooms, "phase": sample["phase"]}, out)
+            self._ooms = ooms
+        self._retries = retries
+        self._total = sample["total_bytes"]
+        if sample["phase"] != "train":
+            self._phase_sample(sample, out)
+            return out
+        if step >= self._blk_end:
+            if self._blk_n:
+                self._close_block(step, out)
+            span = self.config.block_steps
+            self._blk_start = step - (step - self._inc_start) % span
+            self._blk_end = self._blk_start + span
+        self._last_step = step
+        self._last = sample
+        allocated = sample["allocated_bytes"]
+        reserved = sample["reserved_bytes"]
+        self._blk_n += 1
+        self._b_ts = sample["ts"]
+        if allocated < self._b_floor:
+            self._b_floor = allocated
+        if reserved > self._b_resv:
+            self._b_resv = reserved
+        peak = sample["peak_allocated_bytes"]
+        if peak > self._b_peak:
+            self._b_peak = peak
+        if peak - allocated > self._spike_threshold:  # judged above the floor, so a leak is no spike
+            self._unmarked_spike(step, peak, out)
+        slack = reserved - allocated
+        if slack < self._b_slack:
+            self._b_slack = slack
+        split = sample["inactive_split_bytes"]
+        if split < self._b_split:
+            self._b_split = split
+        used = sample["nvml_used_bytes"]
+        if used is not None and used - reserved < self._b_outside:
+            self._b_outside = used - reserved
+        return out
+
+    # ------------------------------------------------------------------ phases and spikes
+    def _outside_now(self) -> int:
+        last = self._last
+        if last is None or last["nvml_used_bytes"] is None:
+            return 0
+        return max(0, last["nvml_used_bytes"] - last["reserved_bytes"])
+
+    def _training_peak(self) -> float | None:
+        if self._plateau is not None:
+            return self._plateau["peak"]
+        ring = self._levels[0].blocks
+        if ring:
+            return max(b[_PEAK] for b in list(ring)[-4:])
+        return None
+
+    def _phase_sample(self, sample: dict[str, Any], out: list[dict[str, Any]]) -> None:
+        phase = sample["phase"]
+        peak = sample["peak_allocated_bytes"]
+        used = sample["nvml_used_bytes"]
+        outside = max(0, used - sample["reserved_bytes"]) if used is not None else self._outside_now()
+        headroom = sample["total_bytes"] - outside - peak
+        train_peak = self._training_peak()
+        kind = "checkpoint_spike" if phase == "checkpoint" else "eval_spike" if _is_eval(phase) else "phase_spike"
+        event = {
+            "type": kind,
+            "step": sample["step"],
+            "phase": phase,
+            "peak_bytes": peak,
+            "above_plateau_bytes": None if train_peak is None else int(peak - train_peak),
+            "headroom_bytes": int(headroom),
+        }
+        self._emit(event, out)
+        if phase == "checkpoint":
+            self._checkpoint_peak = peak
+            self._checkpoint_headroom = int(headroom)
+        last = self._last
+        if last is not None and sample["reserved_bytes"] > last["reserved_bytes"] + self._reserved_tol():
+            self._phase_ratchet = phase  # the next reserved break is this phase's doing
+
+    def _unmarked_spike(self, step: int, peak: int, out: list[dict[str, Any]]) -> None:
+        spikes = self._spikes
+        if spikes and step - spikes[-1] < self.config.block_steps // 2:
+            return  # one spike, several samples
+        spikes.append(step)
+        if len(spikes) < 4:
+            return
+        gaps = [b - a for a, b in pairwise(spikes)][-3:]
+        low, high = min(gaps), max(gaps)
+        if low <= 0 or high > 1.25 * low:
+            return
+        period = round(median(gaps))
+        if self._periodic_period and abs(period - self._periodic_period) <= 0.1 * self._periodic_period:
+            return  # already reported this rhythm
+        self._periodic_period = period
+        train_peak = self._training_peak() or peak
+        self._emit(
+            {
+                "type": "periodic_spike",
+                "step": step,
+                "period_steps": period,
+                "peak_bytes": peak,
+                "above_plateau_bytes": int(peak - train_peak),
+                "headroom_bytes": int(self._total - self._outside_now() - peak),
+            },
+            out,
+        )
+
+    # ------------------------------------------------------------------ blocks
+    def _close_block(self, step: int, out: list[dict[str, Any]]) -> None:
+        block = [
+            self._blk_start,
+            self._last_step,
+            self._b_ts,
+            self._b_floor,
+            self._b_resv,
+            self._b_peak,
+            None if self._b_outside == _INF else self._b_outside,
+            max(0, self._b_slack),
+            self._b_split,
+            self._retries,
+        ]
+        self._blk_n = 0
+        self._b_floor = self._b_outside = self._b_slack = self._b_split = _INF
+        self._b_resv = self._b_peak = -1
+        levels = self._levels
+        prev_floor = levels[0].blocks[-1][_FLOOR] if levels[0].blocks else None
+        levels[0].blocks.append(block)
+        child = block
+        for k in range(1, len(levels)):
+            pending = levels[k].pending
+            pending.append(child)
+            if len(pending) < 4:
+                break
+            child = _merge(pending)
+            levels[k].blocks.append(child)
+            pending.clear()
+        if prev_floor is not None:
+            self._watch_drops(prev_floor, block)
+        self._evaluate(step, block, out)
+
+    def _watch_drops(self, prev_floor: float, block: list[Any]) -> None:
+        """A sawtooth: the floor falls back by more than the material size, repeatedly."""
+        tol = self._tol or self.config.tol_frac * self._total
+        if prev_floor - block[_FLOOR] > 2 * tol:
+            drops = self._saw_drops
+            drops.append(block[_START])
+            if len(drops) >= 2:
+                gaps = [b - a for a, b in pairwise(drops)]
+                self._saw_period = int(max(gaps))
+
+    def _reserved_tol(self) -> float:
+        return self.config.reserved_break_frac * self._total
+
+    # ------------------------------------------------------------------ windows
+    def _window(self, index: int, s0: int, reduce_max: bool = False) -> tuple[list[float], list[float], int]:
+        """(x, y, block span) of signal ``index`` for blocks starting at or after ``s0``.
+
+        Uses the finest level that still holds ``s0``; a known sawtooth period turns the
+        signal into its trailing minimum over >1 period (the floor after collection);
+        more than ``fit_points`` points are grouped (min, or max for ``reduce_max``).
+        """
+        cfg = self.config
+        chosen = None
+        for level in self._levels:
+            ring = level.blocks
+            if not ring:
+                break
+            width = 1
+            if self._saw_period and index != _RESV:
+                width = math.ceil(1.2 * self._saw_period / level.span) + 1
+                if width * 3 > cfg.ring_blocks:
+                    continue
+            if len(ring) < ring.maxlen or ring[0][_START] <= s0 - (width - 1) * level.span:
+                chosen = (level, width)
+                break
+            chosen = (level, width)
+        if chosen is None:
+            return [], [], 0
+        level, width = chosen
+        ring = list(level.blocks)
+        values = [b[index] for b in ring]
+        if index == _OUTSIDE and any(v is None for v in values):
+            return [], [], level.span
+        if width > 1:
+            values = rolling_min(values, width)
+        xs: list[float] = []
+        ys: list[float] = []
+        for b, v in zip(ring, values, strict=True):
+            if b[_START] >= s0:
+                xs.append(0.5 * (b[_START] + b[_END]))
+                ys.append(v)
+        n = len(xs)
+        if n > cfg.fit_points:
+            group = math.ceil(n / cfg.fit_points)
+            gx, gy = [], []
+            pick = max if reduce_max else min
+            for i in range(0, n, group):
+                gx.append(sum(xs[i : i + group]) / len(xs[i : i + group]))
+                gy.append(pick(ys[i : i + group]))
+            xs, ys = gx, gy
+        return xs, ys, level.span
+
+    def _trend(
+        self, index: int, s0: int, min_span: float, ratio: float, max_jump: float = 0.5
+    ) -> dict[str, Any] | None:
+        """A significant, material, linear, gradual rise of signal ``index`` since ``s0``, or None.
+
+        ``ratio``: the Theil-Sen slopes of the two halves must agree within it (a step or a
+        settling curve has one flat half). ``max_jump``: no single point-to-point increase may
+        carry more than this share of the rise (a staircase of one-time jumps is warm-up, a
+        leak creeps).
+        """
+        cfg = self.config
+        xs, ys, block_span = self._window(index, s0)
+        n = len(xs)
+        if n < cfg.min_blocks:
+            return None
+        span = xs[-1] - xs[0] + block_span
+        if span < min_span:
+            return None
+        slope = theil_sen(xs, ys)
+        if slope <= 0 or slope * span < self._tol:
+            return None
+        half = n // 2
+        first = theil_sen(xs[: half + 1], ys[: half + 1])
+        second = theil_sen(xs[half:], ys[half:])
+        if first <= 0 or second <= 0 or min(first, second) < ratio * max(first, second):
+            return None  # a step, a settling curve or a burst: not a steady rise
+        biggest = max(b - a for a, b in pairwise(ys))
+        if biggest > max_jump * slope * span:
+            return None
+        if mann_kendall_z(ys) < cfg.mk_z:
+            return None
+        return {"slope": slope, "span": span, "n": n, "last": ys[-1]}
+
+    def _flat(self, index: int, s0: int, min_span: float) -> tuple[bool, list[float]]:
+        cfg = self.config
+        xs, ys, block_span = self._window(index, s0)
+        if len(xs) < cfg.min_blocks:
+            return False, ys
+        span = xs[-1] - xs[0] + block_span
+        if span < min_span:
+            return False, ys
+        slope = theil_sen(xs, ys)
+        return abs(slope) * span <= self._tol, ys
+
+    # ------------------------------------------------------------------ verdicts
+    def _evaluate(self, step: int, block: list[Any], out: list[dict[str, Any]]) -> None:
+        cfg = self.config
+        if not self._tol:
+            self._tol = cfg.tol_frac * self._total
+        age = block[_END] - self._inc_start
+        state = self.state
+        if state == "warmup":
+            self._evaluate_warmup(step, age, out)
+            return
+        plateau = self._plateau
+        assert plateau is not None
+        floor = block[_FLOOR]
+        if self._saw_period:
+            ring = self._levels[0].blocks
+            width = math.ceil(1.2 * self._saw_period / cfg.block_steps) + 1
+            floor = min(b[_FLOOR] for b in list(ring)[-width:])
+        broke = None
+        if state == "plateau":
+            if self._cusum_step("floor", floor - plateau["floor"], block):
+                broke = "allocated"
+            elif block[_RESV] - plateau["reserved"] > self._reserved_tol():
+                broke = self._phase_ratchet or "reserved"
+            else:
+                # rare small ratchets (the longest batch so far) are the plateau settling, not a break
+                plateau["reserved"] = max(plateau["reserved"], self._resv_at(block[_END] - 4 * cfg.block_steps))
+            if broke:
+                self.state = "rising"
+                self._rising_since = self._cp["floor"] if broke == "allocated" else block[_START]
+                self.plateau_breaks += 1
+                self._emit(
+                    {
+                        "type": "plateau_break",
+                        "step": step,
+                        "onset_step": self._rising_since,
+                        "cause": broke,
+                        "plateau_bytes": int(plateau["reserved"]),
+                        "reserved_bytes": block[_RESV],
+                        "allocated_bytes": block[_FLOOR],
+                    },
+                    out,
+                )
+        # leaks (allocator), from a break or ongoing
+        min_span = max(cfg.min_blocks * cfg.block_steps, 1.5 * self._saw_period)
+        if self._first_plateau_age:
+            min_span = max(min_span, cfg.warmup_span_frac * self._first_plateau_age)
+        if self.state == "rising":
+            # the floor's own change point can be later than the break (a checkpoint ratchet
+            # first, a leak after): try the break, the floor's onset, and the recent half
+            self._cusum_step("floor", floor - plateau["floor"], block, trigger=False)
+            trend = None
+            starts = {self._rising_since, max(self._rising_since, self._cp["floor"])}
+            starts.add(int(0.5 * (self._rising_since + block[_END])))
+            for s0 in sorted(starts):
+                trend = self._trend(_FLOOR, s0, min_span, cfg.half_ratio)
+                if trend:
+                    self._rising_since = s0
+                    break
+            if trend:
+                self._start_leak(step, "allocator", trend, out)
+            elif block[_END] - self._rising_since >= 2 * min_span:
+                # settled again: flat over the later half of the rise, so a slow creep never passes
+                window = 0.5 * (block[_END] - self._rising_since)
+                settled, _ = self._flat(_FLOOR, block[_END] - window, window)
+                resv_flat = block[_RESV] - self._resv_at(block[_END] - window) <= self._tol
+                if settled and resv_flat:
+                    self._new_plateau(step, block, out, window)
+        elif self.state == "leak":
+            self._follow_leak(step, block, min_span, out)
+        # leak outside the allocator: NVML - reserved rising while torch is flat
+        if (
+            self.state in ("plateau", "rising")
+            and plateau.get("outside") is not None
+            and block[_OUTSIDE] is not None
+            and self._cusum_step("outside", block[_OUTSIDE] - plateau["outside"], block, trigger=False)
+        ):
+            trend = self._trend(_OUTSIDE, self._cp["outside"], min_span, cfg.half_ratio)
+            if trend:
+                self._start_leak(step, "outside_allocator", trend, out)
+        # fragmentation: reserved - allocated and split blocks growing, allocated flat
+        if self.state in ("plateau", "rising", "fragmentation"):
+            self._check_fragmentation(step, block, min_span, out)
+
+    def _resv_at(self, at: float) -> float:
+        for b in reversed(self._levels[0].blocks):
+            if b[_START] <= at:
+                return b[_RESV]
+        return self._levels[0].blocks[0][_RESV]
+
+    def _cusum_step(self, name: str, excess: float, block: list[Any], trigger: bool = True) -> bool:
+        """One-sided CUSUM (Page 1954): drift allowance tol/2, alarm at 2 tol."""
+        tol = self._tol
+        value = self._cusum[name] + excess - 0.5 * tol
+        if value <= 0:
+            self._cusum[name] = 0.0
+            self._cp[name] = block[_END] + 1
+            return False
+        self._cusum[name] = value
+        return value > 2 * tol
+
+    def _evaluate_warmup(self, step: int, age: int, out: list[dict[str, Any]]) -> None:
+        cfg = self.config
+        span = max(cfg.min_blocks * cfg.block_steps, cfg.warmup_span_frac * age, 1.5 * self._saw_period)
+        last = self._levels[0].blocks[-1]
+        s0 = last[_END] - span
+        if s0 >= self._inc_start:
+            settled, _ = self._flat(_FLOOR, s0, span)
+            if settled and last[_RESV] - self._resv_at(s0) <= self._reserved_tol():
+                self._first_plateau_age = age
+                self._new_plateau(step, last, out, span)
+                return
+        if age >= cfg.warmup_leak_min_blocks * cfg.block_steps:
+            start = self._inc_start + age // 2
+            trend = self._trend(_FLOOR, start, age / 2, cfg.warmup_half_ratio, max_jump=0.25)
+            if trend:
+                self._plateau = self._plateau_levels(last, span)
+                self._start_leak(step, "allocator", trend, out)
+
+    def _plateau_levels(self, block: list[Any], span: float) -> dict[str, Any]:
+        s0 = block[_END] - span
+        _, floors, _ = self._window(_FLOOR, s0)
+        ring = [b for b in self._levels[0].blocks if b[_START] >= s0] or [block]
+        peaks = [b[_PEAK] for b in ring]
+        outside = [b[_OUTSIDE] for b in ring]
+        sigma = noise_sigma([b[_FLOOR] for b in ring])
+        self._tol = max(self.config.tol_frac * self._total, self.config.noise_k * sigma)
+        peak = median(peaks)
+        # activations above the floor: the typical block high plus a margin; spikes are rare,
+        # so the median of block maxima ignores them
+        above = [b[_PEAK] - b[_FLOOR] for b in ring]
+        typical = median(above)
+        spread = median([abs(a - typical) for a in above]) * 1.4826
+        self._spike_threshold = typical + 3 * spread + self.config.spike_margin_frac * self._total
+        return {
+            "floor": median(floors) if floors else block[_FLOOR],
+            "reserved": float(block[_RESV]),
+            "peak": float(peak),
+            "outside": None if any(v is None for v in outside) else float(median(outside)),
+            "slack": float(median([b[_SLACK] for b in ring])),
+            "since": block[_END],
+        }
+
+    def _new_plateau(self, step: int, block: list[Any], out: list[dict[str, Any]], span: float) -> None:
+        self._plateau = self._plateau_levels(block, span)
+        self.state = "plateau"
+        self._leak = None
+        self._phase_ratchet = None
+        for name in self._cusum:
+            self._cusum[name] = 0.0
+            self._cp[name] = block[_END] + 1
+        last = self._last or {}
+        used = last.get("nvml_used_bytes")
+        self._emit(
+            {
+                "type": "plateau",
+                "step": step,
+                "plateau_bytes": int(self._plateau["reserved"]),
+                "allocated_bytes": int(self._plateau["floor"]),
+                "peak_bytes": int(self._plateau["peak"]),
+                "headroom_bytes": int(self._total - (used if used is not None else self._plateau["reserved"])),
+            },
+            out,
+        )
+
+    # ------------------------------------------------------------------ leaks
+    def _runway(self, source: str, slope: float) -> tuple[int | None, float | None]:
+        if slope <= 0:
+            return None, None
+        last = self._last
+        if last is None:
+            return None, None
+        total = last["total_bytes"]
+        ring = self._levels[0].blocks
+        peak_high = max(b[_PEAK] for b in list(ring)[-4:]) if ring else last["peak_allocated_bytes"]
+        if source == "outside_allocator":
+            used = last["nvml_used_bytes"] or last["reserved_bytes"]
+            room = total - max(used, last["reserved_bytes"])
+        else:
+            room = total - self._outside_now() - max(peak_high, last["peak_allocated_bytes"])
+        steps = max(0, int(room / slope))
+        return steps, steps * self._seconds_per_step()
+
+    def _seconds_per_step(self) -> float:
+        ring = self._levels[0].blocks
+        if len(ring) >= 2:
+            first, last = ring[0], ring[-1]
+            if last[_END] > first[_END] and last[_TS] > first[_TS]:
+                return (last[_TS] - first[_TS]) / (last[_END] - first[_END])
+        last_sample = self._last or {}
+        return float(last_sample.get("step_time_s") or 0.0)
+
+    def _start_leak(self, step: int, source: str, trend: dict[str, Any], out: list[dict[str, Any]]) -> None:
+        slope = trend["slope"]
+        steps, seconds = self._runway(source, slope)
+        onset = self._rising_since if source == "allocator" else self._cp["outside"]
+        self._leak = {"source": source, "slope": slope, "steps": steps, "seconds": seconds, "onset": onset}
+        self.state = "leak"
+        self._emit(
+            {
+                "type": "leak",
+                "step": step,
+                "onset_step": onset,
+                "slope_bytes_per_step": round(slope, 1),
+                "steps_to_oom": steps,
+                "seconds_to_oom": None if seconds is None else round(seconds, 1),
+                "source": source,
+            },
+            out,
+        )
+
+    def _follow_leak(self, step: int, block: list[Any], min_span: float, out: list[dict[str, Any]]) -> None:
+        leak = self._leak
+        assert leak is not None
+        index = _FLOOR if leak["source"] == "allocator" else _OUTSIDE
+        xs, ys, _ = self._window(index, leak["onset"])
+        if len(xs) >= 4:
+            leak["slope"] = theil_sen(xs, ys)
+        # has it stopped? flat over a window long enough to see the leak's own rise
+        window = max(min_span, 2 * self._tol / leak["slope"] if leak["slope"] > 0 else min_span)
+        if block[_END] - leak["onset"] >= 2 * window:
+            settled, _ = self._flat(index, block[_END] - window, window)
+            if settled:
+                self._new_plateau(step, block, out, window)
+                return
+        leak["steps"], leak["seconds"] = self._runway(leak["source"], leak["slope"])
+
+    # ------------------------------------------------------------------ fragmentation
+    def _check_fragmentation(self, step: int, block: list[Any], min_span: float, out: list[dict[str, Any]]) -> None:
+        plateau = self._plateau
+        assert plateau is not None
+        rising = self._cusum_step("slack", block[_SLACK] - plateau["slack"], block, trigger=False)
+        frag = self._frag
+        if self.state == "fragmentation" and frag is not None:
+            # over, once neither kind of waste moved for long enough to have seen it grow
+            slope = max(frag["slope"], 1.0)
+            window = max(min_span, 2 * self._reserved_tol() / slope)
+            if block[_END] - frag["onset"] >= 2 * window:
+                s0 = block[_END] - window
+                slack_flat, _ = self._flat(_SLACK, s0, window)
+                split_flat, _ = self._flat(_SPLIT, s0, window)
+                if slack_flat and split_flat and self._retries_at(s0) == block[_RETRIES]:
+                    self._frag = None
+                    self._new_plateau(step, block, out, window)
+            return
+        if not rising:
+            return
+        floor_trend = self._trend(_FLOOR, self._cp["slack"], min_span, self.config.half_ratio)
+        if floor_trend:
+            return  # the allocated floor rises too: a leak, not fragmentation
+        growth = block[_SLACK] - plateau["slack"]
+        if growth < self._reserved_tol():
+            return
+        first_retries = self._retries_at(self._cp["slack"])
+        retries_up = block[_RETRIES] > first_retries
+        half = self.config.half_ratio
+        # reserved grows in ratchets, so the slack is a staircase; split blocks creep
+        trend = self._trend(_SLACK, self._cp["slack"], min_span, half, max_jump=1.0) or self._trend(
+            _SPLIT, self._cp["slack"], min_span, half
+        )
+        split_growth = block[_SPLIT] - self._split_at(self._cp["slack"])
+        # cached-but-unusable memory: split blocks piling up, or the allocator already retrying
+        if not retries_up and (trend is None or split_growth < 0.25 * growth):
+            return
+        slope = trend["slope"] if trend else 0.0
+        self.state = "fragmentation"
+        self._frag = {"slope": slope, "onset": self._cp["slack"]}
+        last = self._last or {}
+        self._emit(
+            {
+                "type": "fragmentation",
+                "step": step,
+                "onset_step": self._cp["slack"],
+                "reserved_bytes": last.get("reserved_bytes", block[_RESV]),
+                "allocated_bytes": last.get("allocated_bytes", block[_FLOOR]),
+                "reserved_minus_allocated_bytes": block[_SLACK],
+                "growth_bytes": int(block[_SLACK] - plateau["slack"]),
+                "growth_bytes_per_step": round(slope, 1),
+                "inactive_split_bytes": last.get("inactive_split_bytes", block[_SPLIT]),
+                "alloc_retries": block[_RETRIES],
+                "alloc_retries_in_window": block[_RETRIES] - first_retries,
+                "recommendation": FRAGMENTATION_ADVICE,
+            },
+            out,
+        )
+
+    def _split_at(self, at: float) -> int:
+        for b in reversed(self._levels[0].blocks):
+            if b[_START] <= at:
+                return b[_SPLIT]
+        ring = self._levels[0].blocks
+        return ring[0][_SPLIT] if ring else 0
+
+    def _retries_at(self, at: float) -> int:
+        for b in reversed(self._levels[0].blocks):
+            if b[_START] <= at:
+                return b[_RETRIES]
+        ring = self._levels[0].blocks
+        return ring[0][_RETRIES] if ring else 0
+
+    # ------------------------------------------------------------------ read-out
+    def summary(self) -> dict[str, Any]:
+        last = self._last or {}
+        total = last.get("total_bytes", self._total) or None
+        used = last.get("nvml_used_bytes")
+        reserved = last.get("reserved_bytes")
+        leak = self._leak if self.state == "leak" else None
+        plateau = self._plateau
+        if used is not None:
+            headroom = total - used if total else None
+        elif reserved is not None and total:
+            headroom = total - reserved
+        else:
+            headroom = None
+        return {
+            "state": self.state,
+            "step": last.get("step"),
+            "ts": last.get("ts"),
+            "plateau_bytes": int(plateau["reserved"]) if plateau else None,
+            "headroom_bytes": headroom,
+            "slope_bytes_per_step": round(leak["slope"], 1) if leak else None,
+            "steps_to_oom": leak["steps"] if leak else None,
+            "seconds_to_oom": round(leak["seconds"], 1) if leak and leak["seconds"] is not None else None,
+            "leak_source": leak["source"] if leak else None,
+            "fragmentation": self.state == "fragmentation",
+            "outside_allocator_bytes": (used - reserved) if used is not None and reserved is not None else None,
+            "plateau_breaks": self.plateau_breaks,
+            "checkpoint_peak_bytes": self._checkpoint_peak,
+            "checkpoint_headroom_bytes": self._checkpoint_headroom,
+            "total_bytes": total,
+            "samples": self.samples,
+        }
+
+
+def _is_eval(phase: str) -> bool:
+    lowered = phase.lower()
+    return lowered.startswith(("eval", "val", "test"))
