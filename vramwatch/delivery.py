@@ -434,17 +434,24 @@ class BatchSender:
         if self._child or self._closed or not self._thread.is_alive():
             return self._idle()
         deadline = time.monotonic() + max(0.0, timeout)
-        with self._cond:
-            self._flush_requested += 1
-            target = self._flush_requested
-        self._wake.set()
-        with self._cond:
-            while self._flush_done < target:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-        return self._idle()
+        while True:
+            with self._cond:
+                self._flush_requested += 1
+                target = self._flush_requested
+            self._wake.set()
+            with self._cond:
+                while self._flush_done < target:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(left)
+            if self._idle():
+                return True
+            # the collector failed this round: try again after the backoff, within the deadline
+            pause = min(self._retry_at - time.monotonic(), deadline - time.monotonic())
+            if deadline - time.monotonic() <= 0:
+                return False
+            time.sleep(max(0.005, pause))
 
     def close(self, timeout: float = 5.0) -> bool:
         """Send what can be sent within ``timeout`` s, spool the rest, stop the worker."""

@@ -1,0 +1,273 @@
+"""BatchSender: batching, gzip + auth, retries, spool and oldest-first replay, 4xx handling,
+bounded flush/close. Status codes come from a scripted stdlib server (tests/fakes); the
+end-to-end paths against the real collector are in test_hook.py."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from pathlib import Path
+
+import pytest
+from fakes.ingest_server import ScriptedIngest, dead_url
+from helpers import make_sample
+
+from vramwatch.delivery import BatchSender, HttpTransport
+
+
+def samples(n: int, start: int = 0, **overrides) -> list[dict]:
+    now = time.time()
+    return [make_sample(step, ts=now, incarnation="inc-1", **overrides) for step in range(start, start + n)]
+
+
+def sender_for(url: str, tmp_path: Path, **kwargs) -> BatchSender:
+    kwargs.setdefault("interval_s", 0.05)
+    kwargs.setdefault("backoff_initial_s", 0.05)
+    kwargs.setdefault("backoff_max_s", 0.2)
+    return BatchSender(HttpTransport(url, token=kwargs.pop("token", None)), spool_path=tmp_path / "spool.jsonl",
+                       **kwargs)
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+@pytest.fixture
+def ingest():
+    with ScriptedIngest() as server:
+        yield server
+
+
+def test_gzipped_ndjson_with_bearer_token_to_the_ingest_path(ingest, tmp_path):
+    sender = sender_for(ingest.url + "/prefix/", tmp_path, token="s3cret")
+    for s in samples(10):
+        sender.submit(s)
+    assert sender.flush(5)
+    sender.close(2)
+    request = ingest.requests[0]
+    assert request["path"] == "/prefix/api/v1/samples"
+    assert request["headers"]["Content-Encoding"] == "gzip"
+    assert request["headers"]["Content-Type"] == "application/x-ndjson"
+    assert request["headers"]["Authorization"] == "Bearer s3cret"
+    assert ingest.steps() == list(range(10))
+    stats = sender.stats()
+    assert (stats["delivered"], stats["accepted"], stats["send_failures"]) == (10, 10, 0)
+
+
+def test_batches_by_size_without_waiting_for_the_interval(ingest, tmp_path):
+    sender = sender_for(ingest.url, tmp_path, batch_size=50, interval_s=30.0)
+    for s in samples(120):
+        sender.submit(s)
+    assert wait_for(lambda: len(ingest.steps()) >= 100, 5.0)  # woken by size, not the 30 s timer
+    assert all(len(r["samples"]) <= 50 for r in ingest.requests)
+    assert sender.flush(5)
+    assert ingest.steps() == list(range(120))
+    sender.close(2)
+
+
+def test_batches_by_time(ingest, tmp_path):
+    sender = sender_for(ingest.url, tmp_path, batch_size=1000, interval_s=0.1)
+    for s in samples(3):
+        sender.submit(s)
+    assert wait_for(lambda: len(ingest.steps()) == 3, 3.0)
+    assert len(ingest.requests) == 1
+    sender.close(2)
+
+
+def test_transient_failures_spool_then_replay_oldest_first_exactly_once(ingest, tmp_path):
+    ingest.script = [503, 503, 503]
+    sender = sender_for(ingest.url, tmp_path, batch_size=20)
+    for chunk in range(5):  # more samples arrive while the collector is failing
+        for s in samples(20, start=chunk * 20):
+            sender.submit(s)
+        time.sleep(0.03)
+    assert sender.flush(5)
+    sender.close(2)
+    stats = sender.stats()
+    assert stats["send_failures"] == 3
+    assert stats["spooled"] > 0 and stats["replayed"] > 0
+    assert ingest.steps() == list(range(100))  # all of them, once, in order
+    assert stats["duplicates"] == 0 and stats["spool_pending_bytes"] == 0
+    assert not (tmp_path / "spool.jsonl").exists()  # an empty spool is removed at close
+
+
+def test_backoff_is_exponential_capped_and_jittered(tmp_path):
+    sender = sender_for(dead_url(), tmp_path, backoff_initial_s=0.1, backoff_max_s=0.8)
+    delays = []
+    for _ in range(6):
+        sender._failed("refused")
+        delays.append(sender._backoff_s)
+    assert delays == [0.1, 0.2, 0.4, 0.8, 0.8, 0.8]
+    waits = set()
+    for _ in range(20):
+        sender._failed("refused")
+        wait = sender._retry_at - time.monotonic()
+        assert 0.35 <= wait <= 0.81
+        waits.add(round(wait, 3))
+    assert len(waits) > 5  # jitter: ranks do not retry in lockstep
+    sender.close(0.5)
+
+
+def test_422_drops_the_invalid_samples_counts_them_and_resends_the_rest_once(ingest, tmp_path):
+    def reject_steps_3_and_7(batch):
+        errors = [{"index": i, "field": "ts", "message": "in the future"}
+                  for i, s in enumerate(batch) if s["step"] in (3, 7)]
+        return 422, {"detail": "sample 3: ts", "accepted": 0, "rejected": 2, "errors": errors}
+
+    ingest.script = [reject_steps_3_and_7]
+    sender = sender_for(ingest.url, tmp_path)
+    for s in samples(10):
+        sender.submit(s)
+    assert sender.flush(5)
+    sender.close(2)
+    assert ingest.steps() == [0, 1, 2, 4, 5, 6, 8, 9]
+    stats = sender.stats()
+    assert stats["rejected"] == 2 and stats["delivered"] == 8
+    assert len(ingest.requests) == 2  # never retried forever
+
+
+@pytest.mark.parametrize("status", [400, 404, 422])
+def test_other_permanent_rejections_drop_the_batch_and_count_it(ingest, tmp_path, status):
+    ingest.script = [status]
+    sender = sender_for(ingest.url, tmp_path)
+    for s in samples(5):
+        sender.submit(s)
+    assert sender.flush(5)
+    for s in samples(5, start=5):
+        sender.submit(s)
+    assert sender.flush(5)
+    sender.close(2)
+    assert ingest.steps() == [5, 6, 7, 8, 9]
+    stats = sender.stats()
+    assert stats["rejected"] == 5 and f"HTTP {status}" in stats["last_error"]
+    assert len(ingest.requests) == 2
+
+
+def test_413_splits_the_batch(ingest, tmp_path):
+    ingest.script = [lambda batch: (413, {"detail": "too large"}) if len(batch) > 4 else (200, None)] * 3
+    sender = sender_for(ingest.url, tmp_path, batch_size=16)
+    for s in samples(16):
+        sender.submit(s)
+    assert sender.flush(5)
+    sender.close(2)
+    assert sorted(ingest.steps()) == list(range(16))
+    assert sender.stats()["rejected"] == 0
+
+
+def test_auth_failure_keeps_the_samples_and_is_counted(ingest, tmp_path):
+    ingest.script = [401, 401]
+    sender = sender_for(ingest.url, tmp_path, token="wrong-then-fixed")
+    for s in samples(4):
+        sender.submit(s)
+    assert wait_for(lambda: len(ingest.steps()) == 4, 5)
+    sender.close(2)
+    assert sender.stats()["auth_failures"] == 2
+    assert ingest.steps() == [0, 1, 2, 3]
+
+
+def test_invalid_samples_are_dropped_before_sending_and_counted(ingest, tmp_path):
+    sender = sender_for(ingest.url, tmp_path)
+    good = samples(3)
+    bad = make_sample(99, allocated_bytes=-1)
+    for s in (good[0], bad, good[1], good[2]):
+        sender.submit(s)
+    assert sender.flush(5)
+    sender.close(2)
+    stats = sender.stats()
+    assert stats["invalid"] == 1 and "allocated_bytes" in stats["last_error"]
+    assert ingest.steps() == [0, 1, 2]
+
+
+def test_bounded_close_when_the_collector_is_down_spools_everything(tmp_path):
+    spool = tmp_path / "spool.jsonl"
+    sender = BatchSender(HttpTransport(dead_url()), spool_path=spool, interval_s=0.05)
+    for s in samples(1000):
+        sender.submit(s)
+    started = time.monotonic()
+    delivered = sender.close(timeout=2.0)
+    elapsed = time.monotonic() - started
+    assert not delivered
+    assert elapsed < 2.5
+    lines = spool.read_bytes().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1000))
+    assert sender.stats()["send_failures"] >= 1
+
+
+def test_bounded_close_when_the_collector_hangs(ingest, tmp_path):
+    ingest.delay_s = 5.0  # accepts the connection, answers far too late
+    spool = tmp_path / "spool.jsonl"
+    sender = BatchSender(HttpTransport(ingest.url, timeout_s=10), spool_path=spool, interval_s=0.02)
+    for s in samples(50):
+        sender.submit(s)
+    time.sleep(0.2)  # the worker is now stuck in its POST
+    for s in samples(50, start=50):
+        sender.submit(s)
+    started = time.monotonic()
+    sender.close(timeout=1.0)
+    assert time.monotonic() - started < 2.0
+    # the stuck batch and the queue were spooled: a later replay sends all 100 (duplicates are harmless)
+    steps = sorted({json.loads(line)["step"] for line in spool.read_bytes().splitlines()})
+    assert steps == list(range(100))
+
+
+def test_leftover_spools_of_earlier_processes_are_replayed_first(tmp_path):
+    old = tmp_path / "run.rank0.old-incarnation.jsonl"
+    old.write_bytes(b"".join(json.dumps(s).encode() + b"\n" for s in samples(30)))
+    with ScriptedIngest() as server:
+        sender = BatchSender(HttpTransport(server.url), spool_path=tmp_path / "run.rank0.new.jsonl",
+                             adopt_spools=[old], interval_s=0.05)
+        for s in samples(10, start=30):
+            sender.submit(s)
+        assert sender.flush(5)
+        sender.close(2)
+        assert server.steps() == list(range(40))
+    assert not old.exists()
+
+
+def test_overflow_goes_to_the_spool_in_order_and_only_a_stuck_worker_drops(ingest, tmp_path):
+    ingest.delay_s = 0.3  # a slow collector: training outpaces it
+    sender = sender_for(ingest.url, tmp_path, batch_size=16, max_queue=32)
+    for s in samples(400):
+        sender.submit(s)
+        time.sleep(0.0005)
+    assert len(sender._queue) <= 4 * 32 + 1
+    ingest.delay_s = 0.0
+    assert sender.flush(10)
+    sender.close(2)
+    stats = sender.stats()
+    assert stats["spooled"] > 0
+    stored = ingest.steps()
+    assert stored == sorted(stored)  # oldest first, always
+    assert len(stored) + stats["dropped_overflow"] == 400
+
+
+def test_spool_size_cap_drops_and_counts(tmp_path):
+    spool = tmp_path / "spool.jsonl"
+    sender = BatchSender(HttpTransport(dead_url()), spool_path=spool, max_spool_bytes=20_000, interval_s=0.02)
+    for s in samples(200):
+        sender.submit(s)
+    sender.close(1.0)
+    stats = sender.stats()
+    assert 0 < stats["spooled"] < 200
+    assert stats["spooled"] + stats["dropped_spool_full"] == 200
+    assert spool.stat().st_size <= 20_000
+
+
+def test_gzip_body_is_smaller_than_the_json(ingest, tmp_path):
+    transport = HttpTransport(ingest.url)
+    body = b"".join(json.dumps(s).encode() + b"\n" for s in samples(200))
+    assert len(gzip.compress(body)) < len(body) / 4
+    answer = transport.send(body, 200)
+    assert answer["accepted"] == 200
+    transport.close()
+
+
+def test_bad_url_names_the_argument():
+    with pytest.raises(ValueError, match="url"):
+        HttpTransport("ftp://collector")

@@ -1,0 +1,296 @@
+"""The hook end to end: real CPU torch loops feeding a real collector (uvicorn + SQLite)
+through the real delivery path, with the simulated probe standing in for the GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from fakes.collector import CollectorProcess, free_port, stored
+from fakes.ingest_server import dead_url
+
+import vramwatch.hook as hook
+from vramwatch import identity, wire
+from vramwatch.collector.server import BackgroundServer
+from vramwatch.probe.simulated import SimulatedProbe
+
+
+@pytest.fixture(scope="module")
+def collector(tmp_path_factory):
+    db = tmp_path_factory.mktemp("collector") / "vw.db"
+    with BackgroundServer(str(db)) as server:
+        server.db = db
+        yield server
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def tiny_training(steps: int, vw: hook.Monitor, *, checkpoint_every: int = 0, ckpt_dir: Path | None = None):
+    """A real (tiny) CPU training loop: Linear + AdamW, random data."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for step in range(steps):
+        x, y = torch.randn(16, 32), torch.randn(16, 1)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        vw.step(step, tokens=16 * 32, loss=losses[-1])
+        if checkpoint_every and step and step % checkpoint_every == 0:
+            with vw.phase("checkpoint"):
+                torch.save(model.state_dict(), ckpt_dir / f"ckpt-{step}.pt")
+    return losses
+
+
+def monitor(url: str, run: str, tmp_path: Path, **kwargs) -> hook.Monitor:
+    kwargs.setdefault("probe", "simulated")
+    kwargs.setdefault("flush_interval_s", 0.05)
+    kwargs.setdefault("backoff_max_s", 0.3)
+    return hook.init(url, run=run, rank=kwargs.pop("rank", 0), spool_dir=tmp_path / "spool", **kwargs)
+
+
+def test_plain_loop_feeds_the_collector_steps_phases_and_numbers(collector, tmp_path):
+    vw = monitor(collector.url, "plain-loop", tmp_path, world_size=1)
+    tiny_training(30, vw, checkpoint_every=10, ckpt_dir=tmp_path)
+    assert vw.close(10)
+    rows = stored(collector.db, "plain-loop")
+    assert [r[1] for r in rows if r[2] == "train"] == list(range(30))
+    assert [r[1] for r in rows if r[2] == "checkpoint"] == [10, 20]
+    stats = vw.stats()
+    assert stats["samples"] == 32 and stats["accepted"] == 32
+    assert stats["probe_errors"] == stats["hook_errors"] == stats["send_failures"] == 0
+    ranks = get_json(f"{collector.url}/api/v1/runs/plain-loop/ranks")
+    assert len(ranks) == 1 and ranks[0]["last_step"] == 29
+    last = ranks[0]["last"]
+    assert last["tokens"] == 512 and "loss" in last["extra"]
+    assert last["uuid"].startswith("GPU-sim") and last["incarnation"] == vw.identity["incarnation"]
+    phases = get_json(f"{collector.url}/api/v1/runs/plain-loop/phases")
+    checkpoint_peaks = [p["peak_allocated_bytes"] for p in phases if p["phase"] == "checkpoint"]
+    train_peaks = [r["last"]["peak_allocated_bytes"] for r in ranks]
+    assert len(checkpoint_peaks) == 2 and min(checkpoint_peaks) > max(train_peaks)  # a phase carries its own peak
+    con = sqlite3.connect(collector.db)
+    durations = con.execute("SELECT s.step_time FROM samples s JOIN series se ON s.series = se.id "
+                            "WHERE se.run = 'plain-loop' AND s.phase != 0").fetchall()
+    con.close()
+    assert len(durations) == 2 and all(d[0] > 0 for d in durations)  # a phase sample's time: its duration
+
+
+class FlakyProbe(SimulatedProbe):
+    """A probe whose every third read fails (a CUDA error, a driver hiccup)."""
+
+    def read(self, step: int, phase: str = "train") -> dict:
+        if step % 3 == 2:
+            raise RuntimeError("CUDA error: unspecified launch failure")
+        return super().read(step, phase)
+
+
+def test_probe_that_raises_training_goes_on_and_errors_are_counted(collector, tmp_path):
+    vw = monitor(collector.url, "flaky-probe", tmp_path, probe=FlakyProbe("healthy"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = tiny_training(12, vw)
+    assert len(losses) == 12  # training finished
+    assert vw.close(10)
+    assert vw.stats()["probe_errors"] == 4
+    assert [r[1] for r in stored(collector.db, "flaky-probe")] == [0, 1, 3, 4, 6, 7, 9, 10]
+    assert sum("probe failed" in str(w.message) for w in caught) == 1  # warned once, not per step
+
+
+def test_bad_phase_name_and_tensor_numbers_never_raise(collector, tmp_path):
+    vw = monitor(collector.url, "bad-input", tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with vw.phase("check point!"):
+            pass
+        vw.step(0, loss=torch.tensor(1.5), lr=3e-4)
+        vw.step(torch.tensor(1))
+    assert vw.close(10)
+    stats = vw.stats()
+    assert stats["hook_errors"] == 1 and stats["ignored_numbers"] == 1
+    assert [r[1:3] for r in stored(collector.db, "bad-input")] == [(0, "train"), (1, "train")]
+    assert any("phase" in str(w.message) for w in caught)
+
+
+def test_context_manager_and_no_url_writes_jsonl_trace_files(tmp_path, monkeypatch):
+    monkeypatch.delenv("VRAMWATCH_URL", raising=False)
+    with hook.init(run="local-files", probe="simulated", out_dir=tmp_path / "traces") as vw:
+        tiny_training(8, vw, checkpoint_every=5, ckpt_dir=tmp_path)
+        path = vw.trace_path
+    samples = list(wire.iter_samples(path))  # validates every line
+    assert [(s["step"], s["phase"]) for s in samples] == [(i, "train") for i in range(6)] + [(5, "checkpoint")] + [
+        (6, "train"), (7, "train")]
+    assert path.parent == tmp_path / "traces" / "local-files"
+
+
+def test_cpu_torch_without_cuda_warns_once_and_is_a_no_op(tmp_path, monkeypatch):
+    import vramwatch.probe as probe_mod
+
+    monkeypatch.setattr(probe_mod, "_warned", set())
+    monkeypatch.delenv("VRAMWATCH_PROBE", raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        vw = hook.init(dead_url(), run="no-gpu", spool_dir=tmp_path)
+        tiny_training(3, vw)
+        with vw.phase("eval"):
+            pass
+    assert not vw.active
+    stats = vw.stats()
+    assert stats["samples"] == 0 and stats["probe"] is None
+    assert sum("no CUDA device" in str(w.message) for w in caught) == 1
+    assert vw.close(1)
+    assert not list(tmp_path.iterdir())  # nothing spooled, nothing invented
+
+
+def test_identity_from_torchrun_and_slurm_environments():
+    torchrun = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "16", "TORCHELASTIC_RUN_ID": "job-42",
+                "MASTER_ADDR": "node-a", "MASTER_PORT": "29500"}
+    a = identity.resolve(env=torchrun, host="node-b")
+    b = identity.resolve(env=dict(torchrun, RANK="0", LOCAL_RANK="0"), host="node-a")
+    assert a["run"] == b["run"] == "torchrun-job-42"
+    assert (a["rank"], a["local_rank"], a["world_size"]) == (5, 1, 16)
+    assert a["incarnation"] != b["incarnation"]
+    # torchrun's default rdzv id is the literal "none": the rendezvous endpoint names the run
+    default = dict(torchrun, TORCHELASTIC_RUN_ID="none")
+    assert identity.resolve(env=default)["run"] == identity.resolve(env=dict(default, RANK="3"))["run"] \
+        == "torchrun-node-a-29500"
+    slurm = {"SLURM_PROCID": "7", "SLURM_LOCALID": "3", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "991",
+             "SLURMD_NODENAME": "gpu-node-12"}
+    s = identity.resolve(env=slurm)
+    assert (s["run"], s["host"], s["rank"], s["local_rank"], s["world_size"]) == ("slurm-991", "gpu-node-12", 7, 3, 8)
+    single = identity.resolve(env={}, host="laptop")
+    assert (single["rank"], single["world_size"]) == (0, 1) and single["run"].startswith("laptop-")
+    assert identity.resolve(env={"VRAMWATCH_RUN": "my run/1", **slurm})["run"] == "my-run-1"
+    garbled = identity.resolve(env={"RANK": "x", "SLURM_PROCID": "2"})
+    assert garbled["rank"] == 2
+
+
+FORK_SCRIPT = textwrap.dedent("""
+    import os, sys, torch
+    import vramwatch.hook as hook
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vramwatch.probe.simulated import SimulatedProbe
+
+    url, out = sys.argv[1], sys.argv[2]
+
+    class PidRecordingProbe(SimulatedProbe):
+        # in a forked child a real CUDA probe would fail ("cannot re-initialize CUDA")
+        def read(self, step, phase="train"):
+            with open(out + "/reads.txt", "a") as fh:
+                fh.write(f"{os.getpid()}\\n")
+            return super().read(step, phase)
+
+    vw = hook.init(url or None, run="fork-test", probe=PidRecordingProbe(), flush_interval_s=0.05,
+                   out_dir=out, spool_dir=out + "/spool")
+    data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+    # DataLoader workers fork; each one calls the hook (as a careless collate_fn might)
+    def collate(batch):
+        vw.step(100000 + os.getpid() % 1000)
+        with vw.phase("worker"):
+            pass
+        return torch.utils.data.default_collate(batch)
+    loader = DataLoader(data, batch_size=8, num_workers=2, collate_fn=collate,
+                        multiprocessing_context="fork")
+    step = 0
+    for epoch in range(2):
+        for x, y in loader:
+            vw.step(step)
+            step += 1
+    pid = os.fork()  # a plain fork child that exits normally (runs atexit)
+    if pid == 0:
+        print("CHILD active", vw.active, flush=True)
+        vw.step(999999)
+        vw.flush(1)
+        sys.exit(0)
+    os.waitpid(pid, 0)
+    for _ in range(4):
+        vw.step(step)
+        step += 1
+    print("STEPS", step, vw.stats()["dropped_in_child"], "PARENT", os.getpid())
+    vw.close(10)
+""")
+
+
+@pytest.mark.parametrize("sink", ["collector", "files"])
+def test_forked_workers_neither_send_nor_corrupt_the_parent(collector, tmp_path, sink):
+    url = collector.url if sink == "collector" else ""
+    result = subprocess.run([sys.executable, "-c", FORK_SCRIPT, url, str(tmp_path)], capture_output=True,
+                            text=True, timeout=120, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "STEPS 20 0" in result.stdout  # the parent's sender never saw a child's sample
+    assert "CHILD active False" in result.stdout
+    parent = result.stdout.split("PARENT")[1].split()[0]
+    readers = set((tmp_path / "reads.txt").read_text().split())
+    assert readers == {parent}  # no forked process touched the probe
+    if sink == "collector":
+        rows = stored(collector.db, "fork-test")
+    else:
+        (trace,) = (tmp_path / "fork-test").glob("*.jsonl")
+        rows = [(s["rank"], s["step"], s["phase"], s["incarnation"]) for s in wire.iter_samples(trace)]
+    assert [r[1] for r in rows] == list(range(20))
+    assert {r[2] for r in rows} == {"train"} and len({r[3] for r in rows}) == 1
+
+
+def test_collector_killed_mid_run_and_restarted_every_sample_arrives_exactly_once(tmp_path):
+    db = tmp_path / "vw.db"
+    port = free_port()
+    server = CollectorProcess(db, port).start()
+    vw = monitor(server.url, "kill-restart", tmp_path, batch_size=8)
+    try:
+        for step in range(60):
+            vw.step(step)
+            if step % 10 == 9:
+                with vw.phase("checkpoint"):
+                    time.sleep(0.002)
+            time.sleep(0.01)
+            if step == 20:
+                server.kill()  # SIGKILL: no graceful shutdown
+            if step == 45:
+                server = CollectorProcess(db, port).start()  # same port, same DB
+        assert vw.flush(20)
+        stats = vw.stats()
+        assert stats["send_failures"] >= 1 and stats["spooled"] > 0 and stats["replayed"] > 0
+    finally:
+        vw.close(10)
+        server.stop()
+    rows = stored(db, "kill-restart")
+    train = [r[1] for r in rows if r[2] == "train"]
+    checkpoints = [r[1] for r in rows if r[2] == "checkpoint"]
+    assert train == list(range(60))  # every step, once (the primary key would refuse twice)
+    assert checkpoints == [9, 19, 29, 39, 49, 59]
+
+
+def test_samples_left_in_the_spool_by_a_dead_collector_are_replayed_by_the_next_process(collector, tmp_path):
+    down = dead_url()
+    first = monitor(down, "spool-handover", tmp_path)
+    for step in range(25):
+        first.step(step)
+    started = time.monotonic()
+    assert not first.close(timeout=1.0)  # bounded, even with the collector down
+    assert time.monotonic() - started < 2.0
+    assert first.stats()["spooled"] == 25
+    # the rank restarts (new incarnation) and the collector is reachable again
+    second = monitor(collector.url, "spool-handover", tmp_path)
+    for step in range(25, 30):
+        second.step(step)
+    assert second.close(10)
+    rows = stored(collector.db, "spool-handover")
+    assert [r[1] for r in rows] == list(range(30))
+    assert {r[3] for r in rows if r[1] < 25} == {first.identity["incarnation"]}
+    assert not list((tmp_path / "spool").glob("*.jsonl"))
