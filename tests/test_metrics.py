@@ -213,3 +213,28 @@ def test_real_scrape_passes_promtool_check_metrics(tmp_path) -> None:
     # and the linter does catch problems (so a pass means something)
     bad = run_promtool("check", "metrics", stdin="# HELP vw_x x\n# TYPE vw_x counter\nvw_x 1\n")
     assert bad.returncode != 0 and "_total" in bad.stdout + bad.stderr
+
+
+def test_phase_ratchets_count_breaks_a_checkpoint_caused() -> None:
+    live = LiveState()
+    registry, _ = build_registry(live)
+    checkpoint = list(simulate_trace("checkpoint", steps=3200, run="r", host="h", rank=0, start_ts=NOW - 4000))
+    late = list(simulate_trace("late_step", steps=3700, run="r", host="h", rank=1, start_ts=NOW - 4000))
+    live.ingest([s for s in checkpoint if s["step"] < 900] + [s for s in late if s["step"] < 2900], received_at=NOW)
+    first = by_name(render(registry, None)[0].decode())
+    assert {lab["rank"]: v for lab, v in first["vramwatch_plateau_breaks_total"]} == {"0": 0, "1": 0}
+    assert {lab["rank"]: v for lab, v in first["vramwatch_phase_ratchets_total"]} == {"0": 0, "1": 0}
+    live.ingest([s for s in checkpoint if s["step"] >= 900] + [s for s in late if s["step"] >= 2900], received_at=NOW)
+    causes = {
+        rank: [e["cause"] for e in live.get("r", "h", rank).events if e["type"] == "plateau_break"] for rank in (0, 1)
+    }
+    assert causes[0] and all(c == "checkpoint" for c in causes[0]), causes
+    assert causes[1] and "checkpoint" not in causes[1], causes
+    second = by_name(render(registry, None)[0].decode())
+    breaks = {lab["rank"]: v for lab, v in second["vramwatch_plateau_breaks_total"]}
+    ratchets = {lab["rank"]: v for lab, v in second["vramwatch_phase_ratchets_total"]}
+    assert breaks == {"0": len(causes[0]), "1": len(causes[1])}
+    assert ratchets == {"0": len(causes[0]), "1": 0}
+    # a later scrape with nothing new keeps the counts (monotonic counters)
+    assert by_name(render(registry, None)[0].decode())["vramwatch_phase_ratchets_total"] == \
+        second["vramwatch_phase_ratchets_total"]

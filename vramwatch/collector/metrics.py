@@ -38,7 +38,11 @@ TREND_STATES = ("warmup", "plateau", "rising", "leak", "fragmentation")
 
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text"
 
-Row = tuple[str, dict, dict | None, dict, Any]  # labels, last, last_train, summary, series
+Row = tuple[str, dict, dict | None, dict, Any, int]  # labels, last, last_train, summary, series, phase ratchets
+
+#: Plateau-break causes that are the training loop itself; any other cause names the phase
+#: (checkpoint, eval, ...) whose peak made the allocator keep more segments.
+_LOOP_CAUSES = frozenset({"allocated", "reserved", None})
 
 
 def _sample(field: str) -> Callable[[Row], Any]:
@@ -105,6 +109,9 @@ SERIES_FAMILIES: tuple[tuple[str, str, str, Callable[[Row], Any]], ...] = (
     ("vramwatch_plateau_breaks", "counter",
      "Plateau breaks the trend engine found on this rank since the collector started.",
      _summary("plateau_breaks")),
+    ("vramwatch_phase_ratchets", "counter",
+     "Plateau breaks caused by a checkpoint/eval phase whose segments the allocator kept "
+     "(included in vramwatch_plateau_breaks_total).", lambda row: row[5]),
     ("vramwatch_plateau_bytes", "gauge", "Level of the current or last memory plateau.", _summary("plateau_bytes")),
     ("vramwatch_leak_slope_bytes_per_step", "gauge",
      "Robust growth slope of memory at step boundaries.", _summary("slope_bytes_per_step")),
@@ -161,6 +168,8 @@ class SeriesCollector(Collector):
         self.finished_after_s = float(finished_after_s)
         self.clock = clock
         self._labels: dict[tuple, str] = {}
+        # per series: [plateau breaks attributed so far, of which phase ratchets]
+        self._ratchets: dict[tuple, list[int]] = {}
         self._lock = threading.Lock()
         self.exported_series = 0
         self.aged_out_series = 0
@@ -183,20 +192,44 @@ class SeriesCollector(Collector):
                 self._labels[key] = text
         return text
 
+    def _phase_ratchets(self, series: Any, breaks: int | None) -> int:
+        """Breaks whose cause is a phase, counted from the series' recent events.
+
+        The engine counts all breaks; its ``plateau_break`` events name the cause. Each
+        scrape attributes only the breaks that are new since the previous one, looking at
+        the newest events, so the count stays monotonic like the engine's.
+        """
+        key = (series.run, series.host, series.rank)
+        entry = self._ratchets.get(key)
+        if entry is None or not breaks or breaks < entry[0]:  # new series, or a rebuilt engine
+            entry = [0, 0]
+            self._ratchets[key] = entry
+        if breaks and breaks > entry[0]:
+            events = list(getattr(series, "events", ()))  # a C-level copy: safe against the writer
+            causes = [e.get("cause") for e in reversed(events) if e.get("type") == "plateau_break"]
+            entry[1] += sum(1 for cause in causes[: breaks - entry[0]] if cause not in _LOOP_CAUSES)
+            entry[0] = breaks
+        return entry[1]
+
     def rows(self) -> list[Row]:
         """Live series as (labels, last, last_train, summary, series), finished runs dropped."""
         snapshot = list(self.live.snapshot())
         newest_by_run: dict[str, float] = {}
         for series in snapshot:
             seen = series.last_seen
-            if seen > newest_by_run.get(series.run, -math.inf):
+            if series.last is not None and seen > newest_by_run.get(series.run, -math.inf):
                 newest_by_run[series.run] = seen
         cutoff = self.clock() - self.finished_after_s
         rows: list[Row] = []
         for series in snapshot:
-            if newest_by_run[series.run] < cutoff:
+            if series.last is None or newest_by_run[series.run] < cutoff:
                 continue
-            rows.append((self._label_string(series), series.last, series.last_train, series.engine.summary(), series))
+            summary = series.engine.summary()
+            ratchets = self._phase_ratchets(series, summary.get("plateau_breaks"))
+            rows.append((self._label_string(series), series.last, series.last_train, summary, series, ratchets))
+        if len(self._ratchets) > 2 * len(snapshot) + 1024:  # forget series LiveState dropped
+            alive = {(s.run, s.host, s.rank) for s in snapshot}
+            self._ratchets = {k: v for k, v in self._ratchets.items() if k in alive}
         rows.sort(key=lambda row: (row[4].run, row[4].host, row[4].rank))
         self.exported_series = len(rows)
         self.aged_out_series = len(snapshot) - len(rows)
