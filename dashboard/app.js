@@ -14,9 +14,9 @@
   "use strict";
 
   var STATIC = window.VRAMWATCH_STATIC || null;
-  var POLL_MS = 1500;
-  var HEATMAP_EVERY = 4; // ticks between heatmap refreshes (it is an overview)
-  var OVERLAY_EVERY = 2;
+  var POLL_MS = 1000; // new samples must show within 2 s
+  var HEATMAP_EVERY = 5; // ticks between heatmap refreshes (it is an overview)
+  var OVERLAY_EVERY = 3;
   var MAX_COMPARE = 12;
   var GIB = 1073741824;
   var MIB = 1048576;
@@ -62,8 +62,8 @@
 
   /** Entity-escape a data string for plotly labels (plotly renders a small HTML subset). */
   function plotlyText(value) {
-    return String(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
-      .replace(/"/g, "&quot;").replace(/'/g, "&#39;");
+    // No tag can form without "<"; plotly shows quotes literally (and "&quot;" too), so only these three.
+    return String(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }
 
   // ------------------------------------------------------------------ formatting
@@ -245,7 +245,8 @@
     clear(crumbs);
     parts.forEach(function (p, i) {
       if (i) append(crumbs, el("span", { class: "sep", "aria-hidden": "true", text: "›" }));
-      append(crumbs, p.href ? el("a", { href: p.href, text: p.text }) : el("span", { class: "cur", text: p.text, title: p.text }));
+      append(crumbs, p.href ? el("a", { href: p.href, text: p.text })
+        : el("span", { class: p.plain ? "muted" : "cur", text: p.text, title: p.text }));
     });
   }
 
@@ -367,7 +368,7 @@
   // ================================================================== run page
   function renderRunPage() {
     var run = state.run;
-    setCrumbs(STATIC ? [{ text: "report" }, { text: run }] : [{ text: "runs", href: "#/" }, { text: run }]);
+    setCrumbs(STATIC ? [{ text: "report", plain: true }, { text: run }] : [{ text: "runs", href: "#/" }, { text: run }]);
     document.title = "vramwatch · " + run;
     var view = $("view");
     clear(view);
@@ -493,7 +494,8 @@
       return Promise.all(work);
     }).catch(function (err) {
       if (gen !== state.gen) return;
-      handleError(err);
+      var runMissing = err instanceof ApiError && err.status === 404 && !state.rendered.layout;
+      if (runMissing) { clearError(); setLive("live", "live · waiting for this run"); } else handleError(err);
       if (!state.rendered.layout) {
         var view = $("view");
         clear(view);
@@ -722,6 +724,7 @@
     }
     var cmp = compareSet();
     var sel = state.selected;
+    var newest = state.ranks.reduce(function (m, r) { return Math.max(m, r.last_ts || 0); }, 0);
     var frag = document.createDocumentFragment();
     rows.forEach(function (r) {
       var v = verdictOf(r);
@@ -749,7 +752,9 @@
         el("td", { class: "name", title: r.host, text: r.host }),
         el("td", { class: "state" },
           el("span", { class: "badge", dataset: { state: st }, text: st === "unknown" ? "no verdict" : st }),
-          v.fragmentation && st !== "fragmentation" ? [" ", el("span", { class: "flag", title: "fragmentation: reserved − allocated growing, allocator retries", text: "frag" })] : null),
+          v.fragmentation && st !== "fragmentation" ? [" ", el("span", { class: "flag", title: "fragmentation: reserved − allocated growing, allocator retries", text: "frag" })] : null,
+          r.last && r.last.ooms > 0 ? [" ", el("span", { class: "flag oom", title: "the allocator reported out-of-memory errors", text: "OOM ×" + r.last.ooms })] : null,
+          isNum(r.last_ts) && newest - r.last_ts > 60 ? [" ", el("span", { class: "flag silent", title: "no sample from this rank for " + duration(newest - r.last_ts) + " while others report", text: "silent " + duration(newest - r.last_ts) })] : null),
         el("td", { class: "num", text: gib(v.plateau_bytes) }),
         el("td", { class: headClass(v.headroom_bytes), text: gib(v.headroom_bytes) }),
         el("td", { class: "num", text: gib(v.checkpoint_peak_bytes) }),
@@ -890,17 +895,21 @@
 
   function phaseGroups(phases) {
     // Consecutive samples of one phase form one band; a band keeps its highest peak.
+    // Peak and headroom as the engine judges them: the allocator's peak during the phase,
+    // and capacity minus that peak minus memory outside the allocator (NVML used − reserved).
     var sorted = phases.slice().sort(function (a, b) { return a.step - b.step || a.ts - b.ts; });
     var groups = [];
     sorted.forEach(function (p) {
       var g = groups[groups.length - 1];
-      var peak = Math.max(p.peak_allocated_bytes || 0, p.reserved_bytes || 0, isNum(p.nvml_used_bytes) ? p.nvml_used_bytes : 0);
+      var peak = p.peak_allocated_bytes || 0;
+      var outside = isNum(p.nvml_used_bytes) && isNum(p.reserved_bytes) ? Math.max(0, p.nvml_used_bytes - p.reserved_bytes) : 0;
+      var headroom = isNum(p.total_bytes) ? p.total_bytes - outside - peak : null;
       if (g && g.phase === p.phase && p.step - g.step1 <= 1) {
         g.step1 = p.step; g.ts1 = p.ts;
-        if (peak > g.peak) { g.peak = peak; g.peakAlloc = p.peak_allocated_bytes; g.peakStep = p.step; g.peakTs = p.ts; }
+        if (peak > g.peak) { g.peak = peak; g.headroom = headroom; g.peakStep = p.step; g.peakTs = p.ts; }
       } else {
-        groups.push({ phase: p.phase, step0: p.step, step1: p.step, ts0: p.ts, ts1: p.ts, peak: peak, peakAlloc: p.peak_allocated_bytes,
-          peakStep: p.step, peakTs: p.ts, total: p.total_bytes });
+        groups.push({ phase: p.phase, step0: p.step, step1: p.step, ts0: p.ts, ts1: p.ts, peak: peak, headroom: headroom,
+          peakStep: p.step, peakTs: p.ts });
       }
     });
     return groups;
@@ -983,7 +992,7 @@
       traces.push({ name: "NVML used", x: xs, y: used, mode: "lines", line: { color: t.nvml, width: 1.3 }, hovertemplate: hoverG, connectgaps: false });
     }
     traces.push({ name: "reserved", x: xs, y: resv, mode: "lines", line: { color: t.reserved, width: 2 }, hovertemplate: hoverG });
-    traces.push({ name: "per-step peak", x: xs, y: peak, mode: "lines", line: { color: t.peak, width: 1 }, opacity: 0.75, hovertemplate: hoverG });
+    traces.push({ name: "per-step peak", x: xs, y: peak, mode: "lines", line: { color: t.peak, width: 0.8 }, opacity: 0.5, hovertemplate: hoverG });
     traces.push({ name: "allocated", x: xs, y: alloc, mode: "lines", line: { color: t.allocated, width: 2 }, hovertemplate: hoverG });
     if (isNum(v.plateau_bytes)) {
       traces.push({ name: "plateau " + gib(v.plateau_bytes), x: [x0, x1], y: [v.plateau_bytes / GIB, v.plateau_bytes / GIB], mode: "lines",
@@ -1009,12 +1018,11 @@
       var isCkpt = /ckpt|checkpoint|save/i.test(g.phase);
       shapes.push({ type: "rect", xref: "x", yref: "paper", x0: gx0 - half, x1: gx1 + half, y0: 0, y1: 1, layer: "below",
         name: (isCkpt ? "checkpoint" : "phase") + " band " + g.phase, fillcolor: isCkpt ? t.ckpt : t.evalFill,
-        line: { width: 1, color: isCkpt ? t.ckptLine : t.evalLine }, opacity: 0.9 });
+        line: { width: 1, color: isCkpt ? t.ckptLine : t.evalLine }, opacity: 0.55 });
       var m = markers[g.phase] || (markers[g.phase] = { x: [], y: [], text: [], isCkpt: isCkpt });
       m.x.push(timeMode ? g.peakTs * 1000 : g.peakStep);
       m.y.push(g.peak / GIB);
-      var headroom = g.total ? g.total - g.peak : null;
-      m.text.push(plotlyText(g.phase) + " at step " + intText(g.peakStep) + " · peak " + gib(g.peak) + (isNum(headroom) ? " · headroom " + gib(headroom) : ""));
+      m.text.push(plotlyText(g.phase) + " at step " + intText(g.peakStep) + " · peak " + gib(g.peak) + (isNum(g.headroom) ? " · headroom " + gib(g.headroom) : ""));
       if (!worstGroup || g.peak > worstGroup.peak) worstGroup = g;
     });
     Object.keys(markers).forEach(function (phase) {
@@ -1026,7 +1034,7 @@
     var annotations = [];
     if (worstGroup) {
       annotations.push({ x: timeMode ? worstGroup.peakTs * 1000 : worstGroup.peakStep, y: worstGroup.peak / GIB, xref: "x", yref: "y",
-        text: "highest " + plotlyText(worstGroup.phase) + " peak " + gib(worstGroup.peak) + (worstGroup.total ? " · " + gib(worstGroup.total - worstGroup.peak) + " left" : ""),
+        text: "highest " + plotlyText(worstGroup.phase) + " peak " + gib(worstGroup.peak) + (isNum(worstGroup.headroom) ? " · " + gib(worstGroup.headroom) + " left" : ""),
         showarrow: true, arrowhead: 0, arrowcolor: t.ckptLine, ax: 0, ay: -26, font: { size: 11, color: t.text }, bgcolor: t.panel, bordercolor: t.ckptLine, borderpad: 3 });
     }
 

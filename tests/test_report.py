@@ -1,0 +1,123 @@
+"""``vramwatch report``: one self-contained HTML file of a run's dashboard page, checked
+as text (nothing external, hostile names escaped) and in headless Chromium from file://
+(renders offline with the same verdicts as the live collector)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_dashboard import (  # shared fixtures: the fed collector and the browser
+    DEMO_RUN,
+    LEAKING_RANK,
+    XSS_HOST,
+    XSS_RUN,
+    Page,
+    browser,
+    collector,
+    strip_rows,
+)
+
+from vramwatch.report import ReportError, build_report, report_data, write_report
+
+__all__ = ["browser", "collector"]  # fixtures re-exported for pytest
+
+
+@pytest.fixture(scope="module")
+def demo_report(collector: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    size = write_report(collector["db"], DEMO_RUN, out)
+    assert size == out.stat().st_size
+    return out
+
+
+def test_report_is_self_contained(demo_report: Path) -> None:
+    import plotly
+
+    text = demo_report.read_text(encoding="utf-8")
+    assert text.startswith("<!doctype html>")
+    # plotly.js, the CSS and the app are inlined: no src/href that would need a server
+    refs = re.findall(r'<(?:script|link|img)\b[^>]*\b(?:src|href)="([^"]+)"', text)
+    assert [r for r in refs if not r.startswith("data:")] == []
+    plotly_js = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+    assert plotly_js[:2000] in text
+    assert "window.VRAMWATCH_STATIC = " in text
+    assert f"<title>vramwatch report · {DEMO_RUN}</title>" in text
+    # only one closing script tag per script element: nothing inside ends one early
+    assert text.count("</script>") == text.count("<script>") == 3
+
+
+def test_report_data_matches_the_live_api(collector: dict[str, Any]) -> None:
+    data = report_data(collector["db"], DEMO_RUN)
+    live = httpx.get(f"{collector['url']}/api/v1/runs/{DEMO_RUN}/ranks").json()
+    # the live collector may have seen more steps (other tests feed it): compare the state
+    assert {r["rank"]: r["verdict"]["state"] for r in data["ranks"]}[LEAKING_RANK] == "leak"
+    assert sorted(r["rank"] for r in data["ranks"]) == sorted(r["rank"] for r in live)
+    assert [r["rank"] for r in data["ranks"] if r["verdict"]["state"] == "leak"] == [LEAKING_RANK]
+    key = f"node-1\u0000{LEAKING_RANK}"
+    series = data["series"][key]
+    # spike-preserving downsampling: the raw maximum is in the embedded points
+    raw = httpx.get(f"{collector['url']}/api/v1/runs/{DEMO_RUN}/series", params={
+        "rank": LEAKING_RANK, "fields": "reserved_bytes,peak_allocated_bytes", "points": 20000,
+        "end": series["x"][-1]}).json()
+    assert max(series["series"]["peak_allocated_bytes"]) == max(raw["series"]["peak_allocated_bytes"])
+    assert max(series["series"]["reserved_bytes"]) == max(raw["series"]["reserved_bytes"])
+    assert any(p["phase"] == "checkpoint" for p in data["phases"][key])
+    heat = data["heatmap"]["step"]["headroom"]
+    assert [r["rank"] for r in heat["rows"]] == list(range(8)) and len(heat["z"]) == 8
+
+
+def test_report_renders_offline_in_chromium(demo_report: Path, browser: Any) -> None:
+    page = Page(browser, scheme="dark")
+    try:
+        p = page.page
+        p.goto(demo_report.as_uri())
+        page.ready()
+        p.wait_for_function("document.querySelectorAll('#verdict-strip tbody tr').length === 8")
+        rows = strip_rows(p)
+        assert rows[0]["rank"] == LEAKING_RANK and rows[0]["state"] == "leak"
+        p.wait_for_function("(document.getElementById('chart-heatmap').data || []).length === 1")
+        shapes = p.evaluate("document.getElementById('chart-rank').layout.shapes.map(s => s.name || '')")
+        assert any(s.startswith("checkpoint band") for s in shapes)
+        assert p.get_attribute("#live", "data-state") == "static"
+        # switching rank and axis works from the embedded data alone
+        p.click("#verdict-strip tbody tr[data-rank='0']")
+        p.wait_for_function("document.getElementById('rank-title').textContent.startsWith('Rank 0 ')")
+        p.click("button[data-x='time']")
+        p.wait_for_function("document.getElementById('chart-rank').layout.xaxis.type === 'date'")
+        assert [u for u in page.requests if not u.startswith(("file:", "data:"))] == []
+        page.shot("report-dark.png")
+        assert page.errors == []
+    finally:
+        page.close()
+
+
+def test_report_escapes_hostile_names(collector: dict[str, Any], browser: Any, tmp_path: Path) -> None:
+    text = build_report(collector["db"], XSS_RUN)
+    assert XSS_RUN not in text and XSS_HOST not in text
+    assert "<img src=x" not in text and "<svg onload" not in text
+    out = tmp_path / "xss.html"
+    out.write_text(text, encoding="utf-8")
+    page = Page(browser)
+    try:
+        p = page.page
+        p.goto(out.as_uri())
+        page.ready()
+        assert p.text_content("#crumbs .cur") == XSS_RUN
+        assert XSS_HOST in p.eval_on_selector_all("#verdict-strip tbody td.name", "tds => tds.map(t => t.textContent)")
+        assert p.evaluate("window.__xss") is None
+        assert page.dialogs == [] and page.errors == []
+    finally:
+        page.close()
+
+
+def test_report_errors_name_the_problem(collector: dict[str, Any], tmp_path: Path) -> None:
+    with pytest.raises(ReportError, match=r"run: no run named 'nope'.*demo-8xH200"):
+        build_report(collector["db"], "nope")
+    with pytest.raises(ReportError, match=r"db: database .* does not exist"):
+        build_report(str(tmp_path / "missing.db"), DEMO_RUN)
+    assert not (tmp_path / "missing.db").exists(), "a report never creates a database"
+

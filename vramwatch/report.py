@@ -1,0 +1,158 @@
+"""``vramwatch report RUN --db PATH --out FILE``: one run's dashboard as a single HTML file.
+
+For post-mortems and sharing: the file opens offline, from disk or a mail attachment,
+with no collector behind it. It is the live dashboard itself (the same index.html,
+app.js and style.css, plotly.js inlined) with every API answer it needs embedded as
+``window.VRAMWATCH_STATIC``: verdicts from replaying the run through the same
+TrendEngine the collector uses, spike-preserving downsampled series per rank, phases,
+events and the ranks x steps heatmaps. Zooming works on the embedded points.
+
+Series are embedded for at most ``MAX_SERIES_RANKS`` ranks (the worst first, plus rank 0)
+so that a 1024-rank report stays a few MB; the verdict table and the heatmap cover every
+rank.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from vramwatch.collector.app import dashboard_dir, plotly_js_path
+from vramwatch.collector.downsample import downsample
+from vramwatch.collector.live import STATE_SEVERITY, LiveState, SeriesState
+from vramwatch.collector.store import Store
+from vramwatch.collector.views import run_heatmap
+
+#: Fields the run page charts (the same list app.js asks the live API for).
+SERIES_FIELDS = (
+    "ts", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes",
+    "total_bytes", "inactive_split_bytes", "alloc_retries",
+)
+SERIES_POINTS = 4000
+MAX_SERIES_RANKS = 64
+HEATMAP_COLS = 240
+
+
+class ReportError(ValueError):
+    """The report cannot be built (unknown run, missing database or front-end files)."""
+
+
+def _rank_doc(s: SeriesState) -> dict[str, Any]:
+    # the same shape as GET /api/v1/runs/{run}/ranks
+    return {
+        "run": s.run, "host": s.host, "rank": s.rank, "local_rank": s.local_rank, "uuid": s.uuid,
+        "gpu": s.gpu, "incarnation": s.incarnation, "samples": s.samples, "last_seen": s.last_seen,
+        "last_step": s.last["step"] if s.last else None, "last_ts": s.last["ts"] if s.last else None,
+        "last": s.last_train or s.last, "verdict": s.engine.summary(), "events": list(s.events)[-50:],
+    }
+
+
+def _worst_first(states: list[SeriesState]) -> list[SeriesState]:
+    def key(s: SeriesState) -> tuple[int, float, int]:
+        summary = s.engine.summary()
+        headroom = summary.get("checkpoint_headroom_bytes") or summary.get("headroom_bytes")
+        return (-STATE_SEVERITY.get(summary.get("state") or "", -1), headroom if headroom is not None else 1e30, s.rank)
+
+    return sorted(states, key=key)
+
+
+def report_data(db_path: str, run: str, *, points: int = SERIES_POINTS) -> dict[str, Any]:
+    """Everything the run page needs, as the live API would answer it."""
+    if not Path(db_path).exists():
+        raise ReportError(f"db: database {db_path} does not exist")
+    store = Store(db_path, readonly=True)
+    try:
+        if run not in store.runs():
+            known = store.runs()
+            hint = f"; runs in this database: {', '.join(known[:10])}" if known else "; the database has no runs"
+            raise ReportError(f"run: no run named {run!r} in {db_path}{hint}")
+        live = LiveState()
+        live.rebuild(store.iter_samples(run))
+        states = live.for_run(run)
+        chosen = _worst_first(states)[:MAX_SERIES_RANKS]
+        rank0 = [s for s in states if s.rank == 0 and s not in chosen]
+        series: dict[str, Any] = {}
+        phases: dict[str, Any] = {}
+        events: dict[str, Any] = {}
+        for s in states:
+            key = f"{s.host}\u0000{s.rank}"
+            events[key] = [{"run": s.run, "host": s.host, "rank": s.rank, **e} for e in s.events]
+        for s in chosen + rank0[:1]:
+            key = f"{s.host}\u0000{s.rank}"
+            xs, columns = store.query_columns(run, s.host, s.rank, SERIES_FIELDS, phase="train", x="step")
+            out_x, out_cols, downsampled = downsample(xs, columns, points)
+            series[key] = {"x": out_x, "series": out_cols, "raw_points": len(xs), "downsampled": downsampled}
+            phases[key] = store.phase_samples(run, s.host, s.rank)
+        heatmap = {
+            x: {f: run_heatmap(store, run, field=f, x=x, cols=HEATMAP_COLS) for f in ("headroom", "reserved")}
+            for x in ("step", "ts")
+        }
+        return {
+            "run": run,
+            "generated_at": time.time(),
+            "db": os.path.basename(db_path),
+            "runs": [r for r in live.run_summaries() if r["run"] == run],
+            "ranks": [_rank_doc(s) for s in states],
+            "series": series,
+            "phases": phases,
+            "events": events,
+            "heatmap": heatmap,
+        }
+    finally:
+        store.close()
+
+
+def _script_safe(js: str) -> str:
+    # Inline <script> content ends at the first "</script", whatever JS thinks of it.
+    return js.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
+
+
+def _json_for_script(data: Any) -> str:
+    text = orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    # Escaped so that no data string (a run named "</script><script>...") can end the
+    # script element or open a comment: JSON keeps the same value with \u escapes.
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _replace_once(page: str, old: str, new: str) -> str:
+    if page.count(old) != 1:
+        raise ReportError(f"dashboard: index.html no longer contains {old!r} exactly once; cannot inline it")
+    return page.replace(old, new)
+
+
+def build_report(db_path: str, run: str) -> str:
+    """Self-contained HTML (plotly.js, CSS, JS and data inlined) of ``run``'s dashboard page."""
+    data = report_data(str(db_path), run)
+    static = dashboard_dir()
+    try:
+        page = (static / "index.html").read_text(encoding="utf-8")
+        css = (static / "style.css").read_text(encoding="utf-8")
+        app_js = (static / "app.js").read_text(encoding="utf-8")
+        plotly_js = plotly_js_path().read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ReportError(f"dashboard: front-end files missing from this installation ({exc})") from None
+    page = _replace_once(page, "<title>vramwatch</title>", f"<title>vramwatch report · {html.escape(run)}</title>")
+    css = css.replace("</style", "<\\/style")
+    page = _replace_once(page, '<link rel="stylesheet" href="static/style.css">', f"<style>\n{css}\n</style>")
+    plotly_tag = f"<script>{_script_safe(plotly_js)}</script>"
+    page = _replace_once(page, '<script src="vendor/plotly.min.js"></script>', plotly_tag)
+    data_tag = f"<script>window.VRAMWATCH_STATIC = {_json_for_script(data)};</script>"
+    app_tag = f"{data_tag}\n<script>{_script_safe(app_js)}</script>"
+    page = _replace_once(page, '<script src="static/app.js"></script>', app_tag)
+    return page
+
+
+def write_report(db_path: str, run: str, out: str | os.PathLike[str]) -> int:
+    """Write the report to ``out``; returns its size in bytes."""
+    text = build_report(db_path, run)
+    data = text.encode("utf-8")
+    Path(out).write_bytes(data)
+    return len(data)
+
+
+__all__ = ["MAX_SERIES_RANKS", "ReportError", "build_report", "report_data", "write_report"]
