@@ -46,6 +46,20 @@ def _positive(kind: type) -> object:
     return parse
 
 
+def _non_negative(kind: type) -> object:
+    def parse(text: str) -> float | int:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def _existing_files(paths: Sequence[str]) -> list[Path]:
     out = []
     for p in paths:
@@ -83,7 +97,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     token = _read_token(args)
     settings = Settings(db_path=_db_path(args), token=token, auth_read=args.auth_read,
-                        finished_after_s=args.finished_after)
+                        finished_after_s=args.finished_after,
+                        max_samples_per_run=args.max_samples_per_run or None,
+                        retention_days=args.retention_days or None,
+                        min_free_bytes=int(args.min_free_mb * 1024 * 1024))
     if args.auth_read and not token:
         raise UsageError("--auth-read needs a token (VRAMWATCH_TOKEN or --token-file)")
     if args.host in ("0.0.0.0", "::") and not token:
@@ -234,6 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth-read", action="store_true", help="require the token for the dashboard and read API too")
     p.add_argument("--finished-after", type=_positive(float), default=3600.0, metavar="SECONDS",
                    help="runs silent this long leave /metrics (default 3600)")
+    p.add_argument("--max-samples-per-run", type=_non_negative(int), default=100_000_000, metavar="N",
+                   help="refuse (422) batches that would take a run past N stored samples; 0: no cap "
+                        "(default 100000000, about 8 GB)")
+    p.add_argument("--retention-days", type=_non_negative(float), default=0.0, metavar="DAYS",
+                   help="delete samples older than DAYS (checked every minute); 0: keep all (default)")
+    p.add_argument("--min-free-mb", type=_non_negative(float), default=1024.0, metavar="MB",
+                   help="refuse ingest (507: hooks spool and retry) while the database's disk has less "
+                        "free space (default 1024)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_serve)
 

@@ -6,8 +6,11 @@ whole with 422, naming each bad sample's index and field, and nothing is stored.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import hmac
 import logging
+import shutil
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,11 +21,12 @@ import orjson
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
 from vramwatch import __about__
 from vramwatch.collector.downsample import downsample
 from vramwatch.collector.live import LiveState, SeriesState
-from vramwatch.collector.store import FIELD_COLUMNS, Store, StoreError
+from vramwatch.collector.store import FIELD_COLUMNS, RunFullError, Store, StoreError
 from vramwatch.wire import WireError, gunzip_limited, parse_body, validate
 
 log = logging.getLogger("vramwatch.collector")
@@ -46,6 +50,27 @@ class Settings:
     max_future_s: float = 300.0
     #: runs with no sample for this long leave /metrics
     finished_after_s: float = 3600.0
+    # ---- limits, so one bad client cannot fill the disk (docs/reliability.md)
+    #: a run may store at most this many samples; past it its batches get 422 (None: no cap)
+    max_samples_per_run: int | None = 100_000_000
+    #: delete samples older than this many days (None: keep everything)
+    retention_days: float | None = None
+    #: refuse ingest (507, the hook spools and retries) while the DB's disk has less free space
+    min_free_bytes: int = 1024**3
+    # ---- durability
+    #: seconds between maintenance passes: PASSIVE WAL checkpoint, then retention
+    maintenance_interval_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_decompressed_bytes", "max_batch_samples", "maintenance_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be positive, got {getattr(self, name)!r}")
+        if self.max_samples_per_run is not None and self.max_samples_per_run <= 0:
+            raise ValueError(f"max_samples_per_run: must be positive, got {self.max_samples_per_run!r}")
+        if self.retention_days is not None and not self.retention_days > 0:
+            raise ValueError(f"retention_days: must be positive, got {self.retention_days!r}")
+        if self.min_free_bytes < 0:
+            raise ValueError(f"min_free_bytes: must not be negative, got {self.min_free_bytes!r}")
 
 
 def dashboard_dir() -> Path:
@@ -75,6 +100,83 @@ def _json_error(status: int, detail: str, **extra: Any) -> Response:
     return JSONBytes({"detail": detail, **extra}, status_code=status)
 
 
+TOKEN_COOKIE = "vramwatch_token"
+
+
+def _digest(text: str) -> bytes:
+    # compare fixed-length digests: compare_digest on raw strings leaks their length
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+
+def token_matches(supplied: str | None, token: str) -> bool:
+    """Constant-time comparison of a supplied bearer token with the configured one."""
+    return hmac.compare_digest(_digest(supplied or ""), _digest(token))
+
+
+def supplied_token(request: Request) -> str | None:
+    """The token a request carries: ``Authorization: Bearer``, else the dashboard's cookie,
+    else ``?token=`` (a browser's first visit)."""
+    header = request.headers.get("authorization", "")
+    if header[:7].lower() == "bearer ":
+        return header[7:].strip()
+    return request.cookies.get(TOKEN_COOKIE) or request.query_params.get("token")
+
+
+class _DiskGuard:
+    """Free space under the database, re-read at most once a second (ingest asks per POST)."""
+
+    def __init__(self, path: str, min_free_bytes: int) -> None:
+        self.directory = str(Path(path).resolve().parent)
+        self.min_free_bytes = min_free_bytes
+        self._checked = 0.0
+        self._free = 0
+
+    def free_bytes(self) -> int:
+        now = time.monotonic()
+        if now - self._checked > 1.0:
+            try:
+                self._free = shutil.disk_usage(self.directory).free
+            except OSError:
+                self._free = self.min_free_bytes  # cannot tell: let SQLite report real errors
+            self._checked = now
+        return self._free
+
+    def low(self) -> bool:
+        return self.min_free_bytes > 0 and self.free_bytes() < self.min_free_bytes
+
+
+class _ProtectedStaticFiles(StaticFiles):
+    """Static dashboard files behind the same read check as the API (``--auth-read``)."""
+
+    def __init__(self, *args: Any, allowed: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._allowed = allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self._allowed(Request(scope)):
+            response = _json_error(401, "missing or wrong bearer token")
+            response.headers["WWW-Authenticate"] = "Bearer"
+            await response(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+async def _maintenance(app: FastAPI, settings: Settings) -> None:
+    """Periodic: PASSIVE WAL checkpoint (bounds the -wal file), then retention."""
+    store: Store = app.state.store
+    while True:
+        await asyncio.sleep(settings.maintenance_interval_s)
+        try:
+            await asyncio.to_thread(store.checkpoint, "PASSIVE")
+            if settings.retention_days is not None:
+                cutoff = time.time() - settings.retention_days * 86400.0
+                deleted = await asyncio.to_thread(store.delete_before, cutoff)
+                if deleted:
+                    log.info("retention: deleted %d samples older than %g days", deleted, settings.retention_days)
+        except StoreError as exc:
+            log.warning("maintenance: %s", exc)
+
+
 def create_app(settings: Settings) -> FastAPI:
     from vramwatch.collector.metrics import build_registry, render
 
@@ -89,10 +191,20 @@ def create_app(settings: Settings) -> FastAPI:
         registry, ingest_metrics = build_registry(live, finished_after_s=settings.finished_after_s)
         app.state.store, app.state.live = store, live
         app.state.registry, app.state.ingest_metrics = registry, ingest_metrics
+        app.state.disk = _DiskGuard(settings.db_path, settings.min_free_bytes)
+        maintenance = asyncio.create_task(_maintenance(app, settings))
         try:
             yield
         finally:
+            maintenance.cancel()
+            try:
+                await maintenance
+            except asyncio.CancelledError:
+                pass
+            # every ingest commits before it answers, so there is nothing buffered to flush:
+            # closing folds the WAL into the main file (TRUNCATE) and closes every connection
             store.close()
+            log.info("database %s closed cleanly", settings.db_path)
 
     app = FastAPI(
         title="vramwatch collector",
@@ -105,17 +217,33 @@ def create_app(settings: Settings) -> FastAPI:
     def _authorized(request: Request) -> bool:
         if not settings.token:
             return True
-        header = request.headers.get("authorization", "")
-        supplied = header[7:] if header[:7].lower() == "bearer " else request.query_params.get("token", "")
-        return hmac.compare_digest(supplied.encode(), settings.token.encode())
+        return token_matches(supplied_token(request), settings.token)
+
+    def _read_allowed(request: Request) -> bool:
+        return not settings.auth_read or _authorized(request)
+
+    auth_failures_logged: dict[str, float] = {}
+
+    def _refuse(request: Request) -> HTTPException:
+        # say who failed (never what they sent), at most once a minute per client address
+        client = request.client.host if request.client else "?"
+        now = time.monotonic()
+        if now - auth_failures_logged.get(client, -1e9) > 60.0:
+            auth_failures_logged[client] = now
+            log.warning("refused %s %s from %s: missing or wrong bearer token", request.method,
+                        request.url.path, client)
+        return HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
     def require_ingest_auth(request: Request) -> None:
-        if not _authorized(request):
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        # machines write: only the Authorization header counts (a browser's cookie must not)
+        header = request.headers.get("authorization", "")
+        supplied = header[7:].strip() if header[:7].lower() == "bearer " else None
+        if settings.token and not token_matches(supplied, settings.token):
+            raise _refuse(request)
 
     def require_read_auth(request: Request) -> None:
         if settings.auth_read and not _authorized(request):
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+            raise _refuse(request)
 
     read = [Depends(require_read_auth)]
 
@@ -166,8 +294,18 @@ def create_app(settings: Settings) -> FastAPI:
                 rejected=len(errors),
                 errors=errors[:MAX_ERRORS_LISTED],
             )
+        if request.app.state.disk.low():
+            free = request.app.state.disk.free_bytes()
+            log.warning("ingest refused: %d MiB free on the database's disk", free // 2**20)
+            metrics.observe(accepted=0, duplicates=0, rejected=0, seconds=time.perf_counter() - started)
+            return _json_error(
+                507, f"disk: only {free // 2**20} MiB free for the database, below the "
+                     f"{settings.min_free_bytes // 2**20} MiB reserve (min_free_bytes); retry later, nothing stored")
         try:
-            result = request.app.state.store.insert(valid)
+            result = request.app.state.store.insert(valid, max_samples_per_run=settings.max_samples_per_run)
+        except RunFullError as exc:
+            metrics.observe(accepted=0, duplicates=0, rejected=len(valid), seconds=time.perf_counter() - started)
+            return _json_error(422, f"{exc}; nothing stored", accepted=0, rejected=len(valid), errors=[])
         except StoreError as exc:
             log.error("ingest failed: %s", exc)
             return _json_error(503, str(exc))
@@ -273,13 +411,18 @@ def create_app(settings: Settings) -> FastAPI:
         return FileResponse(plotly_js_path(), media_type="application/javascript")
 
     @app.get("/", dependencies=read, include_in_schema=False)
-    def index() -> Response:
+    def index(request: Request) -> Response:
         page = static / "index.html"
         if not page.exists():
             return _json_error(404, "dashboard files are missing from this installation")
-        return FileResponse(page, media_type="text/html")
+        response = FileResponse(page, media_type="text/html")
+        if settings.auth_read and settings.token and token_matches(request.query_params.get("token"), settings.token):
+            # a browser opened /?token=...: keep it in a cookie the page's own requests carry,
+            # never readable by scripts, never sent to other sites
+            response.set_cookie(TOKEN_COOKIE, settings.token, httponly=True, samesite="strict", path="/")
+        return response
 
     if static.is_dir():
-        app.mount("/static", StaticFiles(directory=static), name="static")
+        app.mount("/static", _ProtectedStaticFiles(directory=static, allowed=_read_allowed), name="static")
 
     return app

@@ -3,10 +3,13 @@ thread (``vramwatch demo``, tests, benchmarks) — the same uvicorn server eithe
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from types import TracebackType
 
 import uvicorn
@@ -27,10 +30,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+#: At start a database locked by another process fails after this long, not the 10 s
+#: a running collector's writes wait.
+START_LOCK_TIMEOUT_S = 3.0
+
+
 def check_database(db_path: str) -> None:
     """Open (and migrate) the database once so a locked or read-only file fails before the
-    server starts, with a clear message instead of a crash loop."""
-    Store(db_path).close()
+    server starts, with a clear message (StoreError) instead of a crash loop."""
+    Store(db_path, busy_timeout_s=START_LOCK_TIMEOUT_S).close()
 
 
 def _config(settings: Settings, log_level: str) -> uvicorn.Config:
@@ -44,12 +52,34 @@ def _config(settings: Settings, log_level: str) -> uvicorn.Config:
     )
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, except that SIGTERM/SIGINT end in a normal return (exit 0) after
+    the graceful shutdown, instead of uvicorn re-raising the signal to die by it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8765, log_level: str = "info") -> None:
     """Run in the foreground until SIGINT/SIGTERM; shutdown flushes and closes the DB."""
     check_database(settings.db_path)
     sock = bind_socket(host, port)
-    server = uvicorn.Server(_config(settings, log_level))
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    # the actual port (also when --port 0 asked for a free one)
+    log.info("listening on http://%s:%d", shown, bound_port)
+    server = _Server(_config(settings, log_level))
     server.run(sockets=[sock])
+    log.info("collector stopped cleanly")
 
 
 class BackgroundServer:

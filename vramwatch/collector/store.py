@@ -92,6 +92,24 @@ class StoreError(RuntimeError):
     """The database cannot be opened or written (locked, read-only, newer schema)."""
 
 
+class RunFullError(StoreError):
+    """A run reached its cap of stored samples (``max_samples_per_run``); nothing was stored."""
+
+    def __init__(self, run: str, stored: int, cap: int) -> None:
+        super().__init__(f"run: {run!r} holds {stored} samples, its cap is {cap} (max_samples_per_run)")
+        self.run = run
+        self.stored = stored
+        self.cap = cap
+
+
+#: WAL policy: SQLite folds the WAL into the main file after every commit that leaves it
+#: above this many pages (PASSIVE, never blocks readers) ...
+WAL_AUTOCHECKPOINT_PAGES = 4000
+#: ... and, once a checkpoint has reset it, truncates the -wal file back to this size, so a
+#: burst does not leave a huge WAL behind. TRUNCATE at clean shutdown leaves it empty.
+WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+
+
 def default_db_path() -> Path:
     """``$VRAMWATCH_DB`` or ``<user data dir>/vramwatch/vramwatch.db``."""
     env = os.environ.get("VRAMWATCH_DB")
@@ -123,11 +141,11 @@ class InsertResult:
     duplicates: int
 
 
-def _connect(path: str, *, readonly: bool = False) -> sqlite3.Connection:
+def _connect(path: str, *, readonly: bool = False, timeout: float = 10.0) -> sqlite3.Connection:
     if readonly:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False, timeout=10)
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False, timeout=timeout)
     else:
-        conn = sqlite3.connect(path, check_same_thread=False, timeout=10, isolation_level=None)
+        conn = sqlite3.connect(path, check_same_thread=False, timeout=timeout, isolation_level=None)
     return conn
 
 
@@ -135,22 +153,33 @@ class Store:
     """One SQLite database file. Thread-safe: writes are serialised by a lock; each reading
     thread gets its own connection (WAL readers never block the writer)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, readonly: bool = False, busy_timeout_s: float = 10.0
+    ) -> None:
+        """``busy_timeout_s``: how long a write waits for another process's lock before failing."""
         self.path = str(path)
         self.readonly = readonly
         if not readonly:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot open database {self.path}: {exc.strerror}") from None
         elif not Path(self.path).exists():
             raise StoreError(f"database {self.path} does not exist")
         self._lock = threading.Lock()
         self._local = threading.local()
+        # every reader connection, so close() can close those opened by other threads too
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._run_counts: dict[str, int] | None = None  # loaded on first capped insert
         try:
-            self._conn = _connect(self.path, readonly=readonly)
+            self._conn = _connect(self.path, readonly=readonly, timeout=busy_timeout_s)
             if not readonly:
                 self._conn.execute("PRAGMA journal_mode=WAL")
                 # NORMAL in WAL mode: a power loss may lose the last transactions, never corrupts.
                 self._conn.execute("PRAGMA synchronous=NORMAL")
-                self._conn.execute("PRAGMA wal_autocheckpoint=4000")
+                self._conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+                self._conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
                 self._migrate()
                 # Probe writability now so a read-only file fails at start, not at first ingest.
                 self._conn.execute("BEGIN IMMEDIATE")
@@ -196,6 +225,8 @@ class Store:
         if conn is None:
             conn = _connect(self.path, readonly=True)
             self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
         return conn
 
     # ------------------------------------------------------------ writes
@@ -223,10 +254,12 @@ class Store:
             self._phase_names[pid] = name
         return pid
 
-    def insert(self, samples: Sequence[Sample]) -> InsertResult:
+    def insert(self, samples: Sequence[Sample], *, max_samples_per_run: int | None = None) -> InsertResult:
         """Store validated samples in one transaction; duplicates (same key) are ignored.
 
         All or nothing: on any error the transaction rolls back and caches are restored.
+        ``max_samples_per_run``: when storing would take a run past this many samples the
+        whole batch is rolled back and :class:`RunFullError` raised (duplicates do not count).
         """
         if self.readonly:
             raise StoreError("store is read-only")
@@ -237,10 +270,13 @@ class Store:
             phases_before = dict(self._phase_ids)
             conn = self._conn
             try:
+                if max_samples_per_run is not None and self._run_counts is None:
+                    self._run_counts = self._count_runs()
                 conn.execute("BEGIN IMMEDIATE")
-                rows = []
+                rows_by_run: dict[str, list[tuple[Any, ...]]] = {}
                 for s in samples:
                     extra = s.get("extra")
+                    rows = rows_by_run.setdefault(s["run"], [])
                     rows.append((
                         self._series_id(s), s["step"], self._phase_id(s["phase"]), s["ts"],
                         s["allocated_bytes"], s["reserved_bytes"], s["peak_allocated_bytes"],
@@ -248,12 +284,23 @@ class Store:
                         s["total_bytes"], s.get("process_used_bytes"), s.get("active_bytes"),
                         s.get("step_time_s"), s.get("tokens"), orjson.dumps(extra) if extra else None,
                     ))
-                after_series = conn.total_changes
-                conn.executemany(
-                    "INSERT OR IGNORE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows
-                )
-                inserted = conn.total_changes - after_series
+                inserted = 0
+                added: dict[str, int] = {}
+                for run, rows in rows_by_run.items():
+                    before = conn.total_changes
+                    conn.executemany(
+                        "INSERT OR IGNORE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows
+                    )
+                    added[run] = conn.total_changes - before
+                    inserted += added[run]
+                    if max_samples_per_run is not None and self._run_counts is not None:
+                        stored = self._run_counts.get(run, 0)
+                        if stored + added[run] > max_samples_per_run:
+                            raise RunFullError(run, stored, max_samples_per_run)
                 conn.execute("COMMIT")
+                if self._run_counts is not None:
+                    for run, n in added.items():
+                        self._run_counts[run] = self._run_counts.get(run, 0) + n
             except BaseException as exc:
                 try:
                     conn.execute("ROLLBACK")
@@ -267,23 +314,79 @@ class Store:
                 raise
         return InsertResult(inserted, len(samples) - inserted)
 
-    def checkpoint(self) -> None:
-        """Fold the WAL back into the main file (called at shutdown and periodically)."""
+    def _count_runs(self) -> dict[str, int]:
+        return dict(self._conn.execute(
+            "SELECT s.run, count(*) FROM samples JOIN series s ON s.id = samples.series GROUP BY s.run"
+        ).fetchall())
+
+    def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        """Fold the WAL back into the main file: (busy, wal pages, pages checkpointed).
+
+        PASSIVE (periodic) never waits for readers; TRUNCATE (shutdown) also empties the file.
+        """
+        if mode not in ("PASSIVE", "FULL", "RESTART", "TRUNCATE"):
+            raise ValueError(f"mode: unknown checkpoint mode {mode!r}")
         with self._lock:
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            try:
+                return tuple(self._conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone())  # type: ignore[return-value]
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot checkpoint {self.path}: {exc}") from None
+
+    def delete_before(self, cutoff_ts: float) -> int:
+        """Retention: delete samples stamped before ``cutoff_ts`` and series left empty.
+
+        One short transaction per series, so ingest is never held up for long.
+        """
+        if self.readonly:
+            raise StoreError("store is read-only")
+        deleted = 0
+        ids = [row[0] for row in self._reader().execute("SELECT id FROM series ORDER BY id")]
+        for sid in ids:
+            with self._lock:
+                try:
+                    run = self._conn.execute("SELECT run FROM series WHERE id = ?", (sid,)).fetchone()
+                    if run is None:
+                        continue
+                    self._conn.execute("BEGIN IMMEDIATE")
+                    gone = self._conn.execute(
+                        "DELETE FROM samples WHERE series = ? AND ts < ?", (sid, cutoff_ts)
+                    ).rowcount
+                    emptied = self._conn.execute(
+                        "DELETE FROM series WHERE id = ? AND NOT EXISTS (SELECT 1 FROM samples WHERE series = ?)",
+                        (sid, sid),
+                    ).rowcount
+                    self._conn.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    try:
+                        self._conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                    raise StoreError(f"cannot delete from {self.path}: {exc}") from None
+                deleted += gone
+                if self._run_counts is not None and gone:
+                    self._run_counts[run[0]] = max(0, self._run_counts.get(run[0], 0) - gone)
+                if emptied:
+                    self._series_ids = {k: v for k, v in self._series_ids.items() if v != sid}
+        return deleted
 
     def close(self) -> None:
+        """Close every connection, the writer last: its close checkpoints the WAL into the main
+        file and removes the -wal and -shm files (a read-only connection closing last cannot)."""
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for conn in readers:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        self._local = threading.local()
         with self._lock:
             try:
                 if not self.readonly:
-                    self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                     self._conn.execute("PRAGMA optimize")
+                    self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             finally:
                 self._conn.close()
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
 
     # ------------------------------------------------------------ reads
     def series(self, run: str | None = None) -> list[SeriesRow]:

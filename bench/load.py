@@ -1,0 +1,407 @@
+"""Load: many simulated ranks through the real hook and delivery against a real collector.
+
+    python -m bench.load                       # 512 ranks x 10 samples/s x 60 s, then the knee sweep
+    python -m bench.load --ranks 64 --duration 10 --no-sweep --no-write
+
+What runs
+---------
+* The collector is ``vramwatch serve`` in its own process (uvicorn + SQLite WAL on disk).
+* Ranks are real :class:`vramwatch.hook.Monitor` objects with the simulated probe, each with
+  its own :class:`~vramwatch.delivery.BatchSender` (own queue, worker thread, HTTP
+  keep-alive connection, disk spool), sending gzipped NDJSON once per second (the default
+  ``flush_interval_s``): 10 samples per POST at 10 samples/s.
+* 512 interpreters do not fit a 2-core machine, so ranks run as threads: ``--procs``
+  worker processes (default 8), each holding ``ranks / procs`` monitors and one driver
+  thread that calls ``step()`` on each of them every ``1 / rate`` seconds, the way the
+  training threads of that many ranks would.
+
+What is measured
+----------------
+* **lost** = samples recorded by ``step()`` (``Monitor.stats()["samples"]``) minus rows in
+  the database after every monitor closed; duplicates are counted by the collector.
+* **ingest latency**: wall time of each POST as the hook sees it (gzip of the batch,
+  request, validation, SQLite commit, response), timed around the transport's ``send``.
+* the collector's RSS and CPU from ``/proc/<pid>`` once a second.
+* ``step()`` cost on the driver thread (the training-thread cost under load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import re
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+COMMAND = "python -m bench.load"
+
+
+# ------------------------------------------------------------------ the collector process
+
+
+class CollectorProcess:
+    """``vramwatch serve`` as a child process: start, SIGKILL, SIGTERM, restart on the same port.
+
+    Used by the load benchmark and by the fault tests (a real process, so kill -9 is real).
+    """
+
+    def __init__(self, db: str | os.PathLike[str], *, port: int = 0, token: str | None = None,
+                 args: tuple[str, ...] = (), log_path: str | os.PathLike[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.db = str(db)
+        self.port = port
+        self.token = token
+        self.args = tuple(args)
+        self.log_path = Path(log_path) if log_path else Path(self.db).with_suffix(".collector.log")
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout: float = 60.0) -> CollectorProcess:
+        env = dict(os.environ if self.env is None else self.env)
+        env.pop("VRAMWATCH_TOKEN", None)
+        if self.token:
+            env["VRAMWATCH_TOKEN"] = self.token
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
+        cmd = [sys.executable, "-m", "vramwatch", "serve", "--db", self.db, "--port", str(self.port),
+               "--log-level", "info", *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, cwd=str(REPO))
+        log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            match = re.search(r"listening on http://127\.0\.0\.1:(\d+)", self.log())
+            if match and "Application startup complete" in self.log():
+                self.port = int(match.group(1))
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"collector exited with {self.proc.returncode}:\n{self.log()[-2000:]}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"collector did not start:\n{self.log()[-2000:]}")
+            time.sleep(0.05)
+        return self
+
+    def log(self) -> str:
+        """What this incarnation wrote to stdout/stderr so far."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_offset)
+                return fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs (power-cut for the process)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait: the clean shutdown path. Returns the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def rss_bytes(self) -> int:
+        return _proc_rss(self.pid)
+
+    def cpu_seconds(self) -> float:
+        return _proc_cpu(self.pid)
+
+    def __enter__(self) -> CollectorProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.terminate(15)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _proc_rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _proc_cpu(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def stored_samples(db: str, run: str | None = None) -> int:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as conn:
+        if run is None:
+            return conn.execute("SELECT count(*) FROM samples").fetchone()[0]
+        return conn.execute(
+            "SELECT count(*) FROM samples WHERE series IN (SELECT id FROM series WHERE run = ?)", (run,)
+        ).fetchone()[0]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+# ------------------------------------------------------------------ simulated ranks
+
+
+def _rank_group(ranks: list[int], world: int, url: str, run: str, rate: float, duration: float,
+                start_at: float, spool_dir: str, token: str | None, out_path: str) -> None:
+    """One worker process: a monitor per rank, one driver thread stepping all of them."""
+    import vramwatch
+
+    monitors = []
+    latencies: list[float] = []
+    failures = [0]
+    for rank in ranks:
+        vw = vramwatch.init(url=url, run=run, rank=rank, world_size=world, host=f"node-{rank // 8:03d}",
+                            local_rank=rank % 8, probe="simulated", spool_dir=spool_dir, token=token,
+                            flush_interval_s=1.0, backoff_max_s=5.0)
+        sender = vw.sender
+        if sender is not None:  # time each POST as the hook sees it (measurement only)
+            send = sender.transport.send
+
+            def timed(body: bytes, count: int, timeout: float | None = None, _send: Any = send) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return _send(body, count, timeout)
+                except Exception:
+                    failures[0] += 1
+                    raise
+                finally:
+                    latencies.append(time.perf_counter() - t0)
+
+            sender.transport.send = timed  # type: ignore[method-assign]
+        monitors.append(vw)
+    step_costs: list[float] = []
+    lateness: list[float] = []
+    period = 1.0 / rate
+    while time.time() < start_at:
+        time.sleep(0.005)
+    t0 = time.monotonic()
+    ticks = round(duration * rate)
+    for step in range(ticks):
+        target = t0 + step * period
+        delay = target - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            lateness.append(-delay)
+        for vw in monitors:
+            c0 = time.perf_counter()
+            vw.step(step)
+            step_costs.append(time.perf_counter() - c0)
+    closed_at = time.monotonic()
+    closers = [threading.Thread(target=vw.close, args=(60.0,)) for vw in monitors]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join()
+    stats = [vw.stats() for vw in monitors]
+    keys = ("samples", "delivered", "accepted", "duplicates", "rejected", "spooled", "replayed",
+            "send_failures", "dropped_overflow", "dropped_spool_full", "invalid", "worker_errors", "queued")
+    totals = {k: sum(int(s.get(k) or 0) for s in stats) for k in keys}
+    totals["spool_pending_bytes"] = sum(int(s.get("spool_pending_bytes") or 0) for s in stats)
+    result = {
+        "ranks": len(ranks), "totals": totals, "latencies": latencies, "post_failures": failures[0],
+        "step_cost_p50": percentile(step_costs, 50), "step_cost_p99": percentile(step_costs, 99),
+        "late_ticks": len(lateness), "max_lateness_s": max(lateness, default=0.0),
+        "close_s": time.monotonic() - closed_at,
+        "last_errors": sorted({str(s.get("last_delivery_error")) for s in stats if s.get("last_delivery_error")})[:5],
+    }
+    Path(out_path).write_text(json.dumps(result))
+
+
+def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: int = 8,
+             workdir: str | os.PathLike[str] | None = None, token: str | None = None,
+             collector_args: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One load run against a fresh collector; returns the figures (see module docstring)."""
+    owned = None
+    if workdir is None:
+        owned = tempfile.TemporaryDirectory(prefix="vw-load-")
+        workdir = owned.name
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    db = str(work / "load.db")
+    run = f"load-{ranks}"
+    procs = max(1, min(procs, ranks))
+    groups = [list(range(i, ranks, procs)) for i in range(procs)]
+    ctx = mp.get_context("spawn")
+    try:
+        with CollectorProcess(db, token=token, args=collector_args) as collector:
+            rss_start = collector.rss_bytes()
+            cpu_start = collector.cpu_seconds()
+            start_at = time.time() + 3.0 + 0.3 * procs  # every worker has built its monitors by then
+            workers = []
+            for i, group in enumerate(groups):
+                p = ctx.Process(target=_rank_group, args=(
+                    group, ranks, collector.url, run, rate, duration, start_at, str(work / "spool"), token,
+                    str(work / f"result-{i}.json")))
+                p.start()
+                workers.append(p)
+            rss: list[int] = []
+            stop = threading.Event()
+
+            def sample_rss() -> None:
+                while not stop.wait(1.0):
+                    rss.append(collector.rss_bytes())
+
+            sampler = threading.Thread(target=sample_rss, daemon=True)
+            sampler.start()
+            for p in workers:
+                p.join(duration + 300)
+                if p.is_alive():
+                    p.kill()
+            stop.set()
+            sampler.join()
+            wall = time.time() - start_at
+            cpu = collector.cpu_seconds() - cpu_start
+            rss_end = collector.rss_bytes()
+            exit_code = collector.terminate()
+        results = [json.loads((work / f"result-{i}.json").read_text()) for i in range(len(groups))]
+        produced = sum(r["totals"]["samples"] for r in results)
+        stored = stored_samples(db, run)
+        latencies = [x for r in results for x in r["latencies"]]
+        totals = {k: sum(r["totals"][k] for r in results) for k in results[0]["totals"]}
+        return {
+            "ranks": ranks, "rate": rate, "duration": duration, "procs": procs,
+            "produced": produced, "stored": stored, "lost": produced - stored,
+            "duplicates": totals["duplicates"], "posts": len(latencies),
+            "post_failures": sum(r["post_failures"] for r in results),
+            "p50_ms": 1000 * percentile(latencies, 50), "p99_ms": 1000 * percentile(latencies, 99),
+            "max_ms": 1000 * max(latencies, default=float("nan")),
+            "samples_per_s": produced / duration,
+            "rss_start_mb": rss_start / 2**20, "rss_max_mb": max(rss, default=rss_end) / 2**20,
+            "rss_end_mb": rss_end / 2**20,
+            "rss_first_half_max_mb": max(rss[: len(rss) // 2], default=0) / 2**20,
+            "collector_cpu_pct": 100 * cpu / max(wall, 1e-9),
+            "step_cost_p50_us": 1e6 * statistics.median(r["step_cost_p50"] for r in results),
+            "step_cost_p99_us": 1e6 * max(r["step_cost_p99"] for r in results),
+            "late_ticks": sum(r["late_ticks"] for r in results),
+            "max_lateness_ms": 1000 * max(r["max_lateness_s"] for r in results),
+            "close_s": max(r["close_s"] for r in results),
+            "totals": totals, "collector_exit": exit_code,
+            "last_errors": sorted({e for r in results for e in r["last_errors"]})[:5],
+        }
+    finally:
+        if owned is not None:
+            owned.cleanup()
+
+
+# ------------------------------------------------------------------ report
+
+
+def _row(r: dict[str, Any]) -> list[object]:
+    return [r["ranks"], f"{r['samples_per_s']:.0f}", r["produced"], r["lost"], r["duplicates"], r["post_failures"],
+            f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['max_ms']:.0f}", f"{r['rss_max_mb']:.0f}",
+            f"{r['collector_cpu_pct']:.0f}%", f"{r['step_cost_p99_us']:.0f}"]
+
+
+HEADERS = ["ranks", "samples/s", "recorded", "lost", "dup", "failed POSTs", "p50 ms", "p99 ms", "max ms",
+           "collector RSS max MB", "collector CPU", "step() p99 µs"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.report import table, write_section
+
+    parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=512)
+    parser.add_argument("--rate", type=float, default=10.0, help="samples per second per rank")
+    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--procs", type=int, default=8, help="worker processes holding the ranks")
+    parser.add_argument("--sweep", default="128,256,512,768,1024,1536",
+                        help="rank counts for the knee sweep (comma separated)")
+    parser.add_argument("--sweep-duration", type=float, default=20.0)
+    parser.add_argument("--no-sweep", action="store_true")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    args = parser.parse_args(argv)
+
+    main_run = run_load(ranks=args.ranks, rate=args.rate, duration=args.duration, procs=args.procs)
+    print(json.dumps({k: v for k, v in main_run.items() if k != "totals"}, indent=1), flush=True)
+    sweep = []
+    if not args.no_sweep:
+        for n in [int(x) for x in args.sweep.split(",") if x.strip()]:
+            r = run_load(ranks=n, rate=args.rate, duration=args.sweep_duration, procs=args.procs)
+            print(json.dumps({k: v for k, v in r.items() if k not in ("totals",)}), flush=True)
+            sweep.append(r)
+    ok = main_run["lost"] == 0 and main_run["p99_ms"] < 100
+    knee = next((r for r in sweep if r["lost"] > 0 or r["p99_ms"] >= 100), None)
+    body = [
+        f"{main_run['ranks']} simulated ranks x {main_run['rate']:g} samples/s x {main_run['duration']:g} s through "
+        f"the real hook and delivery (one `Monitor` + `BatchSender` per rank, a POST per rank per second) "
+        f"against `vramwatch serve` in its own process. Ranks run as threads in {main_run['procs']} worker "
+        "processes (one driver thread per process steps its ranks), because 512 interpreters do not fit this "
+        "2-core machine; the load generator shares the 2 cores with the collector.",
+        "",
+        table(HEADERS, [_row(main_run)]),
+        "",
+        f"Target (zero lost, p99 POST < 100 ms): **{'met' if ok else 'NOT met'}**. "
+        f"Collector RSS {main_run['rss_start_mb']:.0f} MB at start, max {main_run['rss_first_half_max_mb']:.0f} MB "
+        f"in the first half, {main_run['rss_max_mb']:.0f} MB over the whole run, {main_run['rss_end_mb']:.0f} MB at "
+        f"the end (bounded: per-series state is O(1), samples live in SQLite). Driver-thread lateness: "
+        f"{main_run['late_ticks']} late ticks, worst {main_run['max_lateness_ms']:.0f} ms. Latency is the hook's "
+        "view of one POST: gzip, request, validation, SQLite commit, response.",
+    ]
+    if sweep:
+        body += [
+            "",
+            f"Knee sweep ({args.sweep_duration:g} s per point, same setup):",
+            "",
+            table(HEADERS, [_row(r) for r in sweep]),
+            "",
+            (f"The knee: first degradation at **{knee['ranks']} ranks** (p99 {knee['p99_ms']:.0f} ms, "
+             f"{knee['lost']} lost)." if knee else
+             f"No degradation up to {sweep[-1]['ranks']} ranks (p99 < 100 ms, nothing lost)."),
+            "Lost stays 0 past the knee: when POSTs slow down the hooks' queues grow and batches get bigger "
+            "(or spool), they do not drop; what degrades first is latency.",
+        ]
+    if not args.no_write:
+        cmd = COMMAND if argv is None or not argv else f"{COMMAND} {' '.join(argv)}"
+        write_section("Load", "\n".join(body), cmd)
+    print("\n".join(body))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
