@@ -118,3 +118,37 @@ def test_bad_line_in_a_trace_names_file_line_and_field(tmp_path) -> None:
     with pytest.raises(WireError) as info:
         list(wire.iter_samples(path))
     assert str(path) in str(info.value) and ":2: ooms" in str(info.value)
+
+
+def test_fast_path_accepts_exactly_what_the_full_check_accepts() -> None:
+    """validate() short-cuts canonical samples; the short cut must never accept more."""
+    import random
+
+    from vramwatch.probe.simulated import simulate_trace
+    from vramwatch.wire import _plainly_valid, _validate_slow
+
+    rng = random.Random(7)
+    samples = list(simulate_trace("fragmentation", steps=300, run="r", host="h", rank=1, seed=3))
+    samples += [make_sample(i, extra={"loss": 1.0 * i, "tokens_seen": i}) for i in range(50)]
+    mutations = [
+        ("allocated_bytes", -1), ("reserved_bytes", 0), ("ts", 5.0), ("ts", 1_700_000_000), ("phase", "bad phase"),
+        ("run", ""), ("host", "x\ty"), ("uuid", 3), ("extra", {"a": "b"}), ("extra", {"a": float("inf")}),
+        ("step_time_s", -1.0), ("allocator", "cudaMallocAsync"), ("nvml_used_bytes", 10**15), ("gpu", True),
+        ("peak_allocated_bytes", 0), ("schema", 1.0), ("tokens", None), ("bogus", 1),
+    ]
+    checked = fast = 0
+    for s in samples:
+        for _ in range(3):
+            candidate = dict(s)
+            name, value = rng.choice(mutations)
+            if rng.random() < 0.7:
+                candidate[name] = value
+            try:
+                slow = _validate_slow(dict(candidate), None, 300.0)
+            except WireError:
+                slow = None
+            if _plainly_valid(candidate):
+                fast += 1
+                assert slow == candidate, (name, value)
+            checked += 1
+    assert checked > 1000 and fast > 100
