@@ -238,3 +238,39 @@ def test_phase_ratchets_count_breaks_a_checkpoint_caused() -> None:
     # a later scrape with nothing new keeps the counts (monotonic counters)
     assert by_name(render(registry, None)[0].decode())["vramwatch_phase_ratchets_total"] == \
         second["vramwatch_phase_ratchets_total"]
+
+
+def test_concurrent_scrapes_during_ingest_stay_consistent() -> None:
+    """Scrapes run in the server's thread pool while the writer ingests: no error, counters monotonic."""
+    import threading
+
+    live = LiveState()
+    registry, _ = build_registry(live)
+    trace = list(simulate_trace("checkpoint", steps=3200, run="c", host="h", rank=0, start_ts=NOW - 4000))
+    errors: list[BaseException] = []
+    seen: list[list[float]] = [[] for _ in range(3)]
+    done = threading.Event()
+
+    def scraper(out: list[float]) -> None:
+        try:
+            while not done.is_set():
+                metrics = by_name(render(registry, None)[0].decode())
+                out.extend(v for _, v in metrics.get("vramwatch_phase_ratchets_total", []))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=scraper, args=(out,)) for out in seen]
+    for thread in threads:
+        thread.start()
+    for index in range(0, len(trace), 50):
+        live.ingest(trace[index:index + 50], received_at=NOW)
+    done.set()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    for values in seen:
+        assert values == sorted(values), "a counter went backwards"
+    final = by_name(render(registry, None)[0].decode())
+    breaks = live.get("c", "h", 0).engine.summary()["plateau_breaks"]
+    assert breaks >= 1
+    assert final["vramwatch_phase_ratchets_total"][0][1] == breaks

@@ -171,6 +171,9 @@ class SeriesCollector(Collector):
         # per series: [plateau breaks attributed so far, of which phase ratchets]
         self._ratchets: dict[tuple, list[int]] = {}
         self._lock = threading.Lock()
+        # two scrapes at once (an HA pair of Prometheus servers) must not both attribute
+        # the same new plateau breaks
+        self._rows_lock = threading.Lock()
         self.exported_series = 0
         self.aged_out_series = 0
 
@@ -212,7 +215,11 @@ class SeriesCollector(Collector):
         return entry[1]
 
     def rows(self) -> list[Row]:
-        """Live series as (labels, last, last_train, summary, series), finished runs dropped."""
+        """Live series as (labels, last, last_train, summary, series, phase ratchets), finished runs dropped."""
+        with self._rows_lock:
+            return self._rows()
+
+    def _rows(self) -> list[Row]:
         snapshot = list(self.live.snapshot())
         newest_by_run: dict[str, float] = {}
         for series in snapshot:
