@@ -19,6 +19,7 @@ from test_prometheus_helpers import (
     RULE_TESTS,
     RULES,
     alert_rules,
+    all_queries,
     exposed_names,
     post_samples,
     promql_metric_names,
@@ -61,36 +62,6 @@ def scrape_names(tmp_path_factory) -> set[str]:
             post_samples(srv.url, trace)
         srv_names = exposed_names(scrape(srv.url).text)
     return srv_names
-
-
-def all_queries() -> list[tuple[str, str]]:
-    """(where, expr) for every PromQL expression shipped in deploy/."""
-    queries = []
-    for group in yaml.safe_load(RULES.read_text())["groups"]:
-        for rule in group["rules"]:
-            queries.append((f"rules:{rule.get('alert') or rule.get('record')}", rule["expr"]))
-    dashboard = json.loads(DASHBOARD.read_text())
-
-    def panels(items):
-        for panel in items:
-            yield panel
-            yield from panels(panel.get("panels", []))
-
-    for panel in panels(dashboard["panels"]):
-        for target in panel.get("targets", []):
-            queries.append((f"panel:{panel['title']}", target["expr"]))
-    for annotation in dashboard["annotations"]["list"]:
-        if "expr" in annotation:
-            queries.append((f"annotation:{annotation['name']}", annotation["expr"]))
-    for variable in dashboard["templating"]["list"]:
-        query = variable["query"]
-        queries.append((f"variable:{variable['name']}", query["query"] if isinstance(query, dict) else query))
-    for group in yaml.safe_load(GRAFANA_ALERTS.read_text())["groups"]:
-        for rule in group["rules"]:
-            for item in rule["data"]:
-                if "expr" in item["model"]:
-                    queries.append((f"grafana-alert:{rule['title']}", item["model"]["expr"]))
-    return queries
 
 
 def test_every_shipped_query_uses_only_metrics_the_collector_exposes(scrape_names) -> None:

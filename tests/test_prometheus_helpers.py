@@ -6,6 +6,7 @@ real collector with simulated traces, and pulling metric names out of PromQL.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -143,6 +144,45 @@ def recording_rule_names() -> set[str]:
 
 def alert_rules() -> dict[str, dict[str, Any]]:
     return {rule["alert"]: rule for group in rule_groups() for rule in group["rules"] if "alert" in rule}
+
+
+def all_queries() -> list[tuple[str, str]]:
+    """(where, expr) for every PromQL expression shipped in deploy/."""
+    queries = []
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            queries.append((f"rules:{rule.get('alert') or rule.get('record')}", rule["expr"]))
+    dashboard = json.loads(DASHBOARD.read_text())
+
+    def panels(items):
+        for panel in items:
+            yield panel
+            yield from panels(panel.get("panels", []))
+
+    for panel in panels(dashboard["panels"]):
+        for target in panel.get("targets", []):
+            queries.append((f"panel:{panel['title']}", target["expr"]))
+    for annotation in dashboard["annotations"]["list"]:
+        if "expr" in annotation:
+            queries.append((f"annotation:{annotation['name']}", annotation["expr"]))
+    for variable in dashboard["templating"]["list"]:
+        query = variable["query"]
+        queries.append((f"variable:{variable['name']}", query["query"] if isinstance(query, dict) else query))
+    for group in yaml.safe_load(GRAFANA_ALERTS.read_text())["groups"]:
+        for rule in group["rules"]:
+            for item in rule["data"]:
+                if "expr" in item["model"]:
+                    queries.append((f"grafana-alert:{rule['title']}", item["model"]["expr"]))
+    return queries
+
+
+def grafana_to_promql(expr: str) -> str:
+    """A dashboard query with Grafana's variables filled in, as Grafana would send it."""
+    for variable, value in (("$__rate_interval", "1m"), ("$__interval", "1m"), ("$run", ".*"), ("$host", ".*"),
+                            ("$rank", ".*")):
+        expr = expr.replace(variable, value)
+    label_values = re.fullmatch(r"\s*label_values\((.*),\s*[A-Za-z_]\w*\s*\)\s*", expr, re.S)
+    return label_values.group(1) if label_values else expr
 
 
 # ------------------------------------------------------------------ a real Prometheus

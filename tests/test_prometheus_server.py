@@ -17,7 +17,14 @@ import time
 import httpx
 import pytest
 import yaml
-from test_prometheus_helpers import RULES, PrometheusServer, need_binary, post_samples
+from test_prometheus_helpers import (
+    RULES,
+    PrometheusServer,
+    all_queries,
+    grafana_to_promql,
+    need_binary,
+    post_samples,
+)
 
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.probe.simulated import simulate_trace
@@ -113,3 +120,23 @@ def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None
             # nothing else fires on this run: healthy ranks, no leak, headroom fine, all sending
             others = prom.query(f'ALERTS{{run="{RUN}", alertname!="VramwatchPlateauBreak"}}')
             assert others == [], others
+
+            # every shipped query parses in a real Prometheus, and the dashboard's panels
+            # show data from both shards
+            results = {}
+            for where, expr in all_queries():
+                response = httpx.get(f"{prom.url}/api/v1/query", params={"query": grafana_to_promql(expr)}, timeout=10)
+                assert response.json()["status"] == "success", (where, expr, response.text)
+                results.setdefault(where, []).extend(response.json()["data"]["result"])
+            for where in ("panel:Reserved per rank", "panel:Headroom per rank", "panel:Trend state per rank",
+                          "panel:Rank skew: reserved minus the run's median", "panel:Ranks now",
+                          "panel:Worst headroom (run)", "panel:Rank skew (reserved, max - min)",
+                          "variable:run", "variable:host", "variable:rank", "annotation:Plateau breaks",
+                          "grafana-alert:vramwatch plateau break", "rules:run:vramwatch_headroom_ratio:min"):
+                assert results[where], f"{where} returned no data"
+            hosts = {r["metric"].get("Hostname") for r in results["panel:Reserved per rank"]}
+            assert hosts == {"node-a", "node-b"}
+            timeline = {r["metric"]["rank"]: float(r["value"][1]) for r in results["panel:Trend state per rank"]}
+            assert timeline == {"0": 2.0, "1": 2.0, "2": 2.0, "3": timeline["3"]} and timeline["3"] in (2.0, 3.0)
+            breaks = {r["metric"]["rank"] for r in results["annotation:Plateau breaks"]}
+            assert breaks == {"3"}
