@@ -1,0 +1,170 @@
+"""Hook cost on the training thread.
+
+1. ``vw.step()`` with the simulated probe, delivering to a real collector (a ``vramwatch
+   serve`` subprocess, as in production: it does not share this process's GIL):
+   per-call time (median, p99) on the training thread. Measured alongside: the simulated
+   probe's ``read()`` alone, and the hook with a constant probe (its own overhead: dict,
+   timestamps, deque append), so the figure can be split into probe and hook.
+2. A real CPU training loop (MLP + AdamW, batch sized to ~20 ms per step) with the hook
+   on vs off, in pairs of steps (random order) in one run so drift and noisy neighbours
+   hit both alike.
+
+    python -m bench.hook_bench [--calls 20000] [--steps 600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.report import table, write_section
+from vramwatch.hook import Monitor
+from vramwatch.probe.simulated import SimulatedProbe
+
+
+class ConstantProbe:
+    """Returns one precomputed reading: isolates the hook's own cost from the probe's."""
+
+    name = "constant"
+
+    def __init__(self) -> None:
+        self._reading = SimulatedProbe("healthy").read(0)
+
+    def device_info(self) -> dict[str, Any]:
+        return {"uuid": "GPU-constant", "gpu": 0, "total_bytes": self._reading["total_bytes"]}
+
+    def read(self, step: int, phase: str = "train") -> dict[str, Any]:
+        return self._reading
+
+    def close(self) -> None:
+        pass
+
+
+def _percentiles(ns: list[int]) -> tuple[float, float]:
+    ordered = sorted(ns)
+    return statistics.median(ordered) / 1000, ordered[int(len(ordered) * 0.99)] / 1000
+
+
+def time_calls(fn: Any, calls: int) -> tuple[float, float]:
+    clock = time.perf_counter_ns
+    samples = []
+    for i in range(calls):
+        t0 = clock()
+        fn(i)
+        samples.append(clock() - t0)
+    return _percentiles(samples[calls // 10 :])  # drop warm-up
+
+
+def step_cost(url: str, calls: int, spool: Path) -> dict[str, tuple[float, float]]:
+    out = {}
+    sim = SimulatedProbe("healthy")
+    out["probe.read() alone (simulated)"] = time_calls(lambda i: sim.read(i), calls)
+    for label, probe in (("vw.step(), simulated probe", SimulatedProbe("healthy")),
+                         ("vw.step(), constant probe (hook only)", ConstantProbe())):
+        vw = Monitor(url, run=f"bench-{label[:12]}", probe=probe, spool_dir=spool)
+        out[label] = time_calls(vw.step, calls)
+        assert vw.close(30), vw.stats()
+        stats = vw.stats()
+        assert stats["delivered"] == calls and stats["probe_errors"] == stats["hook_errors"] == 0, stats
+    return out
+
+
+def training_overhead(url: str, steps: int, spool: Path) -> dict[str, float]:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # one core: less noise from the neighbours on a shared machine
+    width, batch = 640, 80
+    model = torch.nn.Sequential(torch.nn.Linear(width, width * 2), torch.nn.GELU(), torch.nn.Linear(width * 2, width),
+                                torch.nn.GELU(), torch.nn.Linear(width, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, y = torch.randn(batch, width), torch.randn(batch, 1)
+
+    def train_step() -> None:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(5):
+        train_step()
+    # size the batch so one step takes ~20 ms on this machine today
+    t0 = time.perf_counter()
+    for _ in range(10):
+        train_step()
+    batch = max(8, round(batch * 0.020 / ((time.perf_counter() - t0) / 10)))
+    x, y = torch.randn(batch, width), torch.randn(batch, 1)
+    for _ in range(5):
+        train_step()
+    order = random.Random(0)
+    vw = Monitor(url, run="bench-training", probe=SimulatedProbe("healthy"), spool_dir=spool)
+    on: list[float] = []
+    off: list[float] = []
+    step = 0
+    clock = time.perf_counter
+    for _ in range(steps // 2):
+        # one step with the hook and one without, in random order: neighbours and drift hit both alike
+        for with_hook in order.sample((True, False), 2):
+            t0 = clock()
+            train_step()
+            if with_hook:
+                vw.step(step, tokens=batch)
+                step += 1
+            (on if with_hook else off).append(clock() - t0)
+    assert vw.close(30)
+    med_on, med_off = statistics.median(on), statistics.median(off)
+    return {"steps_each": len(on), "median_on_ms": med_on * 1e3, "median_off_ms": med_off * 1e3,
+            "mean_on_ms": statistics.fmean(on) * 1e3, "mean_off_ms": statistics.fmean(off) * 1e3,
+            "slowdown_pct": (med_on / med_off - 1) * 100, "width": width, "batch": batch,
+            # each hook-on step against the hook-off step of the same pair: slow drift cancels
+            "paired_pct": statistics.median(a - b for a, b in zip(on, off, strict=False)) / med_off * 100}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--steps", type=int, default=600, help="training steps (half with the hook)")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    args = parser.parse_args(argv)
+    from bench.ingest_bench import start_collector
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_collector(str(Path(tmp) / "bench.db"))
+        try:
+            costs = step_cost(url, args.calls, Path(tmp) / "spool")
+            loop = training_overhead(url, args.steps, Path(tmp) / "spool")
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    for label, (median, p99) in costs.items():
+        print(f"{label}: median {median:.2f} us, p99 {p99:.2f} us")
+    print(f"training loop: {loop}")
+    rows = [(label, f"{median:.2f}", f"{p99:.2f}") for label, (median, p99) in costs.items()]
+    body = table(["per call, training thread", "median µs", "p99 µs"], rows)
+    body += (f"\n\n{args.calls} calls each, delivering to a real collector (`vramwatch serve` subprocess) "
+             "while measured. Target: `vw.step()` median ≤ 15 µs with the simulated probe. The simulated probe's "
+             "`read()` is most of it; the hook's own work (dict, timestamps, deque append) is the constant-probe row. "
+             "On a GPU the probe is one `torch.cuda.memory_stats()` (see `bench/gpu_check`).\n\n")
+    w, b = loop["width"], loop["batch"]
+    body += table(
+        [f"CPU training loop (MLP {w}→{2 * w}→{w}→1, batch {b}, AdamW, 1 thread)", "hook off", "hook on"],
+        [("median step, ms", f"{loop['median_off_ms']:.2f}", f"{loop['median_on_ms']:.2f}"),
+         ("mean step, ms", f"{loop['mean_off_ms']:.2f}", f"{loop['mean_on_ms']:.2f}")])
+    body += (f"\n\nSlowdown (median on / median off - 1): **{loop['slowdown_pct']:+.2f} %** over "
+             f"{loop['steps_each']} steps each, in pairs (one on, one off, random order) in one run, batch sized "
+             f"to ~20 ms per step at start; median of paired differences (on minus off, same pair): "
+             f"**{loop['paired_pct']:+.2f} %**. "
+             "Target ≤ 1 %. On this shared 2-core machine run-to-run noise is itself around ±1 %; the per-call "
+             "figure above (µs against a ~20 ms step) is the stable measure of the hook's cost.")
+    if not args.no_write:
+        write_section("Hook", body, f"python -m bench.hook_bench --calls {args.calls} --steps {args.steps}")
+    return {"costs": costs, "loop": loop}
+
+
+if __name__ == "__main__":
+    main()
