@@ -33,7 +33,7 @@ FRAGMENTATION_ADVICE = (
 )
 
 # block layout (lists, for speed): indices
-_START, _END, _TS, _FLOOR, _RESV, _PEAK, _OUTSIDE, _SLACK, _SPLIT, _RETRIES = range(10)
+_START, _END, _TS, _FLOOR, _RESV, _PEAK, _OUTSIDE, _SLACK, _SPLIT, _RETRIES, _PEAK2 = range(11)
 _INF = math.inf
 
 
@@ -51,10 +51,10 @@ class EngineConfig:
     reserved_break_frac: float = 0.005  # a reserved ratchet this large is a plateau break
     mk_z: float = 2.6  # Mann-Kendall significance for a trend
     half_ratio: float = 0.5  # slopes of the two halves must agree within this ratio (linearity)
-    warmup_half_ratio: float = 0.7  # stricter while the series never settled
-    warmup_span_frac: float = 0.25  # a plateau must be flat over this fraction of the process age
-    warmup_leak_min_blocks: int = 64  # a never-settled series is not called a leak before this
-    spike_margin_frac: float = 0.01  # an unmarked spike is this far above the training peak
+    warmup_half_ratio: float = 0.8  # stricter while the series never settled (thirds, not halves)
+    warmup_span_frac: float = 0.4  # a plateau must be flat over this fraction of the process age
+    warmup_leak_min_blocks: int = 128  # a never-settled series is not called a leak before this
+    spike_margin_frac: float = 0.015  # an unmarked spike is this far above the training peak
     max_events: int = 256  # events kept (most recent)
 
 
@@ -80,6 +80,7 @@ def _merge(children: list[list[Any]]) -> list[Any]:
         min(c[_SLACK] for c in children),
         min(c[_SPLIT] for c in children),
         children[-1][_RETRIES],
+        max(c[_PEAK2] for c in children),
     ]
 
 
@@ -114,7 +115,7 @@ class TrendEngine:
         self._blk_end = step  # the first sample opens a block
         self._blk_n = 0
         self._b_floor = self._b_outside = self._b_slack = self._b_split = _INF
-        self._b_resv = self._b_peak = -1
+        self._b_resv = self._b_peak = self._b_peak2 = -1
         self._b_ts = 0.0
         self.state = "warmup"
         self._plateau: dict[str, float] | None = None
@@ -123,9 +124,11 @@ class TrendEngine:
         self._cusum = {"floor": 0.0, "outside": 0.0, "slack": 0.0}
         self._cp = {"floor": step, "outside": step, "slack": step}
         self._rising_since = step
+        self._break_onsets: deque[int] = deque(maxlen=4)
         self._leak: dict[str, Any] | None = None
         self._frag: dict[str, Any] | None = None
         self._phase_ratchet: str | None = None
+        self._phase_bumps: deque[tuple[int, int]] = deque(maxlen=16)  # (step, reserved added by a phase)
         self._saw_drops: deque[int] = deque(maxlen=6)
         self._saw_period = 0
         self._spike_threshold = _INF
@@ -191,7 +194,10 @@ class TrendEngine:
             self._b_resv = reserved
         peak = sample["peak_allocated_bytes"]
         if peak > self._b_peak:
+            self._b_peak2 = self._b_peak
             self._b_peak = peak
+        elif peak > self._b_peak2:
+            self._b_peak2 = peak  # a lone spike is the block's top; the runner-up is a normal batch
         if peak - allocated > self._spike_threshold:  # judged above the floor, so a leak is no spike
             self._unmarked_spike(step, peak, out)
         slack = reserved - allocated
@@ -241,8 +247,10 @@ class TrendEngine:
             self._checkpoint_peak = peak
             self._checkpoint_headroom = int(headroom)
         last = self._last
-        if last is not None and sample["reserved_bytes"] > last["reserved_bytes"] + self._reserved_tol():
-            self._phase_ratchet = phase  # the next reserved break is this phase's doing
+        if last is not None and sample["reserved_bytes"] > last["reserved_bytes"]:
+            self._phase_bumps.append((sample["step"], sample["reserved_bytes"] - last["reserved_bytes"]))
+            if sample["reserved_bytes"] > last["reserved_bytes"] + self._reserved_tol():
+                self._phase_ratchet = phase  # the next reserved break is this phase's doing
 
     def _unmarked_spike(self, step: int, peak: int, out: list[dict[str, Any]]) -> None:
         spikes = self._spikes
@@ -285,10 +293,11 @@ class TrendEngine:
             max(0, self._b_slack),
             self._b_split,
             self._retries,
+            max(self._b_peak2, self._b_floor),
         ]
         self._blk_n = 0
         self._b_floor = self._b_outside = self._b_slack = self._b_split = _INF
-        self._b_resv = self._b_peak = -1
+        self._b_resv = self._b_peak = self._b_peak2 = -1
         levels = self._levels
         prev_floor = levels[0].blocks[-1][_FLOOR] if levels[0].blocks else None
         levels[0].blocks.append(block)
@@ -311,9 +320,9 @@ class TrendEngine:
         if prev_floor - block[_FLOOR] > 2 * tol:
             drops = self._saw_drops
             drops.append(block[_START])
-            if len(drops) >= 2:
-                gaps = [b - a for a, b in pairwise(drops)]
-                self._saw_period = int(max(gaps))
+            # until a second drop, the time since the process started bounds the period
+            marks = [self._inc_start, *drops] if len(drops) == 1 else list(drops)
+            self._saw_period = int(max(b - a for a, b in pairwise(marks)))
 
     def _reserved_tol(self) -> float:
         return self.config.reserved_break_frac * self._total
@@ -368,12 +377,12 @@ class TrendEngine:
         return xs, ys, level.span
 
     def _trend(
-        self, index: int, s0: int, min_span: float, ratio: float, max_jump: float = 0.5
+        self, index: int, s0: int, min_span: float, ratio: float, max_jump: float = 0.5, parts: int = 2
     ) -> dict[str, Any] | None:
         """A significant, material, linear, gradual rise of signal ``index`` since ``s0``, or None.
 
-        ``ratio``: the Theil-Sen slopes of the two halves must agree within it (a step or a
-        settling curve has one flat half). ``max_jump``: no single point-to-point increase may
+        ``ratio``: the Theil-Sen slopes of the ``parts`` (halves) must agree within it (a step
+        or a settling curve has a flat part). ``max_jump``: no single point-to-point increase may
         carry more than this share of the rise (a staircase of one-time jumps is warm-up, a
         leak creeps).
         """
@@ -383,15 +392,14 @@ class TrendEngine:
         if n < cfg.min_blocks:
             return None
         span = xs[-1] - xs[0] + block_span
-        if span < min_span:
+        if span < min_span - block_span:  # blocks start on their own grid, not at s0
             return None
         slope = theil_sen(xs, ys)
         if slope <= 0 or slope * span < self._tol:
             return None
-        half = n // 2
-        first = theil_sen(xs[: half + 1], ys[: half + 1])
-        second = theil_sen(xs[half:], ys[half:])
-        if first <= 0 or second <= 0 or min(first, second) < ratio * max(first, second):
+        cuts = [round(i * (n - 1) / parts) for i in range(parts + 1)]
+        slopes = [theil_sen(xs[a : b + 1], ys[a : b + 1]) for a, b in pairwise(cuts)]
+        if min(slopes) <= 0 or min(slopes) < ratio * max(slopes):
             return None  # a step, a settling curve or a burst: not a steady rise
         biggest = max(b - a for a, b in pairwise(ys))
         if biggest > max_jump * slope * span:
@@ -400,16 +408,18 @@ class TrendEngine:
             return None
         return {"slope": slope, "span": span, "n": n, "last": ys[-1]}
 
-    def _flat(self, index: int, s0: int, min_span: float) -> tuple[bool, list[float]]:
+    def _flat(self, index: int, s0: int, min_span: float, stretch: float = 0.0) -> tuple[bool, list[float]]:
+        """Signal ``index`` moved less than the material size since ``s0`` (its Theil-Sen
+        slope over the window, or over ``stretch`` steps when longer)."""
         cfg = self.config
         xs, ys, block_span = self._window(index, s0)
         if len(xs) < cfg.min_blocks:
             return False, ys
         span = xs[-1] - xs[0] + block_span
-        if span < min_span:
+        if span < min_span - block_span:
             return False, ys
         slope = theil_sen(xs, ys)
-        return abs(slope) * span <= self._tol, ys
+        return abs(slope) * max(span, stretch) <= self._tol, ys
 
     # ------------------------------------------------------------------ verdicts
     def _evaluate(self, step: int, block: list[Any], out: list[dict[str, Any]]) -> None:
@@ -440,6 +450,7 @@ class TrendEngine:
             if broke:
                 self.state = "rising"
                 self._rising_since = self._cp["floor"] if broke == "allocated" else block[_START]
+                self._break_onsets.append(self._rising_since)
                 self.plateau_breaks += 1
                 self._emit(
                     {
@@ -472,14 +483,25 @@ class TrendEngine:
             if trend:
                 self._start_leak(step, "allocator", trend, out)
             elif block[_END] - self._rising_since >= 2 * min_span:
-                # settled again: flat over the later half of the rise, so a slow creep never passes
-                window = 0.5 * (block[_END] - self._rising_since)
-                settled, _ = self._flat(_FLOOR, block[_END] - window, window)
-                resv_flat = block[_RESV] - self._resv_at(block[_END] - window) <= self._tol
+                # settled again: the later half of the rise is flat even when its slope is
+                # stretched over the whole rise, so a slow creep never passes for a plateau
+                rise = block[_END] - self._rising_since
+                window = 0.5 * rise
+                settled, _ = self._flat(_FLOOR, block[_END] - window, window, stretch=rise)
+                resv_flat = block[_RESV] - self._resv_at(block[_END] - window) <= self._reserved_tol()
                 if settled and resv_flat:
                     self._new_plateau(step, block, out, window)
         elif self.state == "leak":
             self._follow_leak(step, block, min_span, out)
+        if self.state in ("plateau", "rising") and not self._levels[1].pending and self._break_onsets:
+            # a leak slower than the noise shows up as breaks followed by "plateaus" that are
+            # only short flat-looking stretches: judge the floor since the earliest break
+            for s0 in sorted(self._break_onsets):
+                trend = self._trend(_FLOOR, s0, 4 * min_span, cfg.half_ratio, max_jump=0.35)
+                if trend:
+                    self._rising_since = s0
+                    self._start_leak(step, "allocator", trend, out)
+                    break
         # leak outside the allocator: NVML - reserved rising while torch is flat
         if (
             self.state in ("plateau", "rising")
@@ -518,13 +540,19 @@ class TrendEngine:
         s0 = last[_END] - span
         if s0 >= self._inc_start:
             settled, _ = self._flat(_FLOOR, s0, span)
-            if settled and last[_RESV] - self._resv_at(s0) <= self._reserved_tol():
+            # the allocator may still be filling its cache in ever rarer jumps: only its
+            # recent growth counts, and what a checkpoint/eval added is a phase's ratchet
+            recent = last[_END] - span / 2
+            bumps = sum(b for at, b in self._phase_bumps if at >= recent)
+            if settled and last[_RESV] - self._resv_at(recent) - bumps <= self._reserved_tol():
                 self._first_plateau_age = age
                 self._new_plateau(step, last, out, span)
                 return
         if age >= cfg.warmup_leak_min_blocks * cfg.block_steps:
-            start = self._inc_start + age // 2
-            trend = self._trend(_FLOOR, start, age / 2, cfg.warmup_half_ratio, max_jump=0.25)
+            # never settled: a leak only if the last three quarters of the life rise in a
+            # straight line (three equal slopes); a warm-up, however long, keeps decelerating
+            start = self._inc_start + age // 4
+            trend = self._trend(_FLOOR, start, 0.75 * age, cfg.warmup_half_ratio, max_jump=0.25, parts=3)
             if trend:
                 self._plateau = self._plateau_levels(last, span)
                 self._start_leak(step, "allocator", trend, out)
@@ -540,10 +568,10 @@ class TrendEngine:
         peak = median(peaks)
         # activations above the floor: the typical block high plus a margin; spikes are rare,
         # so the median of block maxima ignores them
-        above = [b[_PEAK] - b[_FLOOR] for b in ring]
-        typical = median(above)
-        spread = median([abs(a - typical) for a in above]) * 1.4826
-        self._spike_threshold = typical + 3 * spread + self.config.spike_margin_frac * self._total
+        # the biggest normal batch: each block's runner-up peak (a lone spike is only ever a
+        # block's top), measured above the floor
+        normal = max(b[_PEAK2] - b[_FLOOR] for b in ring)
+        self._spike_threshold = normal + self.config.spike_margin_frac * self._total
         return {
             "floor": median(floors) if floors else block[_FLOOR],
             "reserved": float(block[_RESV]),
@@ -657,32 +685,37 @@ class TrendEngine:
             return
         if not rising:
             return
-        floor_trend = self._trend(_FLOOR, self._cp["slack"], min_span, self.config.half_ratio)
-        if floor_trend:
+        if self._trend(_FLOOR, self._cp["slack"], min_span, self.config.half_ratio):
             return  # the allocated floor rises too: a leak, not fragmentation
         growth = block[_SLACK] - plateau["slack"]
         if growth < self._reserved_tol():
             return
-        first_retries = self._retries_at(self._cp["slack"])
-        retries_up = block[_RETRIES] > first_retries
         half = self.config.half_ratio
-        # reserved grows in ratchets, so the slack is a staircase; split blocks creep
-        trend = self._trend(_SLACK, self._cp["slack"], min_span, half, max_jump=1.0) or self._trend(
-            _SPLIT, self._cp["slack"], min_span, half
-        )
-        split_growth = block[_SPLIT] - self._split_at(self._cp["slack"])
+        trend = None
+        onset = self._cp["slack"]
+        for s0 in sorted({onset, *self._break_onsets, int(0.5 * (onset + block[_END]))}):
+            if s0 < onset:
+                continue
+            # reserved grows in ratchets, so the slack is a staircase; split blocks creep
+            trend = self._trend(_SLACK, s0, min_span, half, max_jump=1.0) or self._trend(_SPLIT, s0, min_span, half)
+            if trend:
+                onset = s0
+                break
+        first_retries = self._retries_at(onset)
+        retries_up = block[_RETRIES] > first_retries
+        split_growth = block[_SPLIT] - self._split_at(onset)
         # cached-but-unusable memory: split blocks piling up, or the allocator already retrying
         if not retries_up and (trend is None or split_growth < 0.25 * growth):
             return
         slope = trend["slope"] if trend else 0.0
         self.state = "fragmentation"
-        self._frag = {"slope": slope, "onset": self._cp["slack"]}
+        self._frag = {"slope": slope, "onset": onset}
         last = self._last or {}
         self._emit(
             {
                 "type": "fragmentation",
                 "step": step,
-                "onset_step": self._cp["slack"],
+                "onset_step": onset,
                 "reserved_bytes": last.get("reserved_bytes", block[_RESV]),
                 "allocated_bytes": last.get("allocated_bytes", block[_FLOOR]),
                 "reserved_minus_allocated_bytes": block[_SLACK],

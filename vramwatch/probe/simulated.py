@@ -197,9 +197,11 @@ class _RankModel:
         # Warm-up arrives partly as a smooth approach, partly as discrete jumps (a new shape
         # compiled) at ever longer intervals: the classic staircase that settles.
         jumps = max(1, int(p["warm_jumps"]))
-        # ever longer gaps, ever smaller jumps, all within ~4 time constants
+        # ever rarer (each gap about twice the last) and ever smaller jumps, the last one
+        # around 4 time constants: the staircase of new shapes being compiled
         self.jumps = [
-            (self.warm_tau * 4.0 * ((k + rng.random()) / jumps) ** 1.5, self.warm * (jumps - k) / (jumps * (jumps + 1)))
+            (self.warm_tau * 4.0 * 2.0 ** (k + 1 - jumps) * (0.7 + 0.3 * rng.random()),
+             self.warm * (jumps - k) / (jumps * (jumps + 1)))
             for k in range(jumps)
         ]
         self.act = p["act_frac"] * total

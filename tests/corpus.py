@@ -1,0 +1,166 @@
+"""Labelled corpus for the trend engine: simulated traces with ground truth.
+
+Each :class:`Case` is one scenario of :mod:`vramwatch.probe.simulated` at one *scale*: a
+device size, a time factor (every step-valued parameter is multiplied by it, every
+per-step rate divided by it, so the same story plays out over 0.5x .. 30x the steps), a
+step time and a seed. Ground truth comes from the scenario's parameters
+(:func:`scenario_truth`), plus the OOM step actually reached in the trace, if any.
+
+Used by tests/test_engine*.py and bench/engine_bench.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from vramwatch.engine import EngineConfig, TrendEngine
+from vramwatch.probe.simulated import H200_TOTAL_BYTES, scenario_params, scenario_truth, simulate_trace
+
+GB80 = 85_899_345_920
+GB24 = 25_769_803_776
+
+#: Parameters measured in steps (scaled by the time factor) and in bytes per step (divided).
+STEP_PARAMS = (
+    "warm_tau", "ckpt_every", "eval_every", "step_at", "leak_onset", "outside_onset", "frag_onset",
+    "saw_period", "periodic_every", "crash_at", "resume_from", "gap_at", "gap_len",
+)
+RATE_PARAMS = ("leak_rate_frac", "outside_rate_frac", "frag_rate_frac")
+
+
+@dataclass(frozen=True)
+class Scale:
+    name: str
+    total_bytes: int
+    time_factor: float
+    step_time_s: float
+    seed: int
+
+
+SCALES = {
+    "h200": Scale("h200", H200_TOTAL_BYTES, 1.0, 1.0, 1),
+    "a100-80gb": Scale("a100-80gb", GB80, 3.0, 0.4, 2),
+    "rtx-24gb": Scale("rtx-24gb", GB24, 0.6, 2.5, 3),
+    "long": Scale("long", GB80, 30.0, 0.25, 4),
+}
+
+#: Steps per scenario at time factor 1 (long enough for the story to finish).
+STEPS = {
+    "healthy": 4000,
+    "long_warmup": 9000,
+    "checkpoint": 5000,
+    "eval": 4000,
+    "late_step": 5000,
+    "fast_leak": 7000,
+    "slow_leak": 6000,
+    "noisy_leak": 6000,
+    "leak_to_oom": 6000,
+    "fragmentation": 6000,
+    "outside_leak": 6000,
+    "sawtooth": 6000,
+    "periodic_spikes": 4000,
+    "crash_resume": 5000,
+    "dropped": 5000,
+    "multi_rank": 5000,
+}
+
+LEAK_SCENARIOS = ("fast_leak", "slow_leak", "noisy_leak", "leak_to_oom", "outside_leak", "multi_rank")
+
+
+@dataclass
+class Case:
+    scenario: str
+    scale: Scale
+    steps: int
+    params: dict[str, Any]
+    ranks: tuple[int, ...]
+    truth: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.scenario}@{self.scale.name}"
+
+    def trace(self, rank: int) -> Iterator[dict[str, Any]]:
+        return simulate_trace(
+            self.scenario,
+            steps=self.steps,
+            run=self.name,
+            rank=rank,
+            seed=self.scale.seed,
+            step_time_s=self.scale.step_time_s,
+            total_bytes=self.scale.total_bytes,
+            **self.params,
+        )
+
+
+def scaled_params(scenario: str, factor: float) -> dict[str, Any]:
+    base = scenario_params(scenario)
+    out: dict[str, Any] = {}
+    for name in STEP_PARAMS:
+        value = base[name]
+        if value:
+            out[name] = type(value)(round(value * factor)) if isinstance(value, int) else value * factor
+    for name in RATE_PARAMS:
+        if base[name]:
+            out[name] = base[name] / factor
+    return out
+
+
+def make_case(scenario: str, scale: Scale | str, ranks: tuple[int, ...] | None = None) -> Case:
+    scale = SCALES[scale] if isinstance(scale, str) else scale
+    params = scaled_params(scenario, scale.time_factor)
+    if ranks is None:
+        ranks = (0, 1, scenario_params(scenario)["leak_rank"]) if scenario == "multi_rank" else (1,)
+    case = Case(scenario, scale, int(STEPS[scenario] * scale.time_factor), params, ranks)
+    for rank in ranks:
+        case.truth[rank] = scenario_truth(scenario, rank=rank, total_bytes=scale.total_bytes, **params)
+    return case
+
+
+def corpus(scales: tuple[str, ...] = ("h200", "a100-80gb", "rtx-24gb")) -> list[Case]:
+    return [make_case(scenario, scale) for scale in scales for scenario in STEPS]
+
+
+@dataclass
+class RankResult:
+    rank: int
+    events: list[dict[str, Any]]
+    summary: dict[str, Any]
+    samples: list[dict[str, Any]] | None
+    oom_step: int | None  # first step whose sample counted an OOM
+    last_step: int
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind]
+
+    def first(self, kind: str) -> dict[str, Any] | None:
+        found = self.of(kind)
+        return found[0] if found else None
+
+
+def run_rank(case: Case, rank: int, keep_samples: bool = False, config: EngineConfig | None = None) -> RankResult:
+    engine = TrendEngine(config)
+    events: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] | None = [] if keep_samples else None
+    oom_step = None
+    last_step = 0
+    for sample in case.trace(rank):
+        if kept is not None:
+            kept.append(sample)
+        events.extend(engine.update(sample))
+        if oom_step is None and sample["ooms"] > 0:
+            oom_step = sample["step"]
+        last_step = sample["step"]
+    truth = case.truth[rank]
+    if truth["leak"] is not None and oom_step is not None:
+        truth["leak"]["oom_step"] = oom_step  # what actually happened beats the projection
+        truth["oom"] = True
+    return RankResult(rank, events, engine.summary(), kept, oom_step, last_step)
+
+
+def runway_left(detect_step: int, onset: int, oom_step: int) -> float:
+    """Share of the runway (onset -> OOM) still ahead at detection."""
+    if oom_step <= onset:
+        return 0.0
+    return max(0.0, min(1.0, (oom_step - detect_step) / (oom_step - onset)))
