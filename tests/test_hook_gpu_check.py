@@ -1,0 +1,63 @@
+"""bench/gpu_check: fails clearly without a GPU; its plumbing and checks run on CPU."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "gpu_check"
+ENV = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           PYTHONWARNINGS="ignore")
+GiB = 1024**3
+
+
+def run_script(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          env=ENV)
+
+
+def test_script_is_executable_with_a_python_shebang():
+    assert os.access(SCRIPT, os.X_OK)
+    assert SCRIPT.read_text().startswith("#!/usr/bin/env python3\n")
+
+
+def test_without_cuda_it_says_so_in_one_line_and_exits_2():
+    result = run_script()
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert result.stderr.startswith("gpu_check: no CUDA device")
+
+
+def test_bad_arguments_exit_2():
+    result = run_script("--seconds", "500")
+    assert result.returncode == 2 and "--seconds" in result.stderr
+
+
+def test_cpu_dry_run_exercises_every_run_through_the_collector(tmp_path):
+    result = run_script("--cpu-dry-run", "--seconds", "1", "--out", str(tmp_path), timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for kind in ("clean", "leak", "checkpoint", "fragment"):
+        assert f"== {kind}:" in result.stdout
+    assert "delivered all: True" in result.stdout and "[FAIL]" not in result.stdout
+    assert "phase samples" in result.stdout  # the checkpoint run recorded checkpoint phases
+    assert "all strict checks hold" in result.stdout
+
+
+def test_the_checks_catch_impossible_samples():
+    module = runpy.run_path(str(SCRIPT), run_name="gpu_check_module")
+    base = {"phase": "train", "allocated_bytes": 10 * GiB, "reserved_bytes": 12 * GiB,
+            "peak_allocated_bytes": 11 * GiB, "total_bytes": 80 * GiB, "nvml_used_bytes": 13 * GiB,
+            "process_used_bytes": 12 * GiB + GiB // 2, "inactive_split_bytes": 0, "alloc_retries": 0}
+    good = [dict(base, step=i, ts=1000.0 + i * 0.5) for i in range(8)]
+    checks = module["check_samples"](good)
+    assert all(bad == 0 for _checked, bad in checks["counts"].values())
+    assert checks["counts"]["reserved<=nvml_used(stable)"][0] > 0 and checks["context"][0] == GiB // 2
+    broken = [dict(good[0], allocated_bytes=13 * GiB), dict(good[1], peak_allocated_bytes=GiB),
+              dict(good[2], nvml_used_bytes=81 * GiB)]
+    counts = module["check_samples"](broken)["counts"]
+    assert counts["allocated<=reserved"][1] == 1
+    assert counts["peak>=allocated"][1] == 2  # the first (peak 11 < allocated 13) and the second
+    assert counts["nvml_used<=total"][1] == 1
