@@ -15,7 +15,7 @@ from fakes.fake_pynvml import FakeGpu, make_pynvml
 from vramwatch import probe as probe_mod
 from vramwatch.probe import NoProbeWarning, make_probe
 from vramwatch.probe.nvml import NvmlPoller, normalize_uuid, open_device
-from vramwatch.probe.torch_cuda import NoCudaError, TorchCudaProbe, load_torch_cuda
+from vramwatch.probe.torch_cuda import NoCudaError, TorchCudaProbe, load_torch_cuda, uuid_text
 from vramwatch.wire import validate
 
 UUID0 = "11111111-aaaa-bbbb-cccc-000000000000"
@@ -279,3 +279,18 @@ def test_gpu_lost_publishes_none_counts_the_error_and_stops_polling():
         assert nv.calls["nvmlDeviceGetMemoryInfo"] == polls  # stopped
     finally:
         poller.close()
+
+
+def test_torch_uuid_in_its_various_shapes():
+    class CUuuid:  # torch's _CUuuid: str() may or may not be the uuid, .bytes are the 16 raw bytes
+        bytes = bytes(range(16))
+
+        def __str__(self) -> str:
+            return "<torch._C._CUuuid object at 0x7f>"
+
+    assert uuid_text(CUuuid()) == "00010203-0405-0607-0809-0a0b0c0d0e0f"
+    assert uuid_text(UUID1) == UUID1
+    assert uuid_text(f"MIG-{UUID2}") == f"MIG-{UUID2}"
+    assert uuid_text("garbage") is None and uuid_text(None) is None
+    cuda = FakeCuda(uuid=UUID1)
+    assert probe_with(cuda).device_info()["uuid"] == f"GPU-{UUID1}"  # no NVML: torch's own uuid

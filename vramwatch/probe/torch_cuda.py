@@ -32,6 +32,8 @@ once more and returns a sample whose peak is the peak *during the phase*. Window
 from __future__ import annotations
 
 import os
+import re
+import uuid
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -45,6 +47,30 @@ _ALLOCATED_PEAK = "allocated_bytes.all.peak"
 _RESERVED = "reserved_bytes.all.current"
 _ACTIVE = "active_bytes.all.current"
 _INACTIVE_SPLIT = "inactive_split_bytes.all.current"
+
+
+_UUID_RE = re.compile(r"(?:GPU-|MIG-)?[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\Z")
+
+
+def uuid_text(raw: Any) -> str | None:
+    """torch's ``get_device_properties(i).uuid`` as text ('xxxxxxxx-xxxx-...'), or None.
+
+    Depending on the torch version it is a ``str`` or a ``_CUuuid`` whose ``str()`` is the
+    uuid and whose ``.bytes`` are its 16 raw bytes; anything else is not trusted.
+    """
+    if raw is None:
+        return None
+    text = str(raw).strip()
+    if _UUID_RE.match(text):
+        return text
+    data = getattr(raw, "bytes", None)
+    try:
+        raw_bytes = bytes(data) if data is not None else b""
+    except (TypeError, ValueError):
+        raw_bytes = b""
+    if len(raw_bytes) == 16:
+        return str(uuid.UUID(bytes=raw_bytes))
+    return None
 
 
 class NoCudaError(RuntimeError):
@@ -101,7 +127,7 @@ class TorchCudaProbe:
         self._memory_stats = self.cuda.memory_stats
         self._reset_peak = self.cuda.reset_peak_memory_stats
         props = self.cuda.get_device_properties(self.device)
-        self._uuid = getattr(props, "uuid", None)
+        self._uuid = uuid_text(getattr(props, "uuid", None))
         self._total = int(props.total_memory)
         self._name = str(getattr(props, "name", "cuda"))
         try:
@@ -134,7 +160,7 @@ class TorchCudaProbe:
             info["uuid"] = self.nvml_device.uuid
             info["name"] = self.nvml_device.name
         elif self._uuid is not None:
-            info["uuid"] = "GPU-" + str(self._uuid)
+            info["uuid"] = self._uuid if self._uuid[:4] in ("GPU-", "MIG-") else "GPU-" + self._uuid
         return info
 
     def _interval_peak(self, stats: Mapping[str, Any]) -> tuple[int, int]:
