@@ -49,8 +49,14 @@ def rule_metric_names() -> set[str]:
 
 def exported_series(scenario: str, steps: int) -> tuple[dict[str, list[float | None]], int]:
     """{promtool series selector: value per simulated minute} as /metrics showed them."""
-    wanted = rule_metric_names()
     samples = list(simulate_trace(scenario, steps=steps, run=scenario, host="node-a", rank=0, start_ts=T0))
+    return exported_from(samples)
+
+
+def exported_from(samples: list[dict]) -> tuple[dict[str, list[float | None]], int]:
+    """Play samples (any ranks, in time order) into a LiveState; render /metrics once a minute."""
+    wanted = rule_metric_names()
+    samples = sorted(samples, key=lambda s: s["ts"])
     minutes = int((samples[-1]["ts"] - T0) // 60) + 1
     live = LiveState()
     registry, _ = build_registry(live, finished_after_s=1e12)  # simulated clock: never age out
@@ -137,3 +143,35 @@ def test_leak_alert_reports_the_engines_time_to_oom(tmp_path, scenario) -> None:
     series, minutes = exported_series(scenario, FIRES[scenario][0])
     seconds = next(v for s, v in series.items() if s.startswith("vramwatch_seconds_to_oom{"))
     assert seconds[minutes] is not None and seconds[minutes] > 0
+
+
+def fired_ranks(output: str) -> dict[str, set[str]]:
+    """{alertname: ranks it fired for} from promtool's report of unexpected alerts."""
+    fired: dict[str, set[str]] = {}
+    for block in re.split(r"\n\s+alertname: ", output)[1:]:
+        alert = block.split(",", 1)[0]
+        got = block.split("got:", 1)[1]
+        fired.setdefault(alert, set()).update(re.findall(r'rank="(\d+)"', got))
+    return fired
+
+
+def test_multi_rank_run_alerts_name_only_the_bad_ranks(tmp_path) -> None:
+    """8 ranks: rank 3 leaks (the scenario's bad rank), rank 6 dies at step 2400 while the
+    others keep going. Only rank 3 may leak/break and only rank 6 may be silent."""
+    samples = []
+    for rank in range(8):
+        trace = simulate_trace("multi_rank", steps=3600, run="multi", host=f"node-{rank // 4}", rank=rank,
+                               start_ts=T0)
+        samples += [s for s in trace if rank != 6 or s["step"] < 2400]
+    series, minutes = exported_from(samples)
+    checks = [{"eval_time": f"{minutes}m", "alertname": alert, "exp_alerts": []} for alert in alert_rules()]
+    rc, output, _ = run_group(tmp_path, {"name": "multi-rank", "interval": "1m",
+                                         "input_series": input_series(series), "alert_rule_test": checks})
+    assert rc != 0
+    fired = fired_ranks(output)
+    assert fired.get("VramwatchMemoryLeak") == {"3"}, output[-4000:]
+    assert fired.get("VramwatchHookSilent") == {"6"}, output[-4000:]
+    assert set(fired) <= {"VramwatchMemoryLeak", "VramwatchHookSilent", "VramwatchPlateauBreak",
+                          "VramwatchHeadroomLow"}, fired
+    assert fired.get("VramwatchPlateauBreak", {"3"}) == {"3"}
+    assert fired.get("VramwatchHeadroomLow", {"3"}) == {"3"}
