@@ -8,8 +8,8 @@ prometheus_client metrics in a side registry.
 Labels follow dcgm-exporter's spelling (``Hostname``, ``UUID``, ``gpu``) so PromQL can
 join vramwatch series with ``DCGM_FI_DEV_FB_USED`` on ``UUID``.
 
-``render`` has a fast path: prometheus_client's generic encoder spends ~8 µs per sample
-(about 0.7 s for 4096 ranks x 23 series), so the per-rank families are written straight
+``render`` has a fast path: prometheus_client's generic encoder spends ~15 µs per sample
+(1.8 s for 4096 ranks x 25 series, docs/benchmarks.md), so the per-rank families are written straight
 to text from cached label strings. ``collect()`` yields the same samples through the
 standard API; a test checks that both paths agree.
 """
@@ -133,7 +133,6 @@ SERIES_FAMILIES: tuple[tuple[str, str, str, Callable[[Row], Any]], ...] = (
      "When the collector last received a sample for this rank (collector's clock).", lambda row: row[4].last_seen),
 )
 
-#: Every metric name a scrape can contain (samples, as PromQL sees them).
 TREND_STATE_HELP = "1 for the rank's current trend-engine state, 0 for the others."
 
 
