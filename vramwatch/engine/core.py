@@ -48,7 +48,7 @@ class EngineConfig:
     min_blocks: int = 8  # fewest points a verdict rests on
     tol_frac: float = 0.001  # smallest material change: this fraction of the device ...
     noise_k: float = 4.0  # ... or this many noise sigmas of the block floor, whichever is larger
-    reserved_break_frac: float = 0.005  # a reserved ratchet this large is a plateau break
+    reserved_break_frac: float = 0.01  # a reserved ratchet this large is a plateau break
     mk_z: float = 2.6  # Mann-Kendall significance for a trend
     half_ratio: float = 0.5  # slopes of the two halves must agree within this ratio (linearity)
     warmup_half_ratio: float = 0.8  # stricter while the series never settled (thirds, not halves)
@@ -132,7 +132,8 @@ class TrendEngine:
         self._saw_drops: deque[int] = deque(maxlen=6)
         self._saw_period = 0
         self._spike_threshold = _INF
-        self._spikes: deque[int] = deque(maxlen=5)
+        self._normal_high = 0
+        self._spikes: deque[int] = deque(maxlen=10)
         self._periodic_period = 0
 
     def _emit(self, event: dict[str, Any], out: list[dict[str, Any]]) -> None:
@@ -257,13 +258,11 @@ class TrendEngine:
         if spikes and step - spikes[-1] < self.config.block_steps // 2:
             return  # one spike, several samples
         spikes.append(step)
-        if len(spikes) < 4:
+        if len(spikes) < 4 or self.state != "plateau":
             return
-        gaps = [b - a for a, b in pairwise(spikes)][-3:]
-        low, high = min(gaps), max(gaps)
-        if low <= 0 or high > 1.25 * low:
+        period = self._rhythm(spikes)
+        if not period:
             return
-        period = round(median(gaps))
         if self._periodic_period and abs(period - self._periodic_period) <= 0.1 * self._periodic_period:
             return  # already reported this rhythm
         self._periodic_period = period
@@ -279,6 +278,26 @@ class TrendEngine:
             },
             out,
         )
+
+    @staticmethod
+    def _rhythm(spikes: deque[int]) -> int:
+        """A period p such that the newest spike and three earlier ones sit on a p-grid.
+
+        Chance exceedances of a noisy peak come at random gaps and almost never line up
+        four in a row; a stray one in between does not hide a real rhythm.
+        """
+        newest = spikes[-1]
+        earlier = list(spikes)[:-1]
+        for previous in reversed(earlier):
+            period = newest - previous
+            if period <= 0:
+                continue
+            slack = max(2.0, 0.03 * period)
+            hits = sum(1 for k in (1, 2, 3) if any(abs(newest - k * period - t) <= slack for t in earlier))
+            strays = sum(1 for t in earlier if t >= newest - 3 * period - slack) - 3
+            if hits == 3 and strays <= 1:
+                return period
+        return 0
 
     # ------------------------------------------------------------------ blocks
     def _close_block(self, step: int, out: list[dict[str, Any]]) -> None:
@@ -312,6 +331,9 @@ class TrendEngine:
             pending.clear()
         if prev_floor is not None:
             self._watch_drops(prev_floor, block)
+        if self.state == "plateau" and block[_PEAK2] - block[_FLOOR] > self._normal_high:
+            self._normal_high = block[_PEAK2] - block[_FLOOR]
+            self._spike_threshold = self._normal_high + self.config.spike_margin_frac * self._total
         self._evaluate(step, block, out)
 
     def _watch_drops(self, prev_floor: float, block: list[Any]) -> None:
@@ -569,9 +591,9 @@ class TrendEngine:
         # activations above the floor: the typical block high plus a margin; spikes are rare,
         # so the median of block maxima ignores them
         # the biggest normal batch: each block's runner-up peak (a lone spike is only ever a
-        # block's top), measured above the floor
-        normal = max(b[_PEAK2] - b[_FLOOR] for b in ring)
-        self._spike_threshold = normal + self.config.spike_margin_frac * self._total
+        # block's top), measured above the floor; it keeps learning while on the plateau
+        self._normal_high = max(b[_PEAK2] - b[_FLOOR] for b in ring)
+        self._spike_threshold = self._normal_high + self.config.spike_margin_frac * self._total
         return {
             "floor": median(floors) if floors else block[_FLOOR],
             "reserved": float(block[_RESV]),
