@@ -38,6 +38,7 @@ import os
 import random
 import threading
 import time
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -202,6 +203,7 @@ class Spool:
         self._offset = 0  # bytes of our own file already delivered
         self._size = 0
         self._adopted: list[tuple[Path, Any, int]] = []  # (path, locked fd file, offset)
+        self.write_error: str | None = None  # set when the disk refused a write
         for other in adopt:
             self._adopt(other)
 
@@ -244,7 +246,10 @@ class Spool:
         """Append whole lines; returns how many did not fit under ``max_bytes`` (dropped)."""
         if not lines:
             return 0
-        fh = self._open()
+        try:
+            fh = self._open()
+        except OSError:  # cannot even create the spool file (disk full, read-only): all dropped
+            return len(lines)
         room = self.max_bytes - (self._size - self._offset)
         body = b"".join(lines)
         dropped = 0
@@ -259,9 +264,22 @@ class Spool:
             body = b"".join(kept)
         if body:
             written = 0
-            while written < len(body):
-                written += fh.write(body[written:])
+            try:
+                while written < len(body):
+                    written += fh.write(body[written:])
+            except OSError:
+                # the disk is full (ENOSPC, EFBIG): keep the whole lines that made it, cut the
+                # torn one so replay never sends half a sample, count the rest as dropped
+                whole = body.rfind(b"\n", 0, written) + 1
+                try:
+                    fh.truncate(self._size + whole)
+                except OSError:
+                    pass
+                self._size += whole
+                self.write_error = "no space left for the spool"
+                return len(lines) - body[:whole].count(b"\n")
             self._size += len(body)
+            self.write_error = None
         return dropped
 
     def read_batch(self, max_lines: int) -> tuple[list[bytes], Callable[[], None]]:
@@ -398,9 +416,11 @@ class BatchSender:
                                adopt=[Path(p) for p in adopt_spools if Path(p) != Path(spool_path)])
         self.counters: dict[str, int] = dict.fromkeys(
             ("submitted", "batches_sent", "delivered", "accepted", "duplicates", "rejected", "invalid",
-             "dropped_overflow", "dropped_spool_full", "dropped_in_child", "spooled", "replayed",
+             "dropped_overflow", "dropped_spool_full", "dropped_unsendable", "dropped_in_child", "spooled",
+             "replayed",
              "send_failures", "auth_failures", "worker_errors"), 0)
         self.last_error: str | None = None
+        self._warned_drop = False
         _live_senders.add(self)
         self._thread = threading.Thread(target=self._run, name="vramwatch-sender", daemon=True)
         self._thread.start()
@@ -542,14 +562,23 @@ class BatchSender:
             return
         if self.spool is None:
             # file transport (or no spool configured): nowhere safer to keep them
-            self.counters["dropped_spool_full"] += len(lines)
+            self.counters["dropped_unsendable"] += len(lines)
             return
         with self.spool.lock:
             dropped = self.spool.append(lines)
         self.counters["spooled"] += len(lines) - dropped
         if dropped:
             self.counters["dropped_spool_full"] += dropped
-            self.last_error = f"spool full ({self.spool.max_bytes} bytes): {dropped} samples dropped"
+            reason = self.spool.write_error or f"spool full ({self.spool.max_bytes} bytes)"
+            self.last_error = f"{reason}: {dropped} samples dropped"
+            if not self._warned_drop:  # say so once; the count keeps going in stats()
+                self._warned_drop = True
+                try:
+                    warnings.warn(f"vramwatch: {reason} at {self.spool.path}: samples are being dropped; "
+                                  "training goes on (counted in stats()['dropped_spool_full'])",
+                                  RuntimeWarning, stacklevel=2)
+                except Exception:
+                    pass  # warnings configured as errors must not stop delivery
 
     def _cycle(self, *, force: bool, final: bool) -> None:
         lines = self._take()
