@@ -182,8 +182,12 @@ class Store:
                 self._conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
                 self._migrate()
                 # Probe writability now so a read-only file fails at start, not at first ingest.
+                # BEGIN IMMEDIATE alone succeeds on a read-only file in WAL mode: write something.
                 self._conn.execute("BEGIN IMMEDIATE")
-                self._conn.execute("ROLLBACK")
+                try:
+                    self._conn.execute("CREATE TABLE _vramwatch_write_probe (x)")
+                finally:
+                    self._conn.execute("ROLLBACK")
             else:
                 version = self._conn.execute("PRAGMA user_version").fetchone()[0]
                 if version > SCHEMA_VERSION:
