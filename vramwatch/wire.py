@@ -330,17 +330,31 @@ def decode_line(line: bytes | str) -> Any:
 
 
 def gunzip_limited(data: bytes, limit: int) -> bytes:
-    """Inflate a gzip body, refusing to grow past ``limit`` bytes (gzip bombs)."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise WireError("body", f"invalid gzip data: {exc}") from None
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise WireError("body", f"decompressed body exceeds {limit} bytes")
-    if not inflater.eof:
-        raise WireError("body", "truncated gzip data")
-    return out
+    """Inflate a gzip body, refusing to grow past ``limit`` bytes (gzip bombs).
+
+    Several concatenated gzip members (``cat a.gz b.gz``) are one body, as for
+    ``gzip.decompress``; anything after the last member is an error, never silently dropped.
+    """
+    parts: list[bytes] = []
+    size = 0
+    rest = data
+    while True:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out = inflater.decompress(rest, limit - size + 1)
+        except zlib.error as exc:
+            raise WireError("body", f"invalid gzip data: {exc}") from None
+        size += len(out)
+        if size > limit or inflater.unconsumed_tail:
+            raise WireError("body", f"decompressed body exceeds {limit} bytes")
+        if not inflater.eof:
+            raise WireError("body", "truncated gzip data")
+        parts.append(out)
+        rest = inflater.unused_data
+        if not rest.strip(b"\x00"):  # trailing zero padding (tape-style) is harmless
+            return b"".join(parts)
+        if rest[:2] != b"\x1f\x8b":
+            raise WireError("body", f"{len(rest)} bytes of trailing data after the gzip stream")
 
 
 def parse_body(data: bytes) -> list[Any]:
