@@ -141,8 +141,9 @@
     runs: function () { return getJSON("api/v1/runs"); },
     ranks: function (run) { return getJSON(runPath(run) + "/ranks"); },
     series: function (run, r, fields, opts) {
-      return getJSON(runPath(run) + "/series" + query({
-        host: r.host, rank: r.rank, fields: fields.join(","), points: opts.points || 2000, x: "step",
+      // /chart: /series with x=step, answered from the collector's min/max envelope cache
+      return getJSON(runPath(run) + "/chart" + query({
+        host: r.host, rank: r.rank, fields: fields.join(","), points: opts.points || 2000,
         start: opts.start, end: opts.end,
       }));
     },
@@ -1275,6 +1276,7 @@
       layout.shapes = [{ type: "rect", xref: "paper", x0: 0, x1: 1, yref: "y", y0: sy - 0.5, y1: sy + 0.5, line: { color: t.text, width: 1.5 }, name: "selected rank" }];
     }
     Plotly.react(gd, [trace], layout, PLOT_CONFIG);
+    markOnce("vramwatch:heatmap");
     var note = $("heatmap-note");
     note.textContent = isHeadroom
       ? "Worst headroom per bucket of " + intText(h.bucket) + (state.x === "time" ? " s" : " steps") + " (capacity − max(reserved, NVML used)); red rows are the ranks to look at."
@@ -1324,10 +1326,17 @@
   }
 
   // ------------------------------------------------------------------ readiness marker (tests, benchmark)
+  // "interactive": verdicts, cards and the rank chart are drawn and respond to input.
   function markInteractive() {
     if (document.documentElement.dataset.ready === "1") return;
     document.documentElement.dataset.ready = "1";
-    try { performance.mark("vramwatch:interactive"); } catch (e) { /* old browsers */ }
+    markOnce("vramwatch:interactive");
+  }
+  var marked = {};
+  function markOnce(name) {
+    if (marked[name]) return;
+    marked[name] = true;
+    try { performance.mark(name); } catch (e) { /* old browsers */ }
   }
 
   // ------------------------------------------------------------------ theme toggle

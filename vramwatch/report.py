@@ -4,7 +4,7 @@ For post-mortems and sharing: the file opens offline, from disk or a mail attach
 with no collector behind it. It is the live dashboard itself (the same index.html,
 app.js and style.css, plotly.js inlined) with every API answer it needs embedded as
 ``window.VRAMWATCH_STATIC``: verdicts from replaying the run through the same
-TrendEngine the collector uses, spike-preserving downsampled series per rank, phases,
+TrendEngine the collector uses, min/max-envelope series per rank (as ``/chart``), phases,
 events and the ranks x steps heatmaps. Zooming works on the embedded points.
 
 Series are embedded for at most ``MAX_SERIES_RANKS`` ranks (the worst first, plus rank 0)
@@ -23,10 +23,9 @@ from typing import Any
 import orjson
 
 from vramwatch.collector.app import dashboard_dir, plotly_js_path
-from vramwatch.collector.downsample import downsample
 from vramwatch.collector.live import STATE_SEVERITY, LiveState, SeriesState
 from vramwatch.collector.store import Store
-from vramwatch.collector.views import run_heatmap
+from vramwatch.collector.views import run_chart, run_heatmap
 
 #: Fields the run page charts (the same list app.js asks the live API for).
 SERIES_FIELDS = (
@@ -84,9 +83,7 @@ def report_data(db_path: str, run: str, *, points: int = SERIES_POINTS) -> dict[
             events[key] = [{"run": s.run, "host": s.host, "rank": s.rank, **e} for e in s.events]
         for s in chosen + rank0[:1]:
             key = f"{s.host}\u0000{s.rank}"
-            xs, columns = store.query_columns(run, s.host, s.rank, SERIES_FIELDS, phase="train", x="step")
-            out_x, out_cols, downsampled = downsample(xs, columns, points)
-            series[key] = {"x": out_x, "series": out_cols, "raw_points": len(xs), "downsampled": downsampled}
+            series[key] = run_chart(store, run, s.rank, host=s.host, fields=list(SERIES_FIELDS), points=points)
             phases[key] = store.phase_samples(run, s.host, s.rank)
         heatmap = {
             x: {f: run_heatmap(store, run, field=f, x=x, cols=HEATMAP_COLS) for f in ("headroom", "reserved")}

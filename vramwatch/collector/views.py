@@ -1,4 +1,8 @@
-"""Dashboard-specific API: the ranks x steps heatmap.
+"""Dashboard-specific API: the ranks x steps heatmap and a fast chart series.
+
+``GET /api/v1/runs/{run}/chart?rank=&host=&fields=&points=2000&start=&end=`` answers like
+``/series`` with ``x=step`` (same document) but from a per-rank min/max envelope cache,
+see :class:`EnvelopeCache`: a 100k-step rank is answered without reading 100k rows.
 
 ``GET /api/v1/runs/{run}/heatmap?field=headroom|reserved|peak|allocated&x=step|ts&cols=240``
 → ``{"field", "x": [bucket centres], "bucket": width, "rows": [{"host", "rank"}],
@@ -23,9 +27,11 @@ import math
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
+import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 
 router = APIRouter()
@@ -192,7 +198,7 @@ class HeatmapCache:
         return {
             "field": field,
             "x": xs,
-            "bucket": width,
+            "bucket": int(width) if float(width).is_integer() else width,
             "rows": [{"host": host, "rank": rank} for host, rank in order],
             "z": z,
             "unit": "GiB",
@@ -243,4 +249,285 @@ def get_heatmap(
     return doc
 
 
-__all__ = ["HEATMAP_FIELDS", "HeatmapCache", "heatmap_cache", "router", "run_heatmap"]
+
+
+
+# ====================================================================== chart envelope
+
+#: Wire fields the chart endpoint serves, and their store columns.
+CHART_FIELDS: dict[str, str] = {
+    "ts": "ts",
+    "allocated_bytes": "allocated",
+    "reserved_bytes": "reserved",
+    "peak_allocated_bytes": "peak",
+    "nvml_used_bytes": "nvml_used",
+    "total_bytes": "total",
+    "inactive_split_bytes": "inactive_split",
+    "alloc_retries": "alloc_retries",
+    "active_bytes": "active",
+    "process_used_bytes": "process_used",
+}
+_CHART_COLS = tuple(CHART_FIELDS.values())
+_NCOL = len(_CHART_COLS)
+# aggregate row layout: min step, max step, then (min, max) per column, then row count
+_AGG_SQL = ", ".join(["MIN(step)", "MAX(step)", *(f"MIN({c}), MAX({c})" for c in _CHART_COLS), "COUNT(*)"])
+_WIDTH = 2 + 2 * _NCOL + 1
+_MIN_IDX = np.array([0, *range(2, 2 + 2 * _NCOL, 2)])
+_MAX_IDX = np.array([1, *range(3, 3 + 2 * _NCOL, 2)])
+_COUNT = _WIDTH - 1
+#: buckets kept per rank; requests for up to twice this many points are served from it
+CACHE_BUCKETS = 4096
+CACHED_RANKS = 128
+
+
+def _combine(keys: np.ndarray, agg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge rows with equal bucket keys: min of the min columns, max of the max columns,
+    sum of counts (NaN = no value, ignored)."""
+    if keys.size == 0:
+        return keys, agg
+    order = np.argsort(keys, kind="stable")
+    keys, agg = keys[order], agg[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    if starts.size == keys.size:
+        return keys, agg
+    out = np.empty((starts.size, _WIDTH))
+    with np.errstate(invalid="ignore"):
+        out[:, _MIN_IDX] = np.fmin.reduceat(agg[:, _MIN_IDX], starts, axis=0)
+        out[:, _MAX_IDX] = np.fmax.reduceat(agg[:, _MAX_IDX], starts, axis=0)
+    out[:, _COUNT] = np.add.reduceat(agg[:, _COUNT], starts)
+    return keys[starts], out
+
+
+def _rows_to_array(rows: list[tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    if not rows:
+        return np.empty(0, dtype=np.int64), np.empty((0, _WIDTH))
+    keys = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+    agg = np.array([r[1:] for r in rows], dtype=np.float64)  # None -> nan
+    return keys, agg
+
+
+@dataclass
+class _RankEnvelope:
+    width: int
+    built: float
+    keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    agg: np.ndarray = field(default_factory=lambda: np.empty((0, _WIDTH)))
+    scanned: dict[int, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class EnvelopeCache:
+    """Per-rank min/max buckets of the train samples, grown incrementally.
+
+    Every bucket holds the minimum and maximum of each chart column (and the first and
+    last step), so any coarser downsampling keeps every bucket's extremes: the biggest
+    spike of the raw data is always in the answer. Bucket widths are powers of two steps
+    (at most ``CACHE_BUCKETS`` buckets per rank); a growing run merges pairs instead of
+    rescanning. A refresh aggregates only rows past the last step seen (``GROUP BY`` in
+    SQLite over the primary-key range). Late rows behind that step are picked up by a
+    rebuild every ``REBUILD_S`` seconds. Zoom windows finer than the cache are answered
+    from SQLite directly (raw rows when they fit, else a ``GROUP BY`` over the window).
+    """
+
+    def __init__(self, db_path: str) -> None:
+        self.db_path = db_path
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._ranks: OrderedDict[tuple[str, str | None, int], _RankEnvelope] = OrderedDict()
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, check_same_thread=False, timeout=10)
+            self._local.conn = conn
+        return conn
+
+    def _step_range(self, conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int] | None:
+        lo = hi = None
+        for sid in ids:
+            first = conn.execute(
+                "SELECT step FROM samples WHERE series = ? AND phase = 0 ORDER BY step LIMIT 1", (sid,)).fetchone()
+            if first is None:
+                continue
+            last = conn.execute(
+                "SELECT step FROM samples WHERE series = ? AND phase = 0 ORDER BY step DESC LIMIT 1", (sid,)).fetchone()
+            lo = first[0] if lo is None else min(lo, first[0])
+            hi = last[0] if hi is None else max(hi, last[0])
+        return None if lo is None else (lo, hi)
+
+    def _envelope(self, key: tuple[str, str | None, int], ids: list[int], lo: int, hi: int) -> _RankEnvelope:
+        width = max(1, 2 ** math.ceil(math.log2(max(1, (hi - lo + 1) / CACHE_BUCKETS))))
+        now = time.monotonic()
+        with self._lock:
+            env = self._ranks.get(key)
+            if env is None or env.width > width or now - env.built > REBUILD_S:
+                env = _RankEnvelope(width=width, built=now)
+                self._ranks[key] = env
+            self._ranks.move_to_end(key)
+            while len(self._ranks) > CACHED_RANKS:
+                self._ranks.popitem(last=False)
+        conn = self._conn()
+        with env.lock:
+            if width > env.width:
+                env.keys, env.agg = _combine(env.keys // (width // env.width), env.agg)
+                env.width = width
+            fresh_keys, fresh = [env.keys], [env.agg]
+            for sid in ids:
+                seen = env.scanned.get(sid, -1)
+                rows = conn.execute(
+                    f"SELECT step / ? AS b, {_AGG_SQL} FROM samples WHERE series = ? AND phase = 0 AND step > ?"
+                    " GROUP BY b", (env.width, sid, seen)).fetchall()
+                if rows:
+                    keys, agg = _rows_to_array(rows)
+                    fresh_keys.append(keys)
+                    fresh.append(agg)
+                    env.scanned[sid] = int(np.nanmax(agg[:, 1]))
+            if len(fresh) > 1:
+                env.keys, env.agg = _combine(np.concatenate(fresh_keys), np.vstack(fresh))
+            return env
+
+    def chart(
+        self, key: tuple[str, str | None, int], ids: list[int], fields: list[str], points: int,
+        start: float | None, end: float | None,
+    ) -> dict[str, Any]:
+        conn = self._conn()
+        span = self._step_range(conn, ids)
+        out: dict[str, Any] = {"run": key[0], "host": key[1], "rank": key[2], "x_axis": "step"}
+        if span is None:
+            return {**out, "x": [], "series": {f: [] for f in fields}, "raw_points": 0, "downsampled": False}
+        a = span[0] if start is None else max(span[0], math.ceil(start))
+        b = span[1] if end is None else min(span[1], math.floor(end))
+        if b < a:
+            return {**out, "x": [], "series": {f: [] for f in fields}, "raw_points": 0, "downsampled": False}
+        groups = max(1, points // 2)  # two points (min and max) per group
+        bucket = -(-(b - a + 1) // groups)  # ceil: at most `groups` buckets
+        env = self._envelope(key, ids, *span)
+        with env.lock:
+            keys, agg, width = env.keys, env.agg, env.width
+        starts = keys * width
+        inner = (starts >= a) & (starts + width - 1 <= b)
+        partial = ((starts + width - 1 >= a) & (starts <= b)) & ~inner
+        estimate = int(agg[inner | partial, _COUNT].sum())
+        if estimate <= 2 * points or b - a + 1 <= points:
+            rows = self._raw(conn, ids, a, b, fields)
+            if len(rows) <= points:
+                return {**out, **self._raw_doc(rows, fields)}
+        if width > bucket or not inner.any():
+            # zoomed in finer than the cache holds: aggregate the window in SQLite
+            _, window = self._window_agg(conn, ids, a, b, bucket)
+            return {**out, **self._envelope_doc(window, fields)}
+        # whole cached buckets inside [a, b], plus exact aggregates of the partial edges
+        parts = [agg[inner]]
+        first, last = int(starts[inner].min()), int(starts[inner].max()) + width - 1
+        if first > a:
+            parts.append(self._window_agg(conn, ids, a, first - 1, first - a)[1])
+        if last < b:
+            parts.append(self._window_agg(conn, ids, last + 1, b, b - last)[1])
+        merged = np.vstack(parts)
+        group_of = ((merged[:, 0] - a) * groups // (b - a + 1)).astype(np.int64)
+        _, merged = _combine(group_of, merged)
+        return {**out, **self._envelope_doc(merged, fields)}
+
+    def _window_agg(self, conn: sqlite3.Connection, ids: list[int], a: int, b: int, bucket: int):
+        rows: list[tuple[Any, ...]] = []
+        for sid in ids:
+            rows += conn.execute(
+                f"SELECT (step - ?) / ? AS b, {_AGG_SQL} FROM samples WHERE series = ? AND phase = 0"
+                " AND step BETWEEN ? AND ? GROUP BY b", (a, bucket, sid, a, b)).fetchall()
+        return _combine(*_rows_to_array(rows))
+
+    @staticmethod
+    def _raw(conn: sqlite3.Connection, ids: list[int], a: int, b: int, fields: list[str]) -> list[tuple[Any, ...]]:
+        cols = ", ".join(CHART_FIELDS[f] for f in fields)
+        rows: list[tuple[Any, ...]] = []
+        for sid in ids:
+            rows += conn.execute(
+                f"SELECT step, {cols} FROM samples WHERE series = ? AND phase = 0 AND step BETWEEN ? AND ?"
+                " ORDER BY step", (sid, a, b)).fetchall()
+        if len(ids) > 1:
+            rows.sort(key=lambda r: r[0])
+        return rows
+
+    @staticmethod
+    def _raw_doc(rows: list[tuple[Any, ...]], fields: list[str]) -> dict[str, Any]:
+        return {
+            "x": [r[0] for r in rows],
+            "series": {f: [r[i + 1] for r in rows] for i, f in enumerate(fields)},
+            "raw_points": len(rows),
+            "downsampled": False,
+        }
+
+    @staticmethod
+    def _envelope_doc(agg: np.ndarray, fields: list[str]) -> dict[str, Any]:
+        # Two points per bucket: every column's minimum at the bucket's first step and its
+        # maximum at the last step (one point when the bucket holds a single row).
+        two = agg[:, 0] != agg[:, 1]
+        n = agg.shape[0]
+        take_max = np.zeros(n + int(two.sum()), dtype=bool)
+        row_of = np.repeat(np.arange(n), np.where(two, 2, 1))
+        first = np.r_[True, row_of[1:] != row_of[:-1]]
+        take_max[~first] = True
+        take_max[first & ~two[row_of]] = False
+        x = np.where(take_max, agg[row_of, 1], agg[row_of, 0]).astype(np.int64).tolist()
+        series: dict[str, list[Any]] = {}
+        for f in fields:
+            j = _CHART_COLS.index(CHART_FIELDS[f])
+            values = np.where(take_max, agg[row_of, 3 + 2 * j], agg[row_of, 2 + 2 * j])
+            if f == "ts":
+                series[f] = [None if v != v else v for v in values.tolist()]
+            else:
+                series[f] = [None if v != v else int(v) for v in values.tolist()]
+        return {"x": x, "series": series, "raw_points": int(agg[:, _COUNT].sum()), "downsampled": True}
+
+
+_envelopes: dict[str, EnvelopeCache] = {}
+
+
+def envelope_cache(db_path: str) -> EnvelopeCache:
+    with _caches_lock:
+        cache = _envelopes.get(db_path)
+        if cache is None:
+            cache = _envelopes[db_path] = EnvelopeCache(db_path)
+        return cache
+
+
+def run_chart(
+    store: Any, run: str, rank: int, *, host: str | None = None, fields: list[str], points: int = 2000,
+    start: float | None = None, end: float | None = None,
+) -> dict[str, Any] | None:
+    """Chart series of one rank (train samples, x = step); ``None`` when the run is unknown."""
+    rows = store.series(run)
+    if not rows:
+        return None
+    ids = [r.id for r in rows if r.rank == rank and (host is None or r.host == host)]
+    return envelope_cache(store.path).chart((run, host, rank), ids, fields, points, start, end)
+
+
+@router.get("/api/v1/runs/{run}/chart")
+def get_chart(
+    request: Request,
+    run: str,
+    rank: Annotated[int, Query(ge=0)],
+    host: str | None = None,
+    fields: str = "allocated_bytes,reserved_bytes,peak_allocated_bytes,nvml_used_bytes,total_bytes",
+    points: Annotated[int, Query(ge=10, le=20000)] = 2000,
+    start: float | None = None,
+    end: float | None = None,
+) -> dict[str, Any]:
+    names = [f.strip() for f in fields.split(",") if f.strip()]
+    unknown = [f for f in names if f not in CHART_FIELDS]
+    if unknown or not names:
+        raise HTTPException(422, f"fields: unknown field {unknown[0] if unknown else ''!r}; "
+                                 f"choose from {', '.join(CHART_FIELDS)}")
+    if start is not None and end is not None and end < start:
+        raise HTTPException(422, "end: must not be before start")
+    doc = run_chart(request.app.state.store, run, rank, host=host, fields=names, points=points, start=start, end=end)
+    if doc is None:
+        raise HTTPException(404, f"run: no run named {run!r}")
+    return doc
+
+
+__all__ = [
+    "CHART_FIELDS", "HEATMAP_FIELDS", "EnvelopeCache", "HeatmapCache", "envelope_cache", "heatmap_cache", "router",
+    "run_chart", "run_heatmap",
+]
