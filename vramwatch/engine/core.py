@@ -153,7 +153,13 @@ class TrendEngine:
         if stepped_back and incarnation is not None and incarnation == self._incarnation:
             self.out_of_order += 1  # a late (replayed) sample of this process: too old to fold in
             return out
-        if incarnation != self._incarnation or ooms < self._ooms or retries < self._retries or stepped_back:
+        if (
+            not self._started
+            or incarnation != self._incarnation
+            or ooms < self._ooms
+            or retries < self._retries
+            or stepped_back
+        ):
             if self._started:
                 self._emit(
                     {

@@ -84,8 +84,9 @@ def noise_sigma(ys: Sequence[float]) -> float:
     """Robust noise scale of a series from its first differences (MAD, trend-insensitive)."""
     if len(ys) < 3:
         return 0.0
-    diffs = [abs(b - a) for a, b in pairwise(ys)]
-    return 1.4826 * median(diffs) / math.sqrt(2.0)
+    diffs = [b - a for a, b in pairwise(ys)]
+    centre = median(diffs)  # a steady trend shifts every difference alike
+    return 1.4826 * median([abs(d - centre) for d in diffs]) / math.sqrt(2.0)
 
 
 def rolling_min(ys: Sequence[float], width: int) -> list[float]:

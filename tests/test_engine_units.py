@@ -1,0 +1,249 @@
+"""Estimators, robustness (hypothesis), bounded memory and `analyze` streaming."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vramwatch import wire
+from vramwatch.engine import EngineConfig, TrendEngine
+from vramwatch.engine.analyze import analyze_paths, format_table
+from vramwatch.engine.stats import mann_kendall_z, noise_sigma, rolling_min, theil_sen
+from vramwatch.probe.simulated import simulate_trace
+
+GB = 1_000_000_000
+TOTAL = 80 * GB
+
+# ---------------------------------------------------------------- estimators
+
+
+def test_theil_sen_ignores_a_minority_of_wild_points() -> None:
+    xs = list(range(20))
+    ys = [3.0 * x + 10 for x in xs]
+    for i in (2, 7, 13, 17):
+        ys[i] = 1e6  # four wild points out of twenty
+    assert theil_sen(xs, ys) == pytest.approx(3.0)
+    ols = sum((x - 9.5) * (y - sum(ys) / 20) for x, y in zip(xs, ys, strict=True)) / sum((x - 9.5) ** 2 for x in xs)
+    assert abs(ols - 3.0) > 100  # least squares is dragged away by the same points
+
+
+def test_mann_kendall_sees_trend_and_hamed_rao_discounts_autocorrelation() -> None:
+    rng = random.Random(7)
+    trend = [0.5 * i + rng.gauss(0, 1) for i in range(16)]
+    assert mann_kendall_z(trend) > 3
+    flat = [rng.gauss(0, 1) for _ in range(16)]
+    assert abs(mann_kendall_z(flat)) < 2.6
+    # a random walk wanders monotonically for a while: the plain test would call it a trend
+    walk, level = [], 0.0
+    for _ in range(16):
+        level = 0.95 * level + rng.gauss(0.6, 0.2)
+        walk.append(level)
+    plain_var = 16 * 15 * 37 / 18
+    s = sum((walk[j] > walk[i]) - (walk[j] < walk[i]) for i in range(16) for j in range(i + 1, 16))
+    plain_z = (s - 1) / plain_var**0.5
+    assert mann_kendall_z(walk) <= plain_z
+
+
+def test_noise_sigma_is_trend_insensitive_and_rolling_min_is_the_floor() -> None:
+    rng = random.Random(3)
+    ys = [1000.0 * i + rng.gauss(0, 10) for i in range(200)]
+    assert 5 < noise_sigma(ys) < 20  # the slope of 1000 per point does not leak in
+    assert rolling_min([5, 3, 4, 9, 1, 2], 3) == [5, 3, 3, 3, 1, 1]
+
+
+# ---------------------------------------------------------------- property: never raises
+
+
+def _sample(step: int, **fields: Any) -> dict[str, Any]:
+    base = {
+        "schema": 1, "run": "r", "host": "h", "rank": 0, "step": step, "ts": 1.7e9 + step,
+        "phase": "train", "allocated_bytes": 0, "reserved_bytes": 0, "peak_allocated_bytes": 0,
+        "inactive_split_bytes": 0, "alloc_retries": 0, "ooms": 0, "nvml_used_bytes": None,
+        "total_bytes": TOTAL,
+    }
+    base.update(fields)
+    return base
+
+
+@st.composite
+def sample_sequences(draw: st.DrawFn) -> list[dict[str, Any]]:
+    n = draw(st.integers(1, 150))
+    out = []
+    step = draw(st.integers(0, 10))
+    for _ in range(n):
+        step = max(0, step + draw(st.sampled_from([1, 1, 1, 2, 7, 0, -3, -50, 300])))
+        reserved = draw(st.integers(0, TOTAL))
+        allocated = draw(st.integers(0, reserved))
+        peak = draw(st.integers(allocated, max(allocated, reserved)))
+        used = draw(st.one_of(st.none(), st.integers(reserved, TOTAL)))
+        out.append(
+            _sample(
+                step,
+                ts=1.7e9 + draw(st.floats(0, 1e7)),
+                phase=draw(st.sampled_from(["train", "train", "train", "checkpoint", "eval", "x:y"])),
+                allocated_bytes=allocated,
+                reserved_bytes=reserved,
+                peak_allocated_bytes=peak,
+                inactive_split_bytes=draw(st.integers(0, reserved - allocated)),
+                alloc_retries=draw(st.integers(0, 5)),
+                ooms=draw(st.integers(0, 3)),
+                nvml_used_bytes=used,
+                incarnation=draw(st.sampled_from([None, "a", "b"])),
+            )
+        )
+    return out
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sample_sequences(), st.sampled_from([4, 32]))
+def test_engine_never_raises_on_valid_samples(samples: list[dict[str, Any]], block: int) -> None:
+    engine = TrendEngine(EngineConfig(block_steps=block, min_blocks=4))
+    for raw in samples:
+        sample = wire.validate(raw)
+        events = engine.update(sample)
+        for event in events:
+            assert isinstance(event["step"], int) and event["type"]
+        assert engine.state in ("warmup", "plateau", "rising", "leak", "fragmentation")
+    summary = engine.summary()
+    json.dumps(summary)  # serialisable for the API
+    assert summary["total_bytes"] == TOTAL
+
+
+def test_counters_going_backwards_are_a_restart() -> None:
+    engine = TrendEngine()
+    for step in range(1, 50):
+        engine.update(_sample(step, alloc_retries=4, ooms=1, reserved_bytes=GB, allocated_bytes=GB // 2,
+                              peak_allocated_bytes=GB))
+    events = engine.update(_sample(50, alloc_retries=0, ooms=0, reserved_bytes=GB, allocated_bytes=GB // 2,
+                                   peak_allocated_bytes=GB))
+    assert [e["type"] for e in events] == ["restart"]
+    assert engine.state == "warmup"
+    # step going back without an incarnation id: a restart too
+    events = engine.update(_sample(10, reserved_bytes=GB, allocated_bytes=GB // 2, peak_allocated_bytes=GB))
+    assert [e["type"] for e in events] == ["restart"] and events[0]["from_step"] == 50
+    # an OOM counted by the new process is reported once
+    events = engine.update(_sample(11, ooms=1, reserved_bytes=GB, allocated_bytes=GB // 2, peak_allocated_bytes=GB))
+    assert [e["type"] for e in events] == ["oom"]
+
+
+def test_late_sample_of_the_same_process_is_not_a_restart() -> None:
+    engine = TrendEngine()
+    for step in range(1, 100):
+        engine.update(_sample(step, incarnation="p1", reserved_bytes=GB, allocated_bytes=GB // 2,
+                              peak_allocated_bytes=GB))
+    assert engine.update(_sample(40, incarnation="p1", reserved_bytes=GB, allocated_bytes=GB // 2,
+                                 peak_allocated_bytes=GB)) == []
+    assert engine.out_of_order == 1
+    assert engine.update(_sample(40, incarnation="p2"))[0]["type"] == "restart"
+
+
+def test_memory_stays_bounded_over_a_long_series() -> None:
+    engine = TrendEngine(EngineConfig(max_events=50))
+    rng = random.Random(1)
+    level = 30 * GB
+    for step in range(1, 200_001):
+        if step % 5000 == 0:
+            level += GB  # a staircase: breaks and plateaus, many events
+        allocated = level + rng.randrange(0, 50_000_000)
+        engine.update(_sample(step, allocated_bytes=allocated, reserved_bytes=level + 20 * GB,
+                              peak_allocated_bytes=allocated + 10 * GB, nvml_used_bytes=level + 21 * GB))
+    assert len(engine.events) <= 50
+    assert all(len(level.blocks) <= engine.config.ring_blocks for level in engine._levels)
+    assert all(len(level.pending) < 4 for level in engine._levels)
+    # the coarsest level covers the whole run in at most ring_blocks summaries
+    assert engine._levels[-1].span * engine.config.ring_blocks >= 200_000
+
+
+def test_irregular_sampling_every_tenth_step_still_finds_a_leak() -> None:
+    engine = TrendEngine()
+    events = []
+    for sample in simulate_trace("fast_leak", steps=7000, seed=5, sample_every=10, stall_prob=0.05,
+                                 step_time_jitter=0.5):
+        events += engine.update(sample)
+    leaks = [e for e in events if e["type"] == "leak"]
+    assert leaks and 1500 < leaks[0]["step"] < 3000
+    assert leaks[0]["slope_bytes_per_step"] == pytest.approx(2.5e-5 * 143_771_009_024, rel=0.3)
+
+
+def test_without_nvml_the_engine_still_judges_the_allocator() -> None:
+    engine = TrendEngine()
+    events = []
+    for sample in simulate_trace("fast_leak", steps=5000, seed=2, total_bytes=80 * 2**30):
+        sample["nvml_used_bytes"] = None
+        sample.pop("process_used_bytes")
+        events += engine.update(sample)
+    assert any(e["type"] == "leak" and e["source"] == "allocator" for e in events)
+    assert engine.summary()["outside_allocator_bytes"] is None
+
+
+# ---------------------------------------------------------------- analyze
+
+
+def _write_run(path: Path, scenario: str, ranks: range, steps: int = 4000, gz: bool = False, **kw: Any) -> None:
+    lines = []
+    for rank in ranks:
+        lines += [orjson.dumps(s) for s in simulate_trace(scenario, steps=steps, rank=rank, seed=9, run="job", **kw)]
+    data = b"\n".join(lines) + b"\n"
+    path.write_bytes(gzip.compress(data) if gz else data)
+
+
+def test_analyze_streams_files_and_reports_per_series(tmp_path: Path) -> None:
+    _write_run(tmp_path / "a.jsonl", "multi_rank", range(0, 2))
+    _write_run(tmp_path / "b.jsonl.gz", "multi_rank", range(2, 4), gz=True)
+    doc = analyze_paths([tmp_path / "a.jsonl", str(tmp_path / "b.jsonl.gz")])
+    assert [(s["run"], s["host"], s["rank"]) for s in doc["series"]] == [("job", "sim-host", r) for r in range(4)]
+    by_rank = {s["rank"]: s for s in doc["series"]}
+    assert by_rank[3]["state"] == "leak"
+    leak = next(e for e in by_rank[3]["events"] if e["type"] == "leak")
+    assert set(leak) >= {"type", "step", "slope_bytes_per_step", "steps_to_oom", "seconds_to_oom", "source"}
+    for rank in (0, 1, 2):
+        assert by_rank[rank]["state"] == "plateau"
+        assert not any(e["type"] == "leak" for e in by_rank[rank]["events"])
+    spikes = [e for e in by_rank[0]["events"] if e["type"] == "checkpoint_spike"]
+    assert [e["step"] for e in spikes] == [1000, 2000, 3000, 4000]
+    assert all(set(e) >= {"peak_bytes", "above_plateau_bytes", "headroom_bytes"} for e in spikes)
+    json.dumps(doc)
+    table = format_table(doc)
+    assert "LEAK" in table and "rank 3" in table and "MB/step" in table
+    rows = [line.split() for line in table.splitlines() if line.startswith("job ")]
+    assert [row[2] for row in rows if row[2].isdigit()] == ["0", "1", "2", "3"]  # one row per series
+    assert [row[3] for row in rows if row[2].isdigit()] == ["plateau", "plateau", "plateau", "LEAK"]
+
+
+def test_analyze_names_the_bad_line_and_field(tmp_path: Path) -> None:
+    good = next(simulate_trace("healthy", steps=1))
+    bad = dict(good, reserved_bytes=-5)
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(orjson.dumps(good) + b"\n" + orjson.dumps(bad) + b"\n")
+    with pytest.raises(wire.WireError) as info:
+        analyze_paths([path])
+    assert info.value.field == f"{path}:2: reserved_bytes"
+    path.write_bytes(orjson.dumps(good) + b"\n{not json\n")
+    with pytest.raises(wire.WireError, match=r"t\.jsonl:2"):
+        analyze_paths([path])
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "no such file"), (b"\x1f\x8b\x08\x00garbage", "cannot read"), ("dir", "directory")],
+)
+def test_analyze_rejects_unreadable_input(tmp_path: Path, content: bytes | str | None, message: str) -> None:
+    path = tmp_path / "x.jsonl.gz"
+    if content == "dir":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(wire.WireError, match=message):
+        analyze_paths([path])
+
+
+def test_format_table_without_samples() -> None:
+    assert format_table({"series": []}) == "no samples\n"
