@@ -294,3 +294,11 @@ def test_samples_left_in_the_spool_by_a_dead_collector_are_replayed_by_the_next_
     assert [r[1] for r in rows] == list(range(30))
     assert {r[3] for r in rows if r[1] < 25} == {first.identity["incarnation"]}
     assert not list((tmp_path / "spool").glob("*.jsonl"))
+
+
+def test_the_hook_needs_neither_torch_nor_the_server_stack():
+    code = ("import sys, vramwatch, vramwatch.hook, vramwatch.delivery, vramwatch.demo\n"
+            "print(sorted(m for m in ('torch', 'fastapi', 'uvicorn', 'httpx', 'pynvml') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

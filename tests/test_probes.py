@@ -168,6 +168,9 @@ def test_probe_choice_by_name_and_environment(monkeypatch):
     monkeypatch.setenv("VRAMWATCH_PROBE", "simulated")
     chosen = make_probe(None, rank=3)
     assert chosen is not None and chosen.name == "simulated" and chosen.device_info()["gpu"] == 3
+    assert chosen.scenario == "healthy"
+    monkeypatch.setenv("VRAMWATCH_SIM_SCENARIO", "fast_leak")
+    assert make_probe("simulated").scenario == "fast_leak"
     assert make_probe("none") is None
     assert make_probe(chosen) is chosen
     with pytest.raises(ValueError, match="probe: must be one of"):

@@ -160,16 +160,17 @@ class FileTransport:
         try:
             if self._writer is None:
                 self._writer = wire.TraceWriter(self.path)
-            self._writer._fh.write(body)  # body is already NDJSON: skip re-encoding
+            self._writer.write([orjson.loads(line) for line in body.splitlines() if line])
             self._writer.flush()  # nothing left buffered for a forked child to duplicate
         except OSError as exc:
             raise SendError(f"{type(exc).__name__}: {exc}") from None
         return {"accepted": count, "duplicates": 0}
 
     def fileno(self) -> int | None:
+        fh = getattr(self._writer, "_fh", None)  # TraceWriter's file: pointed at /dev/null in a forked child
         try:
-            return self._writer._fh.fileno() if self._writer is not None else None
-        except (OSError, ValueError):
+            return fh.fileno() if fh is not None else None
+        except (OSError, ValueError, AttributeError):
             return None
 
     def close(self) -> None:
@@ -613,8 +614,8 @@ class BatchSender:
         """Replay the spool oldest-first; True when it is empty."""
         spool = self.spool
         assert spool is not None
-        deadline = self._deadline()
         while spool.pending():
+            deadline = self._deadline()  # close() may arrive mid-drain
             if deadline is not None and time.monotonic() > deadline:
                 return False
             with spool.lock:

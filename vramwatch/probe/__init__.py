@@ -9,7 +9,8 @@
   ``none``; never zeros reported as if they were measurements.
 
 ``VRAMWATCH_PROBE`` (``auto``/``torch``/``simulated``/``none``) chooses when ``init()``
-is not given ``probe=``.
+is not given ``probe=``; ``VRAMWATCH_SIM_SCENARIO`` / ``VRAMWATCH_SIM_SEED`` configure the
+simulator.
 """
 
 from __future__ import annotations
@@ -79,10 +80,12 @@ def make_probe(
     if name == "none":
         return None
     if name == "simulated":
-        from .simulated import SimulatedProbe
+        from .simulated import probe_from_env
 
-        return SimulatedProbe(scenario or os.environ.get("VRAMWATCH_SCENARIO", "healthy"), rank=rank,
-                              local_rank=local_rank, **simulated_params)
+        # VRAMWATCH_SIM_SCENARIO / VRAMWATCH_SIM_SEED choose the scenario when set
+        if scenario is not None:
+            simulated_params["scenario"] = scenario
+        return probe_from_env(rank=rank, local_rank=local_rank, **simulated_params)
     from .torch_cuda import NoCudaError, TorchCudaProbe
 
     try:
