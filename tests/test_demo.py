@@ -86,3 +86,25 @@ def test_cli_demo_subcommand(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "dashboard: http://127.0.0.1:" in result.stdout
     assert "stopped after" in result.stdout and " 0 of " not in result.stdout
+
+
+def test_an_oom_restarts_the_job_from_its_last_checkpoint_with_new_incarnations(tmp_path):
+    db = tmp_path / "demo.db"
+    lines: list[str] = []
+    summary = run_demo(ranks=2, duration=2.5, steps_per_s=40, db=str(db), run="demo-oom",
+                       sim_params={"leak_rank": 1, "leak_onset": 3, "leak_rate_frac": 0.02, "ckpt_every": 10},
+                       print_fn=lines.append)
+    assert summary["restarts"] == 1
+    assert any("ran out of memory" in line for line in lines)
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    rows = con.execute("SELECT se.rank, se.incarnation, MIN(s.step), MAX(s.step), MAX(s.ooms) FROM samples s "
+                       "JOIN series se ON s.series = se.id WHERE se.run = 'demo-oom' AND s.phase = 0 "
+                       "GROUP BY se.id ORDER BY se.rank, MIN(s.ts)").fetchall()
+    con.close()
+    assert [r[0] for r in rows] == [0, 0, 1, 1]  # every rank: a first life and a resumed one
+    first, resumed = rows[2], rows[3]
+    assert first[1] != resumed[1] and first[4] >= 1  # the OOM was recorded before the restart
+    assert resumed[2] % 10 == 0 and resumed[2] <= first[3]  # resumed from the last checkpoint
+    assert resumed[4] == 0  # the leak is gone after the restart

@@ -7,6 +7,10 @@ warm-up, plateau near 127-130 GB, checkpoint spikes, rank 0 ~2 GB higher, rank 5
 from step 600), is driven step by step. Samples travel the real path — probe → hook →
 BatchSender → gzip NDJSON POST → collector — exactly as from a training job; nothing is
 written into the database directly. Runs until Ctrl-C or ``duration`` seconds.
+
+When the leaking rank runs out of memory (after ~7 minutes at 10 steps/s) the job does
+what a real one does: it dies and is resumed from its last checkpoint, every rank with a
+new incarnation (the dashboard shows the restart); in this story the leak is fixed then.
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ def run_demo(
 ) -> dict[str, Any]:
     """Serve a dashboard and feed it a simulated ``ranks``-rank run until Ctrl-C / ``duration``.
 
-    Returns a summary: ``url``, ``db``, ``run``, ``steps`` (per rank), ``samples``
-    (recorded by the hooks) and ``delivered`` (accepted by the collector).
+    Returns a summary: ``url``, ``db``, ``run``, ``steps`` (per rank, counting steps
+    redone after a restart), ``samples`` (recorded by the hooks), ``delivered`` (accepted
+    by the collector) and ``restarts``.
     """
     if ranks < 1:
         raise ValueError(f"ranks: must be at least 1, got {ranks}")
@@ -56,55 +61,119 @@ def run_demo(
     db_path = str(db) if db else str(workdir / "demo.db")
     run = run or f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     server = BackgroundServer(db_path, host=host, port=port).start()
-    monitors: list[Monitor] = []
-    steps = 0
+    job = _Job(server.url, run, ranks, scenario, dict(sim_params or {}), workdir / "spool")
     try:
         say(f"vramwatch demo: collector on {server.url}  (database {db_path})")
         say(f"dashboard: {server.url}/   run {run!r}, {ranks} simulated ranks at {steps_per_s:g} steps/s; "
             "Ctrl-C to stop")
-        for rank in range(ranks):
-            probe = SimulatedProbe(scenario, rank=rank, local_rank=rank % 8, **dict(sim_params or {}))
-            monitors.append(Monitor(server.url, run=run, host=f"demo-node-{rank // 8}", rank=rank,
-                                    local_rank=rank % 8, world_size=ranks, probe=probe, flush_interval_s=0.5,
-                                    spool_dir=workdir / "spool"))
+        job.start(0)
         if open_browser:
             webbrowser.open(f"{server.url}/")
-        steps = _drive(monitors, steps_per_s, duration, say)
+        _drive(job, steps_per_s, duration, say)
     except KeyboardInterrupt:
         pass
     finally:
-        samples = delivered = 0
-        deadline = time.monotonic() + 10.0
-        for monitor in monitors:
-            monitor.close(max(0.2, deadline - time.monotonic()))
-            stats = monitor.stats()
-            samples += stats["samples"]
-            delivered += stats.get("delivered", 0)
+        job.stop(timeout=10.0)
         server.stop()
         shutil.rmtree(workdir / "spool", ignore_errors=True)
-    say(f"vramwatch demo: stopped after {steps} steps per rank; {delivered} of {samples} samples delivered")
-    return {"url": server.url, "db": db_path, "run": run, "steps": steps, "samples": samples,
-            "delivered": delivered}
+    say(f"vramwatch demo: stopped after {job.steps} steps; {job.delivered} of {job.samples} samples delivered"
+        + (f"; {job.restarts} restart(s) after OOM" if job.restarts else ""))
+    return {"url": server.url, "db": db_path, "run": run, "steps": job.steps, "samples": job.samples,
+            "delivered": job.delivered, "restarts": job.restarts}
 
 
-def _drive(monitors: list[Monitor], steps_per_s: float, duration: float | None,
-           say: Callable[[str], None]) -> int:
-    """Step every rank in lockstep at ``steps_per_s`` (absolute pacing: no drift)."""
-    interval = 1.0 / steps_per_s
-    started = next_tick = time.monotonic()
-    next_report = started + 10.0
-    step = 0
-    while duration is None or time.monotonic() - started < duration:
-        for monitor in monitors:
+class _OomWatch:
+    """Wraps a probe to see its ``ooms`` counter (a real process would die at its first OOM)."""
+
+    def __init__(self, probe: SimulatedProbe) -> None:
+        self.inner = probe
+        self.name = probe.name
+        self.ooms = 0
+
+    def device_info(self) -> dict[str, Any]:
+        return self.inner.device_info()
+
+    def read(self, step: int, phase: str = "train") -> dict[str, Any]:
+        reading = self.inner.read(step, phase)
+        self.ooms = reading.get("ooms", 0)
+        return reading
+
+    def phases_at(self, step: int) -> list[str]:
+        return self.inner.phases_at(step)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _Job:
+    """The simulated ranks: one Monitor + probe each; restarted together after an OOM."""
+
+    def __init__(self, url: str, run: str, ranks: int, scenario: str, sim_params: dict[str, Any],
+                 spool_dir: Path) -> None:
+        self.url, self.run, self.ranks, self.scenario = url, run, ranks, scenario
+        self.sim_params = sim_params
+        self.spool_dir = spool_dir
+        self.monitors: list[Monitor] = []
+        self.watches: list[_OomWatch] = []
+        self.step = self.steps = self.samples = self.delivered = self.restarts = 0
+
+    def start(self, step: int) -> None:
+        self.step = step
+        for rank in range(self.ranks):
+            probe = _OomWatch(SimulatedProbe(self.scenario, rank=rank, local_rank=rank % 8, seed=self.restarts,
+                                             **self.sim_params))
+            self.watches.append(probe)
+            self.monitors.append(Monitor(self.url, run=self.run, host=f"demo-node-{rank // 8}", rank=rank,
+                                         local_rank=rank % 8, world_size=self.ranks, probe=probe,
+                                         flush_interval_s=0.5, spool_dir=self.spool_dir))
+
+    def stop(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for monitor in self.monitors:
+            monitor.close(max(0.2, deadline - time.monotonic()))
+            stats = monitor.stats()
+            self.samples += stats["samples"]
+            self.delivered += stats.get("delivered", 0)
+        self.monitors, self.watches = [], []
+
+    def advance(self) -> str | None:
+        """One step on every rank; returns a message when the job had to restart."""
+        step = self.step
+        for monitor in self.monitors:
             monitor.step(step)
             for phase in monitor.probe.phases_at(step):  # type: ignore[union-attr]
                 with monitor.phase(phase):
                     pass
-        step += 1
+        self.step += 1
+        self.steps += 1
+        crashed = [rank for rank, watch in enumerate(self.watches) if watch.ooms]
+        if not crashed:
+            return None
+        # like a real job: the OOM kills it, the launcher resumes every rank (new incarnations)
+        # from the last checkpoint; the simulated fix is that the leak is gone after the restart
+        every = int(self.watches[0].inner.params.get("ckpt_every") or 0)
+        resume = (step // every) * every if every else 0
+        self.stop(timeout=5.0)
+        self.restarts += 1
+        self.sim_params = {**self.sim_params, "leak_rank": None, "leak_onset": None}
+        self.start(resume)
+        return (f"  rank {crashed[0]} ran out of memory at step {step}: the job restarts from step {resume} "
+                "(new incarnations; the leak is fixed in this story)")
+
+
+def _drive(job: _Job, steps_per_s: float, duration: float | None, say: Callable[[str], None]) -> None:
+    """Step every rank in lockstep at ``steps_per_s`` (absolute pacing: no drift)."""
+    interval = 1.0 / steps_per_s
+    started = next_tick = time.monotonic()
+    next_report = started + 10.0
+    while duration is None or time.monotonic() - started < duration:
+        message = job.advance()
+        if message:
+            say(message)
         now = time.monotonic()
         if now >= next_report:
-            delivered = sum(m.stats().get("delivered", 0) for m in monitors)
-            say(f"  step {step}: {delivered} samples delivered")
+            delivered = job.delivered + sum(m.stats().get("delivered", 0) for m in job.monitors)
+            say(f"  step {job.step}: {delivered} samples delivered")
             next_report = now + 10.0
         next_tick += interval
         pause = next_tick - time.monotonic()
@@ -112,7 +181,6 @@ def _drive(monitors: list[Monitor], steps_per_s: float, duration: float | None,
             time.sleep(pause)
         else:
             next_tick = time.monotonic()  # fell behind (slow machine): do not burst to catch up
-    return step
 
 
 def main(args: argparse.Namespace | Mapping[str, Any] | None = None) -> int:
