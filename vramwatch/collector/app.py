@@ -35,6 +35,9 @@ DEFAULT_SERIES_FIELDS = (
     "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes",
 )
 MAX_ERRORS_LISTED = 50
+#: ranks are wire integers (at most 2**53); larger query values are a 422, not an overflow
+MAX_RANK = 2**53
+OptionalRank = Annotated[int | None, Query(ge=0, le=MAX_RANK)]
 
 
 @dataclass
@@ -101,6 +104,47 @@ def _json_error(status: int, detail: str, **extra: Any) -> Response:
 
 
 TOKEN_COOKIE = "vramwatch_token"
+
+
+def sample_json_schema() -> dict[str, Any]:
+    """JSON Schema of one schema-1 sample, derived from the wire definition (for the OpenAPI
+    document: clients and API fuzzers see the real body). Cross-field rules (allocated <=
+    reserved <= total, ...) are enforced by validation and described there."""
+    from vramwatch import wire
+
+    count = {"type": "integer", "minimum": 0, "maximum": wire.MAX_INT}
+    kinds: dict[str, dict[str, Any]] = {
+        "i": count,
+        "b": count,
+        "b?": {"anyOf": [count, {"type": "null"}]},
+        "s": {"type": "string", "minLength": 1, "maxLength": wire.MAX_NAME},
+        "ts": {"type": "number", "minimum": wire.MIN_TS},
+        "f": {"type": "number", "minimum": 0},
+        "phase": {"type": "string", "pattern": r"^[A-Za-z0-9_.:-]{1,32}$"},
+        "allocator": {"type": "string", "enum": list(wire.ALLOCATORS)},
+        "extra": {"type": "object", "maxProperties": wire.MAX_EXTRA_KEYS,
+                  "additionalProperties": {"type": "number"}},
+    }
+    properties = {name: dict(kinds[kind]) for name, kind in wire.FIELDS.items()}
+    properties["schema"] = {"type": "integer", "enum": [wire.SCHEMA_VERSION]}
+    return {"type": "object", "properties": properties, "required": list(wire.REQUIRED_NAMES),
+            "additionalProperties": False}
+
+
+INGEST_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "Samples as a JSON array, one JSON object, or NDJSON; optionally gzip "
+                       "(Content-Encoding: gzip). All or nothing: one invalid sample rejects the batch (422).",
+        "content": {
+            "application/json": {"schema": {"anyOf": [
+                {"$ref": "#/components/schemas/Sample"},
+                {"type": "array", "items": {"$ref": "#/components/schemas/Sample"}},
+            ]}},
+            "application/x-ndjson": {"schema": {"type": "string"}},
+        },
+    },
+}
 
 
 def _digest(text: str) -> bytes:
@@ -214,6 +258,17 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            spec.setdefault("components", {}).setdefault("schemas", {})["Sample"] = sample_json_schema()
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     def _authorized(request: Request) -> bool:
         if not settings.token:
             return True
@@ -248,7 +303,7 @@ def create_app(settings: Settings) -> FastAPI:
     read = [Depends(require_read_auth)]
 
     # ------------------------------------------------------------------ ingest
-    @app.post("/api/v1/samples", dependencies=[Depends(require_ingest_auth)])
+    @app.post("/api/v1/samples", dependencies=[Depends(require_ingest_auth)], openapi_extra=INGEST_OPENAPI)
     async def ingest(request: Request) -> Response:
         started = time.perf_counter()
         metrics = request.app.state.ingest_metrics
@@ -337,7 +392,7 @@ def create_app(settings: Settings) -> FastAPI:
     def runs(request: Request) -> list[dict[str, Any]]:
         return request.app.state.live.run_summaries()
 
-    @app.get("/api/v1/runs/{run}/ranks", dependencies=read)
+    @app.get("/api/v1/runs/{run:path}/ranks", dependencies=read)
     def ranks(request: Request, run: str) -> list[dict[str, Any]]:
         return [
             {
@@ -349,9 +404,9 @@ def create_app(settings: Settings) -> FastAPI:
             for s in _find_run(request, run)
         ]
 
-    @app.get("/api/v1/runs/{run}/events", dependencies=read)
+    @app.get("/api/v1/runs/{run:path}/events", dependencies=read)
     def events(
-        request: Request, run: str, host: str | None = None, rank: Annotated[int | None, Query(ge=0)] = None
+        request: Request, run: str, host: str | None = None, rank: OptionalRank = None
     ) -> list[dict[str, Any]]:
         out = []
         for s in _find_run(request, run):
@@ -360,18 +415,18 @@ def create_app(settings: Settings) -> FastAPI:
         out.sort(key=lambda e: (e.get("step", 0), e["rank"]))
         return out
 
-    @app.get("/api/v1/runs/{run}/series", dependencies=read)
+    @app.get("/api/v1/runs/{run:path}/series", dependencies=read)
     def series(
         request: Request,
         run: str,
-        rank: Annotated[int, Query(ge=0)],
+        rank: Annotated[int, Query(ge=0, le=MAX_RANK)],
         host: str | None = None,
         fields: str = ",".join(DEFAULT_SERIES_FIELDS),
         points: Annotated[int, Query(ge=10, le=20000)] = 2000,
         x: Annotated[str, Query(pattern="^(step|ts)$")] = "step",
         phase: str = "train",
-        start: float | None = None,
-        end: float | None = None,
+        start: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+        end: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     ) -> dict[str, Any]:
         names = [f.strip() for f in fields.split(",") if f.strip()]
         # "ts" is allowed as a field with x=step: the dashboard maps steps to wall time
@@ -389,9 +444,9 @@ def create_app(settings: Settings) -> FastAPI:
         return {"run": run, "host": host, "rank": rank, "x_axis": x, "x": out_x, "series": out_cols,
                 "raw_points": len(xs), "downsampled": downsampled}
 
-    @app.get("/api/v1/runs/{run}/phases", dependencies=read)
+    @app.get("/api/v1/runs/{run:path}/phases", dependencies=read)
     def phases(
-        request: Request, run: str, host: str | None = None, rank: Annotated[int | None, Query(ge=0)] = None
+        request: Request, run: str, host: str | None = None, rank: OptionalRank = None
     ) -> list[dict[str, Any]]:
         _find_run(request, run)
         return request.app.state.store.phase_samples(run, host, rank)

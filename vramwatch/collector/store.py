@@ -424,6 +424,8 @@ class Store:
             clauses.append("host = ?")
             params.append(host)
         if rank is not None:
+            if not -(2**63) <= rank < 2**63:  # beyond SQLite's integers: no such series
+                return []
             clauses.append("rank = ?")
             params.append(rank)
         sql = f"SELECT id FROM series WHERE {' AND '.join(clauses)} ORDER BY id"
