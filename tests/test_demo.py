@@ -108,3 +108,28 @@ def test_an_oom_restarts_the_job_from_its_last_checkpoint_with_new_incarnations(
     assert first[1] != resumed[1] and first[4] >= 1  # the OOM was recorded before the restart
     assert resumed[2] % 10 == 0 and resumed[2] <= first[3]  # resumed from the last checkpoint
     assert resumed[4] == 0  # the leak is gone after the restart
+
+
+def test_ctrl_c_stops_the_demo_cleanly_with_everything_delivered(tmp_path):
+    import signal
+    import time
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # the child must not inherit SIG_IGN
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "vramwatch.cli", "demo", "--ranks", "2", "--db",
+                                 str(tmp_path / "c.db")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("vramwatch demo: collector on http://127.0.0.1:")
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    stopped = next(line for line in out.splitlines() if "stopped after" in line)
+    delivered, _of, samples = stopped.split("; ")[1].split()[:3]
+    assert int(samples) > 0 and delivered == samples
