@@ -14,10 +14,12 @@
   "use strict";
 
   var STATIC = window.VRAMWATCH_STATIC || null;
+  var marked = {}; // performance marks already set (see markOnce)
   var POLL_MS = 1000; // new samples must show within 2 s
   var HEATMAP_EVERY = 5; // ticks between heatmap refreshes (it is an overview)
   var OVERLAY_EVERY = 3;
   var MAX_COMPARE = 12;
+  var STRIP_ROWS = 256; // verdict rows drawn per refresh; the rest are reached by sorting or filtering
   var GIB = 1073741824;
   var MIB = 1048576;
   var SEVERITY = { leak: 5, fragmentation: 4, rising: 3, warmup: 1, plateau: 0 };
@@ -182,6 +184,20 @@
   }
 
   var source = STATIC ? staticSource(STATIC) : httpSource;
+
+  // plotly.js (4.8 MB) loads async: the first API requests and the verdict table do not
+  // wait for it; charts are drawn once both their data and Plotly are there.
+  var plotlyReady = new Promise(function (resolve, reject) {
+    if (window.Plotly) { resolve(); return; }
+    var done = resolve;
+    resolve = function () { markOnce("vramwatch:plotly"); done(); };
+    var tag = document.getElementById("plotly-js");
+    if (!tag) { reject(new Error("the page has no plotly.js script")); return; }
+    tag.addEventListener("load", function () {
+      if (window.Plotly) resolve(); else reject(new Error("vendor/plotly.min.js did not define Plotly"));
+    });
+    tag.addEventListener("error", function () { reject(new Error("vendor/plotly.min.js could not be loaded")); });
+  });
 
   // ------------------------------------------------------------------ routing
   function parseRoute() {
@@ -481,6 +497,7 @@
         setLive("live", "live · waiting for samples");
         return null;
       }
+      markOnce("vramwatch:ranks");
       if (!state.rendered.layout) buildRunLayout();
       state.ranks = ranks;
       chooseSelection();
@@ -727,6 +744,14 @@
     var sel = state.selected;
     var newest = state.ranks.reduce(function (m, r) { return Math.max(m, r.last_ts || 0); }, 0);
     var frag = document.createDocumentFragment();
+    var matching = rows.length;
+    if (rows.length > STRIP_ROWS) {
+      // keep the chosen rank visible even when it is not among the first rows
+      var shown = rows.slice(0, STRIP_ROWS);
+      var chosen = sel && rows.find(function (r) { return r.rank === sel.rank && r.host === sel.host; });
+      if (chosen && shown.indexOf(chosen) < 0) shown.push(chosen);
+      rows = shown;
+    }
     rows.forEach(function (r) {
       var v = verdictOf(r);
       var st = stateOf(r);
@@ -773,7 +798,8 @@
     clear(foot);
     var counts = {};
     state.ranks.forEach(function (r) { counts[stateOf(r)] = (counts[stateOf(r)] || 0) + 1; });
-    append(foot, el("span", { text: rows.length + " of " + state.ranks.length + " ranks shown" }),
+    append(foot, el("span", { text: (matching > rows.length ? "first " + rows.length + " of " + matching + " matching ranks; sort or filter to see others · "
+      : rows.length + " of ") + state.ranks.length + " ranks" + (matching > rows.length ? " in the run" : " shown") }),
       Object.keys(counts).sort(function (a, b) { return (SEVERITY[b] || 0) - (SEVERITY[a] || 0); }).map(function (k) {
         return el("span", null, el("span", { class: "badge", dataset: { state: k }, text: k }), " " + counts[k]);
       }));
@@ -882,15 +908,21 @@
       source.series(state.run, r, MAIN_FIELDS, opts),
       source.phases(state.run, r),
       source.events(state.run, r).catch(function () { return r.events || []; }),
+      plotlyReady,
     ]).then(function (res) {
       if (gen !== state.gen || !state.selected || rankKey(state.selected.host, state.selected.rank) !== sel) return;
       var series = res[0];
+      markOnce("vramwatch:chart-data");
       if (!zoom && series.x.length) state.stepTs = { steps: series.x, ts: series.series.ts };
       state.mainData = { series: series, phases: res[1] || [], events: res[2] || [], zoomed: !!zoom };
       drawMain();
-      drawFrag();
-      drawEvents();
       markInteractive();
+      // the secondary panels after the main chart is on screen
+      setTimeout(function () {
+        if (gen !== state.gen || !state.mainData) return;
+        drawFrag();
+        drawEvents();
+      }, 0);
     });
   }
 
@@ -1230,9 +1262,9 @@
   // ------------------------------------------------------------------ heatmap
   function refreshHeatmap() {
     var gen = state.gen, field = state.heatField, x = state.x;
-    return source.heatmap(state.run, field, x).then(function (h) {
+    return Promise.all([source.heatmap(state.run, field, x), plotlyReady]).then(function (res) {
       if (gen !== state.gen || field !== state.heatField || x !== state.x) return;
-      drawHeatmap(h);
+      drawHeatmap(res[0]);
     }, function (err) {
       if (gen !== state.gen) return;
       $("heatmap-note").textContent = "heatmap unavailable: " + (err.message || err);
@@ -1292,9 +1324,10 @@
     var ranks = state.ranks.filter(function (r) { return keys.has(rankKey(r.host, r.rank)); }).slice(0, MAX_COMPARE);
     ranks.sort(function (a, b) { return a.rank - b.rank; });
     var fields = field === "headroom" ? ["ts", "reserved_bytes", "nvml_used_bytes", "total_bytes"] : ["ts", field];
-    return Promise.all(ranks.map(function (r) {
+    return Promise.all([Promise.all(ranks.map(function (r) {
       return source.series(state.run, r, fields, { points: 1200 }).catch(function () { return null; });
-    })).then(function (all) {
+    })), plotlyReady]).then(function (res) {
+      var all = res[0];
       if (gen !== state.gen || field !== state.overlayField) return;
       var t = chartTheme();
       var palette = ["#3b78c4", "#e8853d", "#2e9e5b", "#d64545", "#9b59b6", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#1f3a93", "#f4a261"];
@@ -1332,7 +1365,6 @@
     document.documentElement.dataset.ready = "1";
     markOnce("vramwatch:interactive");
   }
-  var marked = {};
   function markOnce(name) {
     if (marked[name]) return;
     marked[name] = true;
@@ -1376,12 +1408,9 @@
 
   function boot() {
     initTheme();
-    if (typeof Plotly === "undefined") {
-      var view = $("view");
-      clear(view);
-      append(view, stateMsg("Charts unavailable", "plotly.js did not load (vendor/plotly.min.js). Reinstall the server extra: pip install 'vramwatch[server]'."));
-      return;
-    }
+    plotlyReady.catch(function (err) {
+      setBanner("Charts unavailable: " + err.message + ". Reinstall the server extra: pip install 'vramwatch[server]'.");
+    });
     window.addEventListener("hashchange", route);
     route();
   }
