@@ -268,6 +268,7 @@ def test_gzip_body_is_smaller_than_the_json(ingest, tmp_path):
     transport.close()
 
 
-def test_bad_url_names_the_argument():
-    with pytest.raises(ValueError, match="url"):
-        HttpTransport("ftp://collector")
+@pytest.mark.parametrize("url", ["ftp://collector", "http://:80", "collector:notaport"])
+def test_bad_url_names_the_argument(url):
+    with pytest.raises(ValueError, match=r"^url: must be http"):
+        HttpTransport(url)

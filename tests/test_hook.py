@@ -302,3 +302,11 @@ def test_the_hook_needs_neither_torch_nor_the_server_stack():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_bad_collector_url_is_refused_before_training_starts(monkeypatch):
+    with pytest.raises(ValueError, match=r"^url: must be http"):
+        hook.init("ftp://collector:21", probe="simulated")
+    monkeypatch.setenv("VRAMWATCH_URL", "collector:notaport:x")
+    with pytest.raises(ValueError, match=r"^VRAMWATCH_URL: must be http"):
+        hook.init(probe="simulated")

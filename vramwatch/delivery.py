@@ -76,12 +76,16 @@ class HttpTransport:
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 5.0,
                  compresslevel: int = 5) -> None:
         parts = urlsplit(url if "://" in url else f"http://{url}")
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
             raise ValueError(f"url: must be http(s)://host[:port][/prefix], got {url!r}")
         self.url = url
         self.scheme = parts.scheme
         self.host = parts.hostname
-        self.port = parts.port
+        self.port = port
         base = parts.path.rstrip("/")
         self.path = base if base.endswith(INGEST_PATH) else base + INGEST_PATH
         self.timeout_s = timeout_s

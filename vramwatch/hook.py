@@ -144,7 +144,10 @@ class Monitor:
         token = token if token is not None else (env.get("VRAMWATCH_TOKEN") or None)
         transport: HttpTransport | FileTransport | None = None
         if self.url:
-            transport = HttpTransport(self.url, token=token)  # raises ValueError naming `url`
+            try:
+                transport = HttpTransport(self.url, token=token)
+            except ValueError as exc:  # name where the bad value came from
+                raise ValueError(str(exc) if url is not None else "VRAMWATCH_URL" + str(exc)[3:]) from None
         self._active = False
         self._closed = False
         self._lock = threading.Lock()  # close() vs. atexit; never taken by step()
