@@ -463,9 +463,7 @@ class TrendEngine:
         assert plateau is not None
         floor = block[_FLOOR]
         if self._saw_period:
-            ring = self._levels[0].blocks
-            width = math.ceil(1.2 * self._saw_period / cfg.block_steps) + 1
-            floor = min(b[_FLOOR] for b in list(ring)[-width:])
+            floor = self._min_since(_FLOOR, block[_END] - 1.2 * self._saw_period)
         broke = None
         if state == "plateau":
             if self._cusum_step("floor", floor - plateau["floor"], block):
@@ -544,6 +542,17 @@ class TrendEngine:
         if self.state in ("plateau", "rising", "fragmentation"):
             self._check_fragmentation(step, block, min_span, out)
 
+    def _min_since(self, index: int, since: float) -> float:
+        """Lowest value of a signal over blocks ending at or after ``since`` (the floor after
+        collection). Levels overlap, and a minimum does not mind: their union reaches back
+        as far as the coarsest ring, at a cost of levels x ring_blocks comparisons."""
+        best = _INF
+        for level in self._levels:
+            for b in level.blocks:
+                if b[_END] >= since and b[index] < best:
+                    best = b[index]
+        return best
+
     def _resv_at(self, at: float) -> float:
         for b in reversed(self._levels[0].blocks):
             if b[_START] <= at:
@@ -567,7 +576,10 @@ class TrendEngine:
         last = self._levels[0].blocks[-1]
         s0 = last[_END] - span
         if s0 >= self._inc_start:
-            settled, _ = self._flat(_FLOOR, s0, span)
+            # flat even with the current slope stretched over the whole age: a warm-up with
+            # a long time constant is still climbing at age T by (A/tau)e^(-T/tau) per step,
+            # which only becomes immaterial over T steps once T is several tau
+            settled, _ = self._flat(_FLOOR, s0, span, stretch=age)
             # the allocator may still be filling its cache in ever rarer jumps: only its
             # recent growth counts, and what a checkpoint/eval added is a phase's ratchet
             recent = last[_END] - span / 2
@@ -680,6 +692,11 @@ class TrendEngine:
     def _follow_leak(self, step: int, block: list[Any], min_span: float, out: list[dict[str, Any]]) -> None:
         leak = self._leak
         assert leak is not None
+        if self._saw_drops and self._saw_drops[-1] == block[_START] and leak["source"] == "allocator":
+            # the floor just fell back by more than the material size: that memory was a
+            # cache being cleared, not a leak (the first ramp of a sawtooth looks like one)
+            self._new_plateau(step, block, out, min_span)
+            return
         index = _FLOOR if leak["source"] == "allocator" else _OUTSIDE
         xs, ys, _ = self._window(index, leak["onset"])
         if len(xs) >= 4:
