@@ -107,6 +107,11 @@
   }
   function rankKey(host, rank) { return host + "\u0000" + rank; }
   function rankLabel(r) { return "rank " + r.rank + " · " + r.host; }
+  /** "#rrggbb" -> "rgba(r,g,b,a)" for translucent fills (other colour forms pass through). */
+  function alpha(color, a) {
+    var m = /^#([0-9a-f]{2})([0-9a-f]{2})([0-9a-f]{2})$/i.exec(color);
+    return m ? "rgba(" + parseInt(m[1], 16) + "," + parseInt(m[2], 16) + "," + parseInt(m[3], 16) + "," + a + ")" : color;
+  }
   function cssVar(name) { return getComputedStyle(document.documentElement).getPropertyValue(name).trim(); }
 
   // ------------------------------------------------------------------ data sources
@@ -743,6 +748,7 @@
     var cmp = compareSet();
     var sel = state.selected;
     var newest = state.ranks.reduce(function (m, r) { return Math.max(m, r.last_ts || 0); }, 0);
+    var maxStep = state.ranks.reduce(function (m, r) { return Math.max(m, r.last_step || 0); }, 0);
     var frag = document.createDocumentFragment();
     var matching = rows.length;
     if (rows.length > STRIP_ROWS) {
@@ -780,7 +786,7 @@
           el("span", { class: "badge", dataset: { state: st }, text: st === "unknown" ? "no verdict" : st }),
           v.fragmentation && st !== "fragmentation" ? [" ", el("span", { class: "flag", title: "fragmentation: reserved − allocated growing, allocator retries", text: "frag" })] : null,
           r.last && r.last.ooms > 0 ? [" ", el("span", { class: "flag oom", title: "the allocator reported out-of-memory errors", text: "OOM ×" + r.last.ooms })] : null,
-          isNum(r.last_ts) && newest - r.last_ts > 60 ? [" ", el("span", { class: "flag silent", title: "no sample from this rank for " + duration(newest - r.last_ts) + " while others report", text: "silent " + duration(newest - r.last_ts) })] : null),
+          isNum(r.last_ts) && r.last_step < maxStep && newest - r.last_ts > 60 ? [" ", el("span", { class: "flag silent", title: "no sample from this rank for " + duration(newest - r.last_ts) + " while others report", text: "silent " + duration(newest - r.last_ts) })] : null),
         el("td", { class: "num", text: gib(v.plateau_bytes) }),
         el("td", { class: headClass(v.headroom_bytes), text: gib(v.headroom_bytes) }),
         el("td", { class: "num", text: gib(v.checkpoint_peak_bytes) }),
@@ -843,7 +849,7 @@
     var layout = {
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
       font: { color: t.text, size: 12, family: "system-ui, -apple-system, Segoe UI, Roboto, sans-serif" },
-      margin: { l: 58, r: 18, t: 10, b: 40 },
+      margin: { l: 72, r: 18, t: 10, b: 40 },
       hovermode: "x unified",
       hoverlabel: { bgcolor: t.panel, bordercolor: t.border, font: { color: t.text } },
       legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", bgcolor: "rgba(0,0,0,0)" },
@@ -863,7 +869,7 @@
     return ax;
   }
   function yAxis(t, extra) {
-    var ax = { gridcolor: t.grid, zerolinecolor: t.grid, linecolor: t.border, tickfont: { color: t.muted }, ticksuffix: " G", rangemode: "tozero" };
+    var ax = { gridcolor: t.grid, zerolinecolor: t.grid, linecolor: t.border, tickfont: { color: t.muted }, ticksuffix: " GiB", rangemode: "tozero" };
     for (var k in extra) ax[k] = extra[k];
     return ax;
   }
@@ -1003,7 +1009,7 @@
       var lastTs = isNum(v.ts) ? v.ts : r.last_ts;
       var startLevel = capacity - v.slope_bytes_per_step * v.steps_to_oom;
       var span = Math.max(1, (isNum(lastStep) ? lastStep : 0) - (state.stepTs ? state.stepTs.steps[0] : 0));
-      var shown = Math.min(v.steps_to_oom, 2 * span); // a far-off OOM would squash the data
+      var shown = Math.min(v.steps_to_oom, 1.5 * span); // a far-off OOM would squash the data
       var endStep = lastStep + shown;
       var endX, startX;
       if (timeMode) {
@@ -1094,17 +1100,16 @@
     // lower panel: memory outside the torch allocator (NVML used − reserved)
     if (haveNvml) {
       traces.push({ name: "outside torch (NVML − reserved)", x: xs, y: gap, yaxis: "y2", mode: "lines", fill: "tozeroy",
-        line: { color: t.gap, width: 1.3 }, hovertemplate: hoverG });
+        fillcolor: alpha(t.gap, 0.22), line: { color: t.gap, width: 1.3 }, hovertemplate: hoverG });
     }
     var layout = baseLayout(t, {
       uirevision: uirev("main"),
       xaxis: xAxis(t, { anchor: "y2" }),
-      yaxis: yAxis(t, { domain: haveNvml ? [0.3, 1] : [0, 1], title: { text: "GiB", font: { color: t.muted, size: 11 }, standoff: 2 }, rangemode: "normal",
-        autorange: true }),
+      yaxis: yAxis(t, { domain: haveNvml ? [0.3, 1] : [0, 1], rangemode: "normal", autorange: true }),
       yaxis2: yAxis(t, { domain: [0, 0.2], title: { text: haveNvml ? "outside torch" : "", font: { color: t.muted, size: 11 }, standoff: 2 }, visible: haveNvml }),
       shapes: shapes,
       annotations: annotations,
-      margin: { l: 62, r: 18, t: 36, b: 40 },
+      margin: { l: 72, r: 18, t: 36, b: 40 },
     });
     Plotly.react(gd, traces, layout, PLOT_CONFIG);
     var note = $("rank-note");
@@ -1136,16 +1141,18 @@
       cached[i] = isNum(a) && isNum(rs) ? (rs - a) / GIB : null;
     }
     var traces = [
-      { name: "reserved − allocated", x: xs, y: cached, mode: "lines", fill: "tozeroy", line: { color: t.reserved, width: 1.5 }, hovertemplate: "%{y:.2f} GiB" },
+      { name: "reserved − allocated", x: xs, y: cached, mode: "lines", fill: "tozeroy", fillcolor: alpha(t.reserved, 0.2), line: { color: t.reserved, width: 1.5 }, hovertemplate: "%{y:.2f} GiB" },
       { name: "inactive split", x: xs, y: toGiB(s.series.inactive_split_bytes), mode: "lines", line: { color: t.frag, width: 1.5 }, hovertemplate: "%{y:.2f} GiB" },
       { name: "alloc retries (total)", x: xs, y: s.series.alloc_retries, yaxis: "y2", mode: "lines", line: { color: t.leak, width: 1.5, shape: "hv" }, hovertemplate: "%{y:,d}" },
     ];
+    var maxRetries = s.series.alloc_retries.reduce(function (m, v) { return isNum(v) && v > m ? v : m; }, 0);
     var layout = baseLayout(t, {
       uirevision: uirev("frag"),
       xaxis: xAxis(t),
-      yaxis: yAxis(t, { title: { text: "GiB", font: { color: t.muted, size: 11 }, standoff: 2 } }),
-      yaxis2: { overlaying: "y", side: "right", rangemode: "tozero", showgrid: false, tickfont: { color: t.leak }, title: { text: "retries", font: { color: t.leak, size: 11 } } },
-      margin: { l: 52, r: 52, t: 30, b: 40 },
+      yaxis: yAxis(t),
+      yaxis2: { overlaying: "y", side: "right", showgrid: false, tickfont: { color: t.leak }, title: { text: "retries", font: { color: t.leak, size: 11 } },
+        range: [0, Math.max(1, maxRetries) * 1.05], dtick: Math.max(1, Math.ceil(maxRetries / 4)), tickformat: ",d", zeroline: false },
+      margin: { l: 72, r: 52, t: 30, b: 40 },
     });
     Plotly.react(gd, traces, layout, PLOT_CONFIG);
     var v = verdictOf(state.selected);
@@ -1300,7 +1307,9 @@
       hovermode: "closest", showlegend: false,
       xaxis: xAxis(t),
       yaxis: { autorange: "reversed", tickfont: { color: t.muted }, title: { text: "rank", font: { color: t.muted, size: 11 }, standoff: 2 },
-        tickformat: "d", gridcolor: "rgba(0,0,0,0)", zeroline: false, nticks: Math.min(h.rows.length, 20) },
+        tickformat: "d", gridcolor: "rgba(0,0,0,0)", zeroline: false, nticks: Math.min(h.rows.length, 20),
+        // few rows: label every one; many: let plotly thin the labels
+        tickvals: h.rows.length <= 40 ? ys : undefined },
       margin: { l: 52, r: 8, t: 8, b: 40 },
     });
     if (state.selected && uniqueRanks) {
@@ -1348,9 +1357,9 @@
       });
       var layout = baseLayout(t, {
         uirevision: "overlay|" + state.run + "|" + state.x + "|" + field,
-        xaxis: xAxis(t), yaxis: yAxis(t, { title: { text: "GiB", font: { color: t.muted, size: 11 }, standoff: 2 }, rangemode: "normal" }),
+        xaxis: xAxis(t), yaxis: yAxis(t, { rangemode: "normal" }),
         legend: { orientation: "v", x: 1.01, y: 1, xanchor: "left", bgcolor: "rgba(0,0,0,0)" },
-        margin: { l: 58, r: 10, t: 10, b: 40 },
+        margin: { l: 72, r: 10, t: 10, b: 40 },
       });
       Plotly.react(gd, traces, layout, PLOT_CONFIG);
       $("overlay-hint").textContent = state.compare ? ranks.length + " ranks ticked in the verdict table"
