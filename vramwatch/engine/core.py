@@ -146,42 +146,16 @@ class TrendEngine:
         self.samples += 1
         out: list[dict[str, Any]] = []
         step = sample["step"]
-        ooms = sample["ooms"]
-        retries = sample["alloc_retries"]
-        incarnation = sample.get("incarnation")
-        stepped_back = step < self._last_step and sample["phase"] == "train"
-        if stepped_back and incarnation is not None and incarnation == self._incarnation:
-            self.out_of_order += 1  # a late (replayed) sample of this process: too old to fold in
-            return out
+        # the common case (a train step of the same process, counters unchanged) skips to
+        # folding; anything else goes through the bookkeeping first
         if (
-            not self._started
-            or incarnation != self._incarnation
-            or ooms < self._ooms
-            or retries < self._retries
-            or stepped_back
-        ):
-            if self._started:
-                self._emit(
-                    {
-                        "type": "restart",
-                        "step": step,
-                        "from_step": self._last_step,
-                        "incarnation": incarnation,
-                    },
-                    out,
-                )
-            self._started = True
-            self._incarnation = incarnation
-            self._ooms = ooms
-            self._retries = retries
-            self._reset_series(step)
-        if ooms > self._ooms:
-            self._emit({"type": "oom", "step": step, "ooms": ooms, "phase": sample["phase"]}, out)
-            self._ooms = ooms
-        self._retries = retries
-        self._total = sample["total_bytes"]
-        if sample["phase"] != "train":
-            self._phase_sample(sample, out)
+            step < self._last_step
+            or sample["ooms"] != self._ooms
+            or sample["alloc_retries"] != self._retries
+            or sample["phase"] != "train"
+            or sample.get("incarnation") != self._incarnation
+            or not self._started
+        ) and not self._admit(sample, step, out):
             return out
         if step >= self._blk_end:
             if self._blk_n:
@@ -217,6 +191,41 @@ class TrendEngine:
         if used is not None and used - reserved < self._b_outside:
             self._b_outside = used - reserved
         return out
+
+    def _admit(self, sample: dict[str, Any], step: int, out: list[dict[str, Any]]) -> bool:
+        """Restarts, OOMs, counters and phase samples; True when the sample is to be folded."""
+        ooms = sample["ooms"]
+        retries = sample["alloc_retries"]
+        incarnation = sample.get("incarnation")
+        stepped_back = step < self._last_step and sample["phase"] == "train"
+        if stepped_back and incarnation is not None and incarnation == self._incarnation:
+            self.out_of_order += 1  # a late (replayed) sample of this process: too old to fold in
+            return False
+        if (
+            not self._started
+            or incarnation != self._incarnation
+            or ooms < self._ooms
+            or retries < self._retries
+            or stepped_back
+        ):
+            if self._started:
+                self._emit(
+                    {"type": "restart", "step": step, "from_step": self._last_step, "incarnation": incarnation},
+                    out,
+                )
+            self._started = True
+            self._incarnation = incarnation
+            self._ooms = ooms
+            self._reset_series(step)
+        if ooms > self._ooms:
+            self._emit({"type": "oom", "step": step, "ooms": ooms, "phase": sample["phase"]}, out)
+            self._ooms = ooms
+        self._retries = retries
+        self._total = sample["total_bytes"]
+        if sample["phase"] != "train":
+            self._phase_sample(sample, out)
+            return False
+        return True
 
     # ------------------------------------------------------------------ phases and spikes
     def _outside_now(self) -> int:
@@ -730,11 +739,11 @@ class TrendEngine:
             return
         if not rising:
             return
-        if self._trend(_FLOOR, self._cp["slack"], min_span, self.config.half_ratio):
-            return  # the allocated floor rises too: a leak, not fragmentation
         growth = block[_SLACK] - plateau["slack"]
         if growth < self._reserved_tol():
             return
+        if self._trend(_FLOOR, self._cp["slack"], min_span, self.config.half_ratio):
+            return  # the allocated floor rises too: a leak, not fragmentation
         half = self.config.half_ratio
         trend = None
         onset = self._cp["slack"]
