@@ -20,10 +20,11 @@ MAX_EVENTS_PER_SERIES = 10_000
 
 
 class _Series:
-    __slots__ = ("dropped_events", "engine", "events")
+    __slots__ = ("dropped_events", "engine", "events", "update")
 
     def __init__(self, config: EngineConfig | None) -> None:
         self.engine = TrendEngine(config)
+        self.update = self.engine.update  # bound once: this is the per-sample call
         self.events: list[dict[str, Any]] = []
         self.dropped_events = 0
 
@@ -43,7 +44,7 @@ def analyze_paths(paths: Iterable[str | os.PathLike[str]], config: EngineConfig 
                 entry = series.get(key)
                 if entry is None:
                     entry = series[key] = _Series(config)
-                new = entry.engine.update(sample)
+                new = entry.update(sample)
                 if new:
                     room = MAX_EVENTS_PER_SERIES - len(entry.events)
                     entry.events.extend(new[:room])

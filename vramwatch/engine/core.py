@@ -113,10 +113,8 @@ class TrendEngine:
         self._last_step = -1
         self._blk_start = step
         self._blk_end = step  # the first sample opens a block
-        self._blk_n = 0
         self._b_floor = self._b_outside = self._b_slack = self._b_split = _INF
-        self._b_resv = self._b_peak = self._b_peak2 = -1
-        self._b_ts = 0.0
+        self._b_resv = self._b_peak = self._b_peak2 = -1  # -1: the block has no sample yet
         self.state = "warmup"
         self._plateau: dict[str, float] | None = None
         self._first_plateau_age: int | None = None
@@ -158,7 +156,7 @@ class TrendEngine:
         ) and not self._admit(sample, step, out):
             return out
         if step >= self._blk_end:
-            if self._blk_n:
+            if self._b_resv >= 0:
                 self._close_block(step, out)
             span = self.config.block_steps
             self._blk_start = step - (step - self._inc_start) % span
@@ -167,8 +165,6 @@ class TrendEngine:
         self._last = sample
         allocated = sample["allocated_bytes"]
         reserved = sample["reserved_bytes"]
-        self._blk_n += 1
-        self._b_ts = sample["ts"]
         if allocated < self._b_floor:
             self._b_floor = allocated
         if reserved > self._b_resv:
@@ -319,7 +315,7 @@ class TrendEngine:
         block = [
             self._blk_start,
             self._last_step,
-            self._b_ts,
+            self._last["ts"],  # the block's last sample: the current one opens the next block
             self._b_floor,
             self._b_resv,
             self._b_peak,
@@ -329,7 +325,6 @@ class TrendEngine:
             self._retries,
             max(self._b_peak2, self._b_floor),
         ]
-        self._blk_n = 0
         self._b_floor = self._b_outside = self._b_slack = self._b_split = _INF
         self._b_resv = self._b_peak = self._b_peak2 = -1
         levels = self._levels
@@ -431,6 +426,8 @@ class TrendEngine:
         span = xs[-1] - xs[0] + block_span
         if span < min_span - block_span:  # blocks start on their own grid, not at s0
             return None
+        if max(ys) - min(ys) < 0.5 * self._tol:
+            return None  # cannot hold a material rise: skip the O(n^2) estimators
         slope = theil_sen(xs, ys)
         if slope <= 0 or slope * span < self._tol:
             return None
@@ -557,8 +554,10 @@ class TrendEngine:
         as far as the coarsest ring, at a cost of levels x ring_blocks comparisons."""
         best = _INF
         for level in self._levels:
-            for b in level.blocks:
-                if b[_END] >= since and b[index] < best:
+            for b in reversed(level.blocks):
+                if b[_END] < since:
+                    break
+                if b[index] < best:
                     best = b[index]
         return best
 
@@ -706,6 +705,9 @@ class TrendEngine:
             # cache being cleared, not a leak (the first ramp of a sawtooth looks like one)
             self._new_plateau(step, block, out, min_span)
             return
+        if self._levels[1].pending:
+            leak["steps"], leak["seconds"] = self._runway(leak["source"], leak["slope"])
+            return  # the slope moves slowly: re-fit every fourth block
         index = _FLOOR if leak["source"] == "allocator" else _OUTSIDE
         xs, ys, _ = self._window(index, leak["onset"])
         if len(xs) >= 4:
