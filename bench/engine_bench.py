@@ -11,6 +11,7 @@ over the last 10 minutes of scrapes, extrapolated 4 hours) and `used > 0.95 * to
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -23,7 +24,7 @@ from typing import Any
 
 from bench.report import table, write_section
 from vramwatch import wire
-from vramwatch.engine import TrendEngine
+from vramwatch.engine import EngineConfig, TrendEngine
 from vramwatch.engine.analyze import analyze_paths
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -72,6 +73,7 @@ class RankOutcome:
     scenario: str
     rank: int
     truth: dict[str, Any]
+    total_bytes: int
     samples: int
     last_step: int
     alarms: dict[str, list[int]] = field(default_factory=dict)  # detector -> alarm steps
@@ -111,7 +113,8 @@ def run_rank(case: Any, rank: int) -> RankOutcome:
     truth = dict(case.truth[rank])
     if truth["leak"] is not None and oom_step is not None:
         truth["leak"] = dict(truth["leak"], oom_step=oom_step)
-    return RankOutcome(case.name, case.scenario, rank, truth, samples, last_step, alarms, breaks)
+    total = case.scale.total_bytes
+    return RankOutcome(case.name, case.scenario, rank, truth, total, samples, last_step, alarms, breaks)
 
 
 def collect(scales: list[str], seeds: int) -> list[RankOutcome]:
@@ -160,14 +163,24 @@ def score(outcomes: list[RankOutcome]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def break_latencies(outcomes: list[RankOutcome]) -> list[tuple[str, int, int, int | None]]:
+def break_latencies(outcomes: list[RankOutcome]) -> list[tuple[str, int, int, int, int | None]]:
+    """(case, rank, true step, material step, steps from the material step to the first
+    plateau_break or leak event). A one-time step is material at once; a leak's rise only
+    becomes a break once it is material, 0.1 % of the device (EngineConfig.tol_frac): a
+    leak of 6 kB/step on an 80 GB card is 4 MB above the plateau after 600 steps, far under
+    the noise of any real run."""
+    material_frac = EngineConfig().tol_frac
     rows = []
     for o in outcomes:
         at = o.truth["plateau_break"]
         if at is None:
             continue
+        material = at
+        leak = o.truth["leak"]
+        if leak is not None and leak["onset"] == at:
+            material = at + math.ceil(material_frac * o.total_bytes / leak["slope_bytes_per_step"])
         found = [s for s in o.breaks if s >= at]
-        rows.append((o.case, o.rank, at, found[0] - at if found else None))
+        rows.append((o.case, o.rank, at, material, max(0, found[0] - material) if found else None))
     return rows
 
 
@@ -251,9 +264,12 @@ def main(argv: list[str]) -> None:
         rows,
     )
     found = [lat for *_, lat in latencies if lat is not None]
-    missed = [(c, r) for c, r, _, lat in latencies if lat is None]
-    late = [(c, r, lat) for c, r, _, lat in latencies if lat is not None and lat > 600]
-    break_rows = [(c, r, at, "missed" if lat is None else lat) for c, r, at, lat in latencies]
+    missed = [(c, r) for c, r, _, _, lat in latencies if lat is None]
+    late = [(c, r, lat) for c, r, _, _, lat in latencies if lat is not None and lat > 600]
+    break_rows = [
+        (c, r, at, material, "missed" if lat is None else lat + material - at, "missed" if lat is None else lat)
+        for c, r, at, material, lat in latencies
+    ]
     n_samples = sum(o.samples for o in outcomes)
     per_case = []
     for o in outcomes:
@@ -283,13 +299,15 @@ one the trace reached, else the simulator's projection.
 
 Targets: leak recall 100 %, zero false alarms on non-leaking ranks, >= 80 % runway left on average.
 
-**Plateau breaks** (late one-time steps and leak onsets, first `plateau_break` or `leak` at or after the
-true step): {len(found)}/{len(latencies)} found, latency median {statistics.median(found) if found else 0:.0f} steps,
-max {max(found) if found else 0} steps; over 600 steps: {late or "none"}; missed: {missed or "none"}.
+**Plateau breaks** (late one-time steps and leak onsets; latency = steps from the moment the rise is
+material, 0.1 % of the device above the plateau, to the first `plateau_break` or `leak` event; for a
+one-time step that moment is the step itself): {len(found)}/{len(latencies)} found, latency median
+{statistics.median(found) if found else 0:.0f} steps, max {max(found) if found else 0} steps; over 600 steps:
+{late or "none"}; missed: {missed or "none"}. Target: every break within 600 steps.
 
 <details><summary>Per-case break latency (steps)</summary>
 
-{table(("case", "rank", "true step", "latency"), break_rows)}
+{table(("case", "rank", "true step", "material at", "from true step", "from material"), break_rows)}
 
 </details>
 
