@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
                      {"fields": DASHBOARD_FIELDS, "points": 2000}),
                     ("`/chart` full range, 8 dashboard fields", chart_path,
                      {"fields": DASHBOARD_FIELDS, "points": 2000}),
-                    ("`/chart` as the dashboard asks (8 fields, 3000 points)", chart_path,
+                    ("`/chart` zoomed out to 3000 points, 8 fields", chart_path,
                      {"fields": DASHBOARD_FIELDS, "points": 3000}),
                     ("`/series` zoom: 5k-step window, 8 fields", series_path,
                      {"fields": DASHBOARD_FIELDS, "points": 3000, "start": mid, "end": mid + 5000}),

@@ -27,7 +27,7 @@
     "ts", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes",
     "total_bytes", "inactive_split_bytes", "alloc_retries",
   ];
-  var MAIN_POINTS = 3000;
+  var MAIN_POINTS = 2000; // min/max pairs: 1000 buckets, about one per pixel column
 
   // ------------------------------------------------------------------ DOM helpers
   function el(tag, attrs) {
@@ -474,7 +474,6 @@
     $("strip-filter").addEventListener("input", function () { drawStrip(); });
     state.rendered.layout = true;
     syncButtons();
-    wireChartEvents();
   }
 
   function syncButtons() {
@@ -510,9 +509,16 @@
       drawStrip();
       drawRankSelect();
       updateLiveText();
-      var work = [refreshMain()];
-      if (state.tick % HEATMAP_EVERY === 0) work.push(refreshHeatmap());
-      if (state.tick % OVERLAY_EVERY === 0) work.push(refreshOverlay());
+      var main = refreshMain();
+      var work = [main];
+      if (state.tick === 0) {
+        // first load: the rank chart first, the overview panels right after it, so their
+        // (heavier, cold-cache) requests do not delay the chart
+        work.push(main.then(function () { return Promise.all([refreshHeatmap(), refreshOverlay()]); }));
+      } else {
+        if (state.tick % HEATMAP_EVERY === 0) work.push(refreshHeatmap());
+        if (state.tick % OVERLAY_EVERY === 0) work.push(refreshOverlay());
+      }
       state.tick++;
       return Promise.all(work);
     }).catch(function (err) {
@@ -1112,6 +1118,7 @@
       margin: { l: 72, r: 18, t: 36, b: 40 },
     });
     Plotly.react(gd, traces, layout, PLOT_CONFIG);
+    wireZoom(gd);
     var note = $("rank-note");
     clear(note);
     var notes = [];
@@ -1155,6 +1162,7 @@
       margin: { l: 72, r: 52, t: 30, b: 40 },
     });
     Plotly.react(gd, traces, layout, PLOT_CONFIG);
+    wireZoom(gd);
     var v = verdictOf(state.selected);
     var retries = s.series.alloc_retries.filter(isNum);
     var retryCount = retries.length ? retries[retries.length - 1] : 0;
@@ -1216,32 +1224,27 @@
 
   // ------------------------------------------------------------------ zoom: re-fetch detail, keep charts in step
   var applyingZoom = false;
-  function wireChartEvents() {
-    ["chart-rank", "chart-frag"].forEach(function (id) {
-      var gd = $(id);
-      // plotly attaches .on() at the first plot; wait for it.
-      var attach = function () {
-        if (!gd.on) { setTimeout(attach, 200); return; }
-        gd.on("plotly_relayout", function (ev) { onZoom(id, ev); });
-      };
-      attach();
+  // Handlers are attached right after a chart's first draw (plotly creates gd.on then),
+  // so no click can fall between the first draw and the wiring.
+  function wireZoom(gd) {
+    if (gd.__vwWired) return;
+    gd.__vwWired = true;
+    gd.on("plotly_relayout", function (ev) { onZoom(gd.id, ev); });
+  }
+  function wireHeatmap(gd) {
+    if (gd.__vwWired) return;
+    gd.__vwWired = true;
+    gd.on("plotly_click", function (ev) {
+      var p = ev && ev.points && ev.points[0];
+      if (!p || !state.heat) return;
+      var row = state.heat.rowsByRank[p.y];
+      if (!row) return;
+      var r = state.ranks.find(function (x) { return x.rank === row.rank && x.host === row.host; });
+      if (r) {
+        selectRank(r);
+        $("chart-rank").scrollIntoView({ behavior: "smooth", block: "center" });
+      }
     });
-    var hm = $("chart-heatmap");
-    var attachHm = function () {
-      if (!hm.on) { setTimeout(attachHm, 200); return; }
-      hm.on("plotly_click", function (ev) {
-        var p = ev && ev.points && ev.points[0];
-        if (!p || !state.heat) return;
-        var row = state.heat.rowsByRank[p.y];
-        if (!row) return;
-        var r = state.ranks.find(function (x) { return x.rank === row.rank && x.host === row.host; });
-        if (r) {
-          selectRank(r);
-          $("chart-rank").scrollIntoView({ behavior: "smooth", block: "center" });
-        }
-      });
-    };
-    attachHm();
   }
   function onZoom(id, ev) {
     if (applyingZoom || !ev) return;
@@ -1317,6 +1320,7 @@
       layout.shapes = [{ type: "rect", xref: "paper", x0: 0, x1: 1, yref: "y", y0: sy - 0.5, y1: sy + 0.5, line: { color: t.text, width: 1.5 }, name: "selected rank" }];
     }
     Plotly.react(gd, [trace], layout, PLOT_CONFIG);
+    wireHeatmap(gd);
     markOnce("vramwatch:heatmap");
     var note = $("heatmap-note");
     note.textContent = isHeadroom
