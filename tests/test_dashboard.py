@@ -400,3 +400,39 @@ def test_dashboard_static_files_and_api_guards(collector: dict[str, Any]) -> Non
     assert httpx.get(f"{url}/api/v1/runs/{DEMO_RUN}/heatmap", params={"cols": 3}).status_code == 422
     missing = httpx.get(f"{url}/api/v1/runs/nope/heatmap")
     assert missing.status_code == 404 and "nope" in missing.json()["detail"]
+
+
+def test_thousand_ranks_stay_usable(browser: Any, tmp_path: Path) -> None:
+    """1024 ranks: the heatmap has a row per rank and a click opens it; the verdict table
+    draws a bounded number of rows and says how to reach the others."""
+    ranks = 1024
+    with BackgroundServer(str(tmp_path / "wide.db")) as server:
+        body = [s for r in range(ranks)
+                for s in simulate_trace("healthy", steps=12, run="wide", host=f"node-{r // 8:03d}", rank=r,
+                                        start_ts=time.time() - 60, seed=r)]
+        resp = httpx.post(server.url + "/api/v1/samples", content=b"".join(orjson.dumps(s) + b"\n" for s in body),
+                          timeout=120)
+        assert resp.status_code == 200, resp.text
+        page = Page(browser)
+        try:
+            p = page.page
+            p.goto(run_url(server.url, "wide"))
+            page.ready(timeout=60_000)
+            p.wait_for_function("(document.getElementById('chart-heatmap').data || []).length === 1", timeout=30_000)
+            assert p.evaluate("document.getElementById('chart-heatmap').data[0].y.length") == ranks
+            assert p.locator("#verdict-strip tbody tr").count() <= 257
+            assert "1024 ranks" in p.text_content("#strip-foot")
+            p.locator("#chart-heatmap").scroll_into_view_if_needed()
+            xy = p.evaluate("""(() => { const gd = document.getElementById('chart-heatmap'); const fl = gd._fullLayout;
+                const box = gd.getBoundingClientRect();
+                return [box.left + fl._size.l + fl._size.w / 2, box.top + fl._size.t + fl.yaxis.d2p(700)]; })()""")
+            p.mouse.click(xy[0], xy[1])
+            p.wait_for_function("/^Rank (69[89]|70[0-2]) /.test(document.getElementById('rank-title').textContent)",
+                                timeout=10_000)
+            # the chosen rank is in the table even though it is not among the first rows
+            chosen = p.get_attribute("#verdict-strip tbody tr.selected", "data-rank")
+            assert chosen is not None and abs(int(chosen) - 700) <= 2
+            page.shot("dashboard-1024-ranks.png")
+            assert page.errors == []
+        finally:
+            page.close()
