@@ -68,6 +68,52 @@ def fill(db: str, ranks: int, steps: int) -> tuple[int, float]:
     return count, time.perf_counter() - started
 
 
+WIDE_RUN = "bench-1024-ranks"
+
+
+def fill_wide(db: str, ranks: int, steps: int) -> int:
+    """Many ranks, short history: what a 1024-GPU job looks like an hour in."""
+    store = Store(db)
+    count = 0
+    start_ts = time.time() - steps * 1.0 - 60
+    batch: list[dict[str, Any]] = []
+    for rank in range(ranks):
+        batch += simulate_trace("checkpoint", steps=steps, run=WIDE_RUN, host=f"node-{rank // 8:03d}", rank=rank,
+                                start_ts=start_ts, seed=rank, ckpt_every=500)
+        if len(batch) >= 50_000:
+            count += store.insert(batch).accepted
+            batch = []
+    if batch:
+        count += store.insert(batch).accepted
+    store.close()
+    return count
+
+
+def wide_run(ranks: int, steps: int) -> tuple[list[tuple[str, ...]], int, list[dict[str, float]]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        db = os.path.join(tmp, "wide.db")
+        stored = fill_wide(db, ranks, steps)
+        proc, url = start_collector(db)
+        try:
+            rows = []
+            with httpx.Client(base_url=url, timeout=120) as client:
+                med, size, body = time_get(client, f"/api/v1/runs/{WIDE_RUN}/ranks", {}, 5)
+                rows.append(("`/ranks` (verdicts of every rank)", f"{med * 1000:.0f} ms", f"{len(body)} ranks",
+                             f"{size / 1024:.0f} KiB"))
+                t0 = time.perf_counter()
+                client.get(f"/api/v1/runs/{WIDE_RUN}/heatmap").raise_for_status()
+                cold = time.perf_counter() - t0
+                med, size, body = time_get(client, f"/api/v1/runs/{WIDE_RUN}/heatmap", {}, 5)
+                rows.append(("`/heatmap` first call", f"{cold * 1000:.0f} ms",
+                             f"{len(body['rows'])} x {len(body['x'])} cells", f"{size / 1024:.0f} KiB"))
+                rows.append(("`/heatmap` later calls", f"{med * 1000:.0f} ms", "", ""))
+            loads = page_timings(url, 3, run=WIDE_RUN)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return rows, stored, loads
+
+
 def time_get(client: httpx.Client, path: str, params: dict[str, Any], repeats: int) -> tuple[float, int, Any]:
     times, size, body = [], 0, None
     for _ in range(repeats):
@@ -103,7 +149,7 @@ def spikes_survive(db: str, client: httpx.Client, ranks: int) -> list[tuple[int,
 MARKS = ("ranks", "plotly", "chart-data", "interactive", "heatmap")
 
 
-def page_timings(url: str, loads: int) -> list[dict[str, float]]:
+def page_timings(url: str, loads: int, run: str = RUN) -> list[dict[str, float]]:
     """First load in a fresh browser profile (cold HTTP and V8 code caches), then reloads
     in new tabs of the same profile (an operator coming back to the page)."""
     from playwright.sync_api import sync_playwright
@@ -117,7 +163,7 @@ def page_timings(url: str, loads: int) -> list[dict[str, float]]:
                 page = context.new_page()
                 errors: list[str] = []
                 page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
-                page.goto(f"{url}/#/run/{RUN}")
+                page.goto(f"{url}/#/run/{run}")
                 page.wait_for_function("performance.getEntriesByName('vramwatch:heatmap').length > 0"
                                        " && performance.getEntriesByName('vramwatch:interactive').length > 0",
                                        timeout=60_000)
@@ -153,6 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--loads", type=int, default=6)
+    parser.add_argument("--wide-ranks", type=int, default=1024, help="ranks of the wide run (0: skip it)")
+    parser.add_argument("--wide-steps", type=int, default=1000)
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args(argv)
 
@@ -219,6 +267,14 @@ def main(argv: list[str] | None = None) -> None:
             proc.wait(30)
 
     plotly_alone = loads.pop()["plotly_alone"]
+    wide_rows: list[tuple[str, ...]] = []
+    if args.wide_ranks:
+        wide_rows, wide_stored, wide_loads = wide_run(args.wide_ranks, args.wide_steps)
+        wide_loads.pop()
+        wide_rows.append(("run page, interactive (median of reloads)",
+                          f"{statistics.median(m['interactive'] for m in wide_loads[1:]):.0f} ms", "", ""))
+        wide_rows.append(("run page, heatmap drawn (median of reloads)",
+                          f"{statistics.median(m['heatmap'] for m in wide_loads[1:]):.0f} ms", "", ""))
     first, rest = loads[0], loads[1:] or loads
     print("page loads (ms):", [{k: round(v) for k, v in m.items()} for m in loads])
     for r in rows:
@@ -257,6 +313,11 @@ def main(argv: list[str] | None = None) -> None:
         " `/chart` "
         f"({spikes[0][2]}). {'All ranks pass.' if all_spikes else 'SOME RANKS FAIL.'}"
     )
+    if wide_rows:
+        body += (f"\n\n**Wide run**: {args.wide_ranks} ranks x {args.wide_steps:,} steps ({wide_stored:,} samples), "
+                 "the same collector and browser set-up:\n\n" + table(["what", "median", "size", "body"], wide_rows)
+                 + "\n\nThe verdict table draws the worst 256 rows (sorting and the filter reach the rest); the "
+                 "heatmap has one row per rank and a click on a row opens that rank.")
     print(body)
     if not args.no_write:
         write_section("Dashboard", body, "python -m bench.dashboard_bench")
