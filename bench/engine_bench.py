@@ -217,19 +217,15 @@ def throughput(repeats: int = 3) -> dict[str, float]:
         def analyze() -> None:
             analyze_paths([path])
 
-        result = {"samples": float(n), "bytes_per_sample": os.path.getsize(path) / n}
-        for name, fn in (
-            ("decode", decode),
-            ("decode+validate", decode_validate),
-            ("engine only", engine_only),
-            ("analyze", analyze),
-        ):
-            times = []
-            for _ in range(repeats):
+        stages = {"decode": decode, "decode+validate": decode_validate, "engine only": engine_only, "analyze": analyze}
+        times: dict[str, list[float]] = {name: [] for name in stages}
+        for _ in range(repeats):  # round-robin, so a noisy neighbour hits every stage alike
+            for name, fn in stages.items():
                 started = time.perf_counter()
                 fn()
-                times.append(time.perf_counter() - started)
-            result[name] = n / statistics.median(times)
+                times[name].append(time.perf_counter() - started)
+        result = {"samples": float(n), "bytes_per_sample": os.path.getsize(path) / n}
+        result.update({name: n / statistics.median(t) for name, t in times.items()})
         return result
 
 
@@ -244,7 +240,7 @@ def main(argv: list[str]) -> None:
     corpus_s = time.perf_counter() - started
     scores = score(outcomes)
     latencies = break_latencies(outcomes)
-    speed = throughput(repeats=2 if args.quick else 3)
+    speed = throughput(repeats=2 if args.quick else 5)
 
     rows = []
     for name, s in scores.items():

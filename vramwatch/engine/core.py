@@ -568,9 +568,13 @@ class TrendEngine:
         return self._levels[0].blocks[0][_RESV]
 
     def _cusum_step(self, name: str, excess: float, block: list[Any], trigger: bool = True) -> bool:
-        """One-sided CUSUM (Page 1954): drift allowance tol/2, alarm at 2 tol."""
+        """One-sided CUSUM (Page 1954): drift allowance tol/4, alarm at 2 tol.
+
+        tol is at least 4 sigma of the block floors, so the allowance still exceeds the
+        noise (no drift on a plateau), while a slow rise starts accumulating once it is a
+        quarter of the material size."""
         tol = self._tol
-        value = self._cusum[name] + excess - 0.5 * tol
+        value = self._cusum[name] + excess - 0.25 * tol
         if value <= 0:
             self._cusum[name] = 0.0
             self._cp[name] = block[_END] + 1
