@@ -546,7 +546,7 @@ def test_spool_disk_full_training_goes_on_and_every_drop_is_counted(tmp_path) ->
 def test_wal_is_checkpointed_periodically_and_removed_at_clean_shutdown(tmp_path) -> None:
     db = str(tmp_path / "vw.db")
     wal = Path(db + "-wal")
-    with BackgroundServer(db, maintenance_interval_s=0.3) as srv, httpx.Client(base_url=srv.url) as client:
+    with BackgroundServer(db, checkpoint_interval_s=0.3) as srv, httpx.Client(base_url=srv.url) as client:
         with contextlib.closing(sqlite3.connect(db)) as conn:
             assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         now = time.time()

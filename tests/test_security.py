@@ -248,7 +248,7 @@ def test_retention_deletes_old_samples_and_empty_series(tmp_path) -> None:
     now = time.time()
     old = [make_sample(i, run="old-run", ts=now - 10 * 86400 + i) for i in range(50)]
     mixed = [make_sample(i, run="mixed", ts=now - (9 if i < 30 else 1) * 86400 + i) for i in range(60)]
-    with BackgroundServer(db, retention_days=5, maintenance_interval_s=0.2) as srv, \
+    with BackgroundServer(db, retention_days=5, maintenance_interval_s=0.2, checkpoint_interval_s=0.1) as srv, \
             httpx.Client(base_url=srv.url) as client:
         assert post(client, old + mixed).json()["accepted"] == 110
         deadline = time.monotonic() + 10

@@ -7,6 +7,7 @@ whole with 422, naming each bad sample's index and field, and nothing is stored.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import hmac
 import logging
@@ -61,11 +62,14 @@ class Settings:
     #: refuse ingest (507, the hook spools and retries) while the DB's disk has less free space
     min_free_bytes: int = 1024**3
     # ---- durability
-    #: seconds between maintenance passes: PASSIVE WAL checkpoint, then retention
+    #: seconds between background WAL checkpoints (PASSIVE, off the ingest path)
+    checkpoint_interval_s: float = 2.0
+    #: seconds between retention passes (when retention_days is set)
     maintenance_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_decompressed_bytes", "max_batch_samples", "maintenance_interval_s"):
+        for name in ("max_body_bytes", "max_decompressed_bytes", "max_batch_samples", "maintenance_interval_s",
+                     "checkpoint_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)!r}")
         if self.max_samples_per_run is not None and self.max_samples_per_run <= 0:
@@ -206,13 +210,17 @@ class _ProtectedStaticFiles(StaticFiles):
 
 
 async def _maintenance(app: FastAPI, settings: Settings) -> None:
-    """Periodic: PASSIVE WAL checkpoint (bounds the -wal file), then retention."""
+    """Periodic, in a worker thread: PASSIVE WAL checkpoint (bounds the -wal file without
+    stalling ingest), and retention every ``maintenance_interval_s``."""
     store: Store = app.state.store
+    last_retention = time.monotonic()
     while True:
-        await asyncio.sleep(settings.maintenance_interval_s)
+        await asyncio.sleep(settings.checkpoint_interval_s)
         try:
             await asyncio.to_thread(store.checkpoint, "PASSIVE")
-            if settings.retention_days is not None:
+            if settings.retention_days is not None and \
+                    time.monotonic() - last_retention >= settings.maintenance_interval_s:
+                last_retention = time.monotonic()
                 cutoff = time.time() - settings.retention_days * 86400.0
                 deleted = await asyncio.to_thread(store.delete_before, cutoff)
                 if deleted:
@@ -236,6 +244,12 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.store, app.state.live = store, live
         app.state.registry, app.state.ingest_metrics = registry, ingest_metrics
         app.state.disk = _DiskGuard(settings.db_path, settings.min_free_bytes)
+        # Ingest makes many short-lived dicts; the live state (engines, last samples) is large
+        # and long-lived. Freeze what the replay built and collect less often, so a full
+        # collection does not stall every request behind it for hundreds of ms under load.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(50_000, 50, 1000)
         maintenance = asyncio.create_task(_maintenance(app, settings))
         try:
             yield

@@ -22,7 +22,10 @@ log = logging.getLogger("vramwatch.collector")
 
 def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must say TCP: asyncio only sets TCP_NODELAY on accepted sockets whose proto is
+    # IPPROTO_TCP, and without it Nagle holds each response body for the client's delayed
+    # ACK (~40 ms per keep-alive POST under load)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(2048)

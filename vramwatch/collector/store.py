@@ -102,11 +102,13 @@ class RunFullError(StoreError):
         self.cap = cap
 
 
-#: WAL policy: SQLite folds the WAL into the main file after every commit that leaves it
-#: above this many pages (PASSIVE, never blocks readers) ...
-WAL_AUTOCHECKPOINT_PAGES = 4000
-#: ... and, once a checkpoint has reset it, truncates the -wal file back to this size, so a
-#: burst does not leave a huge WAL behind. TRUNCATE at clean shutdown leaves it empty.
+#: WAL policy. The collector checkpoints (PASSIVE) every few seconds from a background
+#: thread on its own connection (:meth:`Store.checkpoint`), so ingest never pays for copying
+#: pages and fsync. SQLite's own automatic checkpoint inside a commit is only a backstop,
+#: should that thread stall: at this many pages (~200 MB) ...
+WAL_AUTOCHECKPOINT_PAGES = 50_000
+#: ... and, once a checkpoint has reset it, the -wal file is truncated back to this size, so
+#: a burst does not leave a huge WAL behind. TRUNCATE at clean shutdown leaves it empty.
 WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 
 
@@ -172,6 +174,8 @@ class Store:
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._run_counts: dict[str, int] | None = None  # loaded on first capped insert
+        self._ckpt_conn: sqlite3.Connection | None = None  # background checkpoints, off the write lock
+        self._ckpt_lock = threading.Lock()
         try:
             self._conn = _connect(self.path, readonly=readonly, timeout=busy_timeout_s)
             if not readonly:
@@ -330,11 +334,17 @@ class Store:
         """
         if mode not in ("PASSIVE", "FULL", "RESTART", "TRUNCATE"):
             raise ValueError(f"mode: unknown checkpoint mode {mode!r}")
-        with self._lock:
-            try:
+        try:
+            if mode == "PASSIVE":
+                # its own connection and lock: WAL lets a checkpoint run while the writer commits
+                with self._ckpt_lock:
+                    if self._ckpt_conn is None:
+                        self._ckpt_conn = _connect(self.path)
+                    return tuple(self._ckpt_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone())  # type: ignore[return-value]
+            with self._lock:
                 return tuple(self._conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone())  # type: ignore[return-value]
-            except sqlite3.Error as exc:
-                raise StoreError(f"cannot checkpoint {self.path}: {exc}") from None
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot checkpoint {self.path}: {exc}") from None
 
     def delete_before(self, cutoff_ts: float) -> int:
         """Retention: delete samples stamped before ``cutoff_ts`` and series left empty.
@@ -378,6 +388,10 @@ class Store:
         file and removes the -wal and -shm files (a read-only connection closing last cannot)."""
         with self._readers_lock:
             readers, self._readers = self._readers, []
+        with self._ckpt_lock:
+            if self._ckpt_conn is not None:
+                readers.append(self._ckpt_conn)
+                self._ckpt_conn = None
         for conn in readers:
             try:
                 conn.close()
