@@ -7,7 +7,6 @@ whole with 422, naming each bad sample's index and field, and nothing is stored.
 from __future__ import annotations
 
 import asyncio
-import gc
 import hashlib
 import hmac
 import logging
@@ -244,12 +243,6 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.store, app.state.live = store, live
         app.state.registry, app.state.ingest_metrics = registry, ingest_metrics
         app.state.disk = _DiskGuard(settings.db_path, settings.min_free_bytes)
-        # Ingest makes many short-lived dicts; the live state (engines, last samples) is large
-        # and long-lived. Freeze what the replay built and collect less often, so a full
-        # collection does not stall every request behind it for hundreds of ms under load.
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(50_000, 50, 1000)
         maintenance = asyncio.create_task(_maintenance(app, settings))
         try:
             yield
