@@ -682,7 +682,8 @@
       { label: "Ranks", value: intText(ranks.length),
         sub: hosts + (hosts === 1 ? " host" : " hosts") + " · " + Object.keys(byState).sort(function (a, b) { return (SEVERITY[b] || 0) - (SEVERITY[a] || 0); })
           .map(function (k) { return byState[k] + " " + k; }).join(", ") },
-      { label: "Last sample", value: age(newest), sub: "step " + intText(lastStep) },
+      // a report is read long after it was made: there the time itself, not "… ago"
+      { label: "Last sample", value: STATIC ? new Date(newest * 1000).toLocaleString() : age(newest), sub: "step " + intText(lastStep) },
     ];
     var box = $("cards");
     clear(box);
