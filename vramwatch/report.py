@@ -137,7 +137,7 @@ def build_report(db_path: str, run: str) -> str:
     css = css.replace("</style", "<\\/style")
     page = _replace_once(page, '<link rel="stylesheet" href="static/style.css">', f"<style>\n{css}\n</style>")
     plotly_tag = f"<script>{_script_safe(plotly_js)}</script>"
-    page = _replace_once(page, '<script src="vendor/plotly.min.js"></script>', plotly_tag)
+    page = _replace_once(page, '<script id="plotly-js" src="vendor/plotly.min.js" async></script>', plotly_tag)
     data_tag = f"<script>window.VRAMWATCH_STATIC = {_json_for_script(data)};</script>"
     app_tag = f"{data_tag}\n<script>{_script_safe(app_js)}</script>"
     page = _replace_once(page, '<script src="static/app.js"></script>', app_tag)
