@@ -277,7 +277,7 @@ _MAX_IDX = np.array([1, *range(3, 3 + 2 * _NCOL, 2)])
 _COUNT = _WIDTH - 1
 #: buckets kept per rank; requests for up to twice this many points are served from it
 CACHE_BUCKETS = 4096
-CACHED_RANKS = 128
+CACHED_RANKS = 64  # ~0.75 MB each at CACHE_BUCKETS
 
 
 def _combine(keys: np.ndarray, agg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
