@@ -507,6 +507,12 @@ class TrendEngine:
             trend = None
             starts = {self._rising_since, max(self._rising_since, self._cp["floor"])}
             starts.add(int(0.5 * (self._rising_since + block[_END])))
+            # a leak that began while the series was still "rising" from an earlier, smaller
+            # break: recent windows of a few minimum spans find it without waiting for the
+            # whole rise to look linear
+            for multiple in (2, 4):
+                if block[_END] - multiple * min_span > self._rising_since:
+                    starts.add(int(block[_END] - multiple * min_span))
             for s0 in sorted(starts):
                 trend = self._trend(_FLOOR, s0, min_span, cfg.half_ratio)
                 if trend:
@@ -568,13 +574,10 @@ class TrendEngine:
         return self._levels[0].blocks[0][_RESV]
 
     def _cusum_step(self, name: str, excess: float, block: list[Any], trigger: bool = True) -> bool:
-        """One-sided CUSUM (Page 1954): drift allowance tol/4, alarm at 2 tol.
-
-        tol is at least 4 sigma of the block floors, so the allowance still exceeds the
-        noise (no drift on a plateau), while a slow rise starts accumulating once it is a
-        quarter of the material size."""
+        """One-sided CUSUM (Page 1954): drift allowance tol/2, alarm at 2 tol (the classic
+        choice for a shift of tol; a smaller allowance breaks on noisy plateaus)."""
         tol = self._tol
-        value = self._cusum[name] + excess - 0.25 * tol
+        value = self._cusum[name] + excess - 0.5 * tol
         if value <= 0:
             self._cusum[name] = 0.0
             self._cp[name] = block[_END] + 1
