@@ -35,6 +35,7 @@ FRAGMENTATION_ADVICE = (
 # block layout (lists, for speed): indices
 _START, _END, _TS, _FLOOR, _RESV, _PEAK, _OUTSIDE, _SLACK, _SPLIT, _RETRIES, _PEAK2 = range(11)
 _INF = math.inf
+_NOT_STARTED = object()
 
 
 @dataclass
@@ -95,7 +96,7 @@ class TrendEngine:
         self.samples = 0
         self.out_of_order = 0
         self._last: dict[str, Any] | None = None  # latest train sample
-        self._incarnation: Any = None
+        self._incarnation: Any = _NOT_STARTED  # differs from any sample's: the first one is admitted
         self._started = False
         self._ooms = 0
         self._retries = 0
@@ -152,7 +153,6 @@ class TrendEngine:
             or sample["alloc_retries"] != self._retries
             or sample["phase"] != "train"
             or sample.get("incarnation") != self._incarnation
-            or not self._started
         ) and not self._admit(sample, step, out):
             return out
         if step >= self._blk_end:
