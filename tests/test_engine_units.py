@@ -117,6 +117,23 @@ def test_engine_never_raises_on_valid_samples(samples: list[dict[str, Any]], blo
     assert summary["total_bytes"] == TOTAL
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(1, 40)), min_size=2, max_size=120))
+def test_any_counter_going_backwards_is_a_restart(counters: list[tuple[int, int, int]]) -> None:
+    engine = TrendEngine()
+    step, previous = 0, None
+    for retries, ooms, advance in counters:
+        step += advance
+        events = engine.update(_sample(step, alloc_retries=retries, ooms=ooms, reserved_bytes=GB,
+                                       allocated_bytes=GB // 2, peak_allocated_bytes=GB))
+        kinds = [e["type"] for e in events]
+        went_back = previous is not None and (retries < previous[0] or ooms < previous[1])
+        assert ("restart" in kinds) == went_back
+        # a new OOM in the same process is reported; a restart's own count is its baseline
+        assert ("oom" in kinds) == (previous is not None and not went_back and ooms > previous[1])
+        previous = (retries, ooms)
+
+
 def test_counters_going_backwards_are_a_restart() -> None:
     engine = TrendEngine()
     for step in range(1, 50):
