@@ -724,6 +724,7 @@ class TrendEngine:
         if block[_END] - leak["onset"] >= 2 * window:
             settled, _ = self._flat(index, block[_END] - window, window)
             if settled:
+                self._break_onsets.clear()  # that rise is over and judged: not a slow leak to re-find
                 self._new_plateau(step, block, out, window)
                 return
         leak["steps"], leak["seconds"] = self._runway(leak["source"], leak["slope"])

@@ -443,6 +443,8 @@ def simulate_trace(
         ts += dt
         if step % every:
             model.read(step, "train")  # the process still runs the step
+            if model.oom_now and p["stop_on_oom"]:
+                return  # ... and dies there, unsampled
             continue
         stats = model.read(step, "train")
         dropped = (p["drop_prob"] and rng.random() < p["drop_prob"]) or (
