@@ -34,6 +34,7 @@ import multiprocessing as mp
 import os
 import re
 import signal
+import socket
 import sqlite3
 import statistics
 import subprocess
@@ -165,6 +166,86 @@ def _proc_cpu(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+class FaultRelay:
+    """A TCP relay between the hooks and the collector that can misbehave on command:
+
+    ``forward`` (pass through), ``delay`` (hold each response for ``delay_s``), ``blackhole``
+    (accept, read, never answer: packets dropped by a partition) and ``refuse`` (close
+    every connection at once: the collector's port is closed).
+    """
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.mode = "forward"
+        self.delay_s = 0.0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._closed = False
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def set(self, mode: str, delay_s: float = 0.0) -> None:
+        self.mode, self.delay_s = mode, delay_s
+        if mode == "refuse":  # open keep-alive connections are cut too (blackhole: pumps swallow)
+            for s in self._sockets:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+            self._sockets.clear()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if self.mode == "refuse":
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                client.close()  # RST: as if nothing listened
+                continue
+            self._sockets.append(client)
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=30)
+        except OSError:
+            client.close()
+            return
+        self._sockets.append(upstream)
+
+        def pump(src: socket.socket, dst: socket.socket, responses: bool) -> None:
+            try:
+                while True:
+                    data = src.recv(65536)
+                    if not data:
+                        break
+                    if self.mode == "blackhole":
+                        continue  # swallowed: no answer ever comes
+                    if responses and self.mode == "delay":
+                        time.sleep(self.delay_s)
+                    dst.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for s in (src, dst):
+                    with contextlib.suppress(OSError):
+                        s.close()
+
+        threading.Thread(target=pump, args=(upstream, client, True), daemon=True).start()
+        pump(client, upstream, False)
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        for s in self._sockets:
+            with contextlib.suppress(OSError):
+                s.close()
 
 
 def stored_samples(db: str, run: str | None = None) -> int:
@@ -326,7 +407,7 @@ def _server_quantile(metrics_text: str, q: float) -> float:
 
 def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: int = 8,
              workdir: str | os.PathLike[str] | None = None, token: str | None = None,
-             collector_args: tuple[str, ...] = ()) -> dict[str, Any]:
+             collector_args: tuple[str, ...] = (), measure_restart: bool = False) -> dict[str, Any]:
     """One load run against a fresh collector; returns the figures (see module docstring)."""
     owned = None
     if workdir is None:
@@ -380,6 +461,13 @@ def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: i
             exit_code = collector.terminate()
         results = [json.loads((work / f"result-{i}.json").read_text()) for i in range(len(groups))]
         canary = json.loads((work / "canary.json").read_text())
+        restart_s = None
+        if measure_restart:  # a restart replays every stored sample through the engines
+            again = CollectorProcess(db, token=token, args=collector_args)
+            t0 = time.monotonic()
+            again.start(timeout=600)
+            restart_s = time.monotonic() - t0
+            again.terminate()
         produced = sum(r["totals"]["samples"] for r in results)
         stored = stored_samples(db, run)
         latencies = [x for r in results for x in r["latencies"]]
@@ -403,11 +491,91 @@ def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: i
             "late_ticks": sum(r["late_ticks"] for r in results),
             "max_lateness_ms": 1000 * max(r["max_lateness_s"] for r in results),
             "close_s": max(r["close_s"] for r in results),
-            "totals": totals, "collector_exit": exit_code,
+            "totals": totals, "collector_exit": exit_code, "restart_s": restart_s,
             "generator_cores": sum(r["cpu_s"] for r in results) / max(wall, 1e-9),
             # CPU the machine spent on anything but this benchmark (other jobs on a shared box)
             "other_cores": max(0.0, busy - cpu - canary["cpu_s"] - sum(r["cpu_s"] for r in results)) / max(wall, 1e-9),
             "last_errors": sorted({e for r in results for e in r["last_errors"]})[:5],
+        }
+    finally:
+        if owned is not None:
+            owned.cleanup()
+
+
+def _dir_bytes(path: Path) -> int:
+    total = 0
+    with contextlib.suppress(OSError):
+        for entry in path.iterdir():
+            with contextlib.suppress(OSError):
+                total += entry.stat().st_size
+    return total
+
+
+def run_partition(*, ranks: int = 64, rate: float = 10.0, partition_s: float = 120.0, before_s: float = 10.0,
+                  after_s: float = 45.0, procs: int = 4,
+                  workdir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Ranks keep training while the collector is unreachable (packets black-holed by a
+    relay, requests hang until the hook's timeout) for ``partition_s``; then the network
+    heals. Measures the spool, how soon delivery resumes and the backlog drains, and loss."""
+    owned = None
+    if workdir is None:
+        owned = tempfile.TemporaryDirectory(prefix="vw-partition-")
+        workdir = owned.name
+    work = Path(workdir)
+    db = str(work / "partition.db")
+    run = f"partition-{ranks}"
+    spool = work / "spool"
+    duration = before_s + partition_s + after_s
+    groups = [list(range(i, ranks, procs)) for i in range(procs)]
+    ctx = mp.get_context("spawn")
+    try:
+        with CollectorProcess(db) as collector:
+            relay = FaultRelay(collector.port)
+            start_at = time.time() + 3.0 + 0.3 * procs
+            workers = []
+            for i, group in enumerate(groups):
+                p = ctx.Process(target=_rank_group, args=(group, ranks, relay.url, run, rate, duration, start_at,
+                                                          str(spool), None, str(work / f"result-{i}.json")))
+                p.start()
+                workers.append(p)
+            time.sleep(max(0.0, start_at + before_s - time.time()))
+            relay.set("blackhole")
+            cut_at = time.time()
+            spool_peak = 0
+            while time.time() < cut_at + partition_s:
+                spool_peak = max(spool_peak, _dir_bytes(spool))
+                time.sleep(1.0)
+            relay.set("forward")
+            healed_at = time.time()
+            resumed_s = drained_s = None
+            last = stored_samples(db, run)
+            while time.time() < start_at + duration:
+                count = stored_samples(db, run)
+                elapsed = time.time() - start_at
+                if resumed_s is None and count > last:
+                    resumed_s = time.time() - healed_at
+                # caught up: everything recorded up to 1.5 s ago (one flush interval + margin) is stored
+                if drained_s is None and count >= ranks * rate * (elapsed - 1.5):
+                    drained_s = time.time() - healed_at
+                spool_peak = max(spool_peak, _dir_bytes(spool))
+                time.sleep(0.5)
+            for p in workers:
+                p.join(300)
+                if p.is_alive():
+                    p.kill()
+            relay.close()
+        results = [json.loads((work / f"result-{i}.json").read_text()) for i in range(len(groups))]
+        produced = sum(r["totals"]["samples"] for r in results)
+        stored = stored_samples(db, run)
+        totals = {k: sum(r["totals"][k] for r in results) for k in results[0]["totals"]}
+        return {
+            "ranks": ranks, "rate": rate, "partition_s": partition_s, "produced": produced, "stored": stored,
+            "lost": produced - stored, "spooled": totals["spooled"], "replayed": totals["replayed"],
+            "dropped": totals["dropped_overflow"] + totals["dropped_spool_full"],
+            "spool_peak_mb": spool_peak / 2**20, "resumed_s": resumed_s, "drained_s": drained_s,
+            "send_failures": totals["send_failures"],
+            "step_cost_p99_us": 1e6 * max(r["step_cost_p99"] for r in results),
+            "max_lateness_ms": 1000 * max(r["max_lateness_s"] for r in results),
         }
     finally:
         if owned is not None:
@@ -444,10 +612,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2,
                         help="runs per sweep point; the one with the lowest p99 is reported (filters other jobs)")
     parser.add_argument("--no-sweep", action="store_true")
+    parser.add_argument("--partition", type=float, default=120.0, metavar="SECONDS",
+                        help="length of the network partition scenario (64 ranks); 0: skip it")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args(argv)
 
-    main_run = run_load(ranks=args.ranks, rate=args.rate, duration=args.duration, procs=args.procs)
+    main_run = run_load(ranks=args.ranks, rate=args.rate, duration=args.duration, procs=args.procs,
+                        measure_restart=True)
     print(json.dumps({k: v for k, v in main_run.items() if k != "totals"}, indent=1), flush=True)
     sweep = []
     if not args.no_sweep:
@@ -461,6 +632,9 @@ def main(argv: list[str] | None = None) -> int:
             best["lost"] = max(t["lost"] for t in tries)  # losses are never filtered away
             best["worst_p99_ms"] = max(t["p99_ms"] for t in tries)
             sweep.append(best)
+    partition = run_partition(partition_s=args.partition) if args.partition > 0 else None
+    if partition is not None:
+        print(json.dumps(partition), flush=True)
     ok = main_run["lost"] == 0 and main_run["p99_ms"] < 100
     knee = next((r for r in sweep if r["lost"] > 0 or r["p99_ms"] >= 100), None)
     m = main_run
@@ -491,6 +665,10 @@ def main(argv: list[str] | None = None) -> int:
         "(per-series live state is O(1); samples live in SQLite). The generator's driver threads ran "
         f"{m['late_ticks']} ticks late (worst {m['max_lateness_ms']:.0f} ms) and the `step()` p99 above is "
         "theirs, measured at low priority on a saturated machine.",
+        "",
+        f"Restart: `vramwatch serve` on the resulting database ({m['stored']:,} samples) replayed them through the "
+        f"trend engines and was serving again after {m['restart_s']:.1f} s "
+        f"({m['stored'] / m['restart_s']:,.0f} samples/s, process start included).",
     ]
     if sweep:
         lost_total = sum(r["lost"] for r in sweep)
@@ -509,6 +687,22 @@ def main(argv: list[str] | None = None) -> int:
                 ": past the knee POSTs get slower, the hooks' queues hold more and their batches grow; "
                 "nothing is dropped." if knee else ".") if lost_total == 0 else
              f"{lost_total} samples were lost across the sweep: see the table."),
+        ]
+    if partition is not None:
+        p = partition
+        body += [
+            "",
+            f"Network partition: {p['ranks']} ranks x {p['rate']:g} samples/s; after 10 s the collector's traffic "
+            f"is black-holed for {p['partition_s']:g} s (requests hang until the hook's 5 s timeout), then the "
+            "network heals and the run goes on for 45 s.",
+            "",
+            table(["recorded", "stored", "lost", "dropped", "spooled", "replayed", "spool peak MB (all ranks)",
+                   "delivery resumed after heal", "backlog drained after heal", "step() p99 µs"],
+                  [[p["produced"], p["stored"], p["lost"], p["dropped"], p["spooled"], p["replayed"],
+                    f"{p['spool_peak_mb']:.1f}",
+                    "—" if p["resumed_s"] is None else f"{p['resumed_s']:.1f} s",
+                    "not within 45 s" if p["drained_s"] is None else f"{p['drained_s']:.1f} s",
+                    f"{p['step_cost_p99_us']:.0f}"]]),
         ]
     if not args.no_write:
         cmd = COMMAND if argv is None or not argv else f"{COMMAND} {' '.join(argv)}"

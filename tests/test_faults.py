@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import pytest
 from helpers import ndjson
 
 import vramwatch
-from bench.load import CollectorProcess, percentile
+from bench.load import CollectorProcess, FaultRelay, percentile
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.probe.simulated import simulate_trace
 
@@ -102,86 +101,6 @@ def expected_rows(ranks: int, steps: int, checkpoint_every: int = 25) -> list[tu
                 out.append((r, s, "checkpoint"))
             out.append((r, s, "train"))
     return sorted(out)
-
-
-class FaultRelay:
-    """A TCP relay between the hooks and the collector that can misbehave on command:
-
-    ``forward`` (pass through), ``delay`` (hold each response for ``delay_s``), ``blackhole``
-    (accept, read, never answer: packets dropped by a partition) and ``refuse`` (close
-    every connection at once: the collector's port is closed).
-    """
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.mode = "forward"
-        self.delay_s = 0.0
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._closed = False
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def set(self, mode: str, delay_s: float = 0.0) -> None:
-        self.mode, self.delay_s = mode, delay_s
-        if mode == "refuse":  # open keep-alive connections are cut too (blackhole: pumps swallow)
-            for s in self._sockets:
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-            self._sockets.clear()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if self.mode == "refuse":
-                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                client.close()  # RST: as if nothing listened
-                continue
-            self._sockets.append(client)
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        try:
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=30)
-        except OSError:
-            client.close()
-            return
-        self._sockets.append(upstream)
-
-        def pump(src: socket.socket, dst: socket.socket, responses: bool) -> None:
-            try:
-                while True:
-                    data = src.recv(65536)
-                    if not data:
-                        break
-                    if self.mode == "blackhole":
-                        continue  # swallowed: no answer ever comes
-                    if responses and self.mode == "delay":
-                        time.sleep(self.delay_s)
-                    dst.sendall(data)
-            except OSError:
-                pass
-            finally:
-                for s in (src, dst):
-                    with contextlib.suppress(OSError):
-                        s.close()
-
-        threading.Thread(target=pump, args=(upstream, client, True), daemon=True).start()
-        pump(client, upstream, False)
-
-    def close(self) -> None:
-        self._closed = True
-        self._listener.close()
-        for s in self._sockets:
-            with contextlib.suppress(OSError):
-                s.close()
 
 
 # ------------------------------------------------------------------ kill -9 and restarts

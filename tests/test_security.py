@@ -140,9 +140,10 @@ def test_a_browser_gets_the_token_once_in_the_url_then_an_httponly_cookie(tmp_pa
     srv.stop()
 
 
-def test_auth_read_without_a_token_is_refused_at_start(tmp_path) -> None:
+def test_auth_read_without_a_token_is_refused_at_start(tmp_path, monkeypatch) -> None:
     from vramwatch.cli import main
 
+    monkeypatch.delenv("VRAMWATCH_TOKEN", raising=False)
     env_free = tmp_path / "vw.db"
     assert main(["serve", "--db", str(env_free), "--auth-read", "--port", "0"]) == 2
 

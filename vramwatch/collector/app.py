@@ -291,6 +291,8 @@ def create_app(settings: Settings) -> FastAPI:
         client = request.client.host if request.client else "?"
         now = time.monotonic()
         if now - auth_failures_logged.get(client, -1e9) > 60.0:
+            if len(auth_failures_logged) > 4096:  # many addresses: forget, never grow unbounded
+                auth_failures_logged.clear()
             auth_failures_logged[client] = now
             log.warning("refused %s %s from %s: missing or wrong bearer token", request.method,
                         request.url.path, client)
