@@ -128,6 +128,7 @@ class TrendEngine:
         self._frag: dict[str, Any] | None = None
         self._phase_ratchet: str | None = None
         self._phase_bumps: deque[tuple[int, int]] = deque(maxlen=16)  # (step, reserved added by a phase)
+        self._phase_above_floor: dict[str, int] = {}
         self._saw_drops: deque[int] = deque(maxlen=6)
         self._saw_period = 0
         self._spike_threshold = _INF
@@ -259,6 +260,10 @@ class TrendEngine:
             self._checkpoint_peak = peak
             self._checkpoint_headroom = int(headroom)
         last = self._last
+        if last is not None and (phase in self._phase_above_floor or len(self._phase_above_floor) < 16):
+            # how far this phase reaches above the floor: a leak lifts it too, and a phase
+            # that reaches higher than any batch is where the OOM will happen
+            self._phase_above_floor[phase] = peak - last["allocated_bytes"]
         if last is not None and sample["reserved_bytes"] > last["reserved_bytes"]:
             self._phase_bumps.append((sample["step"], sample["reserved_bytes"] - last["reserved_bytes"]))
             if sample["reserved_bytes"] > last["reserved_bytes"] + self._reserved_tol():
@@ -672,7 +677,10 @@ class TrendEngine:
             used = last["nvml_used_bytes"] or last["reserved_bytes"]
             room = total - max(used, last["reserved_bytes"])
         else:
-            room = total - self._outside_now() - max(peak_high, last["peak_allocated_bytes"])
+            need = max(peak_high, last["peak_allocated_bytes"])
+            if self._phase_above_floor and ring:
+                need = max(need, ring[-1][_FLOOR] + max(self._phase_above_floor.values()))
+            room = total - self._outside_now() - need
         steps = max(0, int(room / slope))
         return steps, steps * self._seconds_per_step()
 
