@@ -264,3 +264,22 @@ def test_analyze_rejects_unreadable_input(tmp_path: Path, content: bytes | str |
 
 def test_format_table_without_samples() -> None:
     assert format_table({"series": []}) == "no samples\n"
+
+
+def test_phase_names_map_to_spike_kinds_and_stay_out_of_the_trend() -> None:
+    engine = TrendEngine()
+    for step in range(1, 40):
+        engine.update(_sample(step, reserved_bytes=40 * GB, allocated_bytes=20 * GB, peak_allocated_bytes=30 * GB,
+                              nvml_used_bytes=42 * GB))
+    kinds = {}
+    for phase in ("validation", "ckpt_save", "checkpoint", "profile"):
+        (event,) = engine.update(_sample(39, phase=phase, reserved_bytes=40 * GB, allocated_bytes=20 * GB,
+                                         peak_allocated_bytes=38 * GB, nvml_used_bytes=42 * GB))
+        kinds[phase] = event["type"]
+        assert event["peak_bytes"] == 38 * GB
+        assert event["above_plateau_bytes"] == 8 * GB  # above the training peak seen so far
+        assert event["headroom_bytes"] == TOTAL - 2 * GB - 38 * GB  # capacity - outside the allocator - peak
+    assert kinds == {"validation": "eval_spike", "ckpt_save": "checkpoint_spike", "checkpoint": "checkpoint_spike",
+                     "profile": "phase_spike"}
+    assert engine.summary()["checkpoint_peak_bytes"] == 38 * GB
+    assert engine._levels[0].blocks[-1][5] == 30 * GB  # the phase peaks never entered a block

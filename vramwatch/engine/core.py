@@ -246,7 +246,7 @@ class TrendEngine:
         outside = max(0, used - sample["reserved_bytes"]) if used is not None else self._outside_now()
         headroom = sample["total_bytes"] - outside - peak
         train_peak = self._training_peak()
-        kind = "checkpoint_spike" if phase == "checkpoint" else "eval_spike" if _is_eval(phase) else "phase_spike"
+        kind = _spike_kind(phase)
         event = {
             "type": kind,
             "step": sample["step"],
@@ -256,7 +256,7 @@ class TrendEngine:
             "headroom_bytes": int(headroom),
         }
         self._emit(event, out)
-        if phase == "checkpoint":
+        if kind == "checkpoint_spike":
             self._checkpoint_peak = peak
             self._checkpoint_headroom = int(headroom)
         last = self._last
@@ -849,6 +849,11 @@ class TrendEngine:
         }
 
 
-def _is_eval(phase: str) -> bool:
+def _spike_kind(phase: str) -> str:
+    """checkpoint / eval by the usual names (Lightning, HF Trainer, hand-written loops)."""
     lowered = phase.lower()
-    return lowered.startswith(("eval", "val", "test"))
+    if lowered.startswith(("checkpoint", "ckpt", "save")):
+        return "checkpoint_spike"
+    if lowered.startswith(("eval", "val", "test")):
+        return "eval_spike"
+    return "phase_spike"
