@@ -81,7 +81,9 @@ def sample_sequences(draw: st.DrawFn) -> list[dict[str, Any]]:
     for _ in range(n):
         step = max(0, step + draw(st.sampled_from([1, 1, 1, 2, 7, 0, -3, -50, 300])))
         reserved = draw(st.integers(0, TOTAL))
-        allocated = draw(st.integers(0, reserved))
+        # cudaMallocAsync reports reserved only as a bound: allocated may exceed it
+        allocator = draw(st.sampled_from(["native", "native", "cudaMallocAsync"]))
+        allocated = draw(st.integers(0, reserved if allocator == "native" else TOTAL))
         peak = draw(st.integers(allocated, max(allocated, reserved)))
         used = draw(st.one_of(st.none(), st.integers(reserved, TOTAL)))
         out.append(
@@ -92,7 +94,8 @@ def sample_sequences(draw: st.DrawFn) -> list[dict[str, Any]]:
                 allocated_bytes=allocated,
                 reserved_bytes=reserved,
                 peak_allocated_bytes=peak,
-                inactive_split_bytes=draw(st.integers(0, reserved - allocated)),
+                inactive_split_bytes=draw(st.integers(0, max(0, reserved - allocated))),
+                allocator=allocator,
                 alloc_retries=draw(st.integers(0, 5)),
                 ooms=draw(st.integers(0, 3)),
                 nvml_used_bytes=used,
