@@ -365,12 +365,13 @@ class TrendEngine:
         return self.config.reserved_break_frac * self._total
 
     # ------------------------------------------------------------------ windows
-    def _window(self, index: int, s0: int, reduce_max: bool = False) -> tuple[list[float], list[float], int]:
+    def _window(self, index: int, s0: int) -> tuple[list[float], list[float], int]:
         """(x, y, block span) of signal ``index`` for blocks starting at or after ``s0``.
 
         Uses the finest level that still holds ``s0``; a known sawtooth period turns the
         signal into its trailing minimum over >1 period (the floor after collection);
-        more than ``fit_points`` points are grouped (min, or max for ``reduce_max``).
+        more than ``fit_points`` points are grouped by their minimum (every trended signal is
+        a floor-like minimum).
         """
         cfg = self.config
         chosen = None
@@ -406,10 +407,9 @@ class TrendEngine:
         if n > cfg.fit_points:
             group = math.ceil(n / cfg.fit_points)
             gx, gy = [], []
-            pick = max if reduce_max else min
             for i in range(0, n, group):
                 gx.append(sum(xs[i : i + group]) / len(xs[i : i + group]))
-                gy.append(pick(ys[i : i + group]))
+                gy.append(min(ys[i : i + group]))
             xs, ys = gx, gy
         return xs, ys, level.span
 
@@ -447,18 +447,17 @@ class TrendEngine:
             return None
         return {"slope": slope, "span": span, "n": n, "last": ys[-1]}
 
-    def _flat(self, index: int, s0: int, min_span: float, stretch: float = 0.0) -> tuple[bool, list[float]]:
+    def _flat(self, index: int, s0: int, min_span: float, stretch: float = 0.0) -> bool:
         """Signal ``index`` moved less than the material size since ``s0`` (its Theil-Sen
         slope over the window, or over ``stretch`` steps when longer)."""
         cfg = self.config
         xs, ys, block_span = self._window(index, s0)
         if len(xs) < cfg.min_blocks:
-            return False, ys
+            return False
         span = xs[-1] - xs[0] + block_span
         if span < min_span - block_span:
-            return False, ys
-        slope = theil_sen(xs, ys)
-        return abs(slope) * max(span, stretch) <= self._tol, ys
+            return False
+        return abs(theil_sen(xs, ys)) * max(span, stretch) <= self._tol
 
     # ------------------------------------------------------------------ verdicts
     def _evaluate(self, step: int, block: list[Any], out: list[dict[str, Any]]) -> None:
@@ -483,7 +482,7 @@ class TrendEngine:
                 broke = self._phase_ratchet or "reserved"
             else:
                 # rare small ratchets (the longest batch so far) are the plateau settling, not a break
-                plateau["reserved"] = max(plateau["reserved"], self._resv_at(block[_END] - 4 * cfg.block_steps))
+                plateau["reserved"] = max(plateau["reserved"], self._value_at(_RESV, block[_END] - 4 * cfg.block_steps))
             if broke:
                 self.state = "rising"
                 self._rising_since = self._cp["floor"] if broke == "allocated" else block[_START]
@@ -508,7 +507,7 @@ class TrendEngine:
         if self.state == "rising":
             # the floor's own change point can be later than the break (a checkpoint ratchet
             # first, a leak after): try the break, the floor's onset, and the recent half
-            self._cusum_step("floor", floor - plateau["floor"], block, trigger=False)
+            self._cusum_step("floor", floor - plateau["floor"], block)
             trend = None
             starts = {self._rising_since, max(self._rising_since, self._cp["floor"])}
             starts.add(int(0.5 * (self._rising_since + block[_END])))
@@ -530,8 +529,8 @@ class TrendEngine:
                 # stretched over the whole rise, so a slow creep never passes for a plateau
                 rise = block[_END] - self._rising_since
                 window = 0.5 * rise
-                settled, _ = self._flat(_FLOOR, block[_END] - window, window, stretch=rise)
-                resv_flat = block[_RESV] - self._resv_at(block[_END] - window) <= self._reserved_tol()
+                settled = self._flat(_FLOOR, block[_END] - window, window, stretch=rise)
+                resv_flat = block[_RESV] - self._value_at(_RESV, block[_END] - window) <= self._reserved_tol()
                 if settled and resv_flat:
                     self._new_plateau(step, block, out, window)
         elif self.state == "leak":
@@ -550,7 +549,7 @@ class TrendEngine:
             self.state in ("plateau", "rising")
             and plateau.get("outside") is not None
             and block[_OUTSIDE] is not None
-            and self._cusum_step("outside", block[_OUTSIDE] - plateau["outside"], block, trigger=False)
+            and self._cusum_step("outside", block[_OUTSIDE] - plateau["outside"], block)
         ):
             trend = self._trend(_OUTSIDE, self._cp["outside"], min_span, cfg.half_ratio)
             if trend:
@@ -572,13 +571,15 @@ class TrendEngine:
                     best = b[index]
         return best
 
-    def _resv_at(self, at: float) -> float:
-        for b in reversed(self._levels[0].blocks):
+    def _value_at(self, index: int, at: float) -> Any:
+        """Signal ``index`` of the latest level-0 block starting at or before ``at``."""
+        ring = self._levels[0].blocks
+        for b in reversed(ring):
             if b[_START] <= at:
-                return b[_RESV]
-        return self._levels[0].blocks[0][_RESV]
+                return b[index]
+        return ring[0][index]
 
-    def _cusum_step(self, name: str, excess: float, block: list[Any], trigger: bool = True) -> bool:
+    def _cusum_step(self, name: str, excess: float, block: list[Any]) -> bool:
         """One-sided CUSUM (Page 1954): drift allowance tol/2, alarm at 2 tol (the classic
         choice for a shift of tol; a smaller allowance breaks on noisy plateaus)."""
         tol = self._tol
@@ -599,12 +600,12 @@ class TrendEngine:
             # flat even with the current slope stretched over the whole age: a warm-up with
             # a long time constant is still climbing at age T by (A/tau)e^(-T/tau) per step,
             # which only becomes immaterial over T steps once T is several tau
-            settled, _ = self._flat(_FLOOR, s0, span, stretch=age)
+            settled = self._flat(_FLOOR, s0, span, stretch=age)
             # the allocator may still be filling its cache in ever rarer jumps: only its
             # recent growth counts, and what a checkpoint/eval added is a phase's ratchet
             recent = last[_END] - span / 2
             bumps = sum(b for at, b in self._phase_bumps if at >= recent)
-            if settled and last[_RESV] - self._resv_at(recent) - bumps <= self._reserved_tol():
+            if settled and last[_RESV] - self._value_at(_RESV, recent) - bumps <= self._reserved_tol():
                 self._first_plateau_age = age
                 self._new_plateau(step, last, out, span)
                 return
@@ -730,7 +731,7 @@ class TrendEngine:
         # has it stopped? flat over a window long enough to see the leak's own rise
         window = max(min_span, 2 * self._tol / leak["slope"] if leak["slope"] > 0 else min_span)
         if block[_END] - leak["onset"] >= 2 * window:
-            settled, _ = self._flat(index, block[_END] - window, window)
+            settled = self._flat(index, block[_END] - window, window)
             if settled:
                 self._break_onsets.clear()  # that rise is over and judged: not a slow leak to re-find
                 self._new_plateau(step, block, out, window)
@@ -741,7 +742,7 @@ class TrendEngine:
     def _check_fragmentation(self, step: int, block: list[Any], min_span: float, out: list[dict[str, Any]]) -> None:
         plateau = self._plateau
         assert plateau is not None
-        rising = self._cusum_step("slack", block[_SLACK] - plateau["slack"], block, trigger=False)
+        rising = self._cusum_step("slack", block[_SLACK] - plateau["slack"], block)
         frag = self._frag
         if self.state == "fragmentation" and frag is not None:
             # over, once neither kind of waste moved for long enough to have seen it grow
@@ -749,9 +750,9 @@ class TrendEngine:
             window = max(min_span, 2 * self._reserved_tol() / slope)
             if block[_END] - frag["onset"] >= 2 * window:
                 s0 = block[_END] - window
-                slack_flat, _ = self._flat(_SLACK, s0, window)
-                split_flat, _ = self._flat(_SPLIT, s0, window)
-                if slack_flat and split_flat and self._retries_at(s0) == block[_RETRIES]:
+                slack_flat = self._flat(_SLACK, s0, window)
+                split_flat = self._flat(_SPLIT, s0, window)
+                if slack_flat and split_flat and self._value_at(_RETRIES, s0) == block[_RETRIES]:
                     self._frag = None
                     self._new_plateau(step, block, out, window)
             return
@@ -773,9 +774,9 @@ class TrendEngine:
             if trend:
                 onset = s0
                 break
-        first_retries = self._retries_at(onset)
+        first_retries = self._value_at(_RETRIES, onset)
         retries_up = block[_RETRIES] > first_retries
-        split_growth = block[_SPLIT] - self._split_at(onset)
+        split_growth = block[_SPLIT] - self._value_at(_SPLIT, onset)
         # cached-but-unusable memory: split blocks piling up, or the allocator already retrying
         if not retries_up and (trend is None or split_growth < 0.25 * growth):
             return
@@ -800,20 +801,6 @@ class TrendEngine:
             },
             out,
         )
-
-    def _split_at(self, at: float) -> int:
-        for b in reversed(self._levels[0].blocks):
-            if b[_START] <= at:
-                return b[_SPLIT]
-        ring = self._levels[0].blocks
-        return ring[0][_SPLIT] if ring else 0
-
-    def _retries_at(self, at: float) -> int:
-        for b in reversed(self._levels[0].blocks):
-            if b[_START] <= at:
-                return b[_RETRIES]
-        ring = self._levels[0].blocks
-        return ring[0][_RETRIES] if ring else 0
 
     # ------------------------------------------------------------------ read-out
     def summary(self) -> dict[str, Any]:
