@@ -185,8 +185,20 @@ _REQUIRED_NAMES_SET = frozenset(REQUIRED_NAMES)
 _known_phases: set[str] = {"train", "eval", "checkpoint"}
 
 
+# run/host/uuid/incarnation repeat on every sample: remember the ones already checked
+# (bounded, so hostile clients cannot grow it).
+_known_names: set[str] = set()
+
+
 def _plain_name(value: Any, limit: int = MAX_NAME) -> bool:
-    return type(value) is str and 0 < len(value) <= limit and _CONTROL_RE.search(value) is None
+    if type(value) is not str:
+        return False
+    if limit == MAX_NAME and value in _known_names:
+        return True
+    ok = 0 < len(value) <= limit and _CONTROL_RE.search(value) is None
+    if ok and limit == MAX_NAME and len(_known_names) < 4096:
+        _known_names.add(value)
+    return ok
 
 
 def _plainly_valid(obj: dict[str, Any]) -> bool:
