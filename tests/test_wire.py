@@ -132,6 +132,7 @@ def test_fast_path_accepts_exactly_what_the_full_check_accepts() -> None:
     samples += [make_sample(i, extra={"loss": 1.0 * i, "tokens_seen": i}) for i in range(50)]
     mutations = [
         ("allocated_bytes", -1), ("reserved_bytes", 0), ("ts", 5.0), ("ts", 1_700_000_000), ("phase", "bad phase"),
+        ("phase", ["train"]), ("run", {"a": 1}),
         ("run", ""), ("host", "x\ty"), ("uuid", 3), ("extra", {"a": "b"}), ("extra", {"a": float("inf")}),
         ("step_time_s", -1.0), ("allocator", "cudaMallocAsync"), ("nvml_used_bytes", 10**15), ("gpu", True),
         ("peak_allocated_bytes", 0), ("schema", 1.0), ("tokens", None), ("bogus", 1),

@@ -224,8 +224,10 @@ def _plainly_valid(obj: dict[str, Any]) -> bool:
         return False
     if type(ts) is not float or not MIN_TS <= ts < math.inf:
         return False
+    if type(phase) is not str:
+        return False
     if phase not in _known_phases:
-        if type(phase) is not str or not _PHASE_RE.match(phase):
+        if not _PHASE_RE.match(phase):
             return False
         if len(_known_phases) < 256:
             _known_phases.add(phase)
