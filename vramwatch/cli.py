@@ -256,9 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 100000000, about 8 GB)")
     p.add_argument("--retention-days", type=_non_negative(float), default=0.0, metavar="DAYS",
                    help="delete samples older than DAYS (checked every minute); 0: keep all (default)")
-    p.add_argument("--min-free-mb", type=_non_negative(float), default=1024.0, metavar="MB",
+    p.add_argument("--min-free-mb", type=_non_negative(float), default=256.0, metavar="MB",
                    help="refuse ingest (507: hooks spool and retry) while the database's disk has less "
-                        "free space (default 1024)")
+                        "free space (default 256)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_serve)
 

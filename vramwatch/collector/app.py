@@ -59,7 +59,7 @@ class Settings:
     #: delete samples older than this many days (None: keep everything)
     retention_days: float | None = None
     #: refuse ingest (507, the hook spools and retries) while the DB's disk has less free space
-    min_free_bytes: int = 1024**3
+    min_free_bytes: int = 256 * 1024**2
     # ---- durability
     #: seconds between background WAL checkpoints (PASSIVE, off the ingest path)
     checkpoint_interval_s: float = 2.0
