@@ -559,16 +559,19 @@ class TrendEngine:
             self._check_fragmentation(step, block, min_span, out)
 
     def _min_since(self, index: int, since: float) -> float:
-        """Lowest value of a signal over blocks ending at or after ``since`` (the floor after
-        collection). Levels overlap, and a minimum does not mind: their union reaches back
-        as far as the coarsest ring, at a cost of levels x ring_blocks comparisons."""
+        """Lowest value of a signal over blocks starting at or after ``since`` (the floor after
+        collection). Levels overlap, and a minimum does not mind; but a coarse block that
+        starts before ``since`` would drag in older (e.g. warm-up) values, so only blocks
+        wholly inside the window count. Falls back to the latest block."""
         best = _INF
         for level in self._levels:
             for b in reversed(level.blocks):
-                if b[_END] < since:
+                if b[_START] < since:
                     break
                 if b[index] < best:
                     best = b[index]
+        if best == _INF and self._levels[0].blocks:
+            best = self._levels[0].blocks[-1][index]
         return best
 
     def _value_at(self, index: int, at: float) -> Any:
@@ -596,6 +599,10 @@ class TrendEngine:
         span = max(cfg.min_blocks * cfg.block_steps, cfg.warmup_span_frac * age, 1.5 * self._saw_period)
         last = self._levels[0].blocks[-1]
         s0 = last[_END] - span
+        if len(self._saw_drops) == 1 and last[_END] - self._saw_drops[0] < 1.5 * self._saw_period:
+            # one clear seen: a sawtooth's level is trough against trough, so wait for the
+            # second clear (or for long enough to know there is none) before calling it flat
+            return
         if s0 >= self._inc_start:
             # flat even with the current slope stretched over the whole age: a warm-up with
             # a long time constant is still climbing at age T by (A/tau)e^(-T/tau) per step,
@@ -633,8 +640,14 @@ class TrendEngine:
         # block's top), measured above the floor; it keeps learning while on the plateau
         self._normal_high = max(b[_PEAK2] - b[_FLOOR] for b in ring)
         self._spike_threshold = self._normal_high + self.config.spike_margin_frac * self._total
+        if self._saw_period:
+            # a sawtooth's floor is its trough now, not the median of trailing minima that
+            # still reach back into the warm-up
+            floor = self._min_since(_FLOOR, block[_END] - 1.2 * self._saw_period)
+        else:
+            floor = median(floors) if floors else block[_FLOOR]
         return {
-            "floor": median(floors) if floors else block[_FLOOR],
+            "floor": floor,
             "reserved": float(block[_RESV]),
             "peak": float(peak),
             "outside": None if any(v is None for v in outside) else float(median(outside)),
