@@ -193,6 +193,8 @@ def check_outside_leak(case: Case, results: dict[int, RankResult], factor: float
 def check_sawtooth(case: Case, results: dict[int, RankResult], factor: float) -> None:
     (result,) = results.values()
     ends_on_plateau(result)
+    # a cache that fills and clears is one level, judged trough against trough: no break
+    assert result.of("plateau_break") == [], result.of("plateau_break")
 
 
 def check_periodic_spikes(case: Case, results: dict[int, RankResult], factor: float) -> None:
