@@ -241,6 +241,45 @@ def test_sigterm_with_hooks_sending_shuts_down_cleanly_and_loses_nothing(tmp_pat
     assert len(got) == 6 * steps and got == sorted(set(got))
 
 
+def test_database_locked_while_running_stalls_only_ingest_and_loses_nothing(tmp_path) -> None:
+    db = tmp_path / "vw.db"
+    with CollectorProcess(db) as server, httpx.Client(base_url=server.url, timeout=5) as client:
+        vws = monitors(server.url, "locked", 6, tmp_path / "spool")
+        try:
+            with Trainer(vws, rate=20) as trainer:
+                time.sleep(1.0)
+                holder = sqlite3.connect(db, isolation_level=None)
+                holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock for 12 s
+                t_locked = time.monotonic()
+                answers = []
+                while time.monotonic() < t_locked + 12:
+                    c0 = time.monotonic()
+                    health = client.get("/healthz")
+                    runs = client.get("/api/v1/runs")
+                    answers.append((time.monotonic() - c0, health.status_code, runs.status_code))
+                    time.sleep(0.5)
+                holder.execute("ROLLBACK")
+                holder.close()
+                t_free = time.monotonic()
+                time.sleep(2.0)
+            assert all(vw.flush(30) for vw in vws)
+            stats = [vw.stats() for vw in vws]
+        finally:
+            for vw in vws:
+                vw.close(5)
+        log = server.log()
+    # health and reads kept answering at once: only ingest waited for the lock
+    assert all(h == r == 200 for _, h, r in answers)
+    assert max(t for t, _, _ in answers) < 1.0, answers
+    # past SQLite's 10 s busy timeout ingest answered 503 and the hooks kept the samples
+    assert "database is locked" in log
+    assert sum(s["send_failures"] for s in stats) > 0
+    assert sum(s["dropped_overflow"] + s["dropped_spool_full"] + s["rejected"] for s in stats) == 0
+    assert rows(db, "locked") == expected_rows(6, trainer.step)
+    locked = trainer.costs_between(t_locked, t_free)
+    assert len(locked) > 6 * 20 * 10 and percentile(locked, 99) < 0.005
+
+
 # ------------------------------------------------------------------ broken database at start
 
 

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import logging
 import shutil
+import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -312,6 +313,15 @@ def create_app(settings: Settings) -> FastAPI:
     read = [Depends(require_read_auth)]
 
     # ------------------------------------------------------------------ ingest
+    commit_lock = threading.Lock()
+
+    def _commit(state: Any, valid: list[Any], now: float) -> Any:
+        # one writer at a time, and the live engines fed in commit order
+        with commit_lock:
+            result = state.store.insert(valid, max_samples_per_run=settings.max_samples_per_run)
+            state.live.ingest(valid, received_at=now)
+        return result
+
     @app.post("/api/v1/samples", dependencies=[Depends(require_ingest_auth)], openapi_extra=INGEST_OPENAPI)
     async def ingest(request: Request) -> Response:
         started = time.perf_counter()
@@ -366,14 +376,15 @@ def create_app(settings: Settings) -> FastAPI:
                 507, f"disk: only {free // 2**20} MiB free for the database, below the "
                      f"{settings.min_free_bytes // 2**20} MiB reserve (min_free_bytes); retry later, nothing stored")
         try:
-            result = request.app.state.store.insert(valid, max_samples_per_run=settings.max_samples_per_run)
+            # in a worker thread: a slow disk or a lock held by another process (up to the 10 s
+            # busy timeout) then holds up ingest only, never the event loop, health or reads
+            result = await asyncio.to_thread(_commit, request.app.state, valid, now)
         except RunFullError as exc:
             metrics.observe(accepted=0, duplicates=0, rejected=len(valid), seconds=time.perf_counter() - started)
             return _json_error(422, f"{exc}; nothing stored", accepted=0, rejected=len(valid), errors=[])
         except StoreError as exc:
             log.error("ingest failed: %s", exc)
             return _json_error(503, str(exc))
-        request.app.state.live.ingest(valid, received_at=now)
         metrics.observe(
             accepted=result.accepted, duplicates=result.duplicates, rejected=0, seconds=time.perf_counter() - started
         )
