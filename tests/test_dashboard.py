@@ -33,7 +33,7 @@ LEAKING_RANK = 5  # the demo scenario's leak_rank
 DEMO_STEPS = 2200
 # A hostile run and host name: if any of this is parsed as HTML, window.__xss gets set.
 # (no "/" in the run name: the collector's routes take the run as one path segment)
-XSS_RUN = "<img src=x onerror=\"window.__xss='run'\">\"'&<script>window.__xss='script'<!--"
+XSS_RUN = "<img src=x onerror=\"window.__xss='run'\">\"'&<script>window.__xss='script'<!--/../runs/x"
 RESERVED = "document.getElementById('chart-rank').data.find(t => t.name === 'reserved')"
 XSS_HOST = "<svg onload=\"window.__xss='host'\"><b>h</b>"
 

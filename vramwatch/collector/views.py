@@ -229,7 +229,7 @@ def run_heatmap(
     return heatmap_cache(store.path).heatmap(run, series, field=field, xmode=x, cols=cols)
 
 
-@router.get("/api/v1/runs/{run}/heatmap")
+@router.get("/api/v1/runs/{run:path}/heatmap")
 def get_heatmap(
     request: Request,
     run: str,
@@ -504,7 +504,7 @@ def run_chart(
     return envelope_cache(store.path).chart((run, host, rank), ids, fields, points, start, end)
 
 
-@router.get("/api/v1/runs/{run}/chart")
+@router.get("/api/v1/runs/{run:path}/chart")
 def get_chart(
     request: Request,
     run: str,
