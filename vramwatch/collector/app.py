@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 from vramwatch import __about__
 from vramwatch.collector.downsample import downsample
 from vramwatch.collector.live import LiveState, SeriesState
-from vramwatch.collector.store import FIELD_COLUMNS, RunFullError, Store, StoreError
+from vramwatch.collector.store import FIELD_COLUMNS, RunFullError, Store, StoreBusyError, StoreError
 from vramwatch.wire import WireError, gunzip_limited, parse_body, validate
 
 log = logging.getLogger("vramwatch.collector")
@@ -36,6 +36,9 @@ DEFAULT_SERIES_FIELDS = (
     "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes",
 )
 MAX_ERRORS_LISTED = 50
+#: a commit on the event loop waits at most this long for a lock held elsewhere, then
+#: moves to a worker thread
+FAST_COMMIT_BUSY_S = 0.05
 #: ranks are wire integers (at most 2**53); larger query values are a 422, not an overflow
 MAX_RANK = 2**53
 OptionalRank = Annotated[int | None, Query(ge=0, le=MAX_RANK)]
@@ -313,14 +316,32 @@ def create_app(settings: Settings) -> FastAPI:
     read = [Depends(require_read_auth)]
 
     # ------------------------------------------------------------------ ingest
+    # One writer at a time, and the live engines fed in commit order. Normally a commit takes
+    # about a millisecond and runs right on the event loop (a thread hop costs more than it
+    # saves under load). When the database is locked by someone else, or the lock is held
+    # by a waiting commit, the batch waits in a worker thread instead: only ingest stalls,
+    # never the event loop (health, reads, /metrics).
     commit_lock = threading.Lock()
 
-    def _commit(state: Any, valid: list[Any], now: float) -> Any:
-        # one writer at a time, and the live engines fed in commit order
-        with commit_lock:
-            result = state.store.insert(valid, max_samples_per_run=settings.max_samples_per_run)
-            state.live.ingest(valid, received_at=now)
+    def _commit(state: Any, valid: list[Any], now: float, busy_timeout_s: float | None) -> Any:
+        result = state.store.insert(valid, max_samples_per_run=settings.max_samples_per_run,
+                                    busy_timeout_s=busy_timeout_s)
+        state.live.ingest(valid, received_at=now)
         return result
+
+    def _commit_waiting(state: Any, valid: list[Any], now: float) -> Any:
+        with commit_lock:
+            return _commit(state, valid, now, None)  # the store's full busy timeout (10 s)
+
+    async def commit(state: Any, valid: list[Any], now: float) -> Any:
+        if commit_lock.acquire(blocking=False):
+            try:
+                return _commit(state, valid, now, FAST_COMMIT_BUSY_S)
+            except StoreBusyError:
+                pass  # locked elsewhere: wait for it off the loop
+            finally:
+                commit_lock.release()
+        return await asyncio.to_thread(_commit_waiting, state, valid, now)
 
     @app.post("/api/v1/samples", dependencies=[Depends(require_ingest_auth)], openapi_extra=INGEST_OPENAPI)
     async def ingest(request: Request) -> Response:
@@ -376,9 +397,7 @@ def create_app(settings: Settings) -> FastAPI:
                 507, f"disk: only {free // 2**20} MiB free for the database, below the "
                      f"{settings.min_free_bytes // 2**20} MiB reserve (min_free_bytes); retry later, nothing stored")
         try:
-            # in a worker thread: a slow disk or a lock held by another process (up to the 10 s
-            # busy timeout) then holds up ingest only, never the event loop, health or reads
-            result = await asyncio.to_thread(_commit, request.app.state, valid, now)
+            result = await commit(request.app.state, valid, now)
         except RunFullError as exc:
             metrics.observe(accepted=0, duplicates=0, rejected=len(valid), seconds=time.perf_counter() - started)
             return _json_error(422, f"{exc}; nothing stored", accepted=0, rejected=len(valid), errors=[])

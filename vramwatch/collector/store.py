@@ -92,6 +92,10 @@ class StoreError(RuntimeError):
     """The database cannot be opened or written (locked, read-only, newer schema)."""
 
 
+class StoreBusyError(StoreError):
+    """Another connection or process holds the write lock past the busy timeout."""
+
+
 class RunFullError(StoreError):
     """A run reached its cap of stored samples (``max_samples_per_run``); nothing was stored."""
 
@@ -176,6 +180,8 @@ class Store:
         self._run_counts: dict[str, int] | None = None  # loaded on first capped insert
         self._ckpt_conn: sqlite3.Connection | None = None  # background checkpoints, off the write lock
         self._ckpt_lock = threading.Lock()
+        self._busy_timeout_s = busy_timeout_s
+        self._busy_ms = int(1000 * busy_timeout_s)
         try:
             self._conn = _connect(self.path, readonly=readonly, timeout=busy_timeout_s)
             if not readonly:
@@ -262,12 +268,17 @@ class Store:
             self._phase_names[pid] = name
         return pid
 
-    def insert(self, samples: Sequence[Sample], *, max_samples_per_run: int | None = None) -> InsertResult:
+    def insert(
+        self, samples: Sequence[Sample], *, max_samples_per_run: int | None = None,
+        busy_timeout_s: float | None = None,
+    ) -> InsertResult:
         """Store validated samples in one transaction; duplicates (same key) are ignored.
 
         All or nothing: on any error the transaction rolls back and caches are restored.
         ``max_samples_per_run``: when storing would take a run past this many samples the
         whole batch is rolled back and :class:`RunFullError` raised (duplicates do not count).
+        ``busy_timeout_s``: how long to wait for a write lock held elsewhere (default: the
+        store's); past it :class:`StoreBusyError`, nothing stored.
         """
         if self.readonly:
             raise StoreError("store is read-only")
@@ -278,6 +289,10 @@ class Store:
             phases_before = dict(self._phase_ids)
             conn = self._conn
             try:
+                busy_ms = int(1000 * (self._busy_timeout_s if busy_timeout_s is None else busy_timeout_s))
+                if busy_ms != self._busy_ms:
+                    conn.execute(f"PRAGMA busy_timeout={busy_ms}")
+                    self._busy_ms = busy_ms
                 if max_samples_per_run is not None and self._run_counts is None:
                     self._run_counts = self._count_runs()
                 conn.execute("BEGIN IMMEDIATE")
@@ -317,6 +332,8 @@ class Store:
                 self._series_ids = series_before
                 self._phase_ids = phases_before
                 self._phase_names = {v: k for k, v in phases_before.items()}
+                if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
+                    raise StoreBusyError(f"cannot write to {self.path}: {exc}") from None
                 if isinstance(exc, sqlite3.Error):
                     raise StoreError(f"cannot write to {self.path}: {exc}") from None
                 raise
