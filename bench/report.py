@@ -29,10 +29,7 @@ def write_section(title: str, body: str, command: str) -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     section = f"## {title}\n\nCommand: `{command}` — {stamp}, {machine()}\n\n{body.strip()}\n"
     pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _m: section + "\n", text)
-    else:
-        text = text.rstrip() + "\n\n" + section
+    text = pattern.sub(lambda _m: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
     DOC.parent.mkdir(parents=True, exist_ok=True)
     DOC.write_text(text.rstrip() + "\n")
 

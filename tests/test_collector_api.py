@@ -14,10 +14,9 @@ from vramwatch.collector.server import BackgroundServer
 
 @pytest.fixture
 def collector(tmp_path):
-    with BackgroundServer(str(tmp_path / "vw.db")) as srv:
-        with httpx.Client(base_url=srv.url, timeout=10) as client:
-            srv.client = client  # type: ignore[attr-defined]
-            yield srv
+    with BackgroundServer(str(tmp_path / "vw.db")) as srv, httpx.Client(base_url=srv.url, timeout=10) as client:
+        srv.client = client  # type: ignore[attr-defined]
+        yield srv
 
 
 def stored_count(srv) -> int:
@@ -66,7 +65,7 @@ def test_ingest_store_api_and_metrics(collector) -> None:
 def test_ingest_is_idempotent_and_accepts_array_and_single_object(collector) -> None:
     samples = [make_sample(i) for i in range(10)]
     assert post(collector, samples, as_array=True).json()["accepted"] == 10
-    again = post(collector, samples[5:] + [make_sample(10)], gzip_body=True).json()
+    again = post(collector, [*samples[5:], make_sample(10)], gzip_body=True).json()
     assert again == {"accepted": 1, "duplicates": 5, "rejected": 0}
     single = collector.client.post("/api/v1/samples", content=orjson.dumps(make_sample(11)))
     assert single.json()["accepted"] == 1
@@ -121,7 +120,9 @@ BAD_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize(("desc", "body", "headers", "status", "needle"), BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+@pytest.mark.parametrize(
+    ("desc", "body", "headers", "status", "needle"), BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS]
+)
 def test_bad_input_is_a_clear_4xx_and_stores_nothing(collector, desc, body, headers, status, needle) -> None:
     r = collector.client.post("/api/v1/samples", content=body, headers=headers)
     assert r.status_code == status, r.text
@@ -199,3 +200,12 @@ def test_state_is_rebuilt_from_the_database_after_restart(tmp_path) -> None:
         ]
         r = client.post("/api/v1/samples", content=ndjson([make_sample(49, rank=0)]))
         assert r.json()["duplicates"] == 1
+
+
+def test_large_responses_are_gzipped_for_clients_that_ask(collector) -> None:
+    post(collector, [make_sample(0, rank=r, uuid=f"GPU-{r:04d}") for r in range(200)])
+    r = collector.client.get("/metrics", headers={"accept-encoding": "gzip"})
+    assert r.status_code == 200 and r.headers["content-encoding"] == "gzip"
+    assert r.text.count("vramwatch_memory_reserved_bytes{") == 200  # httpx inflated it
+    plain = collector.client.get("/metrics", headers={"accept-encoding": "identity"})
+    assert "content-encoding" not in plain.headers and len(plain.content) > 16 * 1024

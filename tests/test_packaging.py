@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_wheel_ships_the_dashboard_inside_the_package(tmp_path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT), "-w", str(tmp_path)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT),
+         "-w", str(tmp_path)],
         check=True, capture_output=True,
     )
     (wheel,) = tmp_path.glob("vramwatch-*.whl")

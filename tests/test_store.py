@@ -58,7 +58,7 @@ def test_query_columns_merges_incarnations_of_a_rank(tmp_path) -> None:
     store.insert([make_sample(i, incarnation="first") for i in range(10)])
     # the rank crashed at step 9 and resumed from the step-6 checkpoint
     store.insert([make_sample(i, incarnation="second", ts=1_760_000_100.0 + i) for i in range(6, 12)])
-    xs, cols = store.query_columns("run-a", "node-1", 0, ["allocated_bytes"], x="ts")
+    xs, _cols = store.query_columns("run-a", "node-1", 0, ["allocated_bytes"], x="ts")
     assert len(xs) == 16 and xs == sorted(xs)
     xs, _ = store.query_columns("run-a", None, 0, ["allocated_bytes"], start=8, end=10)
     assert xs == [8, 8, 9, 9, 10]

@@ -1,2 +1,3 @@
 from vramwatch.cli import main
+
 raise SystemExit(main())

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
@@ -268,6 +269,9 @@ def create_app(settings: Settings) -> FastAPI:
         default_response_class=JSONBytes,
     )
     app.state.settings = settings
+    # /metrics for thousands of ranks and /ranks polls are megabytes of repetitive text;
+    # Prometheus and browsers ask for gzip. Level 1: most of the gain for little CPU.
+    app.add_middleware(GZipMiddleware, minimum_size=16 * 1024, compresslevel=1)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
