@@ -181,7 +181,9 @@ def _check(name: str, kind: str, value: Any) -> Any:
 
 _REQUIRED_INTS = ("rank", "step", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes",
                   "inactive_split_bytes", "alloc_retries", "ooms", "total_bytes")
-_REQUIRED_NAMES_SET = frozenset(REQUIRED_NAMES)
+_OPTIONAL_INTS = tuple(name for name, kind in OPTIONAL if kind in ("i", "b"))
+_OPTIONAL_NAMES = tuple(name for name, kind in OPTIONAL if kind == "s")
+_MISSING = object()
 _known_phases: set[str] = {"train", "eval", "checkpoint"}
 
 
@@ -234,32 +236,42 @@ def _plainly_valid(obj: dict[str, Any]) -> bool:
     if not (_plain_name(run) and _plain_name(host)):
         return False
     if len(obj) > len(REQUIRED):
-        for name, value in obj.items():
-            if name in _REQUIRED_NAMES_SET:
-                continue
-            kind = FIELDS.get(name)
-            if kind is None or value is None:
-                return False
-            if kind == "b" or kind == "i":
+        # look up the optional fields by name (no walk over every key): a key that is none
+        # of them shows up as a count mismatch and sends the sample to the slow path
+        get = obj.get
+        found = 0
+        for name in _OPTIONAL_INTS:
+            value = get(name, _MISSING)
+            if value is not _MISSING:
                 if type(value) is not int or value < 0 or value > MAX_INT:
                     return False
-            elif kind == "s":
+                found += 1
+        for name in _OPTIONAL_NAMES:
+            value = get(name, _MISSING)
+            if value is not _MISSING:
                 if not _plain_name(value):
                     return False
-            elif kind == "f":
-                if type(value) is not float or not 0.0 <= value < math.inf:
-                    return False
-            elif kind == "allocator":
-                if value != "native":  # cudaMallocAsync relaxes a cross-check: slow path
-                    return False
-            elif kind == "extra":
-                if type(value) is not dict or len(value) > MAX_EXTRA_KEYS:
-                    return False
-                for key, number in value.items():
-                    if not _plain_name(key, 64) or type(number) not in (int, float) or not abs(number) <= MAX_INT:
-                        return False
-            else:  # pragma: no cover - every kind is handled above
+                found += 1
+        value = get("step_time_s", _MISSING)
+        if value is not _MISSING:
+            if type(value) is not float or not 0.0 <= value < math.inf:
                 return False
+            found += 1
+        value = get("allocator", _MISSING)
+        if value is not _MISSING:
+            if value != "native":  # cudaMallocAsync relaxes a cross-check: slow path
+                return False
+            found += 1
+        value = get("extra", _MISSING)
+        if value is not _MISSING:
+            if type(value) is not dict or len(value) > MAX_EXTRA_KEYS:
+                return False
+            for key, number in value.items():
+                if not _plain_name(key, 64) or type(number) not in (int, float) or not abs(number) <= MAX_INT:
+                    return False
+            found += 1
+        if len(obj) != len(REQUIRED) + found:
+            return False
     allocated, reserved, total = obj["allocated_bytes"], obj["reserved_bytes"], obj["total_bytes"]
     return (
         allocated <= reserved <= total
