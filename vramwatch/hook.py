@@ -56,11 +56,9 @@ from vramwatch import identity as _identity
 from vramwatch.delivery import BatchSender, FileTransport, HttpTransport, default_spool_dir, spool_prefix
 from vramwatch.probe import Probe, make_probe
 from vramwatch.probe.torch_cuda import PEAK_POLICIES
-from vramwatch.wire import SCHEMA_VERSION
+from vramwatch.wire import MAX_INT, PHASE_RE, SCHEMA_VERSION
 
-_PHASE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,32}\Z")
 _EXTRA_KEY_RE = re.compile(r"[^\x00-\x1f\x7f]{1,64}\Z")
-_MAX_INT = 2**53
 
 
 class HookWarning(UserWarning):
@@ -255,7 +253,7 @@ class Monitor:
                     self._warn("numbers", f"vramwatch: step({key}=...) must be a Python number, got "
                                           f"{type(value).__name__}; ignored (use .item() yourself if you mean it)")
                     continue
-            if not math.isfinite(value) or abs(value) > _MAX_INT:
+            if not math.isfinite(value) or abs(value) > MAX_INT:
                 self._ignored_numbers += 1
                 continue
             if key == "tokens" and value >= 0:
@@ -271,7 +269,7 @@ class Monitor:
         """``with vw.phase("checkpoint"): ...`` records one sample whose peak is the phase's."""
         if not self._active:
             return _NULL_PHASE
-        if type(name) is not str or not _PHASE_RE.match(name):
+        if type(name) is not str or not PHASE_RE.match(name):
             self._hook_errors += 1
             self._warn(f"phase:{name!r}", f"vramwatch: phase: {name!r} is not a short name "
                                           "(1-32 of A-Z a-z 0-9 _ . : -); not recorded")

@@ -114,7 +114,8 @@ ALLOCATORS = ("native", "cudaMallocAsync")
 MAX_NAME = 128
 MAX_PHASE = 32
 MAX_EXTRA_KEYS = 64
-_PHASE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,32}\Z")
+#: What a phase name may be (the hook checks names with the same pattern before sending).
+PHASE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,32}\Z")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -157,7 +158,7 @@ def _check(name: str, kind: str, value: Any) -> Any:
             raise WireError(name, f"must not be negative, got {value!r}")
         return float(value)
     if kind == "phase":
-        if type(value) is not str or not _PHASE_RE.match(value):
+        if type(value) is not str or not PHASE_RE.match(value):
             raise WireError(name, "must be a short name: 1-32 of A-Z a-z 0-9 _ . : -")
         return value
     if kind == "allocator":
@@ -229,7 +230,7 @@ def _plainly_valid(obj: dict[str, Any]) -> bool:
     if type(phase) is not str:
         return False
     if phase not in _known_phases:
-        if not _PHASE_RE.match(phase):
+        if not PHASE_RE.match(phase):
             return False
         if len(_known_phases) < 256:
             _known_phases.add(phase)
