@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 from vramwatch import __about__
 from vramwatch.collector.downsample import downsample
 from vramwatch.collector.live import LiveState, SeriesState
+from vramwatch.collector.params import OptionalRank, Rank, check_range, field_list
 from vramwatch.collector.store import FIELD_COLUMNS, RunFullError, Store, StoreBusyError, StoreError
 from vramwatch.wire import WireError, gunzip_limited, parse_body, validate
 
@@ -41,8 +42,6 @@ MAX_ERRORS_LISTED = 50
 #: moves to a worker thread
 FAST_COMMIT_BUSY_S = 0.05
 #: ranks are wire integers (at most 2**53); larger query values are a 422, not an overflow
-MAX_RANK = 2**53
-OptionalRank = Annotated[int | None, Query(ge=0, le=MAX_RANK)]
 
 
 @dataclass
@@ -462,7 +461,7 @@ def create_app(settings: Settings) -> FastAPI:
     def series(
         request: Request,
         run: str,
-        rank: Annotated[int, Query(ge=0, le=MAX_RANK)],
+        rank: Rank,
         host: str | None = None,
         fields: str = ",".join(DEFAULT_SERIES_FIELDS),
         points: Annotated[int, Query(ge=10, le=20000)] = 2000,
@@ -471,14 +470,9 @@ def create_app(settings: Settings) -> FastAPI:
         start: Annotated[float | None, Query(allow_inf_nan=False)] = None,
         end: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     ) -> dict[str, Any]:
-        names = [f.strip() for f in fields.split(",") if f.strip()]
         # "ts" is allowed as a field with x=step: the dashboard maps steps to wall time
-        unknown = [f for f in names if f not in FIELD_COLUMNS]
-        if unknown or not names:
-            raise HTTPException(422, f"fields: unknown field {unknown[0] if unknown else ''!r}; "
-                                     f"choose from {', '.join(k for k in FIELD_COLUMNS if k != 'ts')}")
-        if start is not None and end is not None and end < start:
-            raise HTTPException(422, "end: must not be before start")
+        names = field_list(fields, FIELD_COLUMNS, [k for k in FIELD_COLUMNS if k != "ts"])
+        check_range(start, end)
         _find_run(request, run)
         xs, columns = request.app.state.store.query_columns(
             run, host, rank, names, phase=phase, x=x, start=start, end=end

@@ -29,10 +29,12 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
+
+from vramwatch.collector.params import Bound, Points, Rank, check_range, field_list
 
 router = APIRouter()
 
@@ -508,20 +510,15 @@ def run_chart(
 def get_chart(
     request: Request,
     run: str,
-    rank: Annotated[int, Query(ge=0)],
+    rank: Rank,
     host: str | None = None,
     fields: str = "allocated_bytes,reserved_bytes,peak_allocated_bytes,nvml_used_bytes,total_bytes",
-    points: Annotated[int, Query(ge=10, le=20000)] = 2000,
-    start: float | None = None,
-    end: float | None = None,
+    points: Points = 2000,
+    start: Bound = None,
+    end: Bound = None,
 ) -> dict[str, Any]:
-    names = [f.strip() for f in fields.split(",") if f.strip()]
-    unknown = [f for f in names if f not in CHART_FIELDS]
-    if unknown or not names:
-        raise HTTPException(422, f"fields: unknown field {unknown[0] if unknown else ''!r}; "
-                                 f"choose from {', '.join(CHART_FIELDS)}")
-    if start is not None and end is not None and end < start:
-        raise HTTPException(422, "end: must not be before start")
+    names = field_list(fields, CHART_FIELDS, CHART_FIELDS)
+    check_range(start, end)
     doc = run_chart(request.app.state.store, run, rank, host=host, fields=names, points=points, start=start, end=end)
     if doc is None:
         raise HTTPException(404, f"run: no run named {run!r}")

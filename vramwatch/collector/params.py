@@ -1,0 +1,31 @@
+"""Query parameters shared by the read API (``app.py``) and the dashboard views
+(``views.py``): one parser each, so both answer bad input with the same 422."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Annotated
+
+from fastapi import HTTPException, Query
+
+MAX_RANK = 2**53
+Rank = Annotated[int, Query(ge=0, le=MAX_RANK)]
+OptionalRank = Annotated[int | None, Query(ge=0, le=MAX_RANK)]
+Points = Annotated[int, Query(ge=10, le=20000)]
+Bound = Annotated[float | None, Query(allow_inf_nan=False)]
+
+
+def field_list(text: str, allowed: Iterable[str], shown: Iterable[str] | None = None) -> list[str]:
+    """``a,b,c`` → names, each one of ``allowed``; else 422 naming the first unknown one."""
+    allowed = set(allowed)
+    names = [f.strip() for f in text.split(",") if f.strip()]
+    unknown = [f for f in names if f not in allowed]
+    if unknown or not names:
+        choices = ", ".join(shown if shown is not None else sorted(allowed))
+        raise HTTPException(422, f"fields: unknown field {unknown[0] if unknown else ''!r}; choose from {choices}")
+    return names
+
+
+def check_range(start: float | None, end: float | None) -> None:
+    if start is not None and end is not None and end < start:
+        raise HTTPException(422, "end: must not be before start")
