@@ -28,6 +28,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,13 +212,17 @@ _caches: dict[str, HeatmapCache] = {}
 _caches_lock = threading.Lock()
 
 
-def heatmap_cache(db_path: str) -> HeatmapCache:
-    """One cache per database file (shared by every request and by ``report``)."""
+def _cache_for(registry: dict[str, Any], factory: Callable[[str], Any], db_path: str) -> Any:
+    """One cache per database file, shared by every request and by ``report``."""
     with _caches_lock:
-        cache = _caches.get(db_path)
+        cache = registry.get(db_path)
         if cache is None:
-            cache = _caches[db_path] = HeatmapCache(db_path)
+            cache = registry[db_path] = factory(db_path)
         return cache
+
+
+def heatmap_cache(db_path: str) -> HeatmapCache:
+    return _cache_for(_caches, HeatmapCache, db_path)
 
 
 def run_heatmap(
@@ -487,11 +492,7 @@ _envelopes: dict[str, EnvelopeCache] = {}
 
 
 def envelope_cache(db_path: str) -> EnvelopeCache:
-    with _caches_lock:
-        cache = _envelopes.get(db_path)
-        if cache is None:
-            cache = _envelopes[db_path] = EnvelopeCache(db_path)
-        return cache
+    return _cache_for(_envelopes, EnvelopeCache, db_path)
 
 
 def run_chart(
