@@ -528,8 +528,12 @@ class BatchSender:
     # ---------------------------------------------------------- worker thread
 
     def _run(self) -> None:
+        # ranks started together would POST in lockstep every interval: spread the first tick
+        # (a flush() or a full batch still wakes the worker at once)
+        timeout = random.uniform(0.0, self.interval_s)
         while True:
-            self._wake.wait(self.interval_s)
+            self._wake.wait(timeout)
+            timeout = self.interval_s
             self._wake.clear()
             with self._cond:
                 target = self._flush_requested
