@@ -155,6 +155,15 @@ def _connect(path: str, *, readonly: bool = False, timeout: float = 10.0) -> sql
     return conn
 
 
+def thread_reader(local: threading.local, path: str) -> sqlite3.Connection:
+    """This thread's read-only connection to ``path``, opened on first use (WAL readers never
+    block the writer, and a connection must not be shared across threads mid-query)."""
+    conn = getattr(local, "conn", None)
+    if conn is None:
+        conn = local.conn = _connect(path, readonly=True)
+    return conn
+
+
 class Store:
     """One SQLite database file. Thread-safe: writes are serialised by a lock; each reading
     thread gets its own connection (WAL readers never block the writer)."""
@@ -235,13 +244,10 @@ class Store:
             self._phase_names[pid] = name
 
     def _reader(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = _connect(self.path, readonly=True)
-            self._local.conn = conn
-            with self._readers_lock:
-                self._readers.append(conn)
-        return conn
+        if getattr(self._local, "conn", None) is None:
+            with self._readers_lock:  # remembered so close() can close every thread's reader
+                self._readers.append(thread_reader(self._local, self.path))
+        return self._local.conn
 
     # ------------------------------------------------------------ writes
     def _series_id(self, s: Sample) -> int:

@@ -36,6 +36,7 @@ import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 
 from vramwatch.collector.params import Bound, Points, Rank, check_range, field_list
+from vramwatch.collector.store import thread_reader
 
 router = APIRouter()
 
@@ -79,11 +80,7 @@ class HeatmapCache:
         self._lock = threading.Lock()
 
     def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, check_same_thread=False, timeout=10)
-            self._local.conn = conn
-        return conn
+        return thread_reader(self._local, self.db_path)
 
     def _x_range(self, conn: sqlite3.Connection, sid: int, xmode: str) -> tuple[float, float] | None:
         # Both ends through the (series, step, phase) primary key: O(log n) per series.
@@ -343,11 +340,7 @@ class EnvelopeCache:
         self._ranks: OrderedDict[tuple[str, str | None, int], _RankEnvelope] = OrderedDict()
 
     def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, check_same_thread=False, timeout=10)
-            self._local.conn = conn
-        return conn
+        return thread_reader(self._local, self.db_path)
 
     def _step_range(self, conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int] | None:
         lo = hi = None
