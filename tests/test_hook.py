@@ -21,16 +21,12 @@ from fakes.ingest_server import dead_url
 
 import vramwatch.hook as hook
 from vramwatch import identity, wire
-from vramwatch.collector.server import BackgroundServer
 from vramwatch.probe.simulated import SimulatedProbe
 
 
 @pytest.fixture(scope="module")
-def collector(tmp_path_factory):
-    db = tmp_path_factory.mktemp("collector") / "vw.db"
-    with BackgroundServer(str(db)) as server:
-        server.db = db
-        yield server
+def collector(module_collector):
+    return module_collector
 
 
 def get_json(url: str):

@@ -11,8 +11,6 @@ import pytest
 import torch
 from fakes.collector import stored
 
-from vramwatch.collector.server import BackgroundServer
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -24,11 +22,8 @@ def _require(module: str):
 
 
 @pytest.fixture(scope="module")
-def collector(tmp_path_factory):
-    db = tmp_path_factory.mktemp("integrations") / "vw.db"
-    with BackgroundServer(str(db)) as server:
-        server.db = db
-        yield server
+def collector(module_collector):
+    return module_collector
 
 
 def tiny_gpt2():
