@@ -39,7 +39,7 @@ def fresh(n: int, start: int = 0, **kw) -> list[dict]:
 
 
 def post(client: httpx.Client, samples: list[dict], headers: dict | None = None, **kw) -> httpx.Response:
-    return client.post("/api/v1/samples", content=ndjson(samples), headers=headers or {}, **kw)
+    return client.post("/api/v1/samples", content=ndjson(samples), headers={**{"content-type": "application/x-ndjson"}, **(headers or {})}, **kw)
 
 
 # ------------------------------------------------------------------ token for ingest
@@ -231,7 +231,7 @@ def test_per_run_sample_cap_refuses_the_batch_that_would_cross_it(tmp_path) -> N
         assert r.json()["accepted"] == 0
         assert stored(db, "run-a") == 90
         # resent duplicates do not count against the cap; up to the cap is fine
-        assert post(client, fresh(90)).json() == {"accepted": 0, "duplicates": 90, "rejected": 0}
+        assert post(client, fresh(90)).json().items() >= {"accepted": 0, "duplicates": 90, "rejected": 0}.items()
         assert post(client, fresh(10, start=90)).json()["accepted"] == 10
         assert post(client, fresh(1, start=100)).status_code == 422
         # other runs are not affected by one full run
@@ -301,7 +301,7 @@ def test_oversize_request_is_refused_before_it_is_read(tmp_path) -> None:
     # a body announced larger than the limit is refused from its Content-Length alone
     with BackgroundServer(str(tmp_path / "vw.db"), max_body_bytes=1024) as srv, \
             httpx.Client(base_url=srv.url) as client:
-        r = client.post("/api/v1/samples", content=orjson.dumps([make_sample(i) for i in range(100)]))
+        r = client.post("/api/v1/samples", content=orjson.dumps([make_sample(i) for i in range(100)]), headers={"content-type": "application/x-ndjson"})
         assert r.status_code == 413 and "1024" in r.json()["detail"]
 
         # and a chunked body without Content-Length is cut off while streaming
@@ -309,6 +309,6 @@ def test_oversize_request_is_refused_before_it_is_read(tmp_path) -> None:
             for i in range(100):
                 yield orjson.dumps(make_sample(i)) + b"\n"
 
-        r = client.post("/api/v1/samples", content=chunks())
+        r = client.post("/api/v1/samples", content=chunks(), headers={"content-type": "application/x-ndjson"})
         assert r.status_code == 413
     assert stored(str(tmp_path / "vw.db")) == 0
