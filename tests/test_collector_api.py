@@ -7,7 +7,7 @@ import sqlite3
 import httpx
 import orjson
 import pytest
-from helpers import GiB, gz, make_sample, ndjson
+from helpers import NDJSON_HEADERS, GiB, gz, make_sample, ndjson
 
 from vramwatch.collector.server import BackgroundServer
 
@@ -150,10 +150,10 @@ def test_oversize_bodies_and_gzip_bombs_get_413(tmp_path) -> None:
         with httpx.Client(base_url=srv.url) as client:
             big = ndjson([make_sample(i) for i in range(1000)])
             assert len(big) > 64 * 1024
-            r = client.post("/api/v1/samples", content=big, headers={"content-type": "application/x-ndjson"})
+            r = client.post("/api/v1/samples", content=big, headers=NDJSON_HEADERS)
             assert r.status_code == 413 and "body" in r.json()["detail"]
             bomb = gzip.compress(b" " * (50 * 1024 * 1024))
-            r = client.post("/api/v1/samples", content=bomb, headers={"content-encoding": "gzip", **{"content-type": "application/x-ndjson"}})
+            r = client.post("/api/v1/samples", content=bomb, headers={"content-encoding": "gzip", **NDJSON_HEADERS})
             assert r.status_code == 413 and "exceeds" in r.json()["detail"]
         with sqlite3.connect(srv.settings.db_path) as conn:
             assert conn.execute("SELECT count(*) FROM samples").fetchone()[0] == 0
@@ -193,14 +193,14 @@ def test_state_is_rebuilt_from_the_database_after_restart(tmp_path) -> None:
     db = str(tmp_path / "vw.db")
     with BackgroundServer(db) as srv, httpx.Client(base_url=srv.url) as client:
         client.post("/api/v1/samples", content=ndjson([make_sample(i, rank=r) for r in range(2) for i in range(50)]),
-                    headers={"content-type": "application/x-ndjson"})
+                    headers=NDJSON_HEADERS)
         before = client.get("/api/v1/runs/run-a/ranks").json()
     with BackgroundServer(db) as srv, httpx.Client(base_url=srv.url) as client:
         after = client.get("/api/v1/runs/run-a/ranks").json()
         assert [(r["rank"], r["last_step"], r["samples"], r["verdict"]) for r in after] == [
             (r["rank"], r["last_step"], r["samples"], r["verdict"]) for r in before
         ]
-        r = client.post("/api/v1/samples", content=ndjson([make_sample(49, rank=0)]), headers={"content-type": "application/x-ndjson"})
+        r = client.post("/api/v1/samples", content=ndjson([make_sample(49, rank=0)]), headers=NDJSON_HEADERS)
         assert r.json()["duplicates"] == 1
 
 

@@ -16,7 +16,7 @@ import time
 import httpx
 import orjson
 import pytest
-from helpers import make_sample, ndjson
+from helpers import NDJSON_HEADERS, make_sample, ndjson
 
 from bench.load import CollectorProcess
 from vramwatch.collector.server import BackgroundServer
@@ -39,7 +39,7 @@ def fresh(n: int, start: int = 0, **kw) -> list[dict]:
 
 
 def post(client: httpx.Client, samples: list[dict], headers: dict | None = None, **kw) -> httpx.Response:
-    return client.post("/api/v1/samples", content=ndjson(samples), headers={**{"content-type": "application/x-ndjson"}, **(headers or {})}, **kw)
+    return client.post("/api/v1/samples", content=ndjson(samples), headers={**NDJSON_HEADERS, **(headers or {})}, **kw)
 
 
 # ------------------------------------------------------------------ token for ingest
@@ -301,7 +301,8 @@ def test_oversize_request_is_refused_before_it_is_read(tmp_path) -> None:
     # a body announced larger than the limit is refused from its Content-Length alone
     with BackgroundServer(str(tmp_path / "vw.db"), max_body_bytes=1024) as srv, \
             httpx.Client(base_url=srv.url) as client:
-        r = client.post("/api/v1/samples", content=orjson.dumps([make_sample(i) for i in range(100)]), headers={"content-type": "application/x-ndjson"})
+        r = client.post("/api/v1/samples", content=orjson.dumps([make_sample(i) for i in range(100)]),
+                        headers=NDJSON_HEADERS)
         assert r.status_code == 413 and "1024" in r.json()["detail"]
 
         # and a chunked body without Content-Length is cut off while streaming
@@ -309,6 +310,6 @@ def test_oversize_request_is_refused_before_it_is_read(tmp_path) -> None:
             for i in range(100):
                 yield orjson.dumps(make_sample(i)) + b"\n"
 
-        r = client.post("/api/v1/samples", content=chunks(), headers={"content-type": "application/x-ndjson"})
+        r = client.post("/api/v1/samples", content=chunks(), headers=NDJSON_HEADERS)
         assert r.status_code == 413
     assert stored(str(tmp_path / "vw.db")) == 0

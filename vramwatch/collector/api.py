@@ -20,7 +20,7 @@ from vramwatch.collector.deps import LiveDep, StoreDep, require_read_auth
 from vramwatch.collector.downsample import downsample
 from vramwatch.collector.live import LiveState, SeriesState
 from vramwatch.collector.params import Bound, OptionalRank, Points, Rank, check_range, field_list
-from vramwatch.collector.rows import MAX_RANK_ROWS, rank_rows
+from vramwatch.collector.rows import COMPACT_COLUMNS, MAX_RANK_ROWS, rank_rows
 from vramwatch.collector.store import FIELD_COLUMNS, Store
 
 DEFAULT_SERIES_FIELDS = (
@@ -67,14 +67,18 @@ def runs(live: LiveDep) -> list[dict[str, Any]]:
     return live.run_summaries()
 
 
-def _mark_liveness_changes(live: LiveState, states: list[SeriesState], rows: list[dict[str, Any]]) -> None:
-    # liveness changes with time, not with ingest: a row whose liveness changed since it was
-    # last shown counts as changed, so delta polls see a rank go silent
-    for state, row in zip(states, rows, strict=True):
-        if row["liveness"] != state.shown_liveness:
-            state.shown_liveness = row["liveness"]
+def _mark_liveness_changes(live: LiveState, states: list[SeriesState], now: float) -> None:
+    # liveness changes with time, not with ingest: a rank whose liveness changed since it
+    # was last shown counts as changed, so delta polls see a rank go silent
+    if not states:
+        return
+    run_last_seen = max(s.last_seen for s in states)
+    for state in states:
+        alive = verdicts.liveness(now, state.last_seen, run_last_seen, state.exited)
+        if alive != state.shown_liveness:
+            state.shown_liveness = alive
             live.version += 1
-            state.version = row["version"] = live.version
+            state.version = live.version
 
 
 @router.get("/api/v1/runs/{run:path}/ranks", response_model=None)
@@ -86,19 +90,24 @@ def ranks(
     since: Annotated[int | None, Query(ge=0)] = None,
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_RANK_ROWS)] = MAX_RANK_ROWS,
-) -> list[dict[str, Any]] | dict[str, Any]:
-    """Rows of the run's ranks (by rank). Plain: a list, as before. With ``compact`` or
-    ``since``: ``{"version", "total", "rows"}``; keep ``version`` for the next ``since``."""
+) -> list[Any] | dict[str, Any]:
+    """Rows of the run's ranks (by rank). Plain: a list of row objects, as before. With
+    ``compact`` or ``since``: ``{"run", "version", "total", "rows"}`` (compact: ``columns``
+    names the values of each row list); keep ``version`` for the next ``since``."""
     states = find_run(live, run, store)
+    now = time.time()
+    _mark_liveness_changes(live, states, now)
     version = live.version
-    rows = rank_rows(states, now=time.time(), compact=compact)
-    _mark_liveness_changes(live, states, rows)
+    run_last_seen = max(s.last_seen for s in states)
     if since is not None:
-        rows = [r for r in rows if r["version"] > since]
-    page = rows[offset:offset + limit]
+        states = [s for s in states if s.version > since]
+    page = rank_rows(states[offset:offset + limit], now=now, compact=compact, run_last_seen=run_last_seen)
     if not compact and since is None:
         return page
-    return {"version": max(version, live.version), "total": len(states), "rows": page}
+    doc: dict[str, Any] = {"run": run, "version": version, "total": len(states), "rows": page}
+    if compact:
+        doc["columns"] = list(COMPACT_COLUMNS)
+    return doc
 
 
 @router.get("/api/v1/runs/{run:path}/events")
