@@ -211,3 +211,88 @@ def test_large_responses_are_gzipped_for_clients_that_ask(collector) -> None:
     assert r.text.count("vramwatch_memory_reserved_bytes{") == 200  # httpx inflated it
     plain = collector.client.get("/metrics", headers={"accept-encoding": "identity"})
     assert "content-encoding" not in plain.headers and len(plain.content) > 16 * 1024
+
+
+# ------------------------------------------------------------------ deaths stay visible (issue 18)
+
+
+def _live_with(samples_by_time):
+    from vramwatch.collector.live import LiveState
+
+    live = LiveState()
+    for received_at, samples in samples_by_time:
+        live.ingest(samples, received_at=received_at)
+    return live
+
+
+def test_an_oom_and_restart_stick_to_the_rank_and_the_run() -> None:
+    from vramwatch.collector.rows import rank_rows
+
+    t0 = 1_760_000_000.0
+    first = [make_sample(i, rank=r, ts=t0 + i) for r in range(4) for i in range(50)]
+    oom = [make_sample(50, rank=2, ts=t0 + 50, ooms=1)]
+    again = [make_sample(i, rank=2, ts=t0 + i, incarnation="restart-1") for i in range(51, 60)]
+    live = _live_with([(t0 + 49, first), (t0 + 50, oom), (t0 + 60, again)])
+    rows = {r["rank"]: r for r in rank_rows(live.for_run("run-a"), now=t0 + 61)}
+    assert rows[2]["ooms"] == 1 and rows[2]["restarts"] == 1 and rows[2]["liveness"] == "live"
+    assert rows[0]["ooms"] == 0 and rows[2]["severity"] > rows[0]["severity"]
+    run = live.run_summaries(now=t0 + 61)[0]
+    assert run["ooms"] == 1 and run["restarts"] == 1 and run["status"] == "running" and run["worst_rank"] == 2
+    # the run stops 10 minutes later: it finished (the restarted rank ran to the end)
+    assert live.run_summaries(now=t0 + 700)[0]["status"] == "finished"
+
+
+def test_a_dead_rank_is_silent_sorts_worst_and_has_no_time_to_oom() -> None:
+    from vramwatch.collector.rows import rank_rows
+
+    t0 = 1_760_000_000.0
+    early = [make_sample(i, rank=r, ts=t0 + i) for r in range(3) for i in range(20)]
+    later = [make_sample(i, rank=r, ts=t0 + i) for r in (0, 1) for i in range(20, 400)]
+    live = _live_with([(t0 + 20, early), (t0 + 400, later)])
+    rows = {r["rank"]: r for r in rank_rows(live.for_run("run-a"), now=t0 + 401)}
+    assert rows[2]["liveness"] == "silent" and rows[0]["liveness"] == "live"
+    assert rows[2]["severity"] > max(rows[0]["severity"], rows[1]["severity"])
+    assert rows[2]["verdict"]["seconds_to_oom"] is None and rows[2]["died"]["how"] == "silent"
+    assert rows[2]["died"]["step"] == 19
+    run = live.run_summaries(now=t0 + 401)[0]
+    assert run["silent_ranks"] == 1 and run["worst_rank"] == 2 and run["status"] == "running"
+    # the run ends: it crashed (a rank died before the others)
+    assert live.run_summaries(now=t0 + 1000)[0]["status"] == "crashed"
+
+
+def test_a_clean_exit_is_exited_not_silent_and_the_run_finishes() -> None:
+    from vramwatch.collector.rows import rank_rows
+
+    t0 = 1_760_000_000.0
+    samples = [make_sample(i, rank=r, ts=t0 + i) for r in range(2) for i in range(10)]
+    closing = [make_sample(10, rank=r, ts=t0 + 10, phase="exit") for r in range(2)]
+    live = _live_with([(t0 + 10, samples), (t0 + 11, closing)])
+    rows = rank_rows(live.for_run("run-a"), now=t0 + 12)
+    assert [r["liveness"] for r in rows] == ["exited", "exited"]
+    assert live.run_summaries(now=t0 + 12)[0]["status"] == "finished"
+
+
+def test_the_silent_rule_is_the_alert_rule() -> None:
+    import re
+    from pathlib import Path
+
+    from vramwatch import verdicts
+
+    rules = (Path(__file__).resolve().parents[1] / "deploy/prometheus/rules/vramwatch.rules.yml").read_text()
+    block = rules[rules.index("alert: VramwatchHookSilent"):]
+    silent, active = re.search(r"vramwatch_last_received_timestamp_seconds > (\d+)\)", block).group(1), \
+        re.search(r"max by \(run\) \(vramwatch_last_received_timestamp_seconds\) < (\d+)\)", block).group(1)
+    assert (float(silent), float(active)) == (verdicts.SILENT_AFTER_S, verdicts.RUN_ACTIVE_S)
+
+
+def test_runs_and_ranks_over_http_carry_status_liveness_and_ooms(collector) -> None:
+    import time as _time
+
+    now = _time.time()
+    post(collector, [make_sample(i, rank=r, ts=now - 20 + i) for r in range(2) for i in range(10)])
+    post(collector, [make_sample(10, rank=1, ts=now - 5, ooms=1)])
+    runs = collector.client.get("/api/v1/runs").json()
+    assert runs[0]["status"] == "running" and runs[0]["ooms"] == 1
+    ranks = collector.client.get("/api/v1/runs/run-a/ranks").json()
+    assert [(r["rank"], r["liveness"], r["ooms"]) for r in ranks] == [(0, "live", 0), (1, "live", 1)]
+    assert ranks[1]["died"]["how"] == "oom" and ranks[1]["verdict"]["seconds_to_oom"] is None
