@@ -328,7 +328,8 @@ def test_ingest_refuses_the_content_types_a_cross_site_page_can_send_without_pre
         r = client.post("/api/v1/samples", content=ndjson(fresh(3)), headers=headers)
         assert r.status_code == 415 and "content-type" in r.json()["detail"]
         for ok in ("application/json", "application/x-ndjson; charset=utf-8", "application/jsonl"):
-            assert client.post("/api/v1/samples", content=ndjson(fresh(1)), headers={"content-type": ok}).status_code == 200
+            r = client.post("/api/v1/samples", content=ndjson(fresh(1)), headers={"content-type": ok})
+            assert r.status_code == 200
     assert stored(str(tmp_path / "vw.db")) == 1  # the same sample three times
 
 
