@@ -271,8 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-free-mb", type=_non_negative(float), default=256.0, metavar="MB",
                    help="refuse ingest (507: hooks spool and retry) while the database's disk has less "
                         "free space (default 256)")
-    p.add_argument("--max-series", type=_positive(int), default=100_000, metavar="N",
-                   help="live series (run, host, rank) held at once; past it batches get 422 (default 100000)")
+    p.add_argument("--max-series", type=_positive(int), default=20_000, metavar="N",
+                   help="live series (run, host, rank) held at once; past it batches get 422 (default 20000)")
     p.add_argument("--max-ranks-per-run", type=_positive(int), default=16_384, metavar="N",
                    help="series of one run; past it batches get 422 (default 16384)")
     p.add_argument("--max-connections", type=_positive(int), default=8192, metavar="N",

@@ -157,10 +157,9 @@ async def _maintenance(app: FastAPI, settings: Settings) -> None:
 def _close(app: FastAPI, settings: Settings) -> None:
     """Caches first, the store last (its close folds the WAL into the main file). A failure
     is one line and a flag server.py turns into a non-zero exit."""
-    for name in ("heatmaps", "envelopes"):
-        cache = getattr(app.state, name, None)
-        if cache is not None:
-            cache.close()
+    views = _views()
+    if views is not None:
+        views.forget_caches(settings.db_path)
     try:
         app.state.store.close()
     except (StoreError, OSError) as exc:
@@ -170,12 +169,31 @@ def _close(app: FastAPI, settings: Settings) -> None:
     log.info("database %s closed cleanly", settings.db_path)
 
 
-def _views() -> tuple[Any, Any, Any] | None:
+class _Views:
+    """The dashboard's view module, when installed: its router and its per-database caches
+    (the routes find them by database path; the lifespan creates them and drops them)."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.router = module.router
+
+    def create_caches(self, db_path: str) -> tuple[Any, Any]:
+        return self.module.heatmap_cache(db_path), self.module.envelope_cache(db_path)
+
+    def forget_caches(self, db_path: str) -> None:
+        for registry in (self.module._caches, self.module._envelopes):
+            cache = registry.pop(db_path, None)
+            close = getattr(cache, "close", None)
+            if close is not None:
+                close()
+
+
+def _views() -> _Views | None:
     try:
-        from vramwatch.collector.views import EnvelopeCache, HeatmapCache, router
+        from vramwatch.collector import views
     except ImportError:  # the dashboard's extra views are optional in a minimal install
         return None
-    return router, HeatmapCache, EnvelopeCache
+    return _Views(views)
 
 
 def _open_state(app: FastAPI, settings: Settings) -> None:
@@ -193,7 +211,7 @@ def _open_state(app: FastAPI, settings: Settings) -> None:
     app.state.ingestor = ingest.Ingestor(app.state, settings)
     views = _views()
     if views is not None:
-        app.state.heatmaps, app.state.envelopes = views[1](settings.db_path), views[2](settings.db_path)
+        app.state.heatmaps, app.state.envelopes = views.create_caches(settings.db_path)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -241,7 +259,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(api.router)
     views = _views()
     if views is not None:
-        app.include_router(views[0], dependencies=[Depends(require_read_auth)])
+        app.include_router(views.router, dependencies=[Depends(require_read_auth)])
     app.include_router(pages.router)
     pages.mount_static(app)
     return app

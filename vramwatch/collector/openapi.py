@@ -11,6 +11,9 @@ def sample_json_schema() -> dict[str, Any]:
     total, ...) are enforced by validation and described there."""
     from vramwatch import wire
 
+    derived = getattr(wire, "sample_json_schema", None)  # the field table's own, where wire has it
+    if derived is not None:
+        return derived()
     count = {"type": "integer", "minimum": 0, "maximum": wire.MAX_INT}
     kinds: dict[str, dict[str, Any]] = {
         "i": count,

@@ -23,7 +23,7 @@ class Settings:
     #: a run may store at most this many samples; past it its batches get 422 (None: no cap)
     max_samples_per_run: int | None = 100_000_000
     #: live series (run, host, rank) held in memory at once; a batch that would add more: 422
-    max_series: int = 100_000
+    max_series: int = 20_000
     #: series of one run; a batch that would add more: 422
     max_ranks_per_run: int = 16_384
     #: delete samples older than this many days (None: keep everything)

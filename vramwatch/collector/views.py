@@ -36,7 +36,7 @@ import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 
 from vramwatch.collector.params import Bound, Points, Rank, check_range, field_list
-from vramwatch.collector.readers import ThreadReaders
+from vramwatch.collector.store import thread_reader
 
 router = APIRouter()
 
@@ -75,15 +75,12 @@ class HeatmapCache:
 
     def __init__(self, db_path: str) -> None:
         self.db_path = db_path
-        self._readers = ThreadReaders(db_path)
+        self._local = threading.local()
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._lock = threading.Lock()
 
     def _conn(self) -> sqlite3.Connection:
-        return self._readers.get()
-
-    def close(self) -> None:
-        self._readers.close()
+        return thread_reader(self._local, self.db_path)
 
     def _x_range(self, conn: sqlite3.Connection, sid: int, xmode: str) -> tuple[float, float] | None:
         # Both ends through the (series, step, phase) primary key: O(log n) per series.
@@ -226,16 +223,14 @@ def heatmap_cache(db_path: str) -> HeatmapCache:
 
 
 def run_heatmap(
-    store: Any, run: str, *, field: str = "headroom", x: str = "step", cols: int = 240,
-    cache: HeatmapCache | None = None,
+    store: Any, run: str, *, field: str = "headroom", x: str = "step", cols: int = 240
 ) -> dict[str, Any] | None:
     """The heatmap document for ``run``; ``None`` when the run has no series."""
     rows = store.series(run)
     if not rows:
         return None
     series = [(r.id, r.host, r.rank) for r in rows]
-    cache = cache if cache is not None else heatmap_cache(store.path)
-    return cache.heatmap(run, series, field=field, xmode=x, cols=cols)
+    return heatmap_cache(store.path).heatmap(run, series, field=field, xmode=x, cols=cols)
 
 
 @router.get("/api/v1/runs/{run:path}/heatmap")
@@ -252,7 +247,7 @@ def get_heatmap(
         raise HTTPException(422, f"x: must be step or ts, got {x!r}")
     if not 16 <= cols <= 1000:
         raise HTTPException(422, f"cols: must be between 16 and 1000, got {cols}")
-    doc = run_heatmap(request.app.state.store, run, field=field, x=x, cols=cols, cache=request.app.state.heatmaps)
+    doc = run_heatmap(request.app.state.store, run, field=field, x=x, cols=cols)
     if doc is None:
         raise HTTPException(404, f"run: no run named {run!r}")
     return doc
@@ -340,15 +335,12 @@ class EnvelopeCache:
 
     def __init__(self, db_path: str) -> None:
         self.db_path = db_path
-        self._readers = ThreadReaders(db_path)
+        self._local = threading.local()
         self._lock = threading.Lock()
         self._ranks: OrderedDict[tuple[str, str | None, int], _RankEnvelope] = OrderedDict()
 
     def _conn(self) -> sqlite3.Connection:
-        return self._readers.get()
-
-    def close(self) -> None:
-        self._readers.close()
+        return thread_reader(self._local, self.db_path)
 
     def _step_range(self, conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int] | None:
         lo = hi = None
@@ -498,15 +490,14 @@ def envelope_cache(db_path: str) -> EnvelopeCache:
 
 def run_chart(
     store: Any, run: str, rank: int, *, host: str | None = None, fields: list[str], points: int = 2000,
-    start: float | None = None, end: float | None = None, cache: EnvelopeCache | None = None,
+    start: float | None = None, end: float | None = None,
 ) -> dict[str, Any] | None:
     """Chart series of one rank (train samples, x = step); ``None`` when the run is unknown."""
     rows = store.series(run)
     if not rows:
         return None
     ids = [r.id for r in rows if r.rank == rank and (host is None or r.host == host)]
-    cache = cache if cache is not None else envelope_cache(store.path)
-    return cache.chart((run, host, rank), ids, fields, points, start, end)
+    return envelope_cache(store.path).chart((run, host, rank), ids, fields, points, start, end)
 
 
 @router.get("/api/v1/runs/{run:path}/chart")
@@ -522,8 +513,7 @@ def get_chart(
 ) -> dict[str, Any]:
     names = field_list(fields, CHART_FIELDS, CHART_FIELDS)
     check_range(start, end)
-    doc = run_chart(request.app.state.store, run, rank, host=host, fields=names, points=points, start=start, end=end,
-                    cache=request.app.state.envelopes)
+    doc = run_chart(request.app.state.store, run, rank, host=host, fields=names, points=points, start=start, end=end)
     if doc is None:
         raise HTTPException(404, f"run: no run named {run!r}")
     return doc
