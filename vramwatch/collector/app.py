@@ -5,9 +5,9 @@ the state the lifespan builds on ``app.state`` — the store, the live state, th
 registry, the ingest path and the dashboard's view caches — and closes all of it, caches
 first, store last, when the server stops.
 
-Two pure-ASGI guards wrap every request: the ``Host`` check (DNS rebinding: a page on an
-attacker's name that resolves to 127.0.0.1 must not reach a loopback collector; 421), and
-a quiet end for requests cancelled by shutdown (a 503, no traceback).
+:class:`~vramwatch.collector.front.FrontDoor` wraps it: the ``Host`` check, a quiet end
+for requests cancelled by shutdown, and the two hot routes (ingest, ``/healthz``) served
+without the framework's routing.
 """
 
 from __future__ import annotations
@@ -20,10 +20,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import orjson
 from fastapi import Depends, FastAPI
 from fastapi.middleware.gzip import GZipMiddleware
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vramwatch import __about__
 from vramwatch.collector import api, ingest, pages
@@ -33,6 +31,7 @@ from vramwatch.collector.deps import (  # noqa: F401 - public names kept for imp
     supplied_token,
     token_matches,
 )
+from vramwatch.collector.front import FrontDoor
 from vramwatch.collector.live import LiveState
 from vramwatch.collector.openapi import sample_json_schema
 from vramwatch.collector.pages import dashboard_dir, plotly_js_path
@@ -59,72 +58,6 @@ def allowed_hosts_for(settings: Settings) -> frozenset[str] | None:
     except ValueError:
         loopback = False
     return frozenset((*LOOPBACK_NAMES, host.lower())) if loopback else None
-
-
-def _host_name(value: str) -> str:
-    value = value.strip().lower()
-    if value.startswith("["):
-        return value[1:value.find("]")] if "]" in value else value
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
-
-
-class HostCheck:
-    """Refuse (421) requests whose ``Host`` is not one of ``allowed`` (None: all allowed)."""
-
-    def __init__(self, app: ASGIApp, allowed: frozenset[str] | None) -> None:
-        self.app = app
-        self.allowed = allowed
-        self.refusals = RateLimitedLog(log)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.allowed is not None:
-            host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
-            if _host_name(host) not in self.allowed:
-                self.refusals.warning("refused a request for Host %r (allowed: %s; see --allowed-host)",
-                                      host[:100], ", ".join(sorted(self.allowed)))
-                detail = f"host: {host[:100]!r} is not a name this collector serves (--allowed-host)"
-                await _send_json(send, 421, {"detail": detail})
-                return
-        await self.app(scope, receive, send)
-
-
-async def _send_json(send: Send, status: int, doc: dict[str, Any]) -> None:
-    body = orjson.dumps(doc)
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": body})
-
-
-class QuietCancel:
-    """A request still running when shutdown cancels it ends with 503 (if nothing was sent
-    yet) and one log line for all of them, instead of a CancelledError traceback each."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self.cancelled = RateLimitedLog(log, interval_s=10.0)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        except asyncio.CancelledError:
-            self.cancelled.warning("shutdown: cancelled a request still running (%s %s)",
-                                   scope.get("method"), scope.get("path"))
-            if not started:
-                try:
-                    await _send_json(send, 503, {"detail": "collector is shutting down; retry"})
-                except Exception:
-                    pass
 
 
 async def _maintenance(app: FastAPI, settings: Settings) -> None:
@@ -214,7 +147,9 @@ def _open_state(app: FastAPI, settings: Settings) -> None:
         app.state.heatmaps, app.state.envelopes = views.create_caches(settings.db_path)
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings) -> FrontDoor:
+    """The ASGI application: :class:`FrontDoor` around the FastAPI app (``.state``,
+    ``.routes`` and the rest are the FastAPI app's)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         _open_state(app, settings)
@@ -241,8 +176,6 @@ def create_app(settings: Settings) -> FastAPI:
     # /metrics for thousands of ranks and /ranks polls are megabytes of repetitive text;
     # Prometheus and browsers ask for gzip. Level 1: most of the gain for little CPU.
     app.add_middleware(GZipMiddleware, minimum_size=16 * 1024, compresslevel=1)
-    app.add_middleware(HostCheck, allowed=allowed_hosts_for(settings))
-    app.add_middleware(QuietCancel)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -262,4 +195,4 @@ def create_app(settings: Settings) -> FastAPI:
         app.include_router(views.router, dependencies=[Depends(require_read_auth)])
     app.include_router(pages.router)
     pages.mount_static(app)
-    return app
+    return FrontDoor(app, allowed_hosts_for(settings))
