@@ -166,8 +166,8 @@ def all_queries() -> list[tuple[str, str]]:
         if "expr" in annotation:
             queries.append((f"annotation:{annotation['name']}", annotation["expr"]))
     for variable in dashboard["templating"]["list"]:
-        query = variable["query"]
-        queries.append((f"variable:{variable['name']}", query["query"] if isinstance(query, dict) else query))
+        if variable["type"] == "query":  # not the datasource picker or the collector-URL textbox
+            queries.append((f"variable:{variable['name']}", variable["query"]["query"]))
     for group in yaml.safe_load(GRAFANA_ALERTS.read_text())["groups"]:
         for rule in group["rules"]:
             for item in rule["data"]:
@@ -178,8 +178,8 @@ def all_queries() -> list[tuple[str, str]]:
 
 def grafana_to_promql(expr: str) -> str:
     """A dashboard query with Grafana's variables filled in, as Grafana would send it."""
-    for variable, value in (("$__rate_interval", "1m"), ("$__interval", "1m"), ("$run", ".*"), ("$host", ".*"),
-                            ("$rank", ".*")):
+    for variable, value in (("$__rate_interval", "1m"), ("$__interval", "1m"), ("$__range", "1h"), ("$run", ".*"),
+                            ("$host", ".*"), ("$rank", ".*"), ("$focus", "0"), ("$instance", ".*"), ("$gpu", ".*")):
         expr = expr.replace(variable, value)
     label_values = re.fullmatch(r"\s*label_values\((.*),\s*[A-Za-z_]\w*\s*\)\s*", expr, re.S)
     return label_values.group(1) if label_values else expr
@@ -279,3 +279,120 @@ class PrometheusServer:
             time.sleep(0.25)
         raise AssertionError(f"timed out waiting for {expr!r}; last result: {result}\n"
                              f"prometheus log tail:\n{self.log.read_text()[-2000:]}")
+
+
+# ------------------------------------------------------------------ the dashboard check
+
+#: dcgm-exporter's families the dashboard reads (its default-counters.csv names, metrics in MiB, %, W, C).
+DCGM_METRICS = {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP"}
+DATASOURCE_VAR = "${datasource}"
+_AGGREGATION = re.compile(r"\s*(?:sum|min|max|avg|count|group|topk|bottomk)\s+by\s*\(([^)]*)\)\s*\(", re.S)
+
+
+def dashboard_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every panel, rows and the panels inside collapsed rows included."""
+    out: list[dict[str, Any]] = []
+
+    def walk(items: list[dict[str, Any]]) -> None:
+        for panel in items:
+            out.append(panel)
+            walk(panel.get("panels", []))
+
+    walk(dashboard["panels"])
+    return out
+
+
+def outer_grouping(expr: str) -> frozenset[str] | None:
+    """Labels of ``agg by (...) ( ... )`` when that aggregation is the whole expression, else None."""
+    match = _AGGREGATION.match(expr)
+    if not match:
+        return None
+    depth = 0
+    for index in range(match.end() - 1, len(expr)):
+        depth += {"(": 1, ")": -1}.get(expr[index], 0)
+        if depth == 0:
+            if expr[index + 1:].strip():
+                return None  # e.g. "max by (run) (x) > 0" or "... - min by (run) (y)": not the outer node
+            return frozenset(label.strip() for label in match.group(1).split(",") if label.strip())
+    return None
+
+
+def keeps_run_label(expr: str) -> bool:
+    grouping = outer_grouping(expr)
+    return "$run" in expr and (grouping is None or "run" in grouping)
+
+
+def check_dashboard(dashboard: dict[str, Any], known_metrics: set[str]) -> list[str]:
+    """Problems a Grafana user would hit; [] when there are none. Pure: reads only the JSON.
+
+    - duplicate rows per rank: a row or panel repeated over a multi-value variable (one copy
+      per rank: ~1000 panels at 512 ranks), or a merged table whose queries do not all
+      aggregate to the same labels (``__name__`` or another label kept: one row per query);
+    - a legend of a query that keeps ``run`` without ``{{run}}`` (run is multi-select);
+    - a metric name that is neither exposed, recorded nor dcgm-exporter's;
+    - a panel or query not on the ``$datasource`` variable (an import into another Grafana breaks).
+    """
+    problems: list[str] = []
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    if variables.get("datasource", {}).get("type") != "datasource":
+        problems.append("no $datasource variable")
+    if not any(i.get("type") == "datasource" and i.get("pluginId") == "prometheus"
+               for i in dashboard.get("__inputs", [])):
+        problems.append("no __inputs entry for the Prometheus datasource")
+    for panel in dashboard_panels(dashboard):
+        title = panel.get("title", "?")
+        repeat = panel.get("repeat")
+        if repeat and (variables.get(repeat, {}).get("multi") or variables.get(repeat, {}).get("includeAll")):
+            problems.append(f"{title}: repeated per value of multi-value ${repeat} (one copy per rank)")
+        targets = panel.get("targets", [])
+        if panel.get("type") != "row" and targets and panel.get("datasource", {}).get("uid") != DATASOURCE_VAR:
+            problems.append(f"{title}: panel datasource is not {DATASOURCE_VAR}")
+        if any(t.get("id") == "merge" for t in panel.get("transformations", [])):
+            groupings = {outer_grouping(t["expr"]) for t in targets}
+            if None in groupings or len(groupings) != 1:
+                problems.append(f"{title}: merged queries do not aggregate to one label set: {groupings}")
+        for item in targets:
+            if item.get("datasource", {}).get("uid") != DATASOURCE_VAR:
+                problems.append(f"{title} {item['refId']}: query datasource is not {DATASOURCE_VAR}")
+            if item.get("format") != "table" and keeps_run_label(item["expr"]) and "{{run}}" not in item.get(
+                    "legendFormat", ""):
+                problems.append(f"{title} {item['refId']}: legend lacks {{{{run}}}}")
+            for name in promql_metric_names(item["expr"]) - known_metrics:
+                problems.append(f"{title} {item['refId']}: unknown metric {name}")
+    for item in dashboard["annotations"]["list"]:
+        if "expr" not in item:
+            continue
+        if item["datasource"].get("uid") != DATASOURCE_VAR:
+            problems.append(f"annotation {item['name']}: datasource is not {DATASOURCE_VAR}")
+        if keeps_run_label(item["expr"]) and "{{run}}" not in item.get("textFormat", ""):
+            problems.append(f"annotation {item['name']}: text lacks {{{{run}}}}")
+        for name in promql_metric_names(item["expr"]) - known_metrics:
+            problems.append(f"annotation {item['name']}: unknown metric {name}")
+    for variable in variables.values():
+        if variable["type"] != "query":
+            continue
+        if variable["datasource"].get("uid") != DATASOURCE_VAR:
+            problems.append(f"variable {variable['name']}: datasource is not {DATASOURCE_VAR}")
+        for name in promql_metric_names(variable["query"]["query"]) - known_metrics:
+            problems.append(f"variable {variable['name']}: unknown metric {name}")
+    return problems
+
+
+def merged_rows(frames: list[list[dict[str, str]]]) -> list[dict[str, str]]:
+    """Grafana's merge transformation on instant table frames (one dict of labels per row).
+
+    Rows of different frames become one row when every column they share has equal values;
+    a column only one of them has (another query's ``__name__``) keeps them apart when both
+    have it with different values.
+    """
+    merged: list[dict[str, str]] = []
+    for frame in frames:
+        for labels in frame:
+            for existing in merged:
+                shared = set(existing) & set(labels)
+                if shared and all(existing[k] == labels[k] for k in shared):
+                    existing.update(labels)
+                    break
+            else:
+                merged.append(dict(labels))
+    return merged
