@@ -12,22 +12,27 @@ cross-shard recording rule, and a firing VramwatchPlateauBreak for rank 3 only.
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
 import pytest
 import yaml
 from test_prometheus_helpers import (
+    DASHBOARD,
     RULES,
     PrometheusServer,
     all_queries,
+    dashboard_panels,
     grafana_to_promql,
+    merged_rows,
     need_binary,
     post_samples,
 )
 
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.probe.simulated import simulate_trace
+from vramwatch.verdicts import SEVERITY, STATES
 
 pytestmark = pytest.mark.prometheus
 
@@ -141,6 +146,26 @@ def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None
             hosts = {r["metric"].get("Hostname") for r in results["panel:Reserved per rank"]}
             assert hosts == {"node-a", "node-b"}
             timeline = {r["metric"]["rank"]: float(r["value"][1]) for r in results["panel:Trend state per rank"]}
-            assert timeline == {"0": 2.0, "1": 2.0, "2": 2.0, "3": timeline["3"]} and timeline["3"] in (2.0, 3.0)
+            code = {state: SEVERITY[state] + 1 for state in STATES}  # the dashboard's state numbers
+            assert timeline == {"0": code["plateau"], "1": code["plateau"], "2": code["plateau"], "3": timeline["3"]}
+            assert timeline["3"] in (code["plateau"], code["rising"])
             breaks = {r["metric"]["rank"] for r in results["annotation:Plateau breaks"]}
             assert breaks == {"3"}
+            check_dashboard_against(prom)
+
+
+def check_dashboard_against(prom: PrometheusServer) -> None:
+    """The dashboard's queries on real data: one table row per rank, and {{run}} in every legend
+    whose query returns a run label."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    for panel in dashboard_panels(dashboard):
+        frames = []
+        for target in panel.get("targets", []):
+            result = prom.query(grafana_to_promql(target["expr"]))
+            frames.append([r["metric"] for r in result])
+            if target.get("format") != "table" and any("run" in r["metric"] for r in result):
+                assert "{{run}}" in target["legendFormat"], (panel["title"], target["refId"])
+        if any(t["id"] == "merge" for t in panel.get("transformations", [])):
+            rows = merged_rows(frames)
+            keys = [(r.get("run"), r.get("Hostname"), r.get("rank")) for r in rows]
+            assert len(keys) == len(set(keys)) == 4, (panel["title"], rows)
