@@ -60,7 +60,7 @@ def build() -> dict[str, Any]:
 
 
 def render() -> str:
-    body = yaml.dump(_block_strings(build()), Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)
+    body = yaml.dump(_block_strings(build()), Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
     return HEADER + body
 
 
