@@ -30,18 +30,24 @@ RULES = DEPLOY / "prometheus" / "rules" / "vramwatch.rules.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "tests" / "vramwatch.rules.test.yml"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "vramwatch.json"
 GRAFANA_ALERTS = DEPLOY / "grafana" / "provisioning" / "alerting" / "vramwatch-plateau-break.yaml"
+ALERTMANAGER = DEPLOY / "alertmanager" / "alertmanager.yml"
 
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
+#: Debian package of each binary the tests run (installed by `make system-deps`).
+PACKAGES = {"prometheus": "prometheus", "promtool": "prometheus", "prometheus-alertmanager": "prometheus-alertmanager",
+            "amtool": "prometheus-alertmanager"}
+
+
 def need_binary(name: str) -> str:
-    """Path of a Prometheus binary; under CI=true its absence fails the test, else skips."""
+    """Path of a Prometheus/Alertmanager binary; under CI=true its absence fails the test, else skips."""
     path = shutil.which(name) or (f"/usr/bin/{name}" if os.access(f"/usr/bin/{name}", os.X_OK) else None)
     if path:
         return path
-    message = f"{name} not found: apt-get install prometheus (Debian package: prometheus, promtool)"
+    message = f"{name} not found: apt-get install {PACKAGES.get(name, name)} (or make system-deps)"
     if in_ci():
         pytest.fail(message)
     pytest.skip(message)
@@ -396,3 +402,110 @@ def merged_rows(frames: list[list[dict[str, str]]]) -> list[dict[str, str]]:
             else:
                 merged.append(dict(labels))
     return merged
+
+
+# ------------------------------------------------------------------ a real Alertmanager
+
+class AlertmanagerServer:
+    """``/usr/bin/prometheus-alertmanager`` (Debian) on a loopback port, clustering off, for one test."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+        self.binary = need_binary("prometheus-alertmanager")
+        self.workdir = workdir
+        self.config = config
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.log = workdir / "alertmanager.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> AlertmanagerServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "alertmanager.yml").write_text(yaml.safe_dump(self.config, sort_keys=False))
+        for _attempt in range(3):
+            self.port = free_port()
+            with open(self.log, "wb") as log:
+                self.process = subprocess.Popen(
+                    [self.binary, f"--config.file={self.workdir / 'alertmanager.yml'}",
+                     f"--storage.path={self.workdir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
+                     "--cluster.listen-address="],
+                    stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+                )
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and self.process.poll() is None:
+                try:
+                    if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            self.stop()
+            if "address already in use" not in self.log.read_text():
+                break
+        raise RuntimeError(f"alertmanager did not become ready:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+
+    def __enter__(self) -> AlertmanagerServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class WebhookReceiver:
+    """An HTTP server on loopback that keeps every JSON body POSTed to it, by path."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        received: list[tuple[str, dict[str, Any]]] = []
+        self.received = received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                received.append((self.path, json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> WebhookReceiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def alerts(self) -> list[tuple[str, dict[str, Any]]]:
+        """(receiver path, alert) for every alert delivered so far."""
+        return [(path, alert) for path, body in list(self.received) for alert in body.get("alerts", [])]
+
+    def wait_for(self, predicate, timeout: float = 30.0) -> list[tuple[str, dict[str, Any]]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate(self.alerts()):
+                return self.alerts()
+            time.sleep(0.1)
+        raise AssertionError(f"timed out; webhook received: {self.alerts()}")

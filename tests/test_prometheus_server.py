@@ -19,9 +19,13 @@ import httpx
 import pytest
 import yaml
 from test_prometheus_helpers import (
+    ALERTMANAGER,
     DASHBOARD,
+    DEPLOY,
     RULES,
+    AlertmanagerServer,
     PrometheusServer,
+    WebhookReceiver,
     all_queries,
     dashboard_panels,
     grafana_to_promql,
@@ -169,3 +173,53 @@ def check_dashboard_against(prom: PrometheusServer) -> None:
             rows = merged_rows(frames)
             keys = [(r.get("run"), r.get("Hostname"), r.get("rank")) for r in rows]
             assert len(keys) == len(set(keys)) == 4, (panel["title"], rows)
+
+
+def test_leak_alert_is_routed_by_alertmanager_to_a_webhook(tmp_path) -> None:
+    """Collector -> real Prometheus (shipped rules, `for:` 0s) -> real Alertmanager (the shipped
+    routing tree and inhibit rules, test timings, webhook URLs pointing here) -> this test.
+    Rank 1 leaks, rank 0 is healthy: the leak reaches the on-call receiver, naming rank 1 only;
+    its plateau-break/low-headroom side effects are inhibited; nothing names rank 0."""
+    need_binary("prometheus")
+    need_binary("prometheus-alertmanager")
+    run, steps = "leaky-job", 3300
+    start_ts = time.time() - steps - 60
+    samples = [*simulate_trace("healthy", steps=steps, run=run, host="node-a", rank=0, start_ts=start_ts),
+               *simulate_trace("fast_leak", steps=steps, run=run, host="node-a", rank=1, start_ts=start_ts)]
+    rules = yaml.safe_load(RULES.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "for" in rule:
+                rule["for"] = "0s"
+    shipped = yaml.safe_load(ALERTMANAGER.read_text())
+    shipped_prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    assert shipped_prometheus["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
+
+    with WebhookReceiver() as hook, BackgroundServer(str(tmp_path / "c.db")) as collector:
+        config = json.loads(json.dumps(shipped))  # the shipped routing, faster and pointed at the hook
+        config["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
+        for receiver in config["receivers"]:
+            for webhook in receiver["webhook_configs"]:
+                webhook["url"] = f"{hook.url}/{receiver['name']}"
+        post_samples(collector.url, samples)
+        with AlertmanagerServer(tmp_path / "am", config) as am:
+            prom_config = {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+                "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am.url.removeprefix("http://")]}]}]},
+                "scrape_configs": [{"job_name": "vramwatch", "honor_labels": True,
+                                    "static_configs": [{"targets": [collector.url.removeprefix("http://")]}]}],
+            }
+            with PrometheusServer(tmp_path / "prometheus", prom_config, {"vramwatch.rules.yml": rules}):
+                delivered = hook.wait_for(lambda alerts: any(
+                    a["labels"]["alertname"] == "VramwatchMemoryLeak" for _p, a in alerts))
+                time.sleep(2)  # a group interval more: anything else routed would have arrived
+                delivered = hook.alerts()
+    leaks = [(path, a) for path, a in delivered if a["labels"]["alertname"] == "VramwatchMemoryLeak"]
+    assert {path for path, _ in leaks} == {"/training-oncall"}
+    (_path, leak) = leaks[0]
+    assert leak["status"] == "firing"
+    assert (leak["labels"]["run"], leak["labels"]["rank"], leak["labels"]["severity"]) == (run, "1", "critical")
+    assert leak["annotations"]["summary"].startswith(f"Memory leak on {run} rank 1 (node-a): OOM in ")
+    assert {a["labels"].get("rank") for _p, a in delivered} == {"1"}, delivered
+    inhibited = {"VramwatchPlateauBreak", "VramwatchHeadroomLow"}
+    assert not [a for _p, a in delivered if a["labels"]["alertname"] in inhibited], delivered
