@@ -21,7 +21,7 @@ RUN pip install --no-cache-dir -c /constraints.txt hatchling \
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="vramwatch collector" \
       org.opencontainers.image.description="Live GPU-memory telemetry for deep-learning training"
-# uid and gid 10001 (useradd --system would pick a system gid), matching the k8s securityContext
+# uid and gid 10001, matching the k8s securityContext (a --system user would get a system gid)
 RUN groupadd --gid 10001 vramwatch \
     && useradd --uid 10001 --gid 10001 --no-log-init --home-dir /data --create-home \
        --shell /usr/sbin/nologin vramwatch

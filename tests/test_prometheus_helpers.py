@@ -6,12 +6,14 @@ real collector with simulated traces, and pulling metric names out of PromQL.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -51,6 +53,31 @@ def need_binary(name: str) -> str:
     if in_ci():
         pytest.fail(message)
     pytest.skip(message)
+
+
+def need_tool(name: str) -> str:
+    """A Python console script (check-jsonschema, kubernetes-validate, hadolint, yamllint) from the
+    test extra: next to this interpreter, else on PATH. Under CI=true missing fails, else skips."""
+    local = Path(sys.executable).parent / name
+    path = str(local) if os.access(local, os.X_OK) else shutil.which(name)
+    if path:
+        return path
+    message = f"{name} not found: pip install -e '.[test]' (or make install-test)"
+    if in_ci():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def run_tool(name: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([need_tool(name), *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def load_module(path: Path) -> Any:
+    """Import a script from deploy/ (not a package) by path."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
