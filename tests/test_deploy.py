@@ -30,6 +30,7 @@ from test_prometheus_helpers import (
     load_module,
     merged_rows,
     need_binary,
+    need_tool,
     outer_grouping,
     post_samples,
     promql_metric_names,
@@ -574,3 +575,83 @@ def test_alertmanager_config() -> None:
     result = subprocess.run([need_binary("amtool"), "check-config", str(ALERTMANAGER)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_missing_tool_fails_under_ci_and_skips_elsewhere(monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="yamllint not found"):
+        need_tool("yamllint")
+    with pytest.raises(pytest.fail.Exception, match="apt-get install no-such-daemon"):
+        need_binary("no-such-daemon")
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception):
+        need_tool("yamllint")
+
+
+# ------------------------------------------------------------------ the dcgm join
+
+OLD_DCGM_JOIN = ("DCGM_FI_DEV_FB_USED * 1048576\n"
+                 "  * on (UUID) group_left (run, rank) (vramwatch_device_total_bytes > bool 0)")
+
+
+def documented_dcgm_queries() -> list[str]:
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    block = text.split("Joining with dcgm-exporter", 1)[1].split("```promql", 1)[1].split("```", 1)[0]
+    queries, current = [], []
+    for line in block.strip().splitlines():
+        if line.startswith("#"):
+            if current:
+                queries.append("\n".join(current))
+            current = []
+        else:
+            current.append(line)
+    queries.append("\n".join(current))
+    return queries
+
+
+def dcgm_join_group(tests: list[dict]) -> dict:
+    """The promtool case's series (finished + new run on one GPU, NVML-less ranks, dcgm scraped
+    twice) plus the raw families the joins read."""
+    group = json.loads(json.dumps(next(g for g in yaml.safe_load(RULE_TESTS.read_text())["tests"]
+                                       if g["name"].startswith("dcgm join"))))
+    group.pop("promql_expr_test")
+    for series in list(group["input_series"]):
+        if series["series"].startswith("vramwatch_last_received_timestamp_seconds"):
+            labels = series["series"].split("{", 1)[1]
+            group["input_series"].append({"series": "vramwatch_device_total_bytes{" + labels, "values": "80e9x25"})
+            group["input_series"].append({"series": "vramwatch_memory_reserved_bytes{" + labels,
+                                          "values": "31457280000x25"})
+    group["promql_expr_test"] = tests
+    return group
+
+
+def run_rule_test(tmp_path, group: dict) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "rules").mkdir(exist_ok=True)
+    (tmp_path / "rules" / "vramwatch.rules.yml").write_text(RULES.read_text())
+    test_file = tmp_path / "t.yml"
+    test_file.write_text(yaml.safe_dump({"rule_files": ["rules/vramwatch.rules.yml"], "evaluation_interval": "1m",
+                                         "tests": [group]}, sort_keys=False, width=100000))
+    return run_promtool("test", "rules", str(test_file))
+
+
+def test_the_documented_dcgm_joins_give_one_series_per_gpu(tmp_path) -> None:
+    join, share = documented_dcgm_queries()
+    new_rank = {"run": "new", "rank": "3", "Hostname": "node-a"}
+    labels = lambda d: "{" + ", ".join(f'{k}="{v}"' for k, v in d.items()) + "}"  # noqa: E731
+    tests = [
+        {"expr": join, "eval_time": "8m",
+         "exp_samples": [{"labels": labels({"UUID": "GPU-a", **new_rank}), "value": 60000 * 1048576}]},
+        {"expr": share, "eval_time": "8m", "exp_samples": [{"labels": labels(new_rank), "value": 0.5}]},
+    ]
+    result = run_rule_test(tmp_path, dcgm_join_group(tests))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_old_dcgm_join_is_many_to_many(tmp_path) -> None:
+    """The class of the defect: on the same series the join the docs used to give fails."""
+    result = run_rule_test(tmp_path, dcgm_join_group([{"expr": OLD_DCGM_JOIN, "eval_time": "8m",
+                                                       "exp_samples": []}]))
+    assert result.returncode != 0
+    assert "many-to-many matching not allowed" in result.stdout + result.stderr
