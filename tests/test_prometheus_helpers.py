@@ -536,3 +536,53 @@ class WebhookReceiver:
                 return self.alerts()
             time.sleep(0.1)
         raise AssertionError(f"timed out; webhook received: {self.alerts()}")
+
+
+class StaticExporter:
+    """Serves a fixed exposition text at /metrics on loopback (a stand-in for dcgm-exporter's
+    output, with its metric and label names; the test sets the values)."""
+
+    def __init__(self, text: str) -> None:
+        import http.server
+        import threading
+
+        payload = text.encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/plain; version=0.0.4")
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> StaticExporter:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def dcgm_exposition(gpus: list[dict[str, Any]]) -> str:
+    """dcgm-exporter's text for GPUs given as {uuid, gpu, fb_used_mib}: its names, labels and units."""
+    lines = []
+    for name, kind, value in (("DCGM_FI_DEV_FB_USED", "gauge", "fb_used_mib"), ("DCGM_FI_DEV_GPU_UTIL", "gauge", 97),
+                              ("DCGM_FI_DEV_POWER_USAGE", "gauge", 650.5), ("DCGM_FI_DEV_GPU_TEMP", "gauge", 61)):
+        lines.append(f"# HELP {name} dcgm-exporter field\n# TYPE {name} {kind}")
+        for gpu in gpus:
+            number = gpu[value] if isinstance(value, str) else value
+            lines.append(f'{name}{{gpu="{gpu["gpu"]}",UUID="{gpu["uuid"]}",device="nvidia{gpu["gpu"]}",'
+                         f'modelName="NVIDIA H200",Hostname="dcgm-exporter-x7k2p"}} {number}')
+    return "\n".join(lines) + "\n"

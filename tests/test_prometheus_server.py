@@ -25,9 +25,11 @@ from test_prometheus_helpers import (
     RULES,
     AlertmanagerServer,
     PrometheusServer,
+    StaticExporter,
     WebhookReceiver,
     all_queries,
     dashboard_panels,
+    dcgm_exposition,
     grafana_to_promql,
     merged_rows,
     need_binary,
@@ -64,7 +66,11 @@ def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None
             if "for" in rule:
                 rule["for"] = "0s"
 
-    with BackgroundServer(str(tmp_path / "a.db")) as shard_a, BackgroundServer(str(tmp_path / "b.db")) as shard_b:
+    # dcgm-exporter beside them: each rank's GPU uses 1 GiB more than its allocator reserved
+    gpus = [{"uuid": t[-1]["uuid"], "gpu": t[-1]["gpu"], "fb_used_mib": t[-1]["reserved_bytes"] // 1048576 + 1024}
+            for t in traces.values()]
+    with BackgroundServer(str(tmp_path / "a.db")) as shard_a, BackgroundServer(str(tmp_path / "b.db")) as shard_b, \
+            StaticExporter(dcgm_exposition(gpus)) as dcgm:
         shards = {"node-a": shard_a, "node-b": shard_b}
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
@@ -75,7 +81,7 @@ def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None
                     {"targets": [shard_a.url.removeprefix("http://")], "labels": {"shard": "a"}},
                     {"targets": [shard_b.url.removeprefix("http://")], "labels": {"shard": "b"}},
                 ],
-            }],
+            }, {"job_name": "dcgm-exporter", "static_configs": [{"targets": [dcgm.address]}]}],
         }
         # stage 1: warm-up and plateau on every rank
         for (host, _rank), samples in traces.items():
@@ -156,6 +162,18 @@ def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None
             breaks = {r["metric"]["rank"] for r in results["annotation:Plateau breaks"]}
             assert breaks == {"3"}
             check_dashboard_against(prom)
+            # the GPU-context row: dcgm's series, and torch reserved vs DCGM FB used joined per rank
+            dashboard = json.loads(DASHBOARD.read_text())
+            panel = next(p for p in dashboard_panels(dashboard) if p["title"] == "torch reserved vs DCGM FB used")
+            joined = prom.query(grafana_to_promql(panel["targets"][1]["expr"]))
+            got = {(r["metric"]["run"], r["metric"]["Hostname"], r["metric"]["rank"]): float(r["value"][1])
+                   for r in joined}
+            assert set(got) == {(RUN, host, str(rank)) for host, rank in layout}
+            for (host, rank), trace in traces.items():
+                assert got[(RUN, host, str(rank))] == (trace[-1]["reserved_bytes"] // 1048576 + 1024) * 1048576
+            for title in ("DCGM frame buffer used", "DCGM GPU utilisation", "DCGM power", "DCGM temperature"):
+                panel = next(p for p in dashboard_panels(dashboard) if p["title"] == title)
+                assert len(prom.query(grafana_to_promql(panel["targets"][0]["expr"]))) == 4, title
 
 
 def check_dashboard_against(prom: PrometheusServer) -> None:
