@@ -212,3 +212,34 @@ def test_checkpoint_annotation_marks_every_checkpoint_once(tmp_path) -> None:
          "promql_expr_test": tests}]}, sort_keys=False, width=100000))
     result = run_promtool("test", "rules", str(test_file))
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+
+
+def test_checkpoint_counter_is_monotonic_across_restarts_and_event_eviction() -> None:
+    """Counted by event identity: a restarted rank (steps start again) keeps counting, and
+    checkpoints older than the bounded event list are not lost or counted twice."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from vramwatch.collector.metrics import CheckpointCounter
+
+    series = SimpleNamespace(run="r", host="h", rank=0, events=deque(maxlen=4))
+    counter = CheckpointCounter()
+
+    def emit(kind: str, step: int) -> None:
+        series.events.append({"type": kind, "step": step})
+
+    assert counter.count(series) == 0
+    emit("checkpoint_spike", 1000)
+    emit("plateau_break", 1200)
+    assert counter.count(series) == 1
+    assert counter.count(series) == 1  # a second scrape sees nothing new
+    emit("checkpoint_spike", 2000)
+    emit("checkpoint_spike", 200)  # the rank restarted from a checkpoint: steps go back
+    assert counter.count(series) == 3
+    for step in (300, 400, 500, 600):  # more events than the list keeps between two scrapes
+        emit("checkpoint_spike", step)
+    assert counter.count(series) == 7
+    emit("eval_spike", 700)
+    assert counter.count(series) == 7
+    other = SimpleNamespace(run="r", host="h", rank=1, events=deque([{"type": "checkpoint_spike", "step": 5}]))
+    assert counter.count(other) == 1 and counter.count(series) == 7
