@@ -140,40 +140,47 @@ def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None
             others = prom.query(f'ALERTS{{run="{RUN}", alertname!="VramwatchPlateauBreak"}}')
             assert others == [], others
 
-            # every shipped query parses in a real Prometheus, and the dashboard's panels
-            # show data from both shards
-            results = {}
-            for where, expr in all_queries():
-                response = httpx.get(f"{prom.url}/api/v1/query", params={"query": grafana_to_promql(expr)}, timeout=10)
-                assert response.json()["status"] == "success", (where, expr, response.text)
-                results.setdefault(where, []).extend(response.json()["data"]["result"])
-            for where in ("panel:Reserved per rank", "panel:Headroom per rank", "panel:Trend state per rank",
-                          "panel:Rank skew: reserved minus the run's median", "panel:Ranks now",
-                          "panel:Worst headroom (run)", "panel:Rank skew (reserved, max - min)",
-                          "variable:run", "variable:host", "variable:rank", "annotation:Plateau breaks",
-                          "grafana-alert:vramwatch plateau break", "rules:run:vramwatch_headroom_ratio:min"):
-                assert results[where], f"{where} returned no data"
-            hosts = {r["metric"].get("Hostname") for r in results["panel:Reserved per rank"]}
-            assert hosts == {"node-a", "node-b"}
-            timeline = {r["metric"]["rank"]: float(r["value"][1]) for r in results["panel:Trend state per rank"]}
-            code = {state: SEVERITY[state] + 1 for state in STATES}  # the dashboard's state numbers
-            assert timeline == {"0": code["plateau"], "1": code["plateau"], "2": code["plateau"], "3": timeline["3"]}
-            assert timeline["3"] in (code["plateau"], code["rising"])
-            breaks = {r["metric"]["rank"] for r in results["annotation:Plateau breaks"]}
-            assert breaks == {"3"}
+            check_every_shipped_query(prom)
             check_dashboard_against(prom)
-            # the GPU-context row: dcgm's series, and torch reserved vs DCGM FB used joined per rank
-            dashboard = json.loads(DASHBOARD.read_text())
-            panel = next(p for p in dashboard_panels(dashboard) if p["title"] == "torch reserved vs DCGM FB used")
-            joined = prom.query(grafana_to_promql(panel["targets"][1]["expr"]))
-            got = {(r["metric"]["run"], r["metric"]["Hostname"], r["metric"]["rank"]): float(r["value"][1])
-                   for r in joined}
-            assert set(got) == {(RUN, host, str(rank)) for host, rank in layout}
-            for (host, rank), trace in traces.items():
-                assert got[(RUN, host, str(rank))] == (trace[-1]["reserved_bytes"] // 1048576 + 1024) * 1048576
-            for title in ("DCGM frame buffer used", "DCGM GPU utilisation", "DCGM power", "DCGM temperature"):
-                panel = next(p for p in dashboard_panels(dashboard) if p["title"] == title)
-                assert len(prom.query(grafana_to_promql(panel["targets"][0]["expr"]))) == 4, title
+            check_gpu_context(prom, traces)
+
+
+def check_every_shipped_query(prom: PrometheusServer) -> None:
+    """Every shipped query parses in a real Prometheus, and the dashboard's panels show data from both shards."""
+    results = {}
+    for where, expr in all_queries():
+        response = httpx.get(f"{prom.url}/api/v1/query", params={"query": grafana_to_promql(expr)}, timeout=10)
+        assert response.json()["status"] == "success", (where, expr, response.text)
+        results.setdefault(where, []).extend(response.json()["data"]["result"])
+    for where in ("panel:Reserved per rank", "panel:Headroom per rank", "panel:Trend state per rank",
+                  "panel:Rank skew: reserved minus the run's median", "panel:Ranks now",
+                  "panel:Worst headroom (run)", "panel:Rank skew (reserved, max - min)",
+                  "variable:run", "variable:host", "variable:rank", "annotation:Plateau breaks",
+                  "grafana-alert:vramwatch plateau break", "rules:run:vramwatch_headroom_ratio:min"):
+        assert results[where], f"{where} returned no data"
+    hosts = {r["metric"].get("Hostname") for r in results["panel:Reserved per rank"]}
+    assert hosts == {"node-a", "node-b"}
+    timeline = {r["metric"]["rank"]: float(r["value"][1]) for r in results["panel:Trend state per rank"]}
+    code = {state: SEVERITY[state] + 1 for state in STATES}  # the dashboard's state numbers
+    assert timeline == {"0": code["plateau"], "1": code["plateau"], "2": code["plateau"], "3": timeline["3"]}
+    assert timeline["3"] in (code["plateau"], code["rising"])
+    breaks = {r["metric"]["rank"] for r in results["annotation:Plateau breaks"]}
+    assert breaks == {"3"}
+
+
+def check_gpu_context(prom: PrometheusServer, traces: dict) -> None:
+    """The GPU-context row: dcgm's series, and torch reserved vs DCGM FB used joined per rank."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    panel = next(p for p in dashboard_panels(dashboard) if p["title"] == "torch reserved vs DCGM FB used")
+    joined = prom.query(grafana_to_promql(panel["targets"][1]["expr"]))
+    got = {(r["metric"]["run"], r["metric"]["Hostname"], r["metric"]["rank"]): float(r["value"][1])
+           for r in joined}
+    assert set(got) == {(RUN, host, str(rank)) for host, rank in traces}
+    for (host, rank), trace in traces.items():
+        assert got[(RUN, host, str(rank))] == (trace[-1]["reserved_bytes"] // 1048576 + 1024) * 1048576
+    for title in ("DCGM frame buffer used", "DCGM GPU utilisation", "DCGM power", "DCGM temperature"):
+        panel = next(p for p in dashboard_panels(dashboard) if p["title"] == title)
+        assert len(prom.query(grafana_to_promql(panel["targets"][0]["expr"]))) == 4, title
 
 
 def check_dashboard_against(prom: PrometheusServer) -> None:
