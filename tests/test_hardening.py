@@ -366,7 +366,7 @@ def test_reply_carries_a_flush_interval_hint_that_grows_with_the_ranks(tmp_path)
         small = client.post("/api/v1/samples", content=ndjson([make_sample(0, ts=now)]), headers=NDJSON).json()
         big = client.post("/api/v1/samples", headers=NDJSON,
                           content=ndjson([make_sample(0, rank=r, ts=now) for r in range(2000)])).json()
-    assert small["flush_interval_s"] == 1.0 and big["flush_interval_s"] == 10.0
+    assert small["flush_interval_s"] == 1.0 and big["flush_interval_s"] == 5.0
 
 
 def test_meta_serves_the_verdict_vocabulary(tmp_path) -> None:

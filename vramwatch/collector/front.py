@@ -90,7 +90,7 @@ class FrontDoor:
             scope["app"] = self.app  # what Request.app reads
             response = await ingest.ingest(Request(scope, receive))
             await response(scope, receive, send)
-        elif path == "/healthz" and method in ("GET", "HEAD"):
+        elif path == "/healthz" and method == "GET":
             await JSONBytes(api.healthz(self.app.state.live))(scope, receive, send)
         else:
             await self.app(scope, receive, send)

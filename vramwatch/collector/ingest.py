@@ -54,7 +54,7 @@ INLINE_GZIP_BYTES = 8 * 1024
 INLINE_COMMIT_SAMPLES = 2000
 #: the flush interval hinted to hooks: one POST per rank per this many seconds keeps the
 #: collector near this many requests per second in all (see flush_hint)
-HINT_TARGET_RPS = 200.0
+HINT_TARGET_RPS = 400.0
 HINT_MIN_S, HINT_MAX_S = 1.0, 30.0
 
 #: media types a hook or a tool may send; a browser's cross-site "simple" POST
