@@ -4,7 +4,8 @@ or buggy client throws one of three things at it:
 (a) 1,000 idle sockets (connect, send nothing; the header deadline closes them);
 (b) the amplification body: ~65 KB of gzip that inflates to 64 MiB of ``{}`` lines;
 (c) 300,000 distinct series (rotating run names), in batches of 5,000 samples;
-    then ``/metrics``' size and time and the restart's rebuild time.
+    then ``/metrics``' size and time and the restart's rebuild time;
+(d) a restart on 100,000 stored series of finished runs plus one running 4,096-rank run.
 
 Each scenario gets a fresh ``vramwatch serve`` subprocess (peak RSS = its VmHWM). A thread
 polls ``/healthz`` every 20 ms throughout on its own connection.
@@ -130,6 +131,31 @@ def many_series(url: str, series: int, batch: int = 5000) -> dict[str, Any]:
     return {"codes": codes, "series_held": held, "metrics_mb": len(metrics.content) / 2**20, "metrics_s": metrics_s}
 
 
+def restart(tmp: str, quiet_series: int, running_series: int) -> dict[str, Any]:
+    """Start-up on a database holding ``quiet_series`` series of finished runs (2 h old,
+    5 samples each) and ``running_series`` of one running run (60 samples each)."""
+    from vramwatch.collector.store import Store
+
+    db = Path(tmp) / "restart.db"
+    store = Store(db)
+    now = time.time()
+    for start in range(0, quiet_series, 20_000):
+        store.insert([{**BASE, "run": f"old-{i // 64}", "rank": i % 64, "step": k, "ts": now - 7200 + k}
+                      for i in range(start, min(quiet_series, start + 20_000)) for k in range(5)])
+    store.insert([{**BASE, "run": "running", "rank": r, "step": k, "ts": now - 60 + k}
+                  for r in range(running_series) for k in range(60)])
+    store.close()
+    t0 = time.perf_counter()
+    with CollectorProcess(db) as srv:
+        serving_s = time.perf_counter() - t0
+        rss = peak_rss_mb(srv.pid)
+        runs = httpx.get(srv.url + "/api/v1/runs", timeout=60).json()
+    out = {"quiet_series": quiet_series, "running_series": running_series, "serving_s": serving_s,
+           "peak_rss_mb": rss, "runs_listed": len(runs)}
+    print(out, flush=True)
+    return out
+
+
 def scenario(name: str, fn: Any, tmp: str, *args: Any) -> dict[str, Any]:
     with CollectorProcess(Path(tmp) / f"{name}.db") as srv:
         with HealthPoller(srv.url) as poller:
@@ -156,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         a = scenario("idle", lambda srv: idle_sockets(srv.port, args.idle, 12.0), tmp)
         b = scenario("amplification", lambda srv: amplification(srv.url, 3), tmp)
         c = scenario("series", lambda srv: many_series(srv.url, args.series), tmp)
+        d = restart(tmp, 100_000, 4096)
     rows = [
         (f"(a) {a['opened']:,} idle sockets held 12 s", f"{a['p99_ms']:.1f}", f"{a['max_ms']:.0f}", a["failures"],
          f"{a['peak_rss_mb']:.0f}", f"{a['answered_408_or_closed']:,} closed by the header deadline"),
@@ -166,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
          c["failures"], f"{c['peak_rss_mb']:.0f}",
          f"held {c['series_held']:,} (cap); batches {c['codes']}; /metrics {c['metrics_mb']:.0f} MiB in "
          f"{c['metrics_s']:.1f} s; restart {c['restart_s']:.1f} s at {c['restart_peak_rss_mb']:.0f} MB"),
+        (f"(d) restart on {d['quiet_series']:,} stored series of finished runs + {d['running_series']:,} "
+         "running", "—", "—", "—", f"{d['peak_rss_mb']:.0f}",
+         f"serving again {d['serving_s']:.1f} s after start; {d['runs_listed']:,} runs listed"),
     ]
     body = table(["attack", "/healthz p99 ms", "max ms", "failed polls", "collector peak RSS MB", "outcome"], rows)
     body += ("\n\nDefaults throughout (`--header-timeout 10`, `--max-connections 8192`, `--max-series 20000`, "

@@ -386,3 +386,36 @@ def test_body_decoding_agrees_with_itself_on_every_shape() -> None:
                      (gzip.compress(ndjson(samples)), True), (b"\n\n" + ndjson(samples) + b"\n\n", False)):
         out = decode_body(body, gzipped=gz, max_decompressed=1 << 20, max_samples=3)
         assert out.samples == samples and not out.errors
+
+
+def test_restart_replays_only_running_runs_and_lists_the_rest(tmp_path) -> None:
+    from vramwatch.collector.live import LiveState
+    from vramwatch.collector.restore import restore
+    from vramwatch.collector.store import Store
+
+    now = time.time()
+    store = Store(str(tmp_path / "vw.db"))
+    store.insert([make_sample(i, run=f"old-{k}", rank=r, ts=now - 7200 + i) for k in range(50) for r in range(8)
+                  for i in range(5)])
+    store.insert([make_sample(i, run="running", rank=r, ts=now - 60 + i) for r in range(4) for i in range(30)])
+    built = []
+
+    class CountingEngine:
+        def __init__(self) -> None:
+            built.append(self)
+
+        def update(self, sample):
+            return []
+
+        def summary(self):
+            return {"state": "warmup"}
+
+    live = LiveState(engine_factory=CountingEngine)
+    done = restore(live, store, cutoff=now - 3600)
+    assert done["samples"] == 120 and done["retired_runs"] == 50
+    assert len(built) == 4 and len(live) == 4  # only the running run's engines
+    runs = {r["run"]: r for r in live.run_summaries(now=now)}
+    assert len(runs) == 51 and runs["old-7"]["status"] == "finished" and runs["old-7"]["ranks"] == 8
+    assert runs["running"]["status"] == "running"
+    assert [s.rank for s in live.revived("old-7", store.iter_samples)] == list(range(8))
+    store.close()

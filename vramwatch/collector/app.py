@@ -36,6 +36,7 @@ from vramwatch.collector.live import LiveState
 from vramwatch.collector.openapi import sample_json_schema
 from vramwatch.collector.pages import dashboard_dir, plotly_js_path
 from vramwatch.collector.responses import JSONBytes
+from vramwatch.collector.restore import restore
 from vramwatch.collector.settings import Settings
 from vramwatch.collector.store import Store, StoreError
 
@@ -134,11 +135,10 @@ def _open_state(app: FastAPI, settings: Settings) -> None:
 
     store = Store(settings.db_path)
     live = LiveState()
-    started = time.perf_counter()
-    replayed = live.rebuild(store.iter_replay())
-    if replayed:
-        log.info("rebuilt live state from %d stored samples in %.1f s", replayed, time.perf_counter() - started)
-    live.evict_quiet(time.time() - settings.finished_after_s)
+    done = restore(live, store, cutoff=time.time() - settings.finished_after_s)
+    if done["samples"] or done["retired_runs"]:
+        log.info("rebuilt live state from %d stored samples in %.1f s (%d finished runs listed, not replayed)",
+                 done["samples"], done["seconds"], done["retired_runs"])
     app.state.store, app.state.live = store, live
     app.state.registry, app.state.ingest_metrics = build_registry(live, finished_after_s=settings.finished_after_s)
     app.state.ingestor = ingest.Ingestor(app.state, settings)

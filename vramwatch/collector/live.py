@@ -278,6 +278,12 @@ class LiveState:
                 self.version += 1
         return quiet
 
+    def retire(self, run: str, row: RetiredRun) -> None:
+        """List ``run`` by its summary row only (a run not replayed at start-up)."""
+        with self._lock:
+            if not any(k[0] == run for k in self._series):
+                self._retired[run] = row
+
     def forget(self, runs: Iterable[str]) -> None:
         """Remove runs entirely (their samples were deleted by retention)."""
         with self._lock:
