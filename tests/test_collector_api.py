@@ -265,7 +265,7 @@ def test_a_clean_exit_is_exited_not_silent_and_the_run_finishes() -> None:
 
     t0 = 1_760_000_000.0
     samples = [make_sample(i, rank=r, ts=t0 + i) for r in range(2) for i in range(10)]
-    closing = [make_sample(10, rank=r, ts=t0 + 10, phase="exit") for r in range(2)]
+    closing = [{**make_sample(10, rank=r, ts=t0 + 10), "exit": True} for r in range(2)]
     live = _live_with([(t0 + 10, samples), (t0 + 11, closing)])
     rows = rank_rows(live.for_run("run-a"), now=t0 + 12)
     assert [r["liveness"] for r in rows] == ["exited", "exited"]

@@ -41,8 +41,9 @@ class SeriesLimitError(Exception):
 
 
 def exit_marked(sample: Sample) -> bool:
-    """The hook's clean-close marker on a sample (until the wire field lands: ``phase`` "exit")."""
-    return bool(sample.get("exited")) or sample.get("phase") == "exit"  # type: ignore[comparison-overlap]
+    """The hook's clean-close marker: the wire field ``exit`` (true on the last sample of a
+    clean ``close()``)."""
+    return bool(sample.get("exit"))
 
 
 class SeriesState:
