@@ -296,3 +296,16 @@ def test_runs_and_ranks_over_http_carry_status_liveness_and_ooms(collector) -> N
     ranks = collector.client.get("/api/v1/runs/run-a/ranks").json()
     assert [(r["rank"], r["liveness"], r["ooms"]) for r in ranks] == [(0, "live", 0), (1, "live", 1)]
     assert ranks[1]["died"]["how"] == "oom" and ranks[1]["verdict"]["seconds_to_oom"] is None
+
+
+def test_a_rank_that_goes_on_after_an_oom_keeps_the_count_but_is_not_dead() -> None:
+    from vramwatch.collector.rows import rank_rows
+
+    t0 = 1_760_000_000.0
+    live = _live_with([(t0 + 5, [make_sample(i, ts=t0 + i) for i in range(5)]),
+                       (t0 + 6, [make_sample(5, ts=t0 + 5, ooms=1)])])
+    row = rank_rows(live.for_run("run-a"), now=t0 + 7)[0]
+    assert row["died"]["how"] == "oom" and row["died"]["step"] == 5
+    live.ingest([make_sample(i, ts=t0 + i, ooms=1) for i in range(6, 9)], received_at=t0 + 9)
+    row = rank_rows(live.for_run("run-a"), now=t0 + 10)[0]
+    assert row["died"] is None and row["ooms"] == 1 and row["liveness"] == "live"

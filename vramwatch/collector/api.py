@@ -77,8 +77,7 @@ def _mark_liveness_changes(live: LiveState, states: list[SeriesState], now: floa
         alive = verdicts.liveness(now, state.last_seen, run_last_seen, state.exited)
         if alive != state.shown_liveness:
             state.shown_liveness = alive
-            live.version += 1
-            state.version = live.version
+            live.touch(state)
 
 
 @router.get("/api/v1/runs/{run:path}/ranks", response_model=None)

@@ -3,7 +3,7 @@ counting*, so no body can make the collector build more objects than the limits 
 
 Guarantees (docs/reliability.md, "memory per request"):
 
-* gzip is inflated in blocks of :data:`BLOCK_BYTES`; past ``max_decompressed`` bytes the
+* gzip is inflated in blocks of :data:`BLOCK_BYTES` (256 KiB); past ``max_decompressed`` bytes the
   body is refused (413) before the next block is produced;
 * NDJSON (and a single JSON object, which is one line) is decoded one block of complete
   lines at a time. The lines of a block are counted (one C-level regex pass) *before* they
@@ -16,7 +16,7 @@ Guarantees (docs/reliability.md, "memory per request"):
   invalid one is counted and at most ``max_errors`` of them are described.
 
 Peak memory of one request is then about: the raw body (at most ``max_body_bytes``) +
-one block and its decoded objects (at most ~40 MB for a hostile block of tiny values) +
+one block and its decoded objects (at most ~10 MB for a hostile block of tiny values) +
 the kept valid samples (~1.7 KB each, at most ``max_samples``; bounded by
 ``max_decompressed`` as well) — under 256 MB with the defaults (bench/attack_bench.py
 measures it).
@@ -34,8 +34,9 @@ import orjson
 
 from vramwatch.wire import Sample, WireError, validate
 
-#: gzip output and raw input are handled in blocks of this many bytes
-BLOCK_BYTES = 1 << 20
+#: gzip output and raw input are handled in blocks of this many bytes (small: one block is
+#: one C call holding the GIL, and its objects are the transient memory)
+BLOCK_BYTES = 256 * 1024
 #: longest NDJSON line (a valid sample is well under 8 KB, even with 64 extra keys)
 MAX_LINE_BYTES = 64 * 1024
 #: largest JSON array body once inflated (decoded whole: ~35 bytes of Python per byte at worst)

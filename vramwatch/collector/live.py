@@ -279,6 +279,13 @@ class LiveState:
                 self.version += 1
         return quiet
 
+    def touch(self, state: SeriesState) -> int:
+        """Mark ``state`` changed now (for delta polls); returns the new version."""
+        with self._lock:
+            self.version += 1
+            state.version = self.version
+            return self.version
+
     def retire(self, run: str, row: RetiredRun) -> None:
         """List ``run`` by its summary row only (a run not replayed at start-up)."""
         with self._lock:

@@ -34,7 +34,8 @@ def _died(state: SeriesState, alive: str) -> dict[str, Any] | None:
     last = state.last
     if last is None:
         return None
-    if state.incarnation_ooms and state.last_oom is not None:
+    if state.incarnation_ooms and state.last_oom is not None and state.last_oom["step"] >= last["step"]:
+        # the OOM is the process's latest word: it died of it (samples after it: it went on)
         return {"how": "oom", **state.last_oom}
     if alive != "live":
         return {"how": alive, "step": last["step"], "ts": last["ts"], "last_seen": state.last_seen}
