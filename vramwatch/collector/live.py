@@ -202,33 +202,45 @@ class LiveState:
                     f"{max_ranks_per_run} per run (--max-ranks-per-run)")
 
     def ingest(self, samples: Iterable[Sample], received_at: float | None = None) -> list[dict[str, Any]]:
-        """Feed new samples to their engines; returns the events they raised (with identity)."""
+        """Feed new samples to their engines; returns the events they raised (with identity).
+
+        Hot path (every ingested sample): the common case — same process, next step, no
+        OOM, no exit — costs a few attribute writes besides the engine's update."""
         now = time.time() if received_at is None else received_at
         raised: list[dict[str, Any]] = []
+        series = self._series
         with self._lock:
             self.version += 1
             version = self.version
             for s in samples:
                 key = (s["run"], s["host"], s["rank"])
-                state = self._series.get(key)
+                state = series.get(key)
                 if state is None:
                     state = self._add(key)
                 state.samples += 1
                 state.last_seen = now
                 state.version = version
-                if not state.accepts(s):
+                step = s["step"]
+                if (step > state._frontier_step and s.get("incarnation", "") == state.incarnation
+                        and state.last is not None and s["ooms"] == state.incarnation_ooms and "exit" not in s):
+                    state._frontier_step = step
+                    state._frontier_phases = (s["phase"],)
+                elif state.accepts(s):
+                    state.advance(s)
+                    state.uuid = s.get("uuid", state.uuid)
+                    state.gpu = s.get("gpu", state.gpu)
+                    state.local_rank = s.get("local_rank", state.local_rank)
+                else:
                     state.late_samples += 1
                     continue
-                state.advance(s)
-                state.uuid = s.get("uuid", state.uuid)
-                state.gpu = s.get("gpu", state.gpu)
-                state.local_rank = s.get("local_rank", state.local_rank)
                 state.last = s
                 if s["phase"] == "train":
                     state.last_train = s
-                for event in state.engine.update(s):
-                    state.add_event(event)
-                    raised.append({"run": key[0], "host": key[1], "rank": key[2], **event})
+                events = state.engine.update(s)
+                if events:
+                    for event in events:
+                        state.add_event(event)
+                        raised.append({"run": key[0], "host": key[1], "rank": key[2], **event})
         return raised
 
     def _add(self, key: SeriesKey) -> SeriesState:
