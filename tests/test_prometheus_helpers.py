@@ -68,6 +68,21 @@ def need_tool(name: str) -> str:
     pytest.skip(message)
 
 
+def need_module(name: str, package: str) -> None:
+    """A Python package from the test extra (`package` is its PyPI name), importable by this
+    interpreter. Under CI=true missing fails, else skips."""
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        found = False
+    if found:
+        return
+    message = f"{name} not found: pip install -e '.[test]' ({package})"
+    if in_ci():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def run_tool(name: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run([need_tool(name), *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
