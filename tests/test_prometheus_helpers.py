@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -378,9 +379,11 @@ def check_dashboard(dashboard: dict[str, Any], known_metrics: set[str]) -> list[
       aggregate to the same labels (``__name__`` or another label kept: one row per query);
     - a legend of a query that keeps ``run`` without ``{{run}}`` (run is multi-select);
     - a metric name that is neither exposed, recorded nor dcgm-exporter's;
-    - a panel or query not on the ``$datasource`` variable (an import into another Grafana breaks).
+    - a panel or query not on the ``$datasource`` variable (an import into another Grafana breaks);
+    - a link naming a variable the dashboard does not define, or a table field (``${__data.fields.X}``)
+      its queries aggregate away (Grafana renders it empty: a link to ``http:///#/run/...``).
     """
-    problems: list[str] = []
+    problems: list[str] = link_problems(dashboard)
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     if variables.get("datasource", {}).get("type") != "datasource":
         problems.append("no $datasource variable")
@@ -424,6 +427,69 @@ def check_dashboard(dashboard: dict[str, Any], known_metrics: set[str]) -> list[
         for name in promql_metric_names(variable["query"]["query"]) - known_metrics:
             problems.append(f"variable {variable['name']}: unknown metric {name}")
     return problems
+
+
+#: Grafana's own variables a link may use (besides ``__data``/``__value``/``__series``/``__field``).
+GRAFANA_BUILTINS = frozenset({"__from", "__to", "__interval", "__interval_ms", "__range", "__range_s",
+                              "__dashboard", "__user", "__org", "__url_time_range", "__all_variables",
+                              "__timezone", "__rate_interval"})
+_LINK_REF = re.compile(r"\$\{([A-Za-z_][\w.]*)(?::(\w+))?\}|\$([A-Za-z_]\w*)")
+
+
+def panel_links(panel: dict[str, Any]) -> list[dict[str, Any]]:
+    """Panel links and data links (field defaults and overrides) of one panel."""
+    config = panel.get("fieldConfig", {})
+    links = [*panel.get("links", []), *config.get("defaults", {}).get("links", [])]
+    for override in config.get("overrides", []):
+        links += [lk for prop in override["properties"] if prop["id"] == "links" for lk in prop["value"]]
+    return links
+
+
+def table_fields(panel: dict[str, Any]) -> set[str] | None:
+    """Field names a data link can read in a table panel: every query's labels (when each query
+    aggregates ``by (...)``), its value columns and their renamed names; None when unknown."""
+    fields = {"Time"}
+    for item in panel.get("targets", []):
+        grouping = outer_grouping(item["expr"])
+        if grouping is None:
+            return None
+        fields |= grouping | {f"Value #{item['refId']}"}
+    for transformation in panel.get("transformations", []):
+        fields |= set(transformation.get("options", {}).get("renameByName", {}).values())
+    return fields
+
+
+def link_problems(dashboard: dict[str, Any]) -> list[str]:
+    """Links that would render wrong: undefined variables, fields the panel's queries drop."""
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    owners = [("dashboard", dashboard.get("links", []), None)]
+    owners += [(p.get("title", "?"), panel_links(p), p) for p in dashboard_panels(dashboard)]
+    problems = []
+    for title, links, panel in owners:
+        for link in links:
+            for match in _LINK_REF.finditer(link.get("url", "") + " " + link.get("title", "")):
+                name = match.group(1) or match.group(3)
+                if name.startswith("__data.fields."):
+                    field = name.removeprefix("__data.fields.")
+                    fields = table_fields(panel) if panel and panel.get("type") == "table" else None
+                    if fields is None or field not in fields:
+                        problems.append(f"{title}: link uses field {field!r} that its queries do not keep")
+                elif name.split(".")[0] in ("__data", "__value", "__series", "__field"):
+                    continue
+                elif name not in GRAFANA_BUILTINS and name not in variables:
+                    problems.append(f"{title}: link uses undefined variable ${name}")
+    return list(dict.fromkeys(problems))  # once per panel, however many links repeat it
+
+
+def interpolate_link(url: str, fields: dict[str, str], variables: dict[str, str]) -> str:
+    """A data link as Grafana renders it for one table row: ``${__data.fields.X}`` from the row,
+    ``${var}`` from the variables; the ``percentencode`` format as encodeURIComponent."""
+    def value(match: re.Match[str]) -> str:
+        name, fmt = match.group(1) or match.group(3), match.group(2)
+        raw = fields[name.removeprefix("__data.fields.")] if name.startswith("__data.fields.") else variables[name]
+        return quote(raw, safe="") if fmt == "percentencode" else raw
+
+    return _LINK_REF.sub(value, url)
 
 
 def merged_rows(frames: list[list[dict[str, str]]]) -> list[dict[str, str]]:
