@@ -7,7 +7,8 @@ scrape and evaluation) loads the shipped rules with every ``for:`` shortened to 
 shipped file keeps production durations). The samples arrive in two stages, as from a
 live run: the plateau first, then the rest, so the plateau-break counter rises between
 scrapes. Then the HTTP API must show both shards' series with their labels, the
-cross-shard recording rule, and a firing VramwatchPlateauBreak for rank 3 only.
+cross-shard recording rule, and a firing VramwatchPlateauBreak for rank 3 only; the
+Grafana table's rank links lead to the shard holding each rank (opened in Chromium).
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from test_prometheus_helpers import (
     dashboard_panels,
     dcgm_exposition,
     grafana_to_promql,
+    interpolate_link,
     merged_rows,
     need_binary,
+    panel_links,
     post_samples,
 )
 
@@ -142,6 +145,7 @@ def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None
 
             check_every_shipped_query(prom)
             check_dashboard_against(prom)
+            check_rank_links(prom, {host: shard.url for host, shard in shards.items()})
             check_gpu_context(prom, traces)
 
 
@@ -198,6 +202,34 @@ def check_dashboard_against(prom: PrometheusServer) -> None:
             rows = merged_rows(frames)
             keys = [(r.get("run"), r.get("Hostname"), r.get("rank")) for r in rows]
             assert len(keys) == len(set(keys)) == 4, (panel["title"], rows)
+
+
+def check_rank_links(prom: PrometheusServer, shard_of_host: dict[str, str]) -> None:
+    """Each "Ranks now" row's first link, rendered as Grafana would from the row, points at the
+    shard that holds the rank (its scrape target), and that shard's page, opened from the link
+    in headless Chromium, shows that rank."""
+    from playwright.sync_api import sync_playwright
+
+    panel = next(p for p in dashboard_panels(json.loads(DASHBOARD.read_text())) if p["title"] == "Ranks now")
+    rows = merged_rows([[r["metric"] for r in prom.query(grafana_to_promql(t["expr"]))] for t in panel["targets"]])
+    shard_link = panel_links(panel)[0]["url"]
+    variables = {"collector_url": "http://unused.invalid", "__from": "0", "__to": "1"}
+    links = {(row["Hostname"], row["rank"]): interpolate_link(shard_link, row, variables) for row in rows}
+    assert len(links) == len(rows) == 4
+    for (host, _rank), url in links.items():
+        assert url.startswith(shard_of_host[host] + "/#/run/"), (host, url)
+    chromium = need_binary("chromium")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            for (host, rank), url in sorted(links.items()):
+                page.goto(url)
+                page.wait_for_function("t => document.getElementById('rank-title').textContent === t",
+                                       arg=f"Rank {rank} · {host}", timeout=20_000)
+                assert page.get_attribute("#verdict-strip tbody tr.selected", "data-rank") == rank
+        finally:
+            browser.close()
 
 
 def test_leak_alert_is_routed_by_alertmanager_to_a_webhook(tmp_path) -> None:
