@@ -12,9 +12,17 @@ import time
 
 import pytest
 import yaml
+from test_grafana_helpers import (
+    DCGM_METRICS,
+    check_dashboard,
+    dashboard_panels,
+    interpolate_link,
+    merged_rows,
+    outer_grouping,
+    panel_links,
+)
 from test_prometheus_helpers import (
     DASHBOARD,
-    DCGM_METRICS,
     DEPLOY,
     GRAFANA_ALERTS,
     ROOT,
@@ -22,13 +30,7 @@ from test_prometheus_helpers import (
     RULES,
     alert_rules,
     all_queries,
-    check_dashboard,
-    dashboard_panels,
     exposed_names,
-    interpolate_link,
-    merged_rows,
-    outer_grouping,
-    panel_links,
     post_samples,
     promql_metric_names,
     recording_rule_names,

@@ -19,6 +19,12 @@ import time
 import httpx
 import pytest
 import yaml
+from test_grafana_helpers import (
+    dashboard_panels,
+    interpolate_link,
+    merged_rows,
+    panel_links,
+)
 from test_prometheus_helpers import (
     ALERTMANAGER,
     DASHBOARD,
@@ -29,13 +35,9 @@ from test_prometheus_helpers import (
     StaticExporter,
     WebhookReceiver,
     all_queries,
-    dashboard_panels,
     dcgm_exposition,
     grafana_to_promql,
-    interpolate_link,
-    merged_rows,
     need_binary,
-    panel_links,
     post_samples,
 )
 
