@@ -93,33 +93,7 @@ def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None
             post_samples(shards[host].url, [s for s in samples if s["step"] < BREAK_STEP - 100])
 
         with PrometheusServer(tmp_path / "prometheus", config, {"vramwatch.rules.yml": rules}) as prom:
-            up = prom.wait_for('up{job="vramwatch"} == 1', lambda r: len(r) == 2)
-            assert {r["metric"]["shard"] for r in up} == {"a", "b"}
-            reserved = prom.wait_for(
-                f'vramwatch_memory_reserved_bytes{{run="{RUN}"}}', lambda r: len(r) == 4
-            )
-            got = {(r["metric"]["Hostname"], int(r["metric"]["rank"])): r["metric"] for r in reserved}
-            assert set(got) == set(layout)
-            for key, labels in got.items():
-                first = traces[key][0]
-                assert labels["UUID"] == first["uuid"] and labels["gpu"] == str(first["gpu"])
-                assert labels["shard"] == ("a" if key[0] == "node-a" else "b")
-            breaks_before = prom.wait_for(
-                f'vramwatch_plateau_breaks_total{{run="{RUN}"}}', lambda r: len(r) == 4
-            )
-            assert all(float(r["value"][1]) == 0 for r in breaks_before), breaks_before
-
-            # the recording rule aggregates the run across both shards
-            # (a rule evaluation may predate the scrape of the second shard: wait for one after it)
-            per_rank = prom.query(
-                f'vramwatch_headroom_bytes{{run="{RUN}"}} / vramwatch_device_total_bytes{{run="{RUN}"}}'
-            )
-            assert len(per_rank) == 4
-            worst = min(float(r["value"][1]) for r in per_rank)
-            prom.wait_for(
-                f'run:vramwatch_headroom_ratio:min{{run="{RUN}"}}',
-                lambda r: len(r) == 1 and float(r[0]["value"][1]) == pytest.approx(worst, rel=0.02),
-            )
+            check_both_shards_scraped(prom, traces, layout)
 
             # stage 2: the rest of the run; rank 3 leaves its plateau
             for (host, _rank), samples in traces.items():
@@ -149,6 +123,38 @@ def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None
             check_dashboard_against(prom)
             check_rank_links(prom, {host: shard.url for host, shard in shards.items()})
             check_gpu_context(prom, traces)
+
+
+def check_both_shards_scraped(prom: PrometheusServer, traces: dict, layout: dict) -> None:
+    """Stage 1: both shards up, every rank's series with the sample labels and its shard's target
+    label, no plateau break yet, and the recording rule aggregating the run across shards."""
+    up = prom.wait_for('up{job="vramwatch"} == 1', lambda r: len(r) == 2)
+    assert {r["metric"]["shard"] for r in up} == {"a", "b"}
+    reserved = prom.wait_for(
+        f'vramwatch_memory_reserved_bytes{{run="{RUN}"}}', lambda r: len(r) == 4
+    )
+    got = {(r["metric"]["Hostname"], int(r["metric"]["rank"])): r["metric"] for r in reserved}
+    assert set(got) == set(layout)
+    for key, labels in got.items():
+        first = traces[key][0]
+        assert labels["UUID"] == first["uuid"] and labels["gpu"] == str(first["gpu"])
+        assert labels["shard"] == ("a" if key[0] == "node-a" else "b")
+    breaks_before = prom.wait_for(
+        f'vramwatch_plateau_breaks_total{{run="{RUN}"}}', lambda r: len(r) == 4
+    )
+    assert all(float(r["value"][1]) == 0 for r in breaks_before), breaks_before
+
+    # the recording rule aggregates the run across both shards
+    # (a rule evaluation may predate the scrape of the second shard: wait for one after it)
+    per_rank = prom.query(
+        f'vramwatch_headroom_bytes{{run="{RUN}"}} / vramwatch_device_total_bytes{{run="{RUN}"}}'
+    )
+    assert len(per_rank) == 4
+    worst = min(float(r["value"][1]) for r in per_rank)
+    prom.wait_for(
+        f'run:vramwatch_headroom_ratio:min{{run="{RUN}"}}',
+        lambda r: len(r) == 1 and float(r[0]["value"][1]) == pytest.approx(worst, rel=0.02),
+    )
 
 
 def check_every_shipped_query(prom: PrometheusServer) -> None:
