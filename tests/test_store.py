@@ -32,7 +32,7 @@ def test_insert_is_all_or_nothing(tmp_path) -> None:
     good = [make_sample(i) for i in range(5)]
     broken = make_sample(5)
     del broken["total_bytes"]  # a sample that bypassed validation must not half-write a batch
-    with pytest.raises(KeyError):
+    with pytest.raises(StoreError, match="NOT NULL"):  # never skipped silently as if a duplicate
         store.insert([*good, broken])
     assert store.count() == 0 and store.series() == []
     result = store.insert(good)

@@ -1,0 +1,259 @@
+"""The store's read side: every query the API, the dashboard views, export and replay make.
+
+Methods of :class:`vramwatch.collector.store.Store` (a mixin, so ``store.series(run)``
+keeps working). Each runs on the calling thread's own read-only connection: WAL readers
+never block the writer. Costs are stated per method; "per series" means one primary-key
+range scan of the ``samples`` table, which is clustered on ``(series, step, phase, seq)``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from vramwatch.collector.store.schema import (
+    FIELD_COLUMNS,
+    FLAG_NAMES,
+    SERIES_OPTIONAL,
+    TRAIN_PHASE_ID,
+    VALUE_NAMES,
+    VALUE_SQL,
+)
+from vramwatch.wire import FULL_MEASUREMENTS, TRAIN_PHASE, Sample
+
+_EXTRA_AT = VALUE_NAMES.index("extra")
+_FLAGS_AT = tuple(i for i, name in enumerate(VALUE_NAMES) if name in FLAG_NAMES)
+#: ``samples`` columns of the phase markers (``/phases``): wire name -> column
+_PHASE_FIELDS = ("ts", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes")
+
+
+@dataclass(frozen=True)
+class SeriesRow:
+    id: int
+    run: str
+    host: str
+    rank: int
+    incarnation: str
+    local_rank: int | None
+    world_size: int | None
+    uuid: str | None
+    gpu: int | None
+    pid: int | None
+    allocator: str | None
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """``wire.series_key`` of this series (incarnations of one rank share it)."""
+        return (self.run, self.host, self.rank)
+
+
+def _in(ids: Sequence[int]) -> str:
+    return f"series IN ({','.join('?' * len(ids))})"
+
+
+class Reads:
+    """Read queries; mixed into ``Store`` (which provides ``_reader``, ``path`` and the phase caches)."""
+
+    path: str
+    _phase_ids: dict[str, int]
+    _phase_names: dict[int, str]
+
+    def _reader(self) -> sqlite3.Connection:  # pragma: no cover - provided by Store
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ series and runs
+    def series(self, run: str | None = None) -> list[SeriesRow]:
+        """Every series (of ``run``), in creation order. Cost: one index range scan."""
+        conn = self._reader()
+        sql = "SELECT id, run, host, rank, incarnation, local_rank, world_size, uuid, gpu, pid, allocator FROM series"
+        rows = conn.execute(sql + " WHERE run = ? ORDER BY id", (run,)) if run else conn.execute(sql + " ORDER BY id")
+        return [SeriesRow(*row) for row in rows]
+
+    def runs(self) -> list[str]:
+        return [r[0] for r in self._reader().execute("SELECT DISTINCT run FROM series ORDER BY run")]
+
+    def count(self, run: str | None = None) -> int:
+        """Stored samples (of ``run``). Cost: a scan of the samples' primary key."""
+        conn = self._reader()
+        if run is None:
+            return conn.execute("SELECT count(*) FROM samples").fetchone()[0]
+        return conn.execute(
+            "SELECT count(*) FROM samples WHERE series IN (SELECT id FROM series WHERE run = ?)", (run,)
+        ).fetchone()[0]
+
+    def phase_name(self, phase_id: int) -> str:
+        name = self._phase_names.get(phase_id)
+        if name is None:
+            row = self._reader().execute("SELECT name FROM phases WHERE id = ?", (phase_id,)).fetchone()
+            name = row[0] if row else "?"
+            self._phase_names[phase_id] = name
+        return name
+
+    def phase_id(self, name: str) -> int | None:
+        """The id of phase ``name``, None when no sample ever had it."""
+        pid = self._phase_ids.get(name)
+        if pid is None:
+            row = self._reader().execute("SELECT id FROM phases WHERE name = ?", (name,)).fetchone()
+            pid = None if row is None else row[0]
+        return pid
+
+    def series_ids(self, run: str, host: str | None = None, rank: int | None = None) -> list[int]:
+        """Ids of the series of ``run`` (one rank's incarnations when ``rank`` is given)."""
+        clauses, params = ["run = ?"], [run]
+        if host is not None:
+            clauses.append("host = ?")
+            params.append(host)
+        if rank is not None:
+            if not -(2**63) <= rank < 2**63:  # beyond SQLite's integers: no such series
+                return []
+            clauses.append("rank = ?")
+            params.append(rank)
+        sql = f"SELECT id FROM series WHERE {' AND '.join(clauses)} ORDER BY id"
+        return [r[0] for r in self._reader().execute(sql, params)]
+
+    _series_ids_for = series_ids  # compatibility alias
+
+    # ------------------------------------------------------------ whole samples
+    def _to_sample(self, ident: dict[str, Any], row: tuple[Any, ...]) -> Sample:
+        step, phase, seq = row[0], row[1], row[2]
+        values = row[3:]
+        s: dict[str, Any] = {**ident, "step": step, "phase": self.phase_name(phase)}
+        if seq:
+            s["seq"] = seq
+        for name, value in zip(VALUE_NAMES, values, strict=True):
+            if value is not None:
+                s[name] = value
+        if values[_EXTRA_AT] is not None:
+            s["extra"] = orjson.loads(values[_EXTRA_AT])
+        for i in _FLAGS_AT:
+            if values[i] is not None:
+                s[VALUE_NAMES[i]] = bool(values[i])
+        if all(name in s for name in FULL_MEASUREMENTS):  # exports as schema 1
+            s.setdefault("nvml_used_bytes", None)  # schema 1 writes null for "no NVML"
+        else:
+            s["schema"] = 2
+        return s  # type: ignore[return-value]
+
+    def iter_samples(
+        self, run: str | None = None, *, host: str | None = None, rank: int | None = None, batch: int = 5000
+    ) -> Iterator[Sample]:
+        """Samples as wire dicts, series by series in insertion order, each by (step, phase, seq).
+
+        What was ingested comes back with the same values (identity fields from ``series``);
+        a sample with every schema-1 measurement comes back as schema 1, any other as schema 2
+        with the fields that were not measured left out. Memory: ``batch`` rows at a time.
+        """
+        conn = self._reader()
+        for srow in self.series(run):
+            if (host is not None and srow.host != host) or (rank is not None and srow.rank != rank):
+                continue
+            ident: dict[str, Any] = {"schema": 1, "run": srow.run, "host": srow.host, "rank": srow.rank}
+            for name in SERIES_OPTIONAL:
+                if getattr(srow, name) is not None:
+                    ident[name] = getattr(srow, name)
+            if srow.incarnation:
+                ident["incarnation"] = srow.incarnation
+            cur = conn.execute(
+                f"SELECT step, phase, seq, {VALUE_SQL} FROM samples WHERE series = ? ORDER BY step, phase, seq",
+                (srow.id,),
+            )
+            while chunk := cur.fetchmany(batch):
+                for row in chunk:
+                    yield self._to_sample(ident, row)
+
+    def iter_replay(self, batch: int = 10000) -> Iterator[Sample]:
+        """Every sample, for rebuilding live state after a restart: per series, by step."""
+        yield from self.iter_samples(batch=batch)
+
+    def phase_samples(self, run: str, host: str | None = None, rank: int | None = None) -> list[Sample]:
+        """Every non-train sample (checkpoint, eval, ...) of a run, by time, for bands and markers.
+        Fields not measured are null."""
+        ids = self.series_ids(run, host, rank)
+        if not ids:
+            return []
+        by_id = {r.id: r for r in self.series(run)}
+        cols = ", ".join(FIELD_COLUMNS[f] for f in _PHASE_FIELDS)
+        cur = self._reader().execute(
+            f"SELECT series, step, phase, seq, {cols} FROM samples WHERE {_in(ids)} AND phase != ? ORDER BY ts",
+            [*ids, TRAIN_PHASE_ID],
+        )
+        out = []
+        for sid, step, phase, seq, *values in cur:
+            srow = by_id[sid]
+            doc: dict[str, Any] = {"run": srow.run, "host": srow.host, "rank": srow.rank, "step": step,
+                                   "phase": self.phase_name(phase), **dict(zip(_PHASE_FIELDS, values, strict=True))}
+            if seq:
+                doc["seq"] = seq
+            out.append(doc)
+        return out  # type: ignore[return-value]
+
+    # ------------------------------------------------------------ columns for charts
+    def _column_query(
+        self, run: str, host: str | None, rank: int | None, fields: list[str], phase: str | None, x: str,
+        start: float | None, end: float | None,
+    ) -> tuple[str, list[Any]] | None:
+        ids = self.series_ids(run, host, rank)
+        if not ids:
+            return None
+        xcol = "step" if x == "step" else "ts"
+        clauses, params = [_in(ids)], list(ids)
+        if phase is not None:
+            pid = self.phase_id(phase)
+            if pid is None:
+                return None
+            clauses.append("phase = ?")
+            params.append(pid)
+        if start is not None:
+            clauses.append(f"{xcol} >= ?")
+            params.append(start)
+        if end is not None:
+            clauses.append(f"{xcol} <= ?")
+            params.append(end)
+        select = ", ".join([xcol, *(FIELD_COLUMNS[f] for f in fields)])
+        order = f" ORDER BY {xcol}" if len(ids) > 1 or xcol == "ts" else ""
+        return f"SELECT {select} FROM samples WHERE {' AND '.join(clauses)}{order}", params
+
+    def query_columns(
+        self, run: str, host: str | None, rank: int | None, fields: Iterable[str], *,
+        phase: str | None = TRAIN_PHASE, x: str = "step", start: float | None = None, end: float | None = None,
+    ) -> tuple[list[float], dict[str, list[Any]]]:
+        """Columns for charts: x values and one list per wire field, ordered by x (None = not
+        measured). Several incarnations of one rank are merged by x (a restarted rank continues).
+        Cost: one range scan per series; reads only the requested columns."""
+        fields = list(fields)
+        query = self._column_query(run, host, rank, fields, phase, x, start, end)
+        if query is None:
+            return [], {f: [] for f in fields}
+        data = self._reader().execute(*query).fetchall()
+        return [r[0] for r in data], {f: [r[i + 1] for r in data] for i, f in enumerate(fields)}
+
+    def query_arrays(
+        self, run: str, host: str | None, rank: int | None, fields: Iterable[str], *,
+        phase: str | None = TRAIN_PHASE, x: str = "step", start: float | None = None, end: float | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`query_columns`, as numpy: x (float64, n) and values (float64, n x fields),
+        NaN where not measured. Every stored number is at most 2**53, so float64 is exact."""
+        fields = list(fields)
+        query = self._column_query(run, host, rank, fields, phase, x, start, end)
+        if query is None:
+            return np.empty(0), np.empty((0, len(fields)))
+        data = self._reader().execute(*query).fetchall()
+        if not data:
+            return np.empty(0), np.empty((0, len(fields)))
+        table = np.array(data, dtype=np.float64)  # None -> nan
+        return table[:, 0], table[:, 1:]
+
+    def file_bytes(self) -> int:
+        """Bytes on disk: the database, its WAL and shared-memory index."""
+        total = 0
+        for suffix in ("", "-wal", "-shm"):
+            p = Path(self.path + suffix)
+            if p.exists():
+                total += p.stat().st_size
+        return total
