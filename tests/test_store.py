@@ -274,3 +274,31 @@ def test_retention_reports_the_runs_and_series_it_removed(tmp_path) -> None:
     assert [s.run for s in gone.series] == ["old"]
     assert store.runs() == ["mixed"] and store.count("mixed") == 4
     store.close()
+
+
+def test_series_window_is_query_columns_downsampled_and_follows_new_rows(tmp_path) -> None:
+    from vramwatch.collector.downsample import downsample
+
+    store = Store(tmp_path / "a.db")
+    spiky = [make_sample(i, peak_allocated_bytes=110 * GiB + (i % 37) * 2**20 + (20 * GiB if i == 4321 else 0),
+                         nvml_used_bytes=None if i % 11 == 0 else 125 * GiB + i) for i in range(6000)]
+    store.insert(spiky)
+    store.insert([make_sample(i, incarnation="second", ts=1_760_100_000.0 + i) for i in range(5000, 7000)])
+    store.insert([make_sample(i, phase="checkpoint") for i in range(0, 6000, 500)])
+    fields = ["allocated_bytes", "peak_allocated_bytes", "nvml_used_bytes", "ts"]
+    cases = [dict(), dict(points=500), dict(start=100, end=3000, points=300), dict(x="ts", points=400),
+             dict(phase="checkpoint"), dict(phase=None, points=1000), dict(start=6500, points=10)]
+    for _ in range(2):  # the second round is answered from the column cache
+        for case in cases:
+            points = case.pop("points", 2000)
+            xs, cols = store.query_columns("run-a", None, 0, fields, **case)
+            want_x, want, downsampled = downsample(xs, cols, points)
+            got = store.series_window("run-a", None, 0, fields, points=points, **case)
+            assert (got.x, got.series, got.raw_points, got.downsampled) == (want_x, want, len(xs), downsampled), case
+            case["points"] = points
+    assert 130 * GiB + 4321 % 37 * 2**20 in store.series_window("run-a", None, 0, fields, points=100).series[
+        "peak_allocated_bytes"]
+    store.insert([make_sample(i, incarnation="second", ts=1_760_200_000.0 + i) for i in range(7000, 7100)])
+    got = store.series_window("run-a", None, 0, fields)
+    assert got.raw_points == 6000 + 2000 + 100 and got.x[-1] == 7099  # new rows are read on the next request
+    store.close()

@@ -20,6 +20,7 @@ from typing import IO, Any
 import orjson
 
 from vramwatch.collector.store.aggregates import Aggregates
+from vramwatch.collector.store.columns import ColumnCache
 from vramwatch.collector.store.reads import Reads, SeriesRow
 from vramwatch.collector.store.schema import FLAG_NAMES, INSERT_SQL, VALUE_NAMES, migrate
 from vramwatch.wire import Sample
@@ -177,6 +178,7 @@ class Store(Reads, Aggregates):
         self._series_ids: dict[tuple[str, str, int, str], int] = {}
         self._phase_ids: dict[str, int] = {}
         self._phase_names: dict[int, str] = {}
+        self._columns = ColumnCache()  # /series: numpy columns per recently asked rank
         try:
             self._open()
         except sqlite3.Error as exc:
@@ -376,6 +378,8 @@ class Store(Reads, Aggregates):
                 if emptied:
                     gone_series.append(srow)
                     self._series_ids = {k: v for k, v in self._series_ids.items() if v != srow.id}
+        if deleted:
+            self._columns.clear()
         left = self.series() if gone_series else []
         gone_runs = sorted({s.run for s in gone_series} - {s.run for s in left})
         gone_keys = sorted({(s.run, s.host, s.rank) for s in gone_series} - {(s.run, s.host, s.rank) for s in left})

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from vramwatch.collector.downsample import minmax_indices
+from vramwatch.collector.store.columns import ColumnCache, as_lists, window
 from vramwatch.collector.store.schema import (
     FIELD_COLUMNS,
     FLAG_NAMES,
@@ -25,7 +27,7 @@ from vramwatch.collector.store.schema import (
     VALUE_NAMES,
     VALUE_SQL,
 )
-from vramwatch.wire import FULL_MEASUREMENTS, TRAIN_PHASE, Sample
+from vramwatch.wire import FIELD_BY_NAME, FULL_MEASUREMENTS, TRAIN_PHASE, Sample
 
 _EXTRA_AT = VALUE_NAMES.index("extra")
 _FLAGS_AT = tuple(i for i, name in enumerate(VALUE_NAMES) if name in FLAG_NAMES)
@@ -53,6 +55,16 @@ class SeriesRow:
         return (self.run, self.host, self.rank)
 
 
+@dataclass(frozen=True)
+class SeriesWindow:
+    """One rank's columns over an x range, downsampled (the ``/series`` document's data)."""
+
+    x: list[Any]
+    series: dict[str, list[Any]]
+    raw_points: int
+    downsampled: bool
+
+
 def _in(ids: Sequence[int]) -> str:
     return f"series IN ({','.join('?' * len(ids))})"
 
@@ -63,6 +75,7 @@ class Reads:
     path: str
     _phase_ids: dict[str, int]
     _phase_names: dict[int, str]
+    _columns: ColumnCache
 
     def _reader(self) -> sqlite3.Connection:  # pragma: no cover - provided by Store
         raise NotImplementedError
@@ -248,6 +261,45 @@ class Reads:
             return np.empty(0), np.empty((0, len(fields)))
         table = np.array(data, dtype=np.float64)  # None -> nan
         return table[:, 0], table[:, 1:]
+
+    def series_window(
+        self, run: str, host: str | None, rank: int, fields: Sequence[str], *, phase: str | None = TRAIN_PHASE,
+        x: str = "step", start: float | None = None, end: float | None = None, points: int = 2000,
+    ) -> SeriesWindow:
+        """``/series``: the rank's ``fields`` by ``x`` within [start, end], at most ``points`` rows
+        chosen so every bucket's min and max of every field survive at their true x (as
+        :func:`~vramwatch.collector.downsample.downsample` on :meth:`query_columns`, same answer).
+
+        Cost: served from numpy columns cached per rank (:mod:`.columns`); a repeated request
+        reads only the rows stored since, so a 100k-step rank costs a binary search and a
+        vectorised min/max pass instead of 100k Python rows. The first request pays the full read.
+        """
+        fields = list(fields)
+        ids = self.series_ids(run, host, rank)
+        pid = None if phase is None else self.phase_id(phase)
+        if not ids or (phase is not None and pid is None):
+            return SeriesWindow([], {f: [] for f in fields}, 0, False)
+        xcol = "step" if x == "step" else "ts"
+        cols = ", ".join(["step", xcol, *(FIELD_COLUMNS[f] for f in fields)])
+        where = "series = ? AND step > ?" + ("" if pid is None else " AND phase = ?")
+        sql = f"SELECT {cols} FROM samples WHERE {where} ORDER BY step"
+        conn = self._reader()
+
+        def fetch(sid: int, after: int) -> list[tuple[Any, ...]]:
+            return conn.execute(sql, (sid, after) if pid is None else (sid, after, pid)).fetchall()
+
+        xs, values = self._columns.columns((tuple(ids), -1 if pid is None else pid, xcol, tuple(fields)), fetch)
+        xs, values = window(xs, values, start, end)
+        raw = int(xs.size)
+        if raw > points:
+            keep = minmax_indices([values[:, j] for j in range(values.shape[1])], points)
+            xs, values = xs[keep], values[keep]
+        ints = frozenset(f for f in fields if FIELD_BY_NAME[f].kind in ("i", "b"))
+        out_x, out = as_lists(xs, values, fields, int_fields=ints, int_x=xcol == "step")
+        for f in fields:
+            if FIELD_BY_NAME[f].kind == "flag":
+                out[f] = [None if v is None else bool(v) for v in out[f]]
+        return SeriesWindow(out_x, out, raw, raw > points)
 
     def file_bytes(self) -> int:
         """Bytes on disk: the database, its WAL and shared-memory index."""
