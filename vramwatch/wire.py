@@ -403,7 +403,12 @@ def _plainly_valid(obj: dict[str, Any]) -> bool:
         found = _plain_optionals(obj, plan)
         if found < 0 or len(obj) != plan.required + found:
             return False
-    return _consistent(obj) is None
+    get = obj.get
+    allocated, reserved, peak = get("allocated_bytes"), get("reserved_bytes"), get("peak_allocated_bytes")
+    used, total = get("nvml_used_bytes"), obj["total_bytes"]
+    if allocated is None or reserved is None or peak is None or "foreign_used_bytes" in obj:
+        return _consistent(obj) is None  # sparse or with more to check: the general rules
+    return allocated <= reserved <= total and peak >= allocated and total > 0 and (used is None or used <= total)
 
 
 def _consistent(s: dict[str, Any]) -> WireError | None:

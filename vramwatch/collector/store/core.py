@@ -22,7 +22,7 @@ import orjson
 from vramwatch.collector.store.aggregates import Aggregates
 from vramwatch.collector.store.columns import ColumnCache
 from vramwatch.collector.store.reads import Reads, SeriesRow
-from vramwatch.collector.store.schema import FLAG_NAMES, INSERT_SQL, VALUE_NAMES, migrate
+from vramwatch.collector.store.schema import VALUE_NAMES, insert_sql, migrate
 from vramwatch.wire import Sample
 
 try:
@@ -31,8 +31,7 @@ except ImportError:  # pragma: no cover - Windows: no advisory lock
     fcntl = None  # type: ignore[assignment]
 
 SeriesKey = tuple[str, str, int]
-_EXTRA = VALUE_NAMES.index("extra") + 4
-_FLAGS = tuple(i + 4 for i, name in enumerate(VALUE_NAMES) if name in FLAG_NAMES)
+_VALUE_SET = frozenset(VALUE_NAMES)
 
 
 class StoreError(RuntimeError):
@@ -258,22 +257,31 @@ class Store(Reads, Aggregates):
             self._phase_names[pid] = name
         return pid
 
-    def _rows(self, samples: Sequence[Sample]) -> dict[int, tuple[Sample, list[list[Any]]]]:
-        """Rows grouped by series id, each with one sample of the series (for its key)."""
+    def _rows(
+        self, samples: Sequence[Sample], names: tuple[str, ...]
+    ) -> dict[int, tuple[Sample, list[list[Any]]]]:
+        """Rows (key, then the value fields ``names``) grouped by series id, each with one
+        sample of the series (for its key)."""
         by_series: dict[int, tuple[Sample, list[list[Any]]]] = {}
+        extra_at = names.index("extra") + 4 if "extra" in names else -1
+        phase_id = self._phase_id
         for s in samples:
             sid = self._series_id(s)
             group = by_series.get(sid)
             if group is None:
                 group = by_series[sid] = (s, [])
             get = s.get
-            row = [sid, s["step"], self._phase_id(s["phase"]), get("seq", 0)]
-            row.extend(map(get, VALUE_NAMES))
-            extra = row[_EXTRA]
-            if extra is not None:
-                row[_EXTRA] = orjson.dumps(extra) if extra else None
+            row = [sid, s["step"], phase_id(s["phase"]), get("seq", 0), *map(get, names)]
+            if extra_at >= 0 and row[extra_at] is not None:
+                row[extra_at] = orjson.dumps(row[extra_at]) if row[extra_at] else None
             group[1].append(row)
         return by_series
+
+    @staticmethod
+    def _present(samples: Sequence[Sample]) -> tuple[str, ...]:
+        """The value fields any sample of the batch carries, in column order."""
+        keys = _VALUE_SET.intersection(set().union(*samples))
+        return tuple(name for name in VALUE_NAMES if name in keys)
 
     def insert(
         self, samples: Sequence[Sample], *, max_samples_per_run: int | None = None,
@@ -306,9 +314,11 @@ class Store(Reads, Aggregates):
                 conn.execute("BEGIN IMMEDIATE")
                 added: dict[str, int] = {}
                 by_key: dict[SeriesKey, int] = {}
-                for first, rows in self._rows(samples).values():
+                names = self._present(samples)
+                sql = insert_sql(names)
+                for first, rows in self._rows(samples, names).values():
                     before = conn.total_changes
-                    conn.executemany(INSERT_SQL, rows)
+                    conn.executemany(sql, rows)
                     n = conn.total_changes - before
                     key = (first["run"], first["host"], first["rank"])
                     by_key[key] = by_key.get(key, 0) + n

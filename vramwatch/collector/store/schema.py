@@ -19,9 +19,10 @@ added on open (:func:`add_missing_columns`).
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 
-from vramwatch.wire import FIELD_TABLE, TRAIN_PHASE, Field
+from vramwatch.wire import FIELD_BY_NAME, FIELD_TABLE, TRAIN_PHASE, Field
 
 #: ``phases.id`` of :data:`vramwatch.wire.TRAIN_PHASE` (seeded by the first migration).
 TRAIN_PHASE_ID = 0
@@ -136,10 +137,17 @@ SERIES_OPTIONAL: tuple[str, ...] = tuple(
     f.name for f in FIELD_TABLE if f.table == "series" and f.name not in ("run", "host", "rank", "incarnation")
 )
 FLAG_NAMES = frozenset(f.name for f in FIELD_TABLE if f.kind == "flag")
-# ON CONFLICT DO NOTHING skips only a duplicate key; OR IGNORE would also drop a row that breaks
-# NOT NULL without a word
-INSERT_SQL = (f"INSERT INTO samples (series, step, phase, seq, {VALUE_SQL}) "
-              f"VALUES ({', '.join('?' * (4 + len(VALUE_FIELDS)))}) ON CONFLICT DO NOTHING")
+
+
+@functools.lru_cache(maxsize=64)
+def insert_sql(names: tuple[str, ...]) -> str:
+    """INSERT of the key and the value fields ``names``; the other columns stay NULL (every
+    bound parameter costs, and most batches carry the same few fields: one statement each)."""
+    cols = ", ".join(["series", "step", "phase", "seq", *(FIELD_BY_NAME[n].column for n in names)])
+    # ON CONFLICT DO NOTHING skips only a duplicate key; OR IGNORE would also drop a row that
+    # breaks NOT NULL without a word
+    return f"INSERT INTO samples ({cols}) VALUES ({', '.join('?' * (4 + len(names)))}) ON CONFLICT DO NOTHING"
+
 
 _SQL_TYPES = {"i": "INTEGER", "b": "INTEGER", "flag": "INTEGER", "s": "TEXT", "phase": "INTEGER",
               "allocator": "TEXT", "ts": "REAL", "f": "REAL", "extra": "BLOB"}
