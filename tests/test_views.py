@@ -54,3 +54,19 @@ def test_the_report_of_a_stepped_clock_run_stays_small(stepped_clock_db) -> None
         for doc in data["heatmap"][x].values():
             assert len(doc["x"]) <= max_columns(240)
     assert len(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)) < 2 * 2**20
+
+
+def test_the_report_shares_one_point_budget_across_ranks(tmp_path) -> None:
+    from vramwatch.probe.simulated import simulate_trace
+    from vramwatch.report import REPORT_POINTS, points_per_rank
+
+    path = tmp_path / "wide.db"
+    store = Store(path)
+    for rank in range(24):
+        store.insert(list(simulate_trace("checkpoint", steps=1500, run="wide", rank=rank)))
+    store.close()
+    data = report_data(str(path), "wide")
+    sizes = [len(doc["x"]) for doc in data["series"].values()]
+    assert len(sizes) == 24 and max(sizes) <= points_per_rank(24) < 1500
+    assert sum(sizes) <= REPORT_POINTS
+    assert points_per_rank(1) == 2000 and points_per_rank(10_000) == 250
