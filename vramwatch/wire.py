@@ -45,7 +45,6 @@ TRAIN_PHASE = "train"
 
 ALLOCATORS = ("native", "cudaMallocAsync")
 MAX_NAME = 128
-MAX_PHASE = 32
 MAX_EXTRA_KEYS = 64
 #: What a phase name may be (the hook checks names with the same pattern before sending).
 PHASE_PATTERN = r"[A-Za-z0-9_.:-]{1,32}"
@@ -85,8 +84,12 @@ class Field:
     nullable: tuple[int, ...] = ()
     #: where the store keeps it: "samples" (per sample), "series" (once per process), "" (not stored)
     table: str = "samples"
-    #: the store column ("" = not stored)
+    #: the store column (default: the field's name; none when ``table`` is "")
     column: str = ""
+
+    def __post_init__(self) -> None:
+        if self.table and not self.column:
+            object.__setattr__(self, "column", self.name)
 
     @property
     def json_type(self) -> str:
@@ -103,46 +106,44 @@ _OPTIONAL = {"nullable": _ALL}  # a measurement any schema may leave out (null =
 #: Every field, in the order samples are written.
 FIELD_TABLE: tuple[Field, ...] = (
     Field("schema", "i", "", "Wire schema version: 1 or 2.", required=_ALL, table=""),
-    Field("run", "s", "", "Run name: one training job.", required=_ALL, table="series", column="run"),
-    Field("host", "s", "", "Host name of the rank.", required=_ALL, table="series", column="host"),
-    Field("rank", "i", "", "Global rank.", required=_ALL, table="series", column="rank"),
-    Field("step", "i", "step", "Training step the sample belongs to.", required=_ALL, column="step"),
-    Field("ts", "ts", "s", "Unix time of the reading.", required=_ALL, column="ts"),
+    Field("run", "s", "", "Run name: one training job.", required=_ALL, table="series"),
+    Field("host", "s", "", "Host name of the rank.", required=_ALL, table="series"),
+    Field("rank", "i", "", "Global rank.", required=_ALL, table="series"),
+    Field("step", "i", "step", "Training step the sample belongs to.", required=_ALL),
+    Field("ts", "ts", "s", "Unix time of the reading.", required=_ALL),
     Field("phase", "phase", "", "`train` for step boundaries, else the phase (checkpoint, eval, ...).",
-          required=_ALL, column="phase"),
-    Field("seq", "i", "", "Sequence of a phase among same-named phases at one step (default 0): two "
-          "checkpoints at one step are two samples.", column="seq"),
+          required=_ALL),
+    Field("seq", "i", "", "Number of a phase among same-named phases at one step (default 0): two checkpoints "
+          "at one step are two samples."),
     Field("allocated_bytes", "b", "bytes", "Bytes held by live tensors (torch allocated).", **_MEASURED,
           column="allocated"),
     Field("reserved_bytes", "b", "bytes", "Bytes reserved by the caching allocator.", **_MEASURED,
           column="reserved"),
-    Field("peak_allocated_bytes", "b", "bytes", "Peak allocated since the previous sample (the phase's peak "
-          "for a phase sample).", **_MEASURED, column="peak"),
+    Field("peak_allocated_bytes", "b", "bytes",
+          "Peak allocated since the previous sample (the phase's peak for a phase sample).", **_MEASURED,
+          column="peak"),
     Field("inactive_split_bytes", "b", "bytes", "Free bytes inside split allocator segments.", **_MEASURED,
           column="inactive_split"),
     Field("alloc_retries", "b", "count", "Allocator retries (cudaMalloc failed, caches flushed) so far.",
-          **_MEASURED, column="alloc_retries"),
-    Field("ooms", "b", "count", "Out-of-memory errors raised by the allocator so far.", **_MEASURED,
-          column="ooms"),
+          **_MEASURED),
+    Field("ooms", "b", "count", "Out-of-memory errors raised by the allocator so far.", **_MEASURED),
     Field("nvml_used_bytes", "b", "bytes", "Device-wide used bytes from NVML.", required=(1,), nullable=_ALL,
           column="nvml_used"),
     Field("total_bytes", "b", "bytes", "Device memory capacity (> 0).", required=_ALL, column="total"),
-    Field("local_rank", "i", "", "Rank within the host.", table="series", column="local_rank"),
-    Field("world_size", "i", "", "Number of ranks in the run.", table="series", column="world_size"),
-    Field("uuid", "s", "", "GPU UUID.", table="series", column="uuid"),
-    Field("gpu", "i", "", "GPU index on the host.", table="series", column="gpu"),
-    Field("pid", "i", "", "Process id of the rank.", table="series", column="pid"),
+    Field("local_rank", "i", "", "Rank within the host.", table="series"),
+    Field("world_size", "i", "", "Number of ranks in the run.", table="series"),
+    Field("uuid", "s", "", "GPU UUID.", table="series"),
+    Field("gpu", "i", "", "GPU index on the host.", table="series"),
+    Field("pid", "i", "", "Process id of the rank.", table="series"),
     Field("process_used_bytes", "b", "bytes", "Bytes NVML attributes to this process.", **_OPTIONAL,
           column="process_used"),
     Field("active_bytes", "b", "bytes", "Allocated plus blocks awaiting cross-stream frees.", **_OPTIONAL,
           column="active"),
     Field("step_time_s", "f", "s", "Wall time of the step.", **_OPTIONAL, column="step_time"),
-    Field("tokens", "b", "count", "Tokens processed in the step.", **_OPTIONAL, column="tokens"),
-    Field("incarnation", "s", "", "Process incarnation: a restarted rank gets a new one.", table="series",
-          column="incarnation"),
-    Field("allocator", "allocator", "", "`native` (default) or `cudaMallocAsync`.", table="series",
-          column="allocator"),
-    Field("extra", "extra", "", "Up to 64 user numbers (loss, lr, ...) by name.", column="extra"),
+    Field("tokens", "b", "count", "Tokens processed in the step.", **_OPTIONAL),
+    Field("incarnation", "s", "", "Process incarnation: a restarted rank gets a new one.", table="series"),
+    Field("allocator", "allocator", "", "`native` (default) or `cudaMallocAsync`.", table="series"),
+    Field("extra", "extra", "", "Up to 64 user numbers (loss, lr, ...) by name."),
     Field("host_rss_bytes", "b", "bytes", "Resident memory of the training process.", **_OPTIONAL,
           column="host_rss"),
     Field("host_children_rss_bytes", "b", "bytes", "Resident memory of its children (DataLoader workers).",
@@ -151,10 +152,9 @@ FIELD_TABLE: tuple[Field, ...] = (
           column="host_available"),
     Field("host_pinned_bytes", "b", "bytes", "Pinned (page-locked) host memory held by torch.", **_OPTIONAL,
           column="host_pinned"),
-    Field("foreign_used_bytes", "b", "bytes", "Device memory held by other processes on this GPU.",
-          **_OPTIONAL, column="foreign_used"),
-    Field("oom_marked", "flag", "", "true on the sample sent as the process hits an out-of-memory error.",
-          column="oom_marked"),
+    Field("foreign_used_bytes", "b", "bytes", "Device memory held by other processes on this GPU.", **_OPTIONAL,
+          column="foreign_used"),
+    Field("oom_marked", "flag", "", "true on the sample sent as the process hits an out-of-memory error."),
     Field("exit", "flag", "", "true on the last sample of a clean close().", column="exited"),
 )
 
@@ -165,10 +165,6 @@ FIELDS: dict[str, str] = {f.name: f.kind for f in FIELD_TABLE}
 REQUIRED_NAMES: tuple[str, ...] = tuple(f.name for f in FIELD_TABLE if set(_ALL) <= set(f.required))
 #: the memory levels a sample needs at least one of
 LEVEL_FIELDS = ("allocated_bytes", "nvml_used_bytes")
-#: identity fields are constant for one process; the store keeps them once per series
-IDENTITY_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELD_TABLE if f.table == "series")
-#: fields that may be null meaning "not measured" in some schema
-MEASUREMENT_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELD_TABLE if f.nullable)
 
 _PY_TYPES = {"i": int, "b": int, "s": str, "ts": float, "f": float, "phase": str, "allocator": str,
              "extra": dict, "flag": bool}
@@ -296,8 +292,6 @@ assert all(f.kind in ("i", "b", "s", "f", "flag", "extra", "allocator") for f in
            if not set(_ALL) <= set(f.required)), "the fast path has no rule for an optional field's kind"
 _MISSING = object()
 _known_phases: set[str] = {TRAIN_PHASE, "eval", "checkpoint"}
-
-
 # run/host/uuid/incarnation repeat on every sample: remember the ones already checked
 # (bounded, so hostile clients cannot grow it).
 _known_names: set[str] = set()
@@ -497,11 +491,6 @@ def fully_measured(sample: Sample) -> bool:
     """True when every schema-1 allocator measurement is present and not null (what consumers
     that cannot yet judge sparse samples need)."""
     return all(sample.get(name) is not None for name in FULL_MEASUREMENTS)
-
-
-def is_phase_event(sample: Sample) -> bool:
-    """True for checkpoint/eval/... samples, False for step-boundary (train) samples."""
-    return sample["phase"] != TRAIN_PHASE
 
 
 # ---------------------------------------------------------------- encoding
