@@ -302,3 +302,21 @@ def test_series_window_is_query_columns_downsampled_and_follows_new_rows(tmp_pat
     got = store.series_window("run-a", None, 0, fields)
     assert got.raw_points == 6000 + 2000 + 100 and got.x[-1] == 7099  # new rows are read on the next request
     store.close()
+
+
+def test_a_read_only_open_of_an_old_database_says_how_to_migrate(tmp_path) -> None:
+    path = tmp_path / "old.db"
+    _v1_database(path)
+    with pytest.raises(StoreError, match=r"older vramwatch.*open it once for writing"):
+        Store(path, readonly=True)
+    Store(path).close()
+    assert [s["step"] for s in Store(path, readonly=True).iter_samples("old")] == [7]
+
+
+def test_the_wire_schema_of_each_sample_is_kept(tmp_path) -> None:
+    store = Store(tmp_path / "a.db")
+    v2_full = {**make_sample(1), "schema": 2}
+    v1 = make_sample(2)
+    store.insert([v2_full, v1])
+    assert list(store.iter_samples("run-a")) == [v2_full, v1]
+    store.close()

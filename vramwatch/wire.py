@@ -105,7 +105,7 @@ _OPTIONAL = {"nullable": _ALL}  # a measurement any schema may leave out (null =
 
 #: Every field, in the order samples are written.
 FIELD_TABLE: tuple[Field, ...] = (
-    Field("schema", "i", "", "Wire schema version: 1 or 2.", required=_ALL, table=""),
+    Field("schema", "i", "", "Wire schema version: 1 or 2 (kept, so an export is what was sent).", required=_ALL),
     Field("run", "s", "", "Run name: one training job.", required=_ALL, table="series"),
     Field("host", "s", "", "Host name of the rank.", required=_ALL, table="series"),
     Field("rank", "i", "", "Global rank.", required=_ALL, table="series"),

@@ -190,11 +190,15 @@ class Store(Reads, Aggregates):
     def _open(self) -> None:
         self._conn = _connect(self.path, readonly=self.readonly, timeout=self._busy_timeout_s)
         if self.readonly:
-            from vramwatch.collector.store.schema import SCHEMA_VERSION
+            from vramwatch.collector.store.schema import SAMPLE_COLUMNS, SCHEMA_VERSION
 
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreError(f"{self.path} has schema {version}, newer than this vramwatch ({SCHEMA_VERSION})")
+            have = {row[1] for row in self._conn.execute("PRAGMA table_info(samples)")}
+            if version < SCHEMA_VERSION or not set(SAMPLE_COLUMNS) <= have:
+                raise StoreError(f"{self.path} was written by an older vramwatch (schema {version}); open it once "
+                                 f"for writing to migrate it, e.g. vramwatch serve --db {self.path}")
         else:
             self._conn.execute("PRAGMA journal_mode=WAL")
             # NORMAL in WAL mode: a power loss may lose the last transactions, never corrupts.

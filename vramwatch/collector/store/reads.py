@@ -147,10 +147,10 @@ class Reads:
         for i in _FLAGS_AT:
             if values[i] is not None:
                 s[VALUE_NAMES[i]] = bool(values[i])
-        if all(name in s for name in FULL_MEASUREMENTS):  # exports as schema 1
+        schema = s.get("schema") or (1 if all(name in s for name in FULL_MEASUREMENTS) else 2)
+        s["schema"] = schema  # rows migrated from the first store version have none: schema 1
+        if schema == 1:
             s.setdefault("nvml_used_bytes", None)  # schema 1 writes null for "no NVML"
-        else:
-            s["schema"] = 2
         return s  # type: ignore[return-value]
 
     def iter_samples(
@@ -166,7 +166,7 @@ class Reads:
         for srow in self.series(run):
             if (host is not None and srow.host != host) or (rank is not None and srow.rank != rank):
                 continue
-            ident: dict[str, Any] = {"schema": 1, "run": srow.run, "host": srow.host, "rank": srow.rank}
+            ident: dict[str, Any] = {"schema": None, "run": srow.run, "host": srow.host, "rank": srow.rank}
             for name in SERIES_OPTIONAL:
                 if getattr(srow, name) is not None:
                     ident[name] = getattr(srow, name)

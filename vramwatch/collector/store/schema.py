@@ -68,7 +68,7 @@ _V1_SAMPLE_COLUMNS = ("ts, allocated, reserved, peak, inactive_split, alloc_retr
 
 # Schema 2: series identity is wire.series_key + incarnation (the same rank from two hosts is
 # two series); measurements are nullable (not measured); seq joins the idempotency key; host
-# memory, foreign processes and the OOM/exit markers get columns.
+# memory, foreign processes, the OOM/exit markers and the sample's wire schema get columns.
 _V2 = f"""
 CREATE TABLE series2 (
     id INTEGER PRIMARY KEY,
@@ -110,10 +110,11 @@ CREATE TABLE samples2 (
     foreign_used INTEGER,
     oom_marked INTEGER,
     exited INTEGER,
+    schema INTEGER,
     PRIMARY KEY (series, step, phase, seq)
 ) WITHOUT ROWID;
-INSERT INTO samples2 (series, step, phase, seq, {_V1_SAMPLE_COLUMNS})
-    SELECT series, step, phase, 0, {_V1_SAMPLE_COLUMNS} FROM samples;
+INSERT INTO samples2 (series, step, phase, seq, schema, {_V1_SAMPLE_COLUMNS})
+    SELECT series, step, phase, 0, 1, {_V1_SAMPLE_COLUMNS} FROM samples;
 DROP TABLE samples;
 ALTER TABLE samples2 RENAME TO samples;
 """
@@ -131,7 +132,9 @@ VALUE_SQL: str = ", ".join(f.column for f in VALUE_FIELDS)
 #: every column of ``samples`` the field table defines
 SAMPLE_COLUMNS: tuple[str, ...] = tuple(f.column for f in FIELD_TABLE if f.table == "samples")
 #: numeric wire field -> ``samples`` column: what series queries may ask for
-FIELD_COLUMNS: dict[str, str] = {f.name: f.column for f in VALUE_FIELDS if f.kind in ("i", "b", "ts", "f", "flag")}
+FIELD_COLUMNS: dict[str, str] = {
+    f.name: f.column for f in VALUE_FIELDS if f.kind in ("i", "b", "ts", "f", "flag") and f.name != "schema"
+}
 #: identity fields kept per series besides the key (run, host, rank, incarnation)
 SERIES_OPTIONAL: tuple[str, ...] = tuple(
     f.name for f in FIELD_TABLE if f.table == "series" and f.name not in ("run", "host", "rank", "incarnation")
