@@ -455,20 +455,19 @@ def _validate_slow(obj: dict[str, Any], now: float | None, max_future_s: float) 
         raise WireError("schema", f"unknown schema {schema!r}; this collector speaks schemas "
                                   f"{', '.join(map(str, SCHEMA_VERSIONS))}")
     out: dict[str, Any] = {}
-    for f in FIELD_TABLE:
-        if schema in f.required and f.name not in obj:
-            raise WireError(f.name, "is required")
-    for name, value in obj.items():
-        f = FIELD_BY_NAME.get(name)  # type: ignore[arg-type]
-        if f is None:
-            raise WireError(str(name)[:64], "unknown field")
-        if value is None:
-            if schema in f.nullable:
-                out[name] = None  # not measured
-                continue
-            if schema not in f.required:
-                continue  # an explicit null optional is the same as absent
-        out[name] = _check(name, f.kind, value)
+    for f in FIELD_TABLE:  # in table order: the first bad field is named, whatever the key order
+        value = obj.get(f.name, _MISSING)
+        if value is _MISSING:
+            if schema in f.required:
+                raise WireError(f.name, "is required")
+        elif value is None and schema in f.nullable:
+            out[f.name] = None  # not measured
+        elif value is not None or schema in f.required:  # else: an explicit null optional is absent
+            out[f.name] = _check(f.name, f.kind, value)
+    if len(obj) > len(out):
+        for name in obj:
+            if name not in FIELD_BY_NAME:
+                raise WireError(str(name)[:64], "unknown field")
     error = _consistent(out)
     if error is not None:
         raise error
