@@ -320,3 +320,19 @@ def test_the_wire_schema_of_each_sample_is_kept(tmp_path) -> None:
     store.insert([v2_full, v1])
     assert list(store.iter_samples("run-a")) == [v2_full, v1]
     store.close()
+
+
+def test_export_reads_only_the_fields_a_series_carried_and_still_returns_everything(tmp_path) -> None:
+    path = tmp_path / "a.db"
+    store = Store(path)
+    plain = [make_sample(i) for i in range(3)]
+    store.insert(plain)
+    later = [make_sample(i, host_rss_bytes=2**30, extra={"loss": 0.5}, exit=i == 5) for i in range(3, 6)]
+    other = Store(path)  # a second writer adds fields to the same series
+    other.insert(later)
+    other.close()
+    store.insert([make_sample(6, tokens=10)])
+    assert list(store.iter_samples("run-a")) == [*plain, *later, make_sample(6, tokens=10)]
+    row = store.series("run-a")[0]
+    assert {"host_rss_bytes", "extra", "exit", "tokens", "allocated_bytes"} <= set(row.fields.split(","))
+    store.close()

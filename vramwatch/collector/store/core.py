@@ -175,6 +175,7 @@ class Store(Reads, Aggregates):
         self._busy_timeout_s = busy_timeout_s
         self._busy_ms = int(1000 * busy_timeout_s)
         self._series_ids: dict[tuple[str, str, int, str], int] = {}
+        self._series_fields: dict[int, frozenset[str]] = {}  # series id -> value fields its samples carry
         self._phase_ids: dict[str, int] = {}
         self._phase_names: dict[int, str] = {}
         self._columns = ColumnCache()  # /series: numpy columns per recently asked rank
@@ -236,10 +237,11 @@ class Store(Reads, Aggregates):
         if sid is None:
             # another process (vramwatch import, a second writer) may have created it: ask first
             row = self._conn.execute(
-                "SELECT id FROM series WHERE run = ? AND host = ? AND rank = ? AND incarnation = ?", key
+                "SELECT id, fields FROM series WHERE run = ? AND host = ? AND rank = ? AND incarnation = ?", key
             ).fetchone()
             if row is not None:
                 sid = row[0]
+                self._series_fields[sid] = frozenset(row[1].split(",")) if row[1] else frozenset()
             else:
                 from vramwatch.collector.store.schema import SERIES_OPTIONAL
 
@@ -248,6 +250,7 @@ class Store(Reads, Aggregates):
                     " allocator) VALUES (?,?,?,?,?,?,?,?,?,?)", (*key, *(s.get(name) for name in SERIES_OPTIONAL)),
                 )
                 sid = cur.lastrowid
+                self._series_fields[sid] = frozenset()
             assert sid is not None
             self._series_ids[key] = sid
         return sid
@@ -280,6 +283,18 @@ class Store(Reads, Aggregates):
                 row[extra_at] = orjson.dumps(row[extra_at]) if row[extra_at] else None
             group[1].append(row)
         return by_series
+
+    def _note_fields(self, sid: int, names: tuple[str, ...]) -> None:
+        """Record in ``series.fields`` the value fields this batch carries for the series (a write
+        only when one is new; read back inside the transaction, so two writers never lose one)."""
+        have = self._series_fields.get(sid, frozenset())
+        if have.issuperset(names):
+            return
+        row = self._conn.execute("SELECT fields FROM series WHERE id = ?", (sid,)).fetchone()
+        stored = frozenset(row[0].split(",")) if row and row[0] else frozenset()
+        fields = stored | have | set(names)
+        self._conn.execute("UPDATE series SET fields = ? WHERE id = ?", (",".join(sorted(fields)), sid))
+        self._series_fields[sid] = fields
 
     @staticmethod
     def _present(samples: Sequence[Sample]) -> tuple[str, ...]:
@@ -320,7 +335,8 @@ class Store(Reads, Aggregates):
                 by_key: dict[SeriesKey, int] = {}
                 names = self._present(samples)
                 sql = insert_sql(names)
-                for first, rows in self._rows(samples, names).values():
+                for sid, (first, rows) in self._rows(samples, names).items():
+                    self._note_fields(sid, names)
                     before = conn.total_changes
                     conn.executemany(sql, rows)
                     n = conn.total_changes - before
@@ -342,6 +358,7 @@ class Store(Reads, Aggregates):
                 except sqlite3.Error:
                     pass
                 self._series_ids = series_before
+                self._series_fields = {k: v for k, v in self._series_fields.items() if k in series_before.values()}
                 self._phase_ids = phases_before
                 self._phase_names = {v: k for k, v in phases_before.items()}
                 if isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF in (

@@ -25,12 +25,10 @@ from vramwatch.collector.store.schema import (
     SERIES_OPTIONAL,
     TRAIN_PHASE_ID,
     VALUE_NAMES,
-    VALUE_SQL,
 )
 from vramwatch.wire import FIELD_BY_NAME, FULL_MEASUREMENTS, TRAIN_PHASE, Sample
 
-_EXTRA_AT = VALUE_NAMES.index("extra")
-_FLAGS_AT = tuple(i for i, name in enumerate(VALUE_NAMES) if name in FLAG_NAMES)
+_FLAGS = tuple(sorted(FLAG_NAMES))
 #: ``samples`` columns of the phase markers (``/phases``): wire name -> column
 _PHASE_FIELDS = ("ts", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes")
 
@@ -48,6 +46,8 @@ class SeriesRow:
     gpu: int | None
     pid: int | None
     allocator: str | None
+    #: value fields any of its samples carried, comma-separated (None: unknown, read them all)
+    fields: str | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -84,7 +84,8 @@ class Reads:
     def series(self, run: str | None = None) -> list[SeriesRow]:
         """Every series (of ``run``), in creation order. Cost: one index range scan."""
         conn = self._reader()
-        sql = "SELECT id, run, host, rank, incarnation, local_rank, world_size, uuid, gpu, pid, allocator FROM series"
+        sql = ("SELECT id, run, host, rank, incarnation, local_rank, world_size, uuid, gpu, pid, allocator, fields"
+               " FROM series")
         rows = conn.execute(sql + " WHERE run = ? ORDER BY id", (run,)) if run else conn.execute(sql + " ORDER BY id")
         return [SeriesRow(*row) for row in rows]
 
@@ -133,24 +134,26 @@ class Reads:
     _series_ids_for = series_ids  # compatibility alias
 
     # ------------------------------------------------------------ whole samples
-    def _to_sample(self, ident: dict[str, Any], row: tuple[Any, ...]) -> Sample:
-        step, phase, seq = row[0], row[1], row[2]
-        values = row[3:]
-        s: dict[str, Any] = {**ident, "step": step, "phase": self.phase_name(phase)}
-        if seq:
-            s["seq"] = seq
-        for name, value in zip(VALUE_NAMES, values, strict=True):
-            if value is not None:
-                s[name] = value
-        if values[_EXTRA_AT] is not None:
-            s["extra"] = orjson.loads(values[_EXTRA_AT])
-        for i in _FLAGS_AT:
-            if values[i] is not None:
-                s[VALUE_NAMES[i]] = bool(values[i])
+    def _to_sample(self, ident: dict[str, Any], names: tuple[str, ...], row: tuple[Any, ...]) -> Sample:
+        # C-level dict building, Python work only for what is there (the replay after a
+        # restart reads every stored sample through here)
+        s: dict[str, Any] = ident.copy()
+        s.update(zip(names, row, strict=True))
+        if None in row:
+            for key in [k for k, v in s.items() if v is None]:
+                del s[key]  # not measured: absent
+        s["phase"] = self._phase_names.get(row[1]) or self.phase_name(row[1])
+        if not row[2]:
+            del s["seq"]
+        if "extra" in s:
+            s["extra"] = orjson.loads(s["extra"])
+        for name in _FLAGS:
+            if name in s:
+                s[name] = bool(s[name])
         schema = s.get("schema") or (1 if all(name in s for name in FULL_MEASUREMENTS) else 2)
         s["schema"] = schema  # rows migrated from the first store version have none: schema 1
-        if schema == 1:
-            s.setdefault("nvml_used_bytes", None)  # schema 1 writes null for "no NVML"
+        if schema == 1 and "nvml_used_bytes" not in s:
+            s["nvml_used_bytes"] = None  # schema 1 writes null for "no NVML"
         return s  # type: ignore[return-value]
 
     def iter_samples(
@@ -172,13 +175,15 @@ class Reads:
                     ident[name] = getattr(srow, name)
             if srow.incarnation:
                 ident["incarnation"] = srow.incarnation
-            cur = conn.execute(
-                f"SELECT step, phase, seq, {VALUE_SQL} FROM samples WHERE series = ? ORDER BY step, phase, seq",
-                (srow.id,),
-            )
+            # only the columns this series ever filled: each value fetched costs, most are NULL
+            used = None if srow.fields is None else set(srow.fields.split(","))
+            names = tuple(n for n in VALUE_NAMES if used is None or n in used)
+            cols = ", ".join(["step", "phase", "seq", *(FIELD_BY_NAME[n].column for n in names)])
+            cur = conn.execute(f"SELECT {cols} FROM samples WHERE series = ? ORDER BY step, phase, seq", (srow.id,))
+            names = ("step", "phase", "seq", *names)
             while chunk := cur.fetchmany(batch):
                 for row in chunk:
-                    yield self._to_sample(ident, row)
+                    yield self._to_sample(ident, names, row)
 
     def iter_replay(self, batch: int = 10000) -> Iterator[Sample]:
         """Every sample, for rebuilding live state after a restart: per series, by step."""

@@ -63,12 +63,15 @@ CREATE TABLE samples (
 ) WITHOUT ROWID;
 """
 
+_V1_FIELDS = ("schema,ts,allocated_bytes,reserved_bytes,peak_allocated_bytes,inactive_split_bytes,alloc_retries,"
+              "ooms,nvml_used_bytes,total_bytes,process_used_bytes,active_bytes,step_time_s,tokens,extra")
 _V1_SAMPLE_COLUMNS = ("ts, allocated, reserved, peak, inactive_split, alloc_retries, ooms, nvml_used, total, "
                       "process_used, active, step_time, tokens, extra")
 
 # Schema 2: series identity is wire.series_key + incarnation (the same rank from two hosts is
 # two series); measurements are nullable (not measured); seq joins the idempotency key; host
-# memory, foreign processes, the OOM/exit markers and the sample's wire schema get columns.
+# memory, foreign processes, the OOM/exit markers and the sample's wire schema get columns;
+# series.fields lists the value fields its samples ever carried (reads select only those).
 _V2 = f"""
 CREATE TABLE series2 (
     id INTEGER PRIMARY KEY,
@@ -78,10 +81,11 @@ CREATE TABLE series2 (
     incarnation TEXT NOT NULL,
     local_rank INTEGER, world_size INTEGER, uuid TEXT, gpu INTEGER, pid INTEGER,
     allocator TEXT,
+    fields TEXT,
     UNIQUE (run, host, rank, incarnation)
 );
-INSERT INTO series2 SELECT id, run, host, rank, incarnation, local_rank, world_size, uuid, gpu, pid, allocator
-    FROM series;
+INSERT INTO series2 SELECT id, run, host, rank, incarnation, local_rank, world_size, uuid, gpu, pid, allocator,
+    '{_V1_FIELDS}' FROM series;
 DROP TABLE series;
 ALTER TABLE series2 RENAME TO series;
 CREATE TABLE samples2 (
