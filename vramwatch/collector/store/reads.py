@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 
 from vramwatch.collector.downsample import minmax_indices
@@ -250,22 +249,6 @@ class Reads:
             return [], {f: [] for f in fields}
         data = self._reader().execute(*query).fetchall()
         return [r[0] for r in data], {f: [r[i + 1] for r in data] for i, f in enumerate(fields)}
-
-    def query_arrays(
-        self, run: str, host: str | None, rank: int | None, fields: Iterable[str], *,
-        phase: str | None = TRAIN_PHASE, x: str = "step", start: float | None = None, end: float | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """As :meth:`query_columns`, as numpy: x (float64, n) and values (float64, n x fields),
-        NaN where not measured. Every stored number is at most 2**53, so float64 is exact."""
-        fields = list(fields)
-        query = self._column_query(run, host, rank, fields, phase, x, start, end)
-        if query is None:
-            return np.empty(0), np.empty((0, len(fields)))
-        data = self._reader().execute(*query).fetchall()
-        if not data:
-            return np.empty(0), np.empty((0, len(fields)))
-        table = np.array(data, dtype=np.float64)  # None -> nan
-        return table[:, 0], table[:, 1:]
 
     def series_window(
         self, run: str, host: str | None, rank: int, fields: Sequence[str], *, phase: str | None = TRAIN_PHASE,
