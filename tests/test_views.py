@@ -70,3 +70,20 @@ def test_the_report_shares_one_point_budget_across_ranks(tmp_path) -> None:
     assert len(sizes) == 24 and max(sizes) <= points_per_rank(24) < 1500
     assert sum(sizes) <= REPORT_POINTS
     assert points_per_rank(1) == 2000 and points_per_rank(10_000) == 250
+
+
+def test_scattered_timestamps_cannot_grow_the_heatmap_cache(tmp_path) -> None:
+    import random
+
+    from vramwatch.collector.views import MAX_CACHED_BUCKETS, heatmap_cache
+
+    rng = random.Random(5)
+    store = Store(tmp_path / "scatter.db")
+    # every sample somewhere in ten years: each would be a bucket of its own
+    store.insert([make_sample(i, run="scatter", ts=1_500_000_000.0 + rng.random() * 10 * 365 * DAY)
+                  for i in range(40_000)])
+    doc = run_heatmap(store, "scatter", field="reserved", x="ts", cols=1000)
+    entry = heatmap_cache(store.path)._entries[("scatter", "ts")]
+    assert all(len(sb.buckets) <= MAX_CACHED_BUCKETS for sb in entry.series.values())
+    assert len(doc["x"]) <= max_columns(1000) and doc["outside"] + sum(v is not None for v in doc["z"][0]) > 0
+    store.close()

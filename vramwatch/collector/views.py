@@ -117,7 +117,7 @@ class HeatmapCache:
     ) -> dict[str, Any]:
         ranges = [r for r in (store.x_range(sid, xmode) for sid, _, _ in series) if r is not None]
         if not ranges:
-            return {"field": field, "x": [], "bucket": 1, "rows": [], "z": [], "unit": "GiB"}
+            return {"field": field, "x": [], "bucket": 1, "rows": [], "z": [], "unit": "GiB", "outside": 0}
         lo = min(r[0] for r in ranges)
         hi = max(r[1] for r in ranges)
         width = self._width(hi - lo, cols, xmode)
@@ -136,6 +136,9 @@ class HeatmapCache:
                 if sb is None:
                     sb = entry.series[sid] = _SeriesBuckets(host, rank)
                 self._scan(store, sb, sid, entry.width, xmode)
+            # scattered timestamps give every sample its own bucket: coarsen until the cache is bounded
+            while entry.width < 2.0**62 and any(len(sb.buckets) > MAX_CACHED_BUCKETS for sb in entry.series.values()):
+                self._coarsen(entry, entry.width * 2)
             return self._render(entry, field, cols)
 
     @staticmethod
@@ -169,6 +172,8 @@ class HeatmapCache:
 
 
 _NONE = -math.inf  # an aggregate slot with nothing measured
+#: buckets cached per series at most (memory: ~200 bytes each), whatever the timestamps
+MAX_CACHED_BUCKETS = 16_384
 
 
 def max_columns(cols: int) -> int:
