@@ -266,7 +266,7 @@ class _Plan:
     required: int  # number of required keys
     ints: tuple[str, ...]  # required, non-null whole numbers
     nullable_required: tuple[str, ...]  # required, int or null
-    opt_ints: tuple[tuple[str, bool], ...]  # optional whole numbers, (name, null allowed)
+    opt_ints: tuple[tuple[str, bool], ...]  # optional whole numbers (name, null allowed), common first
     opt_names: tuple[str, ...]
     opt_floats: tuple[tuple[str, bool], ...]
     flags: tuple[str, ...]
@@ -288,8 +288,8 @@ def _plan(version: int) -> _Plan:
 
 
 _PLANS = {version: _plan(version) for version in SCHEMA_VERSIONS}
-assert all(f.kind in ("i", "b", "s", "f", "flag", "extra", "allocator") for f in FIELD_TABLE
-           if not set(_ALL) <= set(f.required)), "the fast path has no rule for an optional field's kind"
+assert {f.kind for f in FIELD_TABLE if not set(_ALL) <= set(f.required)} <= {"i", "b", "s", "f", "flag", "extra",
+                                                                           "allocator"}, "no fast rule for a kind"
 _MISSING = object()
 _known_phases: set[str] = {TRAIN_PHASE, "eval", "checkpoint"}
 # run/host/uuid/incarnation repeat on every sample: remember the ones already checked
@@ -308,54 +308,57 @@ def _plain_name(value: Any, limit: int = MAX_NAME) -> bool:
     return ok
 
 
-def _plain_optionals(obj: dict[str, Any], plan: _Plan) -> int:
-    """How many optional fields ``obj`` holds in canonical form; -1 when one is not."""
-    get = obj.get
-    found = 0
+def _plain_optionals(obj: dict[str, Any], plan: _Plan) -> bool:
+    """True when the keys of ``obj`` beyond the required ones are all known optional fields in
+    canonical form. One specialised loop per kind, common fields first, stopping as soon as
+    every extra key is accounted for; a key that is no field never is (slow path)."""
+    get, missing = obj.get, _MISSING
+    left = len(obj) - plan.required
     for name, nullable in plan.opt_ints:
-        value = get(name, _MISSING)
-        if value is not _MISSING:
+        value = get(name, missing)
+        if value is not missing:
             if value is None:
                 if not nullable:
-                    return -1  # the slow path drops it
+                    return False  # the slow path drops it
             elif type(value) is not int or value < 0 or value > MAX_INT:
-                return -1
-            found += 1
+                return False
+            left -= 1
     for name in plan.opt_names:
-        value = get(name, _MISSING)
-        if value is not _MISSING:
+        value = get(name, missing)
+        if value is not missing:
             if not _plain_name(value):
-                return -1
-            found += 1
+                return False
+            left -= 1
     for name, nullable in plan.opt_floats:
-        value = get(name, _MISSING)
-        if value is not _MISSING:
+        value = get(name, missing)
+        if value is not missing:
             if value is None:
                 if not nullable:
-                    return -1
+                    return False
             elif type(value) is not float or not 0.0 <= value < math.inf:
-                return -1
-            found += 1
-    for name in plan.flags:
-        value = get(name, _MISSING)
-        if value is not _MISSING:
-            if type(value) is not bool:
-                return -1
-            found += 1
-    value = get("allocator", _MISSING)
-    if value is not _MISSING:
+                return False
+            left -= 1
+    if not left:
+        return True
+    value = get("allocator", missing)
+    if value is not missing:
         if value != "native":  # cudaMallocAsync relaxes a cross-check: slow path
-            return -1
-        found += 1
-    value = get("extra", _MISSING)
-    if value is not _MISSING:
-        if type(value) is not dict or len(value) > MAX_EXTRA_KEYS:
-            return -1
-        for key, number in value.items():
-            if not _plain_name(key, 64) or type(number) not in (int, float) or not abs(number) <= MAX_INT:
-                return -1
-        found += 1
-    return found
+            return False
+        left -= 1
+    value = get("extra", missing)
+    if value is not missing:
+        if type(value) is not dict or len(value) > MAX_EXTRA_KEYS or not all(
+                _plain_name(key, 64) and type(number) in (int, float) and abs(number) <= MAX_INT
+                for key, number in value.items()):
+            return False
+        left -= 1
+    for name in plan.flags:
+        value = get(name, missing)
+        if value is not missing:
+            if type(value) is not bool:
+                return False
+            left -= 1
+    return not left
 
 
 def _plainly_valid(obj: dict[str, Any]) -> bool:
@@ -391,12 +394,8 @@ def _plainly_valid(obj: dict[str, Any]) -> bool:
             _known_phases.add(phase)
     if not (_plain_name(run) and _plain_name(host)):
         return False
-    if len(obj) > plan.required:
-        # look up the optional fields by name (no walk over every key): a key that is none
-        # of them shows up as a count mismatch and sends the sample to the slow path
-        found = _plain_optionals(obj, plan)
-        if found < 0 or len(obj) != plan.required + found:
-            return False
+    if len(obj) > plan.required and not _plain_optionals(obj, plan):
+        return False
     get = obj.get
     allocated, reserved, peak = get("allocated_bytes"), get("reserved_bytes"), get("peak_allocated_bytes")
     used, total = get("nvml_used_bytes"), obj["total_bytes"]
