@@ -59,3 +59,18 @@ def test_import_into_a_running_collector_leaves_its_ingest_working(tmp_path) -> 
         r = client.post("/api/v1/samples", content=ndjson([make_sample(i, rank=1) for i in range(15, 25)]))
         assert r.status_code == 200, r.text
         assert r.json() == {"accepted": 5, "duplicates": 5, "rejected": 0}
+
+
+def test_sparse_samples_import_and_export_exactly_as_written(tmp_path) -> None:
+    """What dcgm-exporter or nvidia-smi knows (device used and capacity) round-trips through the
+    database without a single invented number."""
+    db = str(tmp_path / "vw.db")
+    trace = tmp_path / "dcgm.jsonl"
+    sparse = [{"schema": 2, "run": "dcgm", "host": "node-7", "rank": 3, "step": i, "ts": 1_760_000_000.0 + 15 * i,
+               "phase": "train", "nvml_used_bytes": 60 * GiB + i * 2**20, "total_bytes": 80 * GiB} for i in range(50)]
+    sparse[10]["allocated_bytes"] = 40 * GiB  # one sample that also knows the allocator
+    wire.write_file(trace, sparse)
+    assert _cli("import", str(trace), "--db", db).returncode == 0
+    export = _cli("export", "dcgm", "--db", db)
+    assert export.returncode == 0, export.stderr
+    assert [orjson.loads(line) for line in export.stdout.splitlines()] == sparse
