@@ -567,8 +567,9 @@ def parse_body(data: bytes) -> list[Any]:
     return items
 
 
-# ---------------------------------------------------------------- derived views and trace files
-# (their own modules, re-exported here: ``wire`` stays the one import for sample handling)
+# ---------------------------------------------------------------- trace files
+# (and the descriptions derived from the table: their own modules, re-exported here so
+# ``wire`` stays the one import for sample handling)
 from vramwatch.tracefile import TraceWriter, iter_file, iter_samples, write_file  # noqa: E402
 from vramwatch.wire_schema import fields_markdown, sample_json_schema  # noqa: E402
 
