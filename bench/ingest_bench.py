@@ -133,51 +133,23 @@ def server_cpu_vs_limit(total: int, ranks: int, batch: int) -> dict[str, float]:
     shared machine where wall-clock throughput moves 2x between runs).
 
     Measured: CPU seconds of the ``vramwatch serve`` process per 1000 samples while one
-    client posts the gzip NDJSON batches. Limit: in this process, orjson decoding the same
-    NDJSON plus one ``executemany`` per batch of the same rows into a table of the same shape
-    (the collector's own DDL), WAL + synchronous=NORMAL as the store. Ratio = limit / measured
-    (1.0: ingest costs no more than decoding and inserting)."""
-    import orjson
-
+    client posts the gzip NDJSON batches. Limit: :func:`store_limit`'s (orjson decode of the
+    same NDJSON plus one bare ``executemany`` of the same rows into the store's own table),
+    in the same run. Ratio = limit / measured (1.0: ingest costs no more than decoding and
+    inserting)."""
     from bench.load import CollectorProcess
-    from vramwatch.collector.store import FIELD_COLUMNS
 
     bodies = make_bodies(min(total, 64_000), ranks, batch)
-    raws = [gzip.decompress(b) for b in bodies]
     headers = {"content-type": "application/x-ndjson", "content-encoding": "gzip"}
-    with tempfile.TemporaryDirectory() as tmp:
-        db = os.path.join(tmp, "cpu.db")
-        with CollectorProcess(db) as srv, httpx.Client(base_url=srv.url, timeout=60) as client:
-            client.post("/api/v1/samples", content=bodies[0], headers=headers).raise_for_status()
-            cpu0 = srv.cpu_seconds()
-            for body in bodies[1:]:
-                client.post("/api/v1/samples", content=body, headers=headers).raise_for_status()
-            sent = sum(r.count(b"\n") for r in raws[1:])
-            server_ms = (srv.cpu_seconds() - cpu0) * 1000 / (sent / 1000)
-        conn = sqlite3.connect(db)
-        ddl = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'samples'").fetchone()[0]
-        columns = [r[1] for r in conn.execute("PRAGMA table_info(samples)")]
-        conn.close()
-        limit = sqlite3.connect(os.path.join(tmp, "limit.db"), isolation_level=None)
-        limit.execute("PRAGMA journal_mode=WAL")
-        limit.execute("PRAGMA synchronous=NORMAL")
-        limit.execute(ddl)
-        wire_name = {col: name for name, col in FIELD_COLUMNS.items()}
-
-        def row(s: dict) -> tuple:
-            return tuple(s["rank"] if c == "series" else 0 if c == "phase" else s.get(wire_name.get(c, c))
-                         for c in columns)
-
-        rows = [[row(s) for s in orjson.loads(b"[" + r.rstrip().replace(b"\n", b",") + b"]")] for r in raws]
-        sql = f"INSERT OR IGNORE INTO samples VALUES ({','.join('?' * len(columns))})"
-        t0 = time.process_time()
-        for raw, batch_rows in zip(raws, rows, strict=True):
-            orjson.loads(b"[" + raw.rstrip().replace(b"\n", b",") + b"]")
-            limit.execute("BEGIN")
-            limit.executemany(sql, batch_rows)
-            limit.execute("COMMIT")
-        limit_ms = (time.process_time() - t0) * 1000 / (sum(r.count(b"\n") for r in raws) / 1000)
-        limit.close()
+    with tempfile.TemporaryDirectory() as tmp, CollectorProcess(os.path.join(tmp, "cpu.db")) as srv, \
+            httpx.Client(base_url=srv.url, timeout=60) as client:
+        client.post("/api/v1/samples", content=bodies[0], headers=headers).raise_for_status()
+        cpu0 = srv.cpu_seconds()
+        for body in bodies[1:]:
+            client.post("/api/v1/samples", content=body, headers=headers).raise_for_status()
+        sent = sum(gzip.decompress(b).count(b"\n") for b in bodies[1:])
+        server_ms = (srv.cpu_seconds() - cpu0) * 1000 / (sent / 1000)
+    _insert_ms, limit_ms = store_limit(total, ranks, batch)
     return {"server_ms": server_ms, "limit_ms": limit_ms, "ratio": limit_ms / server_ms}
 
 
@@ -191,6 +163,40 @@ def write_cpu_section(res: dict[str, float], args: argparse.Namespace) -> None:
              "Goal (issue 12): ≥ 0.7.")
     write_section("Ingest against its limit (CPU)", body,
                   f"python -m bench.ingest_bench --samples {args.samples} --ranks {args.ranks}")
+
+
+def store_limit(total: int, ranks: int, batch: int) -> tuple[float, float]:
+    """CPU ms per 1000 samples of the store's insert and of its limit on the same data: one
+    orjson decode of the NDJSON plus one bare ``executemany`` of the same rows into a table of
+    the same shape (the store's own, emptied), measured side by side."""
+    import orjson
+
+    from vramwatch.collector.store import Store
+    from vramwatch.collector.store.schema import insert_sql
+    from vramwatch.wire import gunzip_limited, parse_body
+
+    raws = [gunzip_limited(b, 1 << 28) for b in make_bodies(min(total, 64_000), ranks, batch)]
+    items = [parse_body(r) for r in raws]
+    n = sum(len(b) for b in items)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(os.path.join(tmp, "limit.db"))
+        names = store._present(items[0])
+        rows = [[tuple(r) for _, group in store._rows(b, names).values() for r in group] for b in items]
+        sql = insert_sql(names)
+        t0 = time.process_time()
+        for b in items:
+            store.insert(b)
+        insert_ms = (time.process_time() - t0) * 1000 / (n / 1000)
+        store._conn.execute("DELETE FROM samples")
+        t0 = time.process_time()
+        for raw, batch_rows in zip(raws, rows, strict=True):
+            orjson.loads(b"[" + raw.rstrip().replace(b"\n", b",") + b"]")
+            store._conn.execute("BEGIN")
+            store._conn.executemany(sql, batch_rows)
+            store._conn.execute("COMMIT")
+        limit_ms = (time.process_time() - t0) * 1000 / (n / 1000)
+        store.close()
+    return insert_ms, limit_ms
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -221,6 +227,12 @@ def main(argv: list[str] | None = None) -> None:
     body += (f"\n\nThe stages add up to {total_ms:.1f} ms per 1000 samples ({1000 / total_ms * 1000:,.0f} samples/s "
              "of pure CPU); the rest of each request is HTTP parsing and framework overhead in uvicorn/Starlette "
              "on the same 2 cores the client uses.")
+    insert_ms, limit_ms = store_limit(args.samples, args.ranks, args.batch)
+    body += ("\n\nStore side against its limit (orjson decode of the same NDJSON plus one bare `executemany` of the "
+             "same rows into the store's own table, same run):\n\n"
+             + table(["", "ms / 1000 samples"], [("parse + `Store.insert`", f"{stages[1][1] + insert_ms:.2f}"),
+                                                 ("limit", f"{limit_ms:.2f}"),
+                                                 ("limit / measured", f"{limit_ms / (stages[1][1] + insert_ms):.2f}")]))
     write_section("Ingest", body, f"python -m bench.ingest_bench --samples {args.samples} --ranks {args.ranks}")
 
 

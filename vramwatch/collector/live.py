@@ -22,7 +22,7 @@ from typing import Any
 
 from vramwatch import verdicts
 from vramwatch.engine import TrendEngine
-from vramwatch.wire import Sample
+from vramwatch.wire import Sample, fully_measured
 
 SeriesKey = tuple[str, str, int]
 
@@ -220,6 +220,8 @@ class LiveState:
                 state.samples += 1
                 state.last_seen = now
                 state.version = version
+                if not fully_measured(s):
+                    continue  # stored; the engine and /metrics judge sparse (schema 2) samples once they can
                 step = s["step"]
                 if (step > state._frontier_step and s.get("incarnation", "") == state.incarnation
                         and state.last is not None and s["ooms"] == state.incarnation_ooms and "exit" not in s):

@@ -7,30 +7,10 @@ from typing import Any
 
 
 def sample_json_schema() -> dict[str, Any]:
-    """JSON Schema of one schema-1 sample. Cross-field rules (allocated <= reserved <=
-    total, ...) are enforced by validation and described there."""
+    """JSON Schema of one sample, derived from the wire field table (for the OpenAPI document)."""
     from vramwatch import wire
 
-    derived = getattr(wire, "sample_json_schema", None)  # the field table's own, where wire has it
-    if derived is not None:
-        return derived()
-    count = {"type": "integer", "minimum": 0, "maximum": wire.MAX_INT}
-    kinds: dict[str, dict[str, Any]] = {
-        "i": count,
-        "b": count,
-        "b?": {"anyOf": [count, {"type": "null"}]},
-        "s": {"type": "string", "minLength": 1, "maxLength": wire.MAX_NAME},
-        "ts": {"type": "number", "minimum": wire.MIN_TS},
-        "f": {"type": "number", "minimum": 0},
-        "phase": {"type": "string", "pattern": wire.PHASE_RE.pattern.removesuffix(r"\Z").join("^$")},
-        "allocator": {"type": "string", "enum": list(wire.ALLOCATORS)},
-        "extra": {"type": "object", "maxProperties": wire.MAX_EXTRA_KEYS,
-                  "additionalProperties": {"type": "number"}},
-    }
-    properties = {name: dict(kinds[kind]) for name, kind in wire.FIELDS.items()}
-    properties["schema"] = {"type": "integer", "enum": [wire.SCHEMA_VERSION]}
-    return {"type": "object", "properties": properties, "required": list(wire.REQUIRED_NAMES),
-            "additionalProperties": False}
+    return wire.sample_json_schema()
 
 
 INGEST_OPENAPI: dict[str, Any] = {
