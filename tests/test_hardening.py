@@ -419,3 +419,21 @@ def test_restart_replays_only_running_runs_and_lists_the_rest(tmp_path) -> None:
     assert runs["running"]["status"] == "running"
     assert [s.rank for s in live.revived("old-7", store.iter_samples)] == list(range(8))
     store.close()
+
+
+def test_a_second_collector_on_the_same_database_refuses_to_start(tmp_path) -> None:
+    from vramwatch.collector.store import StoreError
+
+    db = str(tmp_path / "vw.db")
+    with BackgroundServer(db), pytest.raises(StoreError, match=r"lock|another"):
+        BackgroundServer(db).start()
+
+
+def test_the_live_sample_count_leaves_out_duplicates(tmp_path) -> None:
+    now = time.time()
+    batch = ndjson([make_sample(i, ts=now - 50 + i) for i in range(20)])
+    with BackgroundServer(str(tmp_path / "vw.db")) as srv, httpx.Client(base_url=srv.url, timeout=10) as client:
+        for _ in range(3):  # a replayed spool resends what was already stored
+            assert client.post("/api/v1/samples", content=batch, headers=NDJSON).status_code == 200
+        assert client.get("/api/v1/runs/run-a/ranks").json()[0]["samples"] == 20
+        assert client.get("/api/v1/runs").json()[0]["samples"] == 20

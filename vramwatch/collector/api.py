@@ -17,7 +17,6 @@ from fastapi.responses import Response
 
 from vramwatch import __about__, verdicts
 from vramwatch.collector.deps import LiveDep, StoreDep, require_read_auth
-from vramwatch.collector.downsample import downsample
 from vramwatch.collector.live import LiveState, SeriesState
 from vramwatch.collector.params import Bound, OptionalRank, Points, Rank, check_range, field_list
 from vramwatch.collector.rows import COMPACT_COLUMNS, MAX_RANK_ROWS, rank_rows
@@ -138,10 +137,9 @@ def series(
     names = field_list(fields, FIELD_COLUMNS, [k for k in FIELD_COLUMNS if k != "ts"])
     check_range(start, end)
     find_run(live, run, store)
-    xs, columns = store.query_columns(run, host, rank, names, phase=phase, x=x, start=start, end=end)
-    out_x, out_cols, downsampled = downsample(xs, columns, points)
-    return {"run": run, "host": host, "rank": rank, "x_axis": x, "x": out_x, "series": out_cols,
-            "raw_points": len(xs), "downsampled": downsampled}
+    window = store.series_window(run, host, rank, names, phase=phase, x=x, start=start, end=end, points=points)
+    return {"run": run, "host": host, "rank": rank, "x_axis": x, "x": window.x, "series": window.series,
+            "raw_points": window.raw_points, "downsampled": window.downsampled}
 
 
 @router.get("/api/v1/runs/{run:path}/phases")

@@ -80,10 +80,12 @@ async def _maintenance(app: FastAPI, settings: Settings) -> None:
                 log.info("evicted the live state of %d finished run(s)", len(evicted))
             if settings.retention_days is not None:
                 cutoff = time.time() - settings.retention_days * 86400.0
-                deleted = await asyncio.to_thread(store.delete_before, cutoff)
-                if deleted:
-                    log.info("retention: deleted %d samples older than %g days", deleted, settings.retention_days)
-                    live.forget(live.runs() - set(await asyncio.to_thread(store.runs)))
+                result = await asyncio.to_thread(store.retain, cutoff)
+                if result.samples:
+                    log.info("retention: deleted %d samples older than %g days", result.samples,
+                             settings.retention_days)
+                live.forget(result.runs)
+                live.forget_series(result.keys)
         except StoreError as exc:
             log.warning("maintenance: %s", exc)
 
@@ -133,7 +135,7 @@ def _views() -> _Views | None:
 def _open_state(app: FastAPI, settings: Settings) -> None:
     from vramwatch.collector.metrics import build_registry
 
-    store = Store(settings.db_path)
+    store = Store(settings.db_path, exclusive=True)  # a second collector on the file refuses to start
     live = LiveState()
     done = restore(live, store, cutoff=time.time() - settings.finished_after_s)
     if done["samples"] or done["retired_runs"]:

@@ -36,7 +36,7 @@ from vramwatch.collector.live import SeriesLimitError
 from vramwatch.collector.openapi import INGEST_OPENAPI
 from vramwatch.collector.responses import JSONBytes
 from vramwatch.collector.settings import Settings
-from vramwatch.collector.store import InsertResult, RunFullError, StoreBusyError, StoreError
+from vramwatch.collector.store import InsertResult, RunFullError, Store, StoreBusyError, StoreError
 
 log = logging.getLogger("vramwatch.collector")
 
@@ -91,31 +91,38 @@ class IngestRefused(Exception):
 
 
 class DiskGuard:
-    """Free space under the database, re-read at most once a second (ingest asks per POST)."""
+    """Free space under the database against the reserve (``min_free_bytes`` plus the WAL,
+    so the final checkpoint at shutdown has room), both re-read at most once a second."""
 
-    def __init__(self, path: str, min_free_bytes: int) -> None:
-        self.directory = str(Path(path).resolve().parent)
+    def __init__(self, store: Store, min_free_bytes: int) -> None:
+        self.store = store
+        self.directory = str(Path(store.path).resolve().parent)
         self.min_free_bytes = min_free_bytes
         self._checked = 0.0
         self._free = 0
+        self._reserve = min_free_bytes
 
-    def free_bytes(self) -> int:
+    def _refresh(self) -> None:
         now = time.monotonic()
         if now - self._checked > 1.0:
             try:
                 self._free = shutil.disk_usage(self.directory).free
             except OSError:
                 self._free = self.min_free_bytes  # cannot tell: let SQLite report real errors
+            self._reserve = self.store.reserve_bytes(self.min_free_bytes)
             self._checked = now
-        return self._free
 
     def check(self) -> None:
-        if self.min_free_bytes > 0 and self.free_bytes() < self.min_free_bytes:
-            free = self.free_bytes()
+        if self.min_free_bytes <= 0:
+            return
+        self._refresh()
+        if self._free < self._reserve:
+            free = self._free
             log.warning("ingest refused: %d MiB free on the database's disk", free // 2**20)
             raise IngestRefused(
                 507, f"disk: only {free // 2**20} MiB free for the database, below the "
-                     f"{self.min_free_bytes // 2**20} MiB reserve (min_free_bytes); retry later, nothing stored")
+                     f"{self._reserve // 2**20} MiB reserve (min_free_bytes plus the WAL); retry later, "
+                     "nothing stored")
 
 
 class Ingestor:
@@ -125,7 +132,7 @@ class Ingestor:
     def __init__(self, app_state: Any, settings: Settings) -> None:
         self.state = app_state
         self.settings = settings
-        self.disk = DiskGuard(settings.db_path, settings.min_free_bytes)
+        self.disk = DiskGuard(app_state.store, settings.min_free_bytes)
         self.commit_lock = threading.Lock()
         self.slots = asyncio.Semaphore(settings.max_concurrent_ingest)
 
@@ -138,7 +145,7 @@ class Ingestor:
         live.check_capacity(samples, max_series=settings.max_series, max_ranks_per_run=settings.max_ranks_per_run)
         result = self.state.store.insert(samples, max_samples_per_run=settings.max_samples_per_run,
                                          busy_timeout_s=busy_timeout_s)
-        live.ingest(samples, received_at=now)
+        live.ingest(samples, received_at=now, accepted=result.accepted_by_series)
         return result
 
     def _commit_waiting(self, samples: list[Any], now: float) -> InsertResult:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,8 +201,12 @@ class LiveState:
                     f"rank: run {run!r} has {have} series and this batch adds {added}; the cap is "
                     f"{max_ranks_per_run} per run (--max-ranks-per-run)")
 
-    def ingest(self, samples: Iterable[Sample], received_at: float | None = None) -> list[dict[str, Any]]:
+    def ingest(self, samples: Iterable[Sample], received_at: float | None = None,
+               accepted: Mapping[SeriesKey, int] | None = None) -> list[dict[str, Any]]:
         """Feed new samples to their engines; returns the events they raised (with identity).
+
+        ``accepted``: new samples per series as the store counted them (duplicates excluded);
+        without it (replay) every sample counts.
 
         Hot path (every ingested sample): the common case — same process, next step, no
         OOM, no exit — costs a few attribute writes besides the engine's update."""
@@ -217,7 +221,8 @@ class LiveState:
                 state = series.get(key)
                 if state is None:
                     state = self._add(key)
-                state.samples += 1
+                if accepted is None:
+                    state.samples += 1
                 state.last_seen = now
                 state.version = version
                 if not fully_measured(s):
@@ -243,6 +248,11 @@ class LiveState:
                     for event in events:
                         state.add_event(event)
                         raised.append({"run": key[0], "host": key[1], "rank": key[2], **event})
+            if accepted:
+                for key, count in accepted.items():
+                    state = series.get(key)
+                    if state is not None:
+                        state.samples += count
         return raised
 
     def _add(self, key: SeriesKey) -> SeriesState:
@@ -305,6 +315,14 @@ class LiveState:
         with self._lock:
             if not any(k[0] == run for k in self._series):
                 self._retired[run] = row
+
+    def forget_series(self, keys: Iterable[SeriesKey]) -> None:
+        """Remove series whose samples retention deleted (their run may go on)."""
+        with self._lock:
+            for key in keys:
+                if self._series.pop(tuple(key), None) is not None:  # type: ignore[arg-type]
+                    self._ranks_per_run[key[0]] = max(0, self._ranks_per_run.get(key[0], 1) - 1)
+            self.version += 1
 
     def forget(self, runs: Iterable[str]) -> None:
         """Remove runs entirely (their samples were deleted by retention)."""

@@ -42,7 +42,7 @@ START_LOCK_TIMEOUT_S = 3.0
 def check_database(db_path: str) -> None:
     """Open (and migrate) the database once so a locked or read-only file fails before the
     server starts, with a clear message (StoreError) instead of a crash loop."""
-    Store(db_path, busy_timeout_s=START_LOCK_TIMEOUT_S).close()
+    Store(db_path, busy_timeout_s=START_LOCK_TIMEOUT_S, exclusive=True).close()
 
 
 class ShutdownError(RuntimeError):
