@@ -264,23 +264,28 @@ class LiveState:
         return state
 
     def rebuild(self, samples: Iterable[Sample]) -> int:
-        """Replay stored samples (per series, in step order) to restore engine state."""
+        """Replay stored samples (per series, in step order) to restore engine state.
+        Cost: the samples' engine updates; only the series replayed are touched."""
         count = 0
+        touched: set[SeriesKey] = set()
         batch: list[Sample] = []
         for s in samples:
             batch.append(s)
             if len(batch) >= 5000:
                 self.ingest(batch, received_at=s["ts"])
+                touched.update((x["run"], x["host"], x["rank"]) for x in batch)
                 count += len(batch)
                 batch = []
         if batch:
             self.ingest(batch, received_at=batch[-1]["ts"])
+            touched.update((x["run"], x["host"], x["rank"]) for x in batch)
             count += len(batch)
         with self._lock:
-            for state in self._series.values():
+            for key in touched:
+                state = self._series.get(key)
                 # last_seen is the collector's receive time; after a replay the best we
                 # know is the sample's own timestamp.
-                if state.last is not None:
+                if state is not None and state.last is not None:
                     state.last_seen = state.last["ts"]
         return count
 
@@ -313,7 +318,7 @@ class LiveState:
     def retire(self, run: str, row: RetiredRun) -> None:
         """List ``run`` by its summary row only (a run not replayed at start-up)."""
         with self._lock:
-            if not any(k[0] == run for k in self._series):
+            if not self._ranks_per_run.get(run):
                 self._retired[run] = row
 
     def forget_series(self, keys: Iterable[SeriesKey]) -> None:
