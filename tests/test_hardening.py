@@ -437,3 +437,32 @@ def test_the_live_sample_count_leaves_out_duplicates(tmp_path) -> None:
             assert client.post("/api/v1/samples", content=batch, headers=NDJSON).status_code == 200
         assert client.get("/api/v1/runs/run-a/ranks").json()[0]["samples"] == 20
         assert client.get("/api/v1/runs").json()[0]["samples"] == 20
+
+
+def test_a_burst_of_new_series_does_not_cause_long_gc_pauses() -> None:
+    import gc
+
+    from vramwatch.collector.live import LiveState
+
+    pauses: list[tuple[float, int]] = []
+    started: dict[str, float] = {}
+
+    def timer(phase: str, info: dict) -> None:
+        if phase == "start":
+            started["t"] = time.perf_counter()
+        else:
+            pauses.append((time.perf_counter() - started["t"], info["generation"]))
+
+    live = LiveState()
+    now = time.time()
+    gc.callbacks.append(timer)
+    try:
+        for b in range(8):
+            live.ingest([make_sample(0, run=f"r{i // 64}", rank=i % 64, ts=now)
+                         for i in range(b * 1000, (b + 1) * 1000)])
+    finally:
+        gc.callbacks.remove(timer)
+        gc.unfreeze()
+    # full collections only ever scan the series created since the last freeze (was: all of them)
+    full = [p for p, generation in pauses if generation == 2]
+    assert not full or max(full) < 0.25, sorted(full)[-3:]
