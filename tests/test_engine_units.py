@@ -176,10 +176,10 @@ def test_memory_stays_bounded_over_a_long_series() -> None:
         engine.update(_sample(step, allocated_bytes=allocated, reserved_bytes=level + 20 * GB,
                               peak_allocated_bytes=allocated + 10 * GB, nvml_used_bytes=level + 21 * GB))
     assert len(engine.events) <= 50
-    assert all(len(level.blocks) <= engine.config.ring_blocks for level in engine._levels)
-    assert all(len(level.pending) < 4 for level in engine._levels)
+    assert all(len(level.blocks) <= engine.config.ring_blocks for level in engine.ctx.pyramid.levels)
+    assert all(len(level.pending) < 4 for level in engine.ctx.pyramid.levels)
     # the coarsest level covers the whole run in at most ring_blocks summaries
-    assert engine._levels[-1].span * engine.config.ring_blocks >= 200_000
+    assert engine.ctx.pyramid.levels[-1].span * engine.config.ring_blocks >= 200_000
 
 
 def test_irregular_sampling_every_tenth_step_still_finds_a_leak() -> None:
@@ -280,9 +280,13 @@ def test_phase_names_map_to_spike_kinds_and_stay_out_of_the_trend() -> None:
                                          peak_allocated_bytes=38 * GB, nvml_used_bytes=42 * GB))
         kinds[phase] = event["type"]
         assert event["peak_bytes"] == 38 * GB
-        assert event["above_plateau_bytes"] == 8 * GB  # above the training peak seen so far
-        assert event["headroom_bytes"] == TOTAL - 2 * GB - 38 * GB  # capacity - outside the allocator - peak
+        # still warming up: no plateau to be above, but the training peak seen so far is known
+        assert event["above_plateau_bytes"] is None and event["plateau_bytes"] is None
+        assert event["training_peak_bytes"] == 30 * GB
+        assert event["above_training_peak_bytes"] == 8 * GB and event["below_training_peak"] is False
+        # verdicts.headroom_bytes: capacity - what the allocator holds (reserved 40) - outside it (2)
+        assert event["headroom_bytes"] == TOTAL - 40 * GB - 2 * GB
     assert kinds == {"validation": "eval_spike", "ckpt_save": "checkpoint_spike", "checkpoint": "checkpoint_spike",
                      "profile": "phase_spike"}
     assert engine.summary()["checkpoint_peak_bytes"] == 38 * GB
-    assert engine._levels[0].blocks[-1][5] == 30 * GB  # the phase peaks never entered a block
+    assert engine.ctx.pyramid.blocks[-1].peak == 30 * GB  # the phase peaks never entered a block
