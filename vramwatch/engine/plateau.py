@@ -147,10 +147,13 @@ class PlateauDetector:
         """Move the plateau to what a phase's ratchet left: reserved and reserved - allocated
         step up once; the floor and its CUSUM go on (a leak under the ratchet is still seen)."""
         plateau = ctx.plateau
-        assert plateau is not None
-        plateau.reserved = None if block.reserved is None else float(block.reserved)
-        if block.slack is not None:
-            plateau.slack = float(block.slack)
+        assert plateau is not None and plateau.reserved is not None and block.reserved is not None
+        added = block.reserved - plateau.reserved
+        plateau.reserved = float(block.reserved)
+        if plateau.slack is not None:
+            # allocated did not move: reserved - allocated steps up by what reserved added (the
+            # block's own minimum may still hold samples from before the phase)
+            plateau.slack += added
 
     def begin_rise(self, brk: Break) -> None:
         self.rising_since = brk.onset
