@@ -290,3 +290,76 @@ def test_phase_names_map_to_spike_kinds_and_stay_out_of_the_trend() -> None:
                      "profile": "phase_spike"}
     assert engine.summary()["checkpoint_peak_bytes"] == 38 * GB
     assert engine.ctx.pyramid.blocks[-1].peak == 30 * GB  # the phase peaks never entered a block
+
+
+# ---------------------------------------------------------------- phase ratchets, labels
+
+
+def _run(scenario: str, **kw: Any) -> tuple[TrendEngine, list[dict[str, Any]], list[str]]:
+    engine = TrendEngine()
+    events: list[dict[str, Any]] = []
+    states: list[str] = []
+    for sample in simulate_trace(scenario, **kw):
+        events += engine.update(sample)
+        states.append(engine.state)
+    return engine, events, states
+
+
+def test_checkpoint_ratchet_relevels_the_plateau_and_never_shows_rising() -> None:
+    engine, events, states = _run("checkpoint", steps=5000, seed=1)
+    assert "rising" not in states  # the old engine sat in "rising" for ~700 steps after the first save
+    (brk,) = [e for e in events if e["type"] == "plateau_break"]
+    assert brk["cause"] == "checkpoint" and brk["relevel"] is True
+    assert 1000 <= brk["step"] <= 1100
+    summary = engine.summary()
+    assert summary["state"] == "plateau" and summary["plateau_relevels"] == 1
+    assert summary["plateau_break_cause"] == "checkpoint"
+    assert brk["new_plateau_bytes"] - brk["plateau_bytes"] > 0.02 * summary["total_bytes"]  # the ratchet
+    # later small ratchets settle the level upwards, nothing more
+    assert summary["plateau_bytes"] == pytest.approx(brk["new_plateau_bytes"], rel=0.001)
+    assert not any(e["type"] in ("leak", "fragmentation") for e in events)
+
+
+@pytest.mark.parametrize("onset", [1010, 1100, 1500])
+def test_leak_after_a_checkpoint_is_found_as_fast_as_without_one(onset: int) -> None:
+    found = {}
+    for every in (1000, 0):
+        _engine, events, _ = _run("checkpoint", steps=4000, seed=1, leak_onset=onset, leak_rate_frac=2e-5,
+                                 ckpt_every=every)
+        leak = next(e for e in events if e["type"] == "leak")
+        assert leak["leak_onset_step"] == leak["onset_step"] >= onset - 32
+        found[every] = leak["step"]
+    assert found[1000] - found[0] <= 32  # at most one block later than with no checkpoint at all
+
+
+def test_a_leaking_rank_reports_the_plateau_it_grew_from_and_the_onset() -> None:
+    healthy, _, _ = _run("demo", steps=2400, seed=0, rank=1)
+    leaking, events, _ = _run("demo", steps=2400, seed=0, rank=5)
+    h, s = healthy.summary(), leaking.summary()
+    # identical ranks: the leaking one's plateau is not stale (it was 4 GB lower before)
+    assert s["plateau_bytes"] == pytest.approx(h["plateau_bytes"], rel=0.002)
+    assert s["state"] == "leak"
+    assert 700 <= s["leak_onset_step"] < s["leak_detected_step"] <= 1100
+    assert s["plateau_since_step"] < s["plateau_until_step"] == s["leak_onset_step"]
+    leak = next(e for e in events if e["type"] == "leak")
+    assert leak["step"] == s["leak_detected_step"] and leak["leak_onset_step"] == s["leak_onset_step"]
+    assert leak["plateau_bytes"] == s["plateau_bytes"] and leak["plateau_since_step"] == s["plateau_since_step"]
+    assert h["plateau_until_step"] is None and h["leak_onset_step"] is None
+    # one headroom formula: worst is the lower of step boundary and checkpoint peak
+    assert s["worst_headroom_bytes"] == min(s["headroom_bytes"], s["checkpoint_headroom_bytes"])
+    assert s["checkpoint_peak_max_bytes"] >= s["checkpoint_peak_bytes"]
+
+
+def test_a_phase_below_the_training_peak_is_a_non_event_in_words() -> None:
+    engine = TrendEngine()
+    for step in range(1, 40):
+        engine.update(_sample(step, reserved_bytes=40 * GB, allocated_bytes=20 * GB, peak_allocated_bytes=30 * GB,
+                              nvml_used_bytes=42 * GB))
+    (event,) = engine.update(_sample(39, phase="checkpoint", reserved_bytes=40 * GB, allocated_bytes=20 * GB,
+                                     peak_allocated_bytes=25 * GB, nvml_used_bytes=42 * GB))
+    assert event["below_training_peak"] is True and event["above_training_peak_bytes"] == -5 * GB
+    doc = {"series": [{"run": "r", "host": "h", "rank": 0, "state": "warmup", "events": [event], "samples": 40,
+                       "summary": engine.summary()}]}
+    text = format_table(doc)
+    assert "below the training peak (30.0 GB)" in text
+    assert "+-" not in text and "above plateau" not in text

@@ -95,6 +95,19 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _spike_words(event: dict[str, Any]) -> str:
+    """How a spike compares with the training peak, in words that match the numbers: a phase
+    that stays below the training peak is a non-event and is called that."""
+    headroom = f"headroom {_gb(event.get('headroom_bytes'))}"
+    above = event.get("above_training_peak_bytes")
+    train = event.get("training_peak_bytes")
+    if above is None:
+        return headroom
+    if above <= 0:
+        return f"below the training peak ({_gb(train)}), {headroom}"
+    return f"{_gb(above)} above the training peak ({_gb(train)}), {headroom}"
+
+
 def _describe(event: dict[str, Any]) -> str:
     kind = event["type"]
     step = event["step"]
@@ -110,10 +123,7 @@ def _describe(event: dict[str, Any]) -> str:
             f"{event.get('recommendation')}"
         )
     if kind in ("checkpoint_spike", "eval_spike", "phase_spike", "periodic_spike"):
-        return (
-            f"step {step}: {kind} peak {_gb(event.get('peak_bytes'))}, "
-            f"+{_gb(event.get('above_plateau_bytes'))} above plateau, headroom {_gb(event.get('headroom_bytes'))}"
-        )
+        return f"step {step}: {kind} peak {_gb(event.get('peak_bytes'))}, " + _spike_words(event)
     if kind == "plateau":
         return f"step {step}: plateau at {_gb(event.get('plateau_bytes'))} reserved"
     if kind == "plateau_break":
