@@ -118,11 +118,14 @@ class Trend(NamedTuple):
 class Pyramid:
     """The rings of one process (reset on restart) plus the sawtooth it has shown."""
 
-    __slots__ = ("config", "levels", "saw_drops", "saw_period", "start")
+    __slots__ = ("config", "levels", "ratchet_floor", "saw_drops", "saw_period", "start")
 
-    def __init__(self, config: EngineConfig, start: int) -> None:
+    def __init__(self, config: EngineConfig, start: int, ratchet_floor: bool = False) -> None:
         self.config = config
         self.start = start  # first step of the process
+        # the floor is a caching allocator's reserved (or device used, which holds it): it
+        # grows in ratchets, and a staircase of rare ratchets has a Theil-Sen slope of zero
+        self.ratchet_floor = ratchet_floor
         self.levels = [Level(config.block_steps * 4**k, config.ring_blocks) for k in range(config.levels)]
         self.saw_drops: deque[int] = deque(maxlen=6)  # block starts where the floor fell back
         self.saw_period = 0  # longest gap between clears (0: no sawtooth seen)
@@ -301,4 +304,9 @@ class Pyramid:
         span = xs[-1] - xs[0] + block_span
         if span < min_span - block_span:
             return False
-        return abs(theil_sen(xs, ys)) * max(span, stretch) <= tol
+        moved = abs(theil_sen(xs, ys)) * max(span, stretch)
+        if self.ratchet_floor and signal == "floor":
+            # a ratcheting level is flat only if it did not step up either: its net rise,
+            # stretched like the slope
+            moved = max(moved, (ys[-1] - ys[0]) * max(1.0, stretch / span))
+        return moved <= tol

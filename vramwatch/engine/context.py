@@ -86,6 +86,15 @@ class Context:
     phase_reach: float | None = None  # how far a marked phase last reached above the floor (max)
 
     @property
+    def base_tol(self) -> float:
+        """The smallest material change before noise is known: 0.1 % of the device, or for a
+        ratcheting level (reserved, device used) the 1 % a caching allocator's normal ratchets
+        reach (the allocator meeting a longer batch than before is not growth)."""
+        cfg = self.config
+        frac = cfg.reserved_break_frac if self.pyramid.ratchet_floor else cfg.tol_frac
+        return frac * self.total
+
+    @property
     def reserved_tol(self) -> float:
         """A reserved ratchet this large is a plateau break (1 % of the device)."""
         return self.config.reserved_break_frac * self.total

@@ -74,7 +74,8 @@ class TrendEngine:
     def _reset_series(self, step: int, signal: str) -> None:
         """A new process (first sample or restart): warm-up again, fresh detectors."""
         cfg = self.config
-        self.ctx = Context(cfg, Pyramid(cfg, step), signal, total=self._total, last=self._last)
+        pyramid = Pyramid(cfg, step, ratchet_floor=signal != "allocated")
+        self.ctx = Context(cfg, pyramid, signal, total=self._total, last=self._last)
         self.plateau = PlateauDetector(rising_since=step)
         self.plateau.floor_cusum.reset(step)
         self.leak = LeakDetector()
@@ -220,7 +221,7 @@ class TrendEngine:
         self._open_block()
         ctx = self.ctx
         ctx.last = last
-        ctx.pyramid.push(block, ctx.tol or self.config.tol_frac * ctx.total)
+        ctx.pyramid.push(block, ctx.tol or ctx.base_tol)
         if self.state == "plateau":
             self.spikes.on_block(ctx, block)
         self._evaluate(step, block, out)
@@ -230,7 +231,7 @@ class TrendEngine:
         """warmup -> plateau -> (break) rising -> leak | plateau; plateau|rising -> fragmentation."""
         ctx, plateau, leak = self.ctx, self.plateau, self.leak
         if not ctx.tol:
-            ctx.tol = self.config.tol_frac * ctx.total
+            ctx.tol = ctx.base_tol
         if self.state == "warmup":
             self._judge_warmup(step, block, out)
             return

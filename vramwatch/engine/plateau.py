@@ -100,7 +100,7 @@ class PlateauDetector:
         _, floors, _ = pyramid.window("floor", s0)
         ring = [b for b in pyramid.blocks if b.start >= s0] or [block]
         sigma = noise_sigma([b.floor for b in ring])
-        ctx.tol = max(ctx.config.tol_frac * ctx.total, ctx.config.noise_k * sigma)
+        ctx.tol = max(ctx.base_tol, ctx.config.noise_k * sigma)
         if pyramid.saw_period:
             # a sawtooth's floor is its trough now, not the median of trailing minima that
             # still reach back into the warm-up
