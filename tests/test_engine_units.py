@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -244,11 +246,39 @@ def test_analyze_names_the_bad_line_and_field(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_bytes(orjson.dumps(good) + b"\n" + orjson.dumps(bad) + b"\n")
     with pytest.raises(wire.WireError) as info:
-        analyze_paths([path])
+        analyze_paths([path], strict=True)
     assert info.value.field == f"{path}:2: reserved_bytes"
     path.write_bytes(orjson.dumps(good) + b"\n{not json\n")
     with pytest.raises(wire.WireError, match=r"t\.jsonl:2"):
-        analyze_paths([path])
+        analyze_paths([path], strict=True)
+
+
+def test_analyze_skips_and_counts_bad_lines_by_default(tmp_path: Path) -> None:
+    samples = [dict(s, run="r") for s in simulate_trace("healthy", steps=600, seed=2)]
+    lines = [orjson.dumps(s) for s in samples]
+    lines[9] = b"{not json"
+    lines[99] = orjson.dumps(dict(samples[99], reserved_bytes=-5))
+    lines[199] = b"   "  # a blank line is no sample and no error
+    lines[299] = b"[1, 2]"
+    path = tmp_path / "messy.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    doc = analyze_paths([path])
+    assert doc["skipped_lines"] == 3
+    assert doc["bad_lines"][0].startswith(f"{path}:10: invalid JSON")
+    assert doc["bad_lines"][1] == f"{path}:100: reserved_bytes: must be between 0 and 2**53, got -5"
+    assert doc["bad_lines"][2].startswith(f"{path}:300: sample: must be a JSON object")
+    (item,) = doc["series"]
+    assert item["samples"] == len(samples) - 4
+    clean = tmp_path / "clean.jsonl"
+    clean.write_bytes(b"\n".join(orjson.dumps(s) for i, s in enumerate(samples) if i not in (9, 99, 199, 299)))
+    assert analyze_paths([clean])["series"][0]["summary"] == item["summary"]  # skipping changes nothing else
+    # the CLI: exit 0 with the count on stderr; --strict stops at the first bad line with exit 2
+    run = [sys.executable, "-m", "vramwatch", "analyze", str(path)]
+    result = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "skipped 3 bad lines" in result.stderr and f"{path}:10" in result.stderr
+    strict = subprocess.run([*run, "--strict"], capture_output=True, text=True, timeout=120)
+    assert strict.returncode == 2 and f"{path}:10" in strict.stderr and "Traceback" not in strict.stderr
+    assert len(strict.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(
