@@ -67,13 +67,13 @@ def _open(path: str) -> IO[bytes]:
     return raw
 
 
-def _objects(name: str, bad: _BadLines) -> Iterator[tuple[int, Any]]:
-    """(line number, decoded object) for every non-blank line; bad JSON goes to ``bad``.
+def _chunks(name: str, bad: _BadLines) -> Iterator[tuple[int, list[Any]]]:
+    """(first line number, decoded objects) per chunk of about 1 MiB of lines.
 
     Each line is its own JSON document (never a batch parse of joined lines, which could
     accept an object split across lines). A clean chunk is decoded in one list
     comprehension; a chunk with a blank or broken line is decoded again line by line so the
-    culprit is named.
+    culprit is named (blank lines are skipped, so numbers are kept beside the objects).
     """
     loads = orjson.loads
     lineno = 0
@@ -85,38 +85,42 @@ def _objects(name: str, bad: _BadLines) -> Iterator[tuple[int, Any]]:
             first = lineno + 1
             lineno += len(lines)
             try:
-                decoded = [loads(line) for line in lines]
-            except orjson.JSONDecodeError:
-                decoded = None
-            if decoded is not None:
-                yield from enumerate(decoded, first)
+                yield first, [loads(line) for line in lines]
                 continue
+            except orjson.JSONDecodeError:
+                pass
             for number, line in enumerate(lines, first):
                 if not line.strip():
                     continue
                 try:
-                    yield number, loads(line)
+                    yield number, [loads(line)]
                 except orjson.JSONDecodeError as exc:
                     bad.add(f"{name}:{number}", "", f"invalid JSON: {exc}")
 
 
 def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: EngineConfig | None,
           bad: _BadLines) -> None:
-    for number, obj in _objects(name, bad):
-        try:
-            sample = validate(obj)
-        except WireError as exc:
-            bad.add(f"{name}:{number}", exc.field, exc.message)
-            continue
-        key = (sample["run"], sample["host"], sample["rank"])
-        entry = series.get(key)
-        if entry is None:
-            entry = series[key] = _Series(config)
-        new = entry.update(sample)
-        if new:
-            room = MAX_EVENTS_PER_SERIES - len(entry.events)
-            entry.events.extend(new[:room])
-            entry.dropped_events += max(0, len(new) - room)
+    """The per-sample loop: validate, find the series, fold in (kept flat: it is the hot path)."""
+    entry: _Series | None = None
+    key: tuple[str, str, int] | None = None
+    for first, objects in _chunks(name, bad):
+        for number, obj in enumerate(objects, first):
+            try:
+                sample = validate(obj)
+            except WireError as exc:
+                bad.add(f"{name}:{number}", exc.field, exc.message)
+                continue
+            run, host, rank = sample["run"], sample["host"], sample["rank"]
+            if key is None or key[2] != rank or key[0] != run or key[1] != host:  # consecutive samples share one
+                key = (run, host, rank)
+                entry = series.get(key)
+                if entry is None:
+                    entry = series[key] = _Series(config)
+            new = entry.update(sample)  # type: ignore[union-attr]
+            if new:
+                room = MAX_EVENTS_PER_SERIES - len(entry.events)  # type: ignore[union-attr]
+                entry.events.extend(new[:room])  # type: ignore[union-attr]
+                entry.dropped_events += max(0, len(new) - room)  # type: ignore[union-attr]
 
 
 def analyze_paths(
