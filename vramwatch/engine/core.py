@@ -24,7 +24,7 @@ from typing import Any
 from .. import verdicts
 from .blocks import Block, Pyramid, Trend
 from .config import EngineConfig
-from .context import SIGNAL_FIELDS, Context, choose_signal
+from .context import Context, choose_signal
 from .events import FRAGMENTATION_ADVICE, Event, OomEvent, PlateauBreakEvent, PlateauEvent, RestartEvent
 from .fragmentation import FragmentationDetector
 from .leak import OUTSIDE, LeakDetector
@@ -84,7 +84,6 @@ class TrendEngine:
         self.fragmentation = FragmentationDetector()
         self.fragmentation.reset(step)
         self.spikes.reset()
-        self._level_key = SIGNAL_FIELDS[signal]
         self._last_step = -1
         self._blk_start = step
         self._blk_end = step  # the first sample opens a block
@@ -108,19 +107,30 @@ class TrendEngine:
         """
         self.samples += 1
         out: list[dict[str, Any]] = []
-        step = sample["step"]
-        get = sample.get
+        try:  # subscripts are cheaper than .get; a sample lacking a field takes the except
+            step = sample["step"]
+            ooms, retries = sample["ooms"], sample["alloc_retries"]
+            allocated, reserved = sample["allocated_bytes"], sample["reserved_bytes"]
+            peak, split = sample["peak_allocated_bytes"], sample["inactive_split_bytes"]
+            used = sample["nvml_used_bytes"]
+        except KeyError:
+            get = sample.get
+            step = sample["step"]
+            ooms, retries = get("ooms"), get("alloc_retries")
+            allocated, reserved = get("allocated_bytes"), get("reserved_bytes")
+            peak, split, used = get("peak_allocated_bytes"), get("inactive_split_bytes"), get("nvml_used_bytes")
         # the common case (a train step of the same process, counters unchanged) skips to
         # folding; anything else goes through the bookkeeping first
         if (
             step < self._last_step
-            or get("ooms") != self._ooms
-            or get("alloc_retries") != self._retries
+            or ooms != self._ooms
+            or retries != self._retries
             or sample["phase"] != "train"
-            or get("incarnation") != self._incarnation
+            or sample.get("incarnation") != self._incarnation
         ) and not self._admit(sample, step, out):
             return out
-        level = get(self._level_key)
+        signal = self.ctx.signal
+        level = allocated if signal == "allocated" else reserved if signal == "reserved" else used
         if level is None:
             return out  # the judged level is not measured in this sample: nothing to fold
         if step >= self._blk_end:
@@ -133,17 +143,13 @@ class TrendEngine:
         self._last = sample
         if level < self._b_floor:
             self._b_floor = level
-        reserved = get("reserved_bytes")
         if reserved is not None:
             if reserved > self._b_resv:
                 self._b_resv = reserved
-            allocated = get("allocated_bytes")
             if allocated is not None and reserved - allocated < self._b_slack:
                 self._b_slack = reserved - allocated
-            used = get("nvml_used_bytes")
             if used is not None and used - reserved < self._b_outside:
                 self._b_outside = used - reserved
-        peak = get("peak_allocated_bytes")
         if peak is not None:
             if peak > self._b_peak:
                 self._b_peak2 = self._b_peak
@@ -154,7 +160,6 @@ class TrendEngine:
                 event = self.spikes.unmarked(self.ctx, sample, self.state == "plateau")
                 if event is not None:
                     self._emit(event, out)
-        split = get("inactive_split_bytes")
         if split is not None and split < self._b_split:
             self._b_split = split
         return out
