@@ -1,8 +1,8 @@
 """`vramwatch analyze`: stream trace files through one TrendEngine per series.
 
 Memory is bounded by the number of series (and the events they raise), never by the
-number of samples: files are read in chunks of lines (about 1 MiB), each chunk decoded by
-one orjson call when it is clean, validated sample by sample and folded in.
+number of samples: files are read in chunks of lines (about 1 MiB), each line decoded,
+validated and folded in.
 
 Messy files: by default a bad line (invalid JSON, a sample that fails validation) is
 counted, named (``file:line: field: message``, the first :data:`MAX_BAD_LINES` kept) and
@@ -15,7 +15,7 @@ from __future__ import annotations
 import gzip
 import os
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import IO, Any
 
 import orjson
@@ -67,60 +67,42 @@ def _open(path: str) -> IO[bytes]:
     return raw
 
 
-def _chunks(name: str, bad: _BadLines) -> Iterator[tuple[int, list[Any]]]:
-    """(first line number, decoded objects) per chunk of about 1 MiB of lines.
-
-    Each line is its own JSON document (never a batch parse of joined lines, which could
-    accept an object split across lines). A clean chunk is decoded in one list
-    comprehension; a chunk with a blank or broken line is decoded again line by line so the
-    culprit is named (blank lines are skipped, so numbers are kept beside the objects).
-    """
-    loads = orjson.loads
-    lineno = 0
-    with _open(name) as fh:
-        while True:
-            lines = fh.readlines(CHUNK_BYTES)
-            if not lines:
-                return
-            first = lineno + 1
-            lineno += len(lines)
-            try:
-                yield first, [loads(line) for line in lines]
-                continue
-            except orjson.JSONDecodeError:
-                pass
-            for number, line in enumerate(lines, first):
-                if not line.strip():
-                    continue
-                try:
-                    yield number, [loads(line)]
-                except orjson.JSONDecodeError as exc:
-                    bad.add(f"{name}:{number}", "", f"invalid JSON: {exc}")
-
-
 def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: EngineConfig | None,
           bad: _BadLines) -> None:
-    """The per-sample loop: validate, find the series, fold in (kept flat: it is the hot path)."""
-    entry: _Series | None = None
+    """The per-sample loop: decode, validate, find the series, fold in.
+
+    Kept flat because it is the hot path. Lines are read in ~1 MiB chunks but each is
+    decoded and folded in at once, while its dict is still in cache (decoding a whole chunk
+    first and folding afterwards measured ~30 % slower). Each line is its own JSON document.
+    """
+    loads = orjson.loads
+    entry: Any = None
     key: tuple[str, str, int] | None = None
-    for first, objects in _chunks(name, bad):
-        for number, obj in enumerate(objects, first):
-            try:
-                sample = validate(obj)
-            except WireError as exc:
-                bad.add(f"{name}:{number}", exc.field, exc.message)
-                continue
-            run, host, rank = sample["run"], sample["host"], sample["rank"]
-            if key is None or key[2] != rank or key[0] != run or key[1] != host:  # consecutive samples share one
-                key = (run, host, rank)
-                entry = series.get(key)
-                if entry is None:
-                    entry = series[key] = _Series(config)
-            new = entry.update(sample)  # type: ignore[union-attr]
-            if new:
-                room = MAX_EVENTS_PER_SERIES - len(entry.events)  # type: ignore[union-attr]
-                entry.events.extend(new[:room])  # type: ignore[union-attr]
-                entry.dropped_events += max(0, len(new) - room)  # type: ignore[union-attr]
+    number = 0
+    with _open(name) as fh:
+        while lines := fh.readlines(CHUNK_BYTES):
+            for line in lines:
+                number += 1
+                try:
+                    sample = validate(loads(line))
+                except orjson.JSONDecodeError as exc:
+                    if line.strip():  # a blank line is no sample and no error
+                        bad.add(f"{name}:{number}", "", f"invalid JSON: {exc}")
+                    continue
+                except WireError as exc:
+                    bad.add(f"{name}:{number}", exc.field, exc.message)
+                    continue
+                run, host, rank = sample["run"], sample["host"], sample["rank"]
+                if key is None or key[2] != rank or key[0] != run or key[1] != host:  # runs of one series
+                    key = (run, host, rank)
+                    entry = series.get(key)
+                    if entry is None:
+                        entry = series[key] = _Series(config)
+                new = entry.update(sample)
+                if new:
+                    room = MAX_EVENTS_PER_SERIES - len(entry.events)
+                    entry.events.extend(new[:room])
+                    entry.dropped_events += max(0, len(new) - room)
 
 
 def analyze_paths(
