@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .. import verdicts
 from .blocks import Block, Pyramid
 from .config import EngineConfig
 
@@ -113,10 +114,7 @@ class Context:
         last = self.last
         if last is None:
             return 0
-        used, reserved = last.get("nvml_used_bytes"), last.get("reserved_bytes")
-        if used is None or reserved is None:
-            return 0
-        return max(0, used - reserved)
+        return verdicts.outside_allocator_bytes(last.get("reserved_bytes"), last.get("nvml_used_bytes")) or 0
 
     def training_peak(self) -> float | None:
         """The typical training peak: the plateau's, else the recent blocks' highest."""

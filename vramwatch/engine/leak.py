@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .. import verdicts
 from .blocks import Block, Signal, Trend
 from .context import Context
 from .events import LeakEvent
@@ -103,9 +104,13 @@ class LeakDetector:
         total = last["total_bytes"]
         latest = ctx.pyramid.last
         if source == OUTSIDE:
-            used = last.get("nvml_used_bytes") or last.get("reserved_bytes") or 0
-            room = total - max(used, last.get("reserved_bytes") or 0)
+            # what is left of the device (nvidia-smi's free): the step-boundary headroom
+            room = verdicts.headroom_bytes(
+                total, reserved=last.get("reserved_bytes"), nvml_used=last.get("nvml_used_bytes")
+            ) or 0
         else:
+            # not the headroom: cached-but-free reserved memory is handed back before an OOM, so
+            # the demand (peak) meets capacity - outside, whatever reserved holds
             peaks = [p for p in (ctx.pyramid.recent_peak(), last.get("peak_allocated_bytes")) if p is not None]
             floor = latest.floor if latest is not None else 0.0
             need = max(peaks) if peaks else floor
