@@ -270,11 +270,14 @@ def test_allocated_only_keeps_recall_and_raises_no_false_alarm(scenario: str, sc
         summary = result.summary
         assert summary["signal"] == "allocated"
         assert set(summary["detectors_off"]) == {"fragmentation", "outside_allocator_leak", "reserved_break",
-                                                 "spikes", "oom"}
+                                                 "periodic_spikes", "oom"}
         assert summary["detectors_off"]["fragmentation"] == (
             "needs allocated_bytes and reserved_bytes and inactive_split_bytes")
         assert result.of("fragmentation") == [] and result.of("periodic_spike") == []
         assert summary["outside_allocator_bytes"] is None and summary["checkpoint_peak_bytes"] is None
+        for spike in result.of("checkpoint_spike"):  # the phase is a fact; its peak was not measured
+            assert spike["peak_bytes"] is None and spike["above_training_peak_bytes"] is None
+            assert spike["above_plateau_bytes"] is None and spike["below_training_peak"] is False
         truth = case.truth[result.rank]["leak"]
         if truth is None or scenario == "outside_leak":  # outside the allocator: not measured here
             leak_free(result)
@@ -300,7 +303,7 @@ def test_device_used_only_finds_leaks_without_false_alarms(scenario: str, scale:
     (result,) = results.values()
     summary = result.summary
     assert summary["signal"] == "device_used"
-    assert {"fragmentation", "outside_allocator_leak", "spikes", "oom", "reserved_break"} <= set(
+    assert {"fragmentation", "outside_allocator_leak", "periodic_spikes", "oom", "reserved_break"} <= set(
         summary["detectors_off"])
     assert result.of("fragmentation") == [] and result.of("checkpoint_spike") == []
     # headroom from device used alone is what nvidia-smi shows as free

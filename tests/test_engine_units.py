@@ -393,3 +393,9 @@ def test_a_phase_below_the_training_peak_is_a_non_event_in_words() -> None:
     text = format_table(doc)
     assert "below the training peak (30.0 GB)" in text
     assert "+-" not in text and "above plateau" not in text
+    # a phase sample that measured no peak is still a phase: an event with nulls, and words to match
+    (unmeasured,) = engine.update({k: v for k, v in _sample(40, phase="eval", allocated_bytes=20 * GB).items()
+                                   if k not in ("peak_allocated_bytes", "reserved_bytes", "nvml_used_bytes")})
+    assert unmeasured["peak_bytes"] is None and unmeasured["above_training_peak_bytes"] is None
+    doc["series"][0]["events"] = [unmeasured, event]
+    assert "tightest: step 39" in format_table(doc)

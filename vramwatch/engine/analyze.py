@@ -13,6 +13,7 @@ file that cannot be read at all (missing, a directory, broken gzip) always raise
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import zlib
 from collections.abc import Iterable
@@ -205,6 +206,11 @@ def _describe(event: dict[str, Any]) -> str:
     return f"step {step}: {kind}"
 
 
+def _headroom_key(event: dict[str, Any]) -> float:
+    headroom = event.get("headroom_bytes")
+    return math.inf if headroom is None else headroom
+
+
 def format_table(doc: dict[str, Any], max_events: int = 12) -> str:
     """Readable per-rank view of an analyze document."""
     header = ("run", "host", "rank", "state", "plateau", "headroom", "slope/step", "steps to OOM", "time to OOM")
@@ -242,7 +248,7 @@ def format_table(doc: dict[str, Any], max_events: int = 12) -> str:
         for event in notable[-max_events:]:
             lines.append("  " + _describe(event))
         if spikes:
-            worst = min(spikes, key=lambda e: e.get("headroom_bytes", 0))
+            worst = min(spikes, key=_headroom_key)
             lines.append(f"  {len(spikes)} phase spikes; tightest: " + _describe(worst))
     return "\n".join(lines).rstrip() + "\n"
 

@@ -198,9 +198,7 @@ class TrendEngine:
     def _phase_sample(self, sample: dict[str, Any], out: list[dict[str, Any]]) -> None:
         ctx = self.ctx
         ctx.last = self._last
-        event = self.spikes.phase_sample(ctx, sample)
-        if event is not None:
-            self._emit(event, out)
+        self._emit(self.spikes.phase_sample(ctx, sample), out)
         before = None if self._last is None else self._last.get("reserved_bytes")
         self.plateau.note_phase(sample["phase"], sample["step"], before, sample.get("reserved_bytes"), ctx.reserved_tol)
 

@@ -108,7 +108,7 @@ class SpikeEvent(Event):
     kind: str
     step: int
     phase: str | None
-    peak_bytes: int
+    peak_bytes: int | None  # None: the phase sample carried no peak (not measured)
     above_plateau_bytes: int | None  # peak - plateau_bytes
     headroom_bytes: int | None  # verdicts.headroom_bytes at this peak
     plateau_bytes: int | None

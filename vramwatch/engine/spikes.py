@@ -6,7 +6,7 @@ plateau and with the typical training peak, and the headroom at that peak
 are comparable). A phase below the training peak is a non-event and the event says so
 (``below_training_peak``). Unmarked spikes: the biggest normal batch is learnt from each
 block's runner-up peak above the floor; four spikes on a common grid make a rhythm,
-reported once per period. Needs ``peak_allocated_bytes``; off without it.
+reported once per period: they need ``peak_allocated_bytes`` and are off without it.
 """
 
 from __future__ import annotations
@@ -62,17 +62,17 @@ class SpikeDetector:
             self.normal_high = block.peak2 - block.floor
             self.threshold = self.normal_high + ctx.config.spike_margin_frac * ctx.total
 
-    def _event(self, ctx: Context, kind: str, step: int, phase: str | None, peak: int, headroom: int | None,
-               period: int | None = None) -> SpikeEvent:
+    def _event(self, ctx: Context, kind: str, step: int, phase: str | None, peak: int | None,
+               headroom: int | None, period: int | None = None) -> SpikeEvent:
         plateau = ctx.plateau_bytes()
         train_peak = ctx.training_peak()
-        above_train = None if train_peak is None else int(peak - train_peak)
+        above_train = None if train_peak is None or peak is None else int(peak - train_peak)
         return SpikeEvent(
             kind=kind,
             step=step,
             phase=phase,
             peak_bytes=peak,
-            above_plateau_bytes=None if plateau is None else int(peak - plateau),
+            above_plateau_bytes=None if plateau is None or peak is None else int(peak - plateau),
             headroom_bytes=headroom,
             plateau_bytes=plateau,
             training_peak_bytes=None if train_peak is None else int(train_peak),
@@ -81,11 +81,10 @@ class SpikeDetector:
             period_steps=period,
         )
 
-    def phase_sample(self, ctx: Context, sample: dict[str, Any]) -> SpikeEvent | None:
-        """The event for one phase sample (None when it carries no peak)."""
+    def phase_sample(self, ctx: Context, sample: dict[str, Any]) -> SpikeEvent:
+        """The event for one phase sample (a phase is a fact even when its peak is not
+        measured: then the peak and what derives from it are null)."""
         peak = sample.get("peak_allocated_bytes")
-        if peak is None:
-            return None
         phase = sample["phase"]
         headroom = verdicts.headroom_bytes(
             sample.get("total_bytes"),
@@ -99,10 +98,11 @@ class SpikeDetector:
         if kind == "checkpoint_spike":
             record = self.checkpoint
             record.peak, record.headroom, record.step = peak, headroom, sample["step"]
-            record.peak_max = peak if record.peak_max is None else max(record.peak_max, peak)
+            if peak is not None:
+                record.peak_max = peak if record.peak_max is None else max(record.peak_max, peak)
         last = ctx.last
         level = None if last is None else last.get(SIGNAL_FIELDS[ctx.signal])
-        if level is not None and (phase in self.phase_reach or len(self.phase_reach) < 16):
+        if peak is not None and level is not None and (phase in self.phase_reach or len(self.phase_reach) < 16):
             # how far this phase reaches above the floor: a leak lifts it too, and a phase that
             # reaches higher than any batch is where the OOM will happen
             self.phase_reach[phase] = peak - level

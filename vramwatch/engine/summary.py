@@ -46,7 +46,7 @@ DETECTOR_NEEDS: dict[str, tuple[str, ...]] = {
     "fragmentation": ("allocated_bytes", "reserved_bytes", "inactive_split_bytes"),
     "outside_allocator_leak": ("reserved_bytes", "nvml_used_bytes"),
     "reserved_break": ("reserved_bytes",),
-    "spikes": ("peak_allocated_bytes",),
+    "periodic_spikes": ("peak_allocated_bytes",),
     "oom": ("ooms",),
 }
 
