@@ -96,6 +96,17 @@ class Context:
         return frac * self.total
 
     @property
+    def leak_shape(self) -> tuple[float, int]:
+        """(ratio, parts) of the leak test's linearity check on the floor. A ratcheting level
+        warms up as a record-breaking process, ratchets ever rarer, which over a short window
+        can look as straight as a leak's halves; three parts that must agree tell the
+        deceleration apart (device-used corpus, two seeds: false alarms 13 -> 3 of 112)."""
+        cfg = self.config
+        if self.pyramid.ratchet_floor:
+            return cfg.half_ratio, 3
+        return cfg.half_ratio, 2
+
+    @property
     def reserved_tol(self) -> float:
         """A reserved ratchet this large is a plateau break (1 % of the device)."""
         return self.config.reserved_break_frac * self.total

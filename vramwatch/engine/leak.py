@@ -57,8 +57,9 @@ class LeakDetector:
     # ------------------------------------------------------------------ finding
     def in_rise(self, ctx: Context, plateau: PlateauDetector, block: Block) -> Trend | None:
         """A leak in the rise after a break; moves ``plateau.rising_since`` to the window found."""
+        ratio, parts = ctx.leak_shape
         for s0 in plateau.rise_starts(ctx, block):
-            trend = ctx.pyramid.trend("floor", s0, ctx.min_span(), ctx.config.half_ratio, ctx.tol)
+            trend = ctx.pyramid.trend("floor", s0, ctx.min_span(), ratio, ctx.tol, parts=parts)
             if trend:
                 plateau.rising_since = s0
                 return trend
@@ -70,8 +71,9 @@ class LeakDetector:
         coarse levels, every fourth block."""
         if ctx.pyramid.coarse_pending or not plateau.break_onsets:
             return None
+        ratio, parts = ctx.leak_shape
         for s0 in sorted(plateau.break_onsets):
-            trend = ctx.pyramid.trend("floor", s0, 4 * ctx.min_span(), ctx.config.half_ratio, ctx.tol, max_jump=0.35)
+            trend = ctx.pyramid.trend("floor", s0, 4 * ctx.min_span(), ratio, ctx.tol, max_jump=0.35, parts=parts)
             if trend:
                 plateau.rising_since = s0
                 return trend
