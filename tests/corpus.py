@@ -93,10 +93,12 @@ def thin(sample: dict[str, Any], variant: str) -> dict[str, Any] | None:
     if variant == "device_used_only":
         if sample["phase"] != "train":
             return None  # dcgm and nvidia-smi know nothing of phases
-        out = dict(sample)
+        out = dict(sample, schema=2)  # wire schema 2: measurements may be null
         out.update(dict.fromkeys(drop))  # null: not measured
         return out
-    return {k: v for k, v in sample.items() if k not in drop}  # absent: not measured
+    out = {k: v for k, v in sample.items() if k not in drop}  # absent: not measured
+    out["schema"] = 2
+    return out
 
 
 def sparse(samples: Iterator[dict[str, Any]], variant: str) -> Iterator[dict[str, Any]]:

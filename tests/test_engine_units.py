@@ -399,3 +399,21 @@ def test_a_phase_below_the_training_peak_is_a_non_event_in_words() -> None:
     assert unmeasured["peak_bytes"] is None and unmeasured["above_training_peak_bytes"] is None
     doc["series"][0]["events"] = [unmeasured, event]
     assert "tightest: step 39" in format_table(doc)
+
+
+@pytest.mark.parametrize("variant", ["allocated_only", "device_used_only"])
+def test_analyze_judges_sparse_trace_files_and_says_which_signal(tmp_path: Path, variant: str) -> None:
+    from corpus import make_case
+
+    case = make_case("fast_leak", "h200", variant=variant)
+    path = tmp_path / f"{variant}.jsonl.gz"
+    wire.write_file(path, case.trace(1))
+    doc = analyze_paths([path])
+    assert doc["skipped_lines"] == 0, doc["bad_lines"]  # schema 2 samples validate as they are
+    (item,) = doc["series"]
+    summary = item["summary"]
+    assert summary["signal"] == ("allocated" if variant == "allocated_only" else "device_used")
+    assert "fragmentation" in summary["detectors_off"]
+    leak = next(e for e in item["events"] if e["type"] == "leak")
+    assert leak["step"] >= case.truth[1]["leak"]["onset"]
+    assert "LEAK" in format_table(doc)
