@@ -238,20 +238,9 @@ def throughput(repeats: int = 3) -> dict[str, float]:
         return result
 
 
-def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.engine_bench")
-    parser.add_argument("--quick", action="store_true", help="two scales, one seed, no docs update")
-    args = parser.parse_args(argv)
-    scales = ["h200", "rtx-24gb"] if args.quick else ["h200", "a100-80gb", "rtx-24gb", "long"]
-    seeds = 1 if args.quick else 2
-    started = time.perf_counter()
-    by_variant = {variant: collect(scales, seeds, variant) for variant in VARIANTS}
-    outcomes = by_variant["full"]
-    corpus_s = time.perf_counter() - started
-    latencies = break_latencies(outcomes)
-    speed = throughput(repeats=2 if args.quick else 5)
-
-    detector_tables = []
+def detector_tables(by_variant: dict[str, list[RankOutcome]]) -> str:
+    """One recall / false-alarm / runway table per sample variant."""
+    tables = []
     for variant, variant_outcomes in by_variant.items():
         rows = []
         for name, s in score(variant_outcomes).items():
@@ -265,12 +254,46 @@ def main(argv: list[str]) -> None:
                     f"{s['runway_min']:.0%}",
                 )
             )
-        detector_tables.append(f"*{variant}*\n\n" + table(
+        tables.append(f"*{variant}*\n\n" + table(
             ("detector", "leak recall", "false alarms (non-leaking ranks)", "fired before onset (leaking ranks)",
              "runway left at detection (mean)", "(worst)"),
             rows,
         ))
-    detectors = "\n\n".join(detector_tables)
+    return "\n\n".join(tables)
+
+
+def first_alarms(outcomes: list[RankOutcome]) -> list[tuple[Any, ...]]:
+    """(case, rank, leak onset -> OOM, first alarm per detector) for ranks with a leak or an alarm."""
+    rows = []
+    for o in outcomes:
+        if o.truth["leak"] is None and not any(o.alarms.values()):
+            continue
+        leak = o.truth["leak"]
+        rows.append(
+            (
+                o.case,
+                o.rank,
+                "-" if leak is None else f"{leak['onset']} → {leak['oom_step']}",
+                *(",".join(map(str, o.alarms[d][:1])) or "-" for d in ("engine", "predict_linear", "threshold 95%")),
+            )
+        )
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.engine_bench")
+    parser.add_argument("--quick", action="store_true", help="two scales, one seed, no docs update")
+    args = parser.parse_args(argv)
+    scales = ["h200", "rtx-24gb"] if args.quick else ["h200", "a100-80gb", "rtx-24gb", "long"]
+    seeds = 1 if args.quick else 2
+    started = time.perf_counter()
+    by_variant = {variant: collect(scales, seeds, variant) for variant in VARIANTS}
+    outcomes = by_variant["full"]
+    corpus_s = time.perf_counter() - started
+    latencies = break_latencies(outcomes)
+    speed = throughput(repeats=2 if args.quick else 5)
+
+    detectors = detector_tables(by_variant)
     found = [lat for *_, lat in latencies if lat is not None]
     missed = [(c, r) for c, r, _, _, lat in latencies if lat is None]
     late = [(c, r, lat) for c, r, _, _, lat in latencies if lat is not None and lat > 600]
@@ -279,19 +302,7 @@ def main(argv: list[str]) -> None:
         for c, r, at, material, lat in latencies
     ]
     n_samples = sum(o.samples for o in outcomes)
-    per_case = []
-    for o in outcomes:
-        if o.truth["leak"] is None and not any(o.alarms.values()):
-            continue
-        leak = o.truth["leak"]
-        per_case.append(
-            (
-                o.case,
-                o.rank,
-                "-" if leak is None else f"{leak['onset']} → {leak['oom_step']}",
-                *(",".join(map(str, o.alarms[d][:1])) or "-" for d in ("engine", "predict_linear", "threshold 95%")),
-            )
-        )
+    per_case = first_alarms(outcomes)
     stages = [(k, f"{v:,.0f}") for k, v in speed.items() if k not in ("samples", "bytes_per_sample")]
     speed_table = table(("stage", "samples/s"), stages)
     ratio = speed["analyze"] / speed["decode"]
