@@ -348,6 +348,9 @@ def test_checkpoint_ratchet_relevels_the_plateau_and_never_shows_rising() -> Non
     # later small ratchets settle the level upwards, nothing more
     assert summary["plateau_bytes"] == pytest.approx(brk["new_plateau_bytes"], rel=0.001)
     assert not any(e["type"] in ("leak", "fragmentation") for e in events)
+    doc = {"series": [{"run": "r", "host": "h", "rank": 0, "state": "plateau", "events": events,
+                       "samples": engine.samples, "summary": summary}]}
+    assert f"step {brk['step']}: plateau re-levelled (checkpoint ratcheted reserved once)" in format_table(doc)
 
 
 @pytest.mark.parametrize("onset", [1010, 1100, 1500])
@@ -375,6 +378,9 @@ def test_a_leaking_rank_reports_the_plateau_it_grew_from_and_the_onset() -> None
     assert leak["step"] == s["leak_detected_step"] and leak["leak_onset_step"] == s["leak_onset_step"]
     assert leak["plateau_bytes"] == s["plateau_bytes"] and leak["plateau_since_step"] == s["plateau_since_step"]
     assert h["plateau_until_step"] is None and h["leak_onset_step"] is None
+    doc = {"series": [{"run": "r", "host": "h", "rank": 5, "state": "leak", "events": events,
+                       "samples": leaking.samples, "summary": s}]}
+    assert f"step {leak['step']}: LEAK (allocator) since step {leak['leak_onset_step']}," in format_table(doc)
     # one headroom formula: worst is the lower of step boundary and checkpoint peak
     assert s["worst_headroom_bytes"] == min(s["headroom_bytes"], s["checkpoint_headroom_bytes"])
     assert s["checkpoint_peak_max_bytes"] >= s["checkpoint_peak_bytes"]

@@ -184,7 +184,8 @@ def _describe(event: dict[str, Any]) -> str:
     step = event["step"]
     if kind == "leak":
         return (
-            f"step {step}: LEAK ({event.get('source')}) {event['slope_bytes_per_step'] / 1e6:.2f} MB/step, "
+            f"step {step}: LEAK ({event.get('source')}) since step {event.get('onset_step')}, "
+            f"{event['slope_bytes_per_step'] / 1e6:.2f} MB/step, "
             f"OOM in {_steps(event.get('steps_to_oom'))} steps ({_duration(event.get('seconds_to_oom'))})"
         )
     if kind == "fragmentation":
@@ -198,6 +199,11 @@ def _describe(event: dict[str, Any]) -> str:
     if kind == "plateau":
         return f"step {step}: plateau at {_gb(event.get('plateau_bytes'))} reserved"
     if kind == "plateau_break":
+        if event.get("relevel"):
+            return (
+                f"step {step}: plateau re-levelled ({event.get('cause')} ratcheted reserved once) "
+                f"{_gb(event.get('plateau_bytes'))} -> {_gb(event.get('new_plateau_bytes'))}"
+            )
         return f"step {step}: plateau break ({event.get('cause')}) from {_gb(event.get('plateau_bytes'))}"
     if kind == "restart":
         return f"step {step}: restart (was at step {event.get('from_step')})"
