@@ -24,6 +24,9 @@ MAX_GRANULE = 4096
 #: The most a raise goes beyond the largest observed tokens in one move (the range the
 #: model's projection is benchmarked over, docs/benchmarks.md).
 EXTRAPOLATION_LIMIT = 1.3
+#: Lowering a batch whose tokens never varied assumes up to this share of the transient
+#: does not shrink with it (workspaces, communication buckets); docs/decisions.md.
+LOWER_FIXED_SHARE = 0.10
 #: A raise smaller than this share of the current batch is not worth a restart: hold.
 MIN_RAISE = 0.02
 
@@ -149,6 +152,18 @@ def _safe_tokens(model: RankModel, margin: float) -> int | None:
     return model.train.tokens_for((model.total_bytes * (1 - margin) - fixed) / (1 + u))
 
 
+def _lower_tokens(model: RankModel, margin: float) -> int:
+    """Tokens to lower to: judged with the fit's error against us (a fixed share does not shrink)."""
+    fit = model.train
+    if fit.method != "proportional" or not model.tokens_seen_max:
+        return _safe_tokens(model, margin) or 0
+    seen = model.tokens_seen_max
+    observed = fit.transient(seen)
+    room = model.total_bytes * (1 - margin) - model.floor_bytes - model.slack_bytes - model.outside_bytes
+    shrinking = (1 - LOWER_FIXED_SHARE) * observed / seen
+    return max(0, int((room - LOWER_FIXED_SHARE * observed) // shrinking))
+
+
 def advise(
     obs: RunObservation,
     *,
@@ -208,9 +223,12 @@ def _recommend(
         return "lower", (f"Lower is not enough: the {phase} phase alone leaves less than the {margin:.0%} margin "
                          f"on rank {binding.rank} at any batch; reduce its memory (state-dict offload, eval batch).")
     if over_margin or (current and best < current):
-        cut = 1 - best / current if current else 1.0
-        return "lower", (f"Lower tokens per step by at least {_pct(cut)} (from {current:,} to {best:,} per rank, "
-                         f"{best * world:,} global) to restore the {margin:.0%} margin on rank {binding.rank} at the "
+        # lowering is judged with the fit's uncertainty against us: a fixed share of the
+        # transient does not shrink with the batch
+        low = min(best, _lower_tokens(model, margin))
+        cut = 1 - low / current if current else 1.0
+        return "lower", (f"Lower tokens per step by at least {_pct(cut)} (from {current:,} to {low:,} per rank, "
+                         f"{low * world:,} global) to restore the {margin:.0%} margin on rank {binding.rank} at the "
                          f"{phase} phase.")
     if readiness.verdict == "unsafe":
         return "hold", f"Hold at {current:,} tokens per step and fix first: {readiness.reasons[0]}."

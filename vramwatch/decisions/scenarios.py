@@ -115,4 +115,16 @@ def token_truth(name: str, *, rank: int = 0, seed: int = 0, total_bytes: int = H
                       p["act_quad_frac"] * total_bytes, ref, phases)
 
 
-__all__ = ["TOKEN_SCENARIOS", "TokenTruth", "token_params", "token_trace", "token_truth"]
+
+
+def regression_overrides(name: str, growth: float, *, total_bytes: int = H200_TOTAL_BYTES) -> dict[str, Any]:
+    """Overrides that make a candidate's training peak ``growth`` larger than the scenario's
+    (more persistent memory: the usual regression, e.g. a new buffer kept across steps)."""
+    base, params = token_params(name)
+    p = scenario_params(base, **params)
+    truth = token_truth(name, total_bytes=total_bytes)
+    peak = truth.need(p["tokens_per_step"])["train"] - truth.outside_bytes - truth.slack_bytes
+    return {"base_frac": p["base_frac"] + growth * peak / total_bytes}
+
+
+__all__ = ["TOKEN_SCENARIOS", "TokenTruth", "regression_overrides", "token_params", "token_trace", "token_truth"]
