@@ -238,7 +238,9 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         store = Store(settings.db_path)
-        live = LiveState()
+        from vramwatch.decisions.live import DecisionEngine  # engine + online batch model per rank
+
+        live = LiveState(engine_factory=DecisionEngine)
         started = time.perf_counter()
         replayed = live.rebuild(store.iter_replay())
         if replayed:

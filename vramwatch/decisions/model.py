@@ -182,33 +182,35 @@ class RankModelBuilder:
             self.floors.clear()
             self.outsides.clear()
             self.inc_peak = 0
-        self.run, self.host, self.rank = sample["run"], sample["host"], sample["rank"]
+            self.run, self.host, self.rank = sample["run"], sample["host"], sample["rank"]
+            self.world_size = sample.get("world_size", self.world_size)
         self.total = sample["total_bytes"] or self.total
-        self.world_size = sample.get("world_size", self.world_size)
         self.step = sample["step"]
         peak, allocated = sample["peak_allocated_bytes"], sample["allocated_bytes"]
-        self.reserved = sample["reserved_bytes"]
-        self.inc_peak = max(self.inc_peak, peak)
-        transient = max(0, peak - allocated)
+        reserved = self.reserved = sample["reserved_bytes"]
+        if peak > self.inc_peak:
+            self.inc_peak = peak
+        transient = peak - allocated if peak > allocated else 0
         if sample["phase"] != "train":
             entry = self.phase_max.setdefault(sample["phase"], [0, 0])
             entry[0] = max(entry[0], transient)
             entry[1] += 1
             return
         self.floors.append(allocated)
-        outside = outside_allocator_bytes(sample["reserved_bytes"], sample.get("nvml_used_bytes"))
-        if outside is not None:
-            self.outsides.append(outside)
+        used = sample.get("nvml_used_bytes")
+        if used is not None:
+            self.outsides.append(outside_allocator_bytes(reserved, used))
         step_time = sample.get("step_time_s")
         if step_time:
             self.step_times.append(step_time)
-        self.train_transient_max = max(self.train_transient_max, transient)
+        if transient > self.train_transient_max:
+            self.train_transient_max = transient
         tokens = sample.get("tokens")
         if tokens:
             self.tokens_last = tokens
             _fold(self.buckets, tokens, transient)
-        else:
-            self.no_token_max = max(self.no_token_max, transient)
+        elif transient > self.no_token_max:
+            self.no_token_max = transient
 
     def merge_tokens(self, other: RankModelBuilder) -> None:
         """Take ``other``'s token buckets as reference points (the same job at another batch)."""

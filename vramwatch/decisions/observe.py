@@ -5,20 +5,54 @@ Sources are the database (:func:`observe_db`, read-only) and trace files
 (:func:`observe_files`); both yield the same :class:`RunObservation`. Cost: one
 ``TrendEngine.update`` plus O(1) bookkeeping per sample; memory is bounded by ranks,
 phases and token buckets, except the engine events, which are kept in full (a run raises
-tens to hundreds, not millions).
+tens to hundreds; the latest :data:`EVENTS_KEPT` are kept).
 """
 
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from vramwatch.engine import TrendEngine
-from vramwatch.verdicts import device_need_bytes, headroom_bytes
+from vramwatch.verdicts import headroom_bytes
 
 from .model import RankModelBuilder
+
+#: Engine events a track keeps (the latest): readiness reads only the recent ones.
+EVENTS_KEPT = 1000
+#: Plateau-break causes that are the training loop itself; any other names a phase
+#: (checkpoint, eval) whose peak the allocator kept: a re-level, not instability.
+LOOP_CAUSES = frozenset({"allocated", "reserved", None})
+_RESETS = frozenset({"leak", "fragmentation", "restart", "oom"})
+
+
+class PlateauClock:
+    """Since when the current plateau has held, from engine events fed in order (O(1) each).
+
+    A ``plateau`` event starts the clock; a break caused by a marked phase (a checkpoint
+    ratchet) does not stop it; a break of the loop itself, a leak, fragmentation, a
+    restart or an OOM does.
+    """
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since: int | None = None
+
+    def feed(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind == "plateau" and self.since is None:
+            self.since = event["step"]
+        elif (kind == "plateau_break" and event.get("cause") in LOOP_CAUSES) or kind in _RESETS:
+            self.since = None
+
+    def held(self, last_step: int | None, state: str) -> int:
+        if self.since is None or last_step is None or state not in ("plateau", "rising"):
+            return 0
+        return max(0, last_step - self.since)
 
 
 class SourceError(ValueError):
@@ -46,7 +80,8 @@ class RankTrack:
     rank: int
     engine: TrendEngine = field(default_factory=TrendEngine)
     builder: RankModelBuilder = field(default_factory=RankModelBuilder)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
+    plateau: PlateauClock = field(default_factory=PlateauClock)
     ooms: int = 0  # OOMs seen (counter increments across incarnations)
     checkpoints_passed: int = 0  # checkpoint phases followed by a train step without OOM
     last_step: int | None = None
@@ -59,9 +94,12 @@ class RankTrack:
     _last_ooms: int = 0
     _incarnation: Any = None
 
-    def update(self, sample: dict[str, Any]) -> None:
-        """Fold one sample in (O(1) beyond the engine's own update)."""
-        self.events.extend(self.engine.update(sample))
+    def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
+        """Fold one sample in (O(1) beyond the engine's own update); returns the engine's new events."""
+        new = self.engine.update(sample)
+        for event in new:
+            self.events.append(event)
+            self.plateau.feed(event)
         self.builder.update(sample)
         incarnation = sample.get("incarnation", "")
         if incarnation != self._incarnation:
@@ -74,22 +112,29 @@ class RankTrack:
             self.ooms += ooms - self._last_ooms
             self._pending_checkpoint = False
         self._last_ooms = ooms
-        kind = phase_kind(sample["phase"])
-        if kind == "train" and self._pending_checkpoint:
-            self.checkpoints_passed += 1
-            self._pending_checkpoint = False
+        phase = sample["phase"]
+        kind = "train" if phase == "train" else phase_kind(phase)
+        if kind == "train":
+            if self._pending_checkpoint:
+                self.checkpoints_passed += 1
+                self._pending_checkpoint = False
         elif kind == "checkpoint":
             self._pending_checkpoint = True
         self.last_step = sample["step"]
-        self.total_bytes = sample["total_bytes"] or self.total_bytes
-        measured = {"allocated": sample["allocated_bytes"], "reserved": sample["reserved_bytes"],
-                    "peak": sample["peak_allocated_bytes"], "nvml_used": sample.get("nvml_used_bytes")}
-        headroom = headroom_bytes(sample["total_bytes"], **measured)
-        if headroom is not None and (self.min_headroom_bytes is None or headroom < self.min_headroom_bytes):
-            self.min_headroom_bytes, self.min_headroom_phase = headroom, kind
-        need = device_need_bytes(**measured) or 0
-        self.need_by_phase[kind] = max(self.need_by_phase.get(kind, 0), need)
-        self.peak_by_phase[kind] = max(self.peak_by_phase.get(kind, 0), sample["peak_allocated_bytes"])
+        total = sample["total_bytes"]
+        self.total_bytes = total or self.total_bytes
+        peak = sample["peak_allocated_bytes"]
+        headroom = headroom_bytes(total, allocated=sample["allocated_bytes"], reserved=sample["reserved_bytes"],
+                                  peak=peak, nvml_used=sample.get("nvml_used_bytes"))
+        if headroom is not None:
+            if self.min_headroom_bytes is None or headroom < self.min_headroom_bytes:
+                self.min_headroom_bytes, self.min_headroom_phase = headroom, kind
+            need = total - headroom  # what the device held (verdicts.device_need_bytes)
+            if need > self.need_by_phase.get(kind, -1):
+                self.need_by_phase[kind] = need
+        if peak > self.peak_by_phase.get(kind, -1):
+            self.peak_by_phase[kind] = peak
+        return new
 
 
 @dataclass
@@ -175,5 +220,5 @@ def resolve(source: str, db_path: str | None) -> RunObservation:
     return observe_db(db_path, source)
 
 
-__all__ = ["RankTrack", "RunObservation", "SourceError", "observe", "observe_db", "observe_files", "phase_kind",
-           "resolve"]
+__all__ = ["LOOP_CAUSES", "PlateauClock", "RankTrack", "RunObservation", "SourceError", "observe", "observe_db",
+           "observe_files", "phase_kind", "resolve"]

@@ -20,15 +20,9 @@ from typing import Any
 
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
-from .observe import RankTrack, RunObservation
+from .observe import LOOP_CAUSES, PlateauClock, RankTrack, RunObservation
 
 VERDICTS = ("ready", "not_ready", "unsafe")  # best first; severity is the index
-
-#: Plateau-break causes that are the training loop itself; any other names a phase
-#: (checkpoint, eval) whose peak the allocator kept: a re-level, not instability.
-_LOOP_CAUSES = frozenset({"allocated", "reserved", None})
-_RESETS = frozenset({"leak", "fragmentation", "restart", "oom"})
-
 
 @dataclass(frozen=True)
 class ReadinessConfig:
@@ -68,21 +62,11 @@ class Readiness:
 
 
 def plateau_held_steps(events: list[dict[str, Any]], last_step: int | None, state: str) -> int:
-    """Steps the current plateau has held: since the ``plateau`` event that began it.
-
-    A break caused by a marked phase (checkpoint ratchet) does not restart the count; a
-    break of the loop itself, a leak, fragmentation, a restart or an OOM does.
-    """
-    since: int | None = None
+    """Steps the current plateau has held, from a whole event list (see :class:`PlateauClock`)."""
+    clock = PlateauClock()
     for event in events:
-        kind = event["type"]
-        if kind == "plateau" and since is None:
-            since = event["step"]
-        elif (kind == "plateau_break" and event.get("cause") in _LOOP_CAUSES) or kind in _RESETS:
-            since = None
-    if since is None or last_step is None or state not in ("plateau", "rising"):
-        return 0
-    return max(0, last_step - since)
+        clock.feed(event)
+    return clock.held(last_step, state)
 
 
 def _gb(value: float) -> str:
@@ -97,14 +81,14 @@ def _unstable_break(track: RankTrack) -> dict[str, Any] | None:
         if event["type"] == "plateau":
             return None
         if event["type"] == "plateau_break":
-            return event if event.get("cause") in _LOOP_CAUSES else None
+            return event if event.get("cause") in LOOP_CAUSES else None
     return None
 
 
 def rank_readiness(track: RankTrack, config: ReadinessConfig) -> RankReadiness:
     """One rank's verdict with reasons that carry the numbers."""
     state = track.engine.state
-    held = plateau_held_steps(track.events, track.last_step, state)
+    held = track.plateau.held(track.last_step, state)
     unsafe: list[str] = []
     waiting: list[str] = []
     if track.ooms:
