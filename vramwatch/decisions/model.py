@@ -29,8 +29,10 @@ from vramwatch.verdicts import outside_allocator_bytes
 
 #: Width of a token bucket (relative): per-step peaks are compared within 1 % of tokens.
 BUCKET_WIDTH = 0.01
-#: Train samples the floor, slack and outside-allocator figures are judged over (the latest).
+#: Train samples the floor and outside-allocator figures are judged over (the latest), kept as
+#: the maxima of blocks of BLOCK samples so a sample costs one comparison.
 WINDOW = 256
+BLOCK = 32
 #: Token spread (max / min) below which tokens are treated as constant.
 MIN_SPREAD = 1.05
 #: Stated relative uncertainty of the proportional assumption (docs/decisions.md).
@@ -159,8 +161,11 @@ class RankModelBuilder:
     reference_buckets: dict[int, _Bucket] = field(default_factory=dict)
     phase_max: dict[str, list[int]] = field(default_factory=dict)  # phase -> [transient, samples]
     no_token_max: int = 0
-    floors: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW))
-    outsides: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    floors: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW // BLOCK))  # block maxima
+    outsides: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW // BLOCK))
+    block_floor: int = -1  # the open block's maxima (-1: none yet)
+    block_outside: int = -1
+    block_fill: int = 0
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
     incarnation: Any = None
     inc_peak: int = 0  # largest peak of the current process (any phase)
@@ -181,10 +186,12 @@ class RankModelBuilder:
             self.incarnation = incarnation
             self.floors.clear()
             self.outsides.clear()
+            self.block_floor = self.block_outside = -1
+            self.block_fill = 0
             self.inc_peak = 0
             self.run, self.host, self.rank = sample["run"], sample["host"], sample["rank"]
             self.world_size = sample.get("world_size", self.world_size)
-        self.total = sample["total_bytes"] or self.total
+            self.total = sample["total_bytes"] or self.total
         self.step = sample["step"]
         peak, allocated = sample["peak_allocated_bytes"], sample["allocated_bytes"]
         reserved = self.reserved = sample["reserved_bytes"]
@@ -196,10 +203,18 @@ class RankModelBuilder:
             entry[0] = max(entry[0], transient)
             entry[1] += 1
             return
-        self.floors.append(allocated)
+        if allocated > self.block_floor:
+            self.block_floor = allocated
         used = sample.get("nvml_used_bytes")
-        if used is not None:
-            self.outsides.append(outside_allocator_bytes(reserved, used))
+        if used is not None and used - reserved > self.block_outside:
+            self.block_outside = outside_allocator_bytes(reserved, used) or 0
+        self.block_fill += 1
+        if self.block_fill == BLOCK:
+            self.floors.append(self.block_floor)
+            if self.block_outside >= 0:
+                self.outsides.append(self.block_outside)
+            self.block_floor = self.block_outside = -1
+            self.block_fill = 0
         step_time = sample.get("step_time_s")
         if step_time:
             self.step_times.append(step_time)
@@ -208,7 +223,12 @@ class RankModelBuilder:
         tokens = sample.get("tokens")
         if tokens:
             self.tokens_last = tokens
-            _fold(self.buckets, tokens, transient)
+            key = int(math.log(tokens) * _INV_LOG_WIDTH)  # _fold, inlined: the per-sample path
+            entry = self.buckets.get(key)
+            if entry is None:
+                self.buckets[key] = _Bucket(tokens, transient)
+            elif transient > entry.transient:
+                entry.tokens, entry.transient = tokens, transient
         elif transient > self.no_token_max:
             self.no_token_max = transient
 
@@ -222,12 +242,13 @@ class RankModelBuilder:
         own = list(self.buckets.values())
         points = own + list(self.reference_buckets.values())
         fit = fit_transient(points, across_runs=bool(self.reference_buckets))
-        floor = max(self.floors) if self.floors else 0
-        outside = max(self.outsides) if self.outsides else 0
+        floor = max((*self.floors, self.block_floor, 0))
+        outsides = (*self.outsides, *((self.block_outside,) if self.block_outside >= 0 else ()))
+        outside = max(outsides, default=0)
         slack = max(0, self.reserved - self.inc_peak)
         return RankModel(
             run=self.run, host=self.host, rank=self.rank, total_bytes=self.total, floor_bytes=floor,
-            outside_bytes=outside, outside_measured=bool(self.outsides), slack_bytes=slack, train=fit,
+            outside_bytes=outside, outside_measured=bool(outsides), slack_bytes=slack, train=fit,
             train_transient_bytes=self.train_transient_max,
             phases=tuple(PhaseNeed(name, v[0], v[1]) for name, v in sorted(self.phase_max.items())),
             tokens_seen_max=max((b.tokens for b in own), default=None), tokens_last=self.tokens_last,
@@ -236,8 +257,11 @@ class RankModelBuilder:
         )
 
 
+_INV_LOG_WIDTH = 1.0 / math.log1p(BUCKET_WIDTH)
+
+
 def _fold(buckets: dict[int, _Bucket], tokens: int, transient: int) -> None:
-    key = int(math.log(tokens) / math.log1p(BUCKET_WIDTH))
+    key = int(math.log(tokens) * _INV_LOG_WIDTH)
     entry = buckets.get(key)
     if entry is None:
         buckets[key] = _Bucket(tokens, transient)
@@ -262,13 +286,16 @@ def _envelope(points: list[_Bucket]) -> tuple[float, float, float]:
     return intercept, slope, 0.0
 
 
-def fit_transient(points: list[_Bucket], *, across_runs: bool = False) -> TransientFit:
-    """Fit the transient against tokens on bucket maxima; states its own error."""
+def fit_transient(points: list[_Bucket], *, across_runs: bool = False, force: str | None = None) -> TransientFit:
+    """Fit the transient against tokens on bucket maxima; states its own error.
+
+    ``force`` ("proportional" or "envelope", no convex switch) is for ablations (the benchmark).
+    """
     points = sorted(points, key=lambda b: b.tokens)
     if not points:
         return TransientFit("none", 0.0, 0.0, 0, None, None, None, None, 1.0)
     lo, hi = points[0].tokens, points[-1].tokens
-    if len(points) < 3 or hi < lo * MIN_SPREAD:
+    if len(points) < 3 or hi < lo * MIN_SPREAD or force == "proportional":
         # tokens never varied: the transient is assumed to scale with them
         best = max(points, key=lambda b: b.transient)
         return TransientFit("proportional", 0.0, best.transient / best.tokens, len(points), lo, hi,
@@ -277,7 +304,7 @@ def fit_transient(points: list[_Bucket], *, across_runs: bool = False) -> Transi
     coef = _envelope(points)
     residual = _residual(points, coef)
     holdout = _holdout_error(points, _envelope)
-    if holdout is not None and holdout < -0.01 and len(points) >= 6:
+    if holdout is not None and holdout < -0.01 and len(points) >= 6 and force is None:
         # the line under-projects the top of the range beyond the data's own scatter (judged
         # around a parabola, which a convex envelope does not inflate): memory grows faster
         # than tokens (attention without flash, per-sequence buffers)

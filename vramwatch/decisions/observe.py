@@ -93,6 +93,9 @@ class RankTrack:
     _pending_checkpoint: bool = False
     _last_ooms: int = 0
     _incarnation: Any = None
+    _need_key: Any = None
+    _need_peak: int = 0
+    _need_alloc: int = 0
 
     def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
         """Fold one sample in (O(1) beyond the engine's own update); returns the engine's new events."""
@@ -123,9 +126,19 @@ class RankTrack:
         self.last_step = sample["step"]
         total = sample["total_bytes"]
         self.total_bytes = total or self.total_bytes
-        peak = sample["peak_allocated_bytes"]
-        headroom = headroom_bytes(total, allocated=sample["allocated_bytes"], reserved=sample["reserved_bytes"],
-                                  peak=peak, nvml_used=sample.get("nvml_used_bytes"))
+        peak, allocated = sample["peak_allocated_bytes"], sample["allocated_bytes"]
+        reserved, used = sample["reserved_bytes"], sample.get("nvml_used_bytes")
+        key = (kind, reserved, used, total)
+        if key == self._need_key and peak <= self._need_peak and allocated <= self._need_alloc:
+            # the device need is monotone in peak and allocated at equal reserved/used: this
+            # sample cannot be the new worst (skips most samples of a plateau)
+            headroom = None
+        else:
+            if key != self._need_key:
+                self._need_key, self._need_peak, self._need_alloc = key, peak, allocated
+            else:
+                self._need_peak, self._need_alloc = max(peak, self._need_peak), max(allocated, self._need_alloc)
+            headroom = headroom_bytes(total, allocated=allocated, reserved=reserved, peak=peak, nvml_used=used)
         if headroom is not None:
             if self.min_headroom_bytes is None or headroom < self.min_headroom_bytes:
                 self.min_headroom_bytes, self.min_headroom_phase = headroom, kind

@@ -25,6 +25,9 @@ TOKEN_SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
     # the same with long batches rare (the wall is hit by one long batch late)
     "varlen_rare_long": ("checkpoint", {"tokens_per_step": 16384, "seq_min": 0.35, "seq_skew": 4.0,
                                         "act_frac": 0.36, "act_fixed_frac": 0.03, "act_jitter_frac": 0.03}),
+    # batch composition matters as much as length (10 % more activation at equal tokens), long batches rare
+    "varlen_noisy": ("checkpoint", {"tokens_per_step": 16384, "seq_min": 0.35, "seq_skew": 4.0, "act_frac": 0.34,
+                                    "act_fixed_frac": 0.03, "act_jitter_frac": 0.10}),
     # fixed token slots (KoHRM: 22,528 per GPU); tokens never vary inside the run
     "fixed": ("checkpoint", {"tokens_per_step": 22528, "seq_min": 1.0, "tokens_ref": 22528, "act_frac": 0.40,
                              "act_fixed_frac": 0.03}),
