@@ -214,3 +214,18 @@ def test_gate_passes_one_percent_and_fails_six(growth: float, passes: bool) -> N
         assert re.match(r"FAIL: (peak_bytes|plateau_bytes) rank \d phase \w+ grew \+[5-7]\.\d\d%", result.line)
     else:
         assert 0.0 < result.worst.growth < 0.02
+
+
+def test_a_leak_is_fixed_before_the_batch_is_touched() -> None:
+    obs = run_of("varlen", steps=5000, leak_onset=1200, leak_rate_frac=4e-5)
+    result = advise(obs)
+    assert result.readiness.verdict == "unsafe" and "leak" in result.readiness.causes
+    assert result.action == "hold" and "fix first" in result.recommendation and "leak" in result.recommendation
+
+
+def test_an_oom_the_batch_does_not_explain_is_not_answered_by_lowering() -> None:
+    # memory outside the allocator grows into an OOM while the batch itself fits easily
+    obs = run_of("varlen", steps=6000, outside_onset=1000, outside_rate_frac=6e-5, ckpt_every=0)
+    result = advise(obs)
+    assert result.readiness.verdict == "unsafe"
+    assert result.action == "hold", result.recommendation

@@ -51,7 +51,7 @@ def test_advise_json_on_a_stored_run(traces) -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     readiness = doc["readiness"]
-    assert set(readiness) == {"verdict", "reasons", "plateau_steps", "checkpoints_passed", "min_headroom_bytes",
+    assert set(readiness) >= {"verdict", "reasons", "plateau_steps", "checkpoints_passed", "min_headroom_bytes",
                               "worst_rank"}
     assert readiness["verdict"] == "ready" and readiness["checkpoints_passed"] == 3
     truth = token_truth("varlen", rank=0, seed=1)

@@ -217,8 +217,13 @@ def _recommend(
     current = binding.tokens_seen_max or 0
     best = binding.max_tokens or 0
     phase = binding.binding_phase
-    over_margin = readiness.min_headroom_bytes is not None and any(
-        "margin" in r or "OOM" in r for r in readiness.reasons) and readiness.verdict == "unsafe"
+    over_margin = bool({"margin", "oom"} & set(readiness.causes))
+    structural = [c for c in ("leak", "fragmentation", "unstable") if c in readiness.causes]
+    if structural:
+        # a leak or an unsettled rise eats any margin a smaller batch would buy: fix it first
+        reason = next((r for r in readiness.reasons if any(w in r for w in ("leak", "fragmentation", "broke"))),
+                      readiness.reasons[0])
+        return "hold", f"Hold at {current:,} tokens per step and fix first: {reason}."
     if best == 0 and phase != "train":
         return "lower", (f"Lower is not enough: the {phase} phase alone leaves less than the {margin:.0%} margin "
                          f"on rank {binding.rank} at any batch; reduce its memory (state-dict offload, eval batch).")
@@ -226,12 +231,15 @@ def _recommend(
         # lowering is judged with the fit's uncertainty against us: a fixed share of the
         # transient does not shrink with the batch
         low = min(best, _lower_tokens(model, margin))
+        if current and low >= current:
+            # the model says the batch fits: the OOM or the lost margin came from elsewhere
+            return "hold", (f"Hold at {current:,} tokens per step: the model projects up to {best:,} per rank "
+                            f"would fit, so the batch does not explain it ({readiness.reasons[0]}); "
+                            "look for a leak, memory outside the allocator or fragmentation.")
         cut = 1 - low / current if current else 1.0
         return "lower", (f"Lower tokens per step by at least {_pct(cut)} (from {current:,} to {low:,} per rank, "
                          f"{low * world:,} global) to restore the {margin:.0%} margin on rank {binding.rank} at the "
                          f"{phase} phase.")
-    if readiness.verdict == "unsafe":
-        return "hold", f"Hold at {current:,} tokens per step and fix first: {readiness.reasons[0]}."
     safe = _safe_tokens(model, margin) or 0
     capped = min(safe, int(current * EXTRAPOLATION_LIMIT)) if current else safe
     suggestion = capped // _granule(current) * _granule(current) if current else capped
@@ -239,8 +247,11 @@ def _recommend(
         return "hold", (f"Hold at {current:,} tokens per step until the batch is proven ({readiness.reasons[0]}); "
                         f"the model projects up to {best:,} per rank would fit.")
     if suggestion <= current * (1 + MIN_RAISE):
+        how = ("tokens never varied: proportional assumption; a run at another batch setting "
+               "(--reference) narrows it") if model.train.method == "proportional" else model.train.method
         return "hold", (f"Hold at {current:,} tokens per step: the largest that fits is {best:,} per rank, "
-                        f"within the model's uncertainty ({_pct(model.train.uncertainty_frac)}) of the current batch.")
+                        f"within the model's uncertainty ({_pct(model.train.uncertainty_frac)}, {how}) of the "
+                        "current batch.")
     projected = project(models, suggestion, margin)
     room = projected.headroom_bytes / projected_total(models, projected.rank) if projected else 0.0
     where = f"rank {projected.rank} at the {projected.phase} phase" if projected else f"rank {binding.rank}"

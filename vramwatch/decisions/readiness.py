@@ -23,6 +23,8 @@ from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 from .observe import LOOP_CAUSES, PlateauClock, RankTrack, RunObservation
 
 VERDICTS = ("ready", "not_ready", "unsafe")  # best first; severity is the index
+#: Why a rank is unsafe, in the order reasons are listed (advice acts on these, not on text).
+CAUSES = ("oom", "leak", "fragmentation", "unstable", "margin")
 
 @dataclass(frozen=True)
 class ReadinessConfig:
@@ -43,6 +45,7 @@ class RankReadiness:
     checkpoints_passed: int
     min_headroom_bytes: int | None
     min_headroom_phase: str | None
+    causes: tuple[str, ...] = ()  # of CAUSES, when unsafe
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,12 @@ class Readiness:
     min_headroom_bytes: int | None
     worst_rank: int | None
     ranks: tuple[RankReadiness, ...]
+    causes: tuple[str, ...] = ()  # union over ranks, in CAUSES order
 
     def as_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "reasons": list(self.reasons), "plateau_steps": self.plateau_steps,
                 "checkpoints_passed": self.checkpoints_passed, "min_headroom_bytes": self.min_headroom_bytes,
-                "worst_rank": self.worst_rank}
+                "worst_rank": self.worst_rank, "causes": list(self.causes)}
 
 
 def plateau_held_steps(events: list[dict[str, Any]], last_step: int | None, state: str) -> int:
@@ -91,22 +95,28 @@ def rank_readiness(track: RankTrack, config: ReadinessConfig) -> RankReadiness:
     held = track.plateau.held(track.last_step, state)
     unsafe: list[str] = []
     waiting: list[str] = []
+    causes: list[str] = []
     if track.ooms:
+        causes.append("oom")
         unsafe.append(f"rank {track.rank}: {track.ooms} OOM(s)")
     if state == "leak":
+        causes.append("leak")
         summary = track.engine.summary()
         slope = summary.get("slope_bytes_per_step") or 0.0
         unsafe.append(f"rank {track.rank}: leak ({summary.get('leak_source')}) {slope / 1e6:.2f} MB/step, "
                       f"OOM in {summary.get('steps_to_oom') or '?'} steps")
     elif state == "fragmentation":
+        causes.append("fragmentation")
         unsafe.append(f"rank {track.rank}: fragmentation (allocation retries climbing)")
     broke = _unstable_break(track)
     if broke is not None:
+        causes.append("unstable")
         unsafe.append(f"rank {track.rank}: plateau broke at step {broke['step']} ({broke.get('cause')}) "
                       "and has not settled")
     total = track.total_bytes or 0
     headroom = track.min_headroom_bytes
     if headroom is not None and total and headroom < config.margin * total:
+        causes.append("margin")
         unsafe.append(f"rank {track.rank}: worst headroom {_gb(headroom)} at {track.min_headroom_phase} "
                       f"is under the {config.margin:.0%} margin ({_gb(config.margin * total)})")
     if held < config.plateau_steps:
@@ -119,7 +129,7 @@ def rank_readiness(track: RankTrack, config: ReadinessConfig) -> RankReadiness:
         reasons = (f"rank {track.rank}: plateau held {held:,} steps, {track.checkpoints_passed} checkpoint(s) "
                    f"passed, worst headroom {_gb(headroom or 0)} at {track.min_headroom_phase}",)
     return RankReadiness(track.host, track.rank, verdict, reasons, held, track.checkpoints_passed,
-                         headroom, track.min_headroom_phase)
+                         headroom, track.min_headroom_phase, tuple(causes))
 
 
 def run_readiness(obs: RunObservation, config: ReadinessConfig | None = None) -> Readiness:
@@ -133,7 +143,12 @@ def run_readiness(obs: RunObservation, config: ReadinessConfig | None = None) ->
     at_worst = [r for r in ranks if r.verdict == verdict]
     headrooms = [r for r in ranks if r.min_headroom_bytes is not None]
     tight = min(headrooms, key=lambda r: r.min_headroom_bytes or 0) if headrooms else None
-    worst_rank = at_worst[0].rank if verdict != "ready" else (tight.rank if tight else None)
+    if verdict == "not_ready":  # the rank furthest from proven
+        worst_rank: int | None = min(at_worst, key=lambda r: (r.plateau_steps, r.checkpoints_passed)).rank
+    elif verdict == "unsafe":  # the rank with the most serious cause
+        worst_rank = min(at_worst, key=lambda r: min(CAUSES.index(c) for c in r.causes)).rank
+    else:
+        worst_rank = tight.rank if tight else None
     if verdict == "ready" and tight is not None:
         reasons: tuple[str, ...] = next(r.reasons for r in ranks if r.rank == tight.rank)
     else:
@@ -146,6 +161,7 @@ def run_readiness(obs: RunObservation, config: ReadinessConfig | None = None) ->
         min_headroom_bytes=tight.min_headroom_bytes if tight else None,
         worst_rank=worst_rank,
         ranks=ranks,
+        causes=tuple(c for c in CAUSES if any(c in r.causes for r in ranks)),
     )
 
 
@@ -156,5 +172,5 @@ def _condense(reasons: tuple[str, ...], keep: int = 6) -> tuple[str, ...]:
     return (*reasons[:keep], f"... and {len(reasons) - keep} more")
 
 
-__all__ = ["VERDICTS", "RankReadiness", "Readiness", "ReadinessConfig", "plateau_held_steps", "rank_readiness",
-           "run_readiness"]
+__all__ = ["CAUSES", "VERDICTS", "RankReadiness", "Readiness", "ReadinessConfig", "plateau_held_steps",
+           "rank_readiness", "run_readiness"]
