@@ -229,3 +229,32 @@ def test_an_oom_the_batch_does_not_explain_is_not_answered_by_lowering() -> None
     result = advise(obs)
     assert result.readiness.verdict == "unsafe"
     assert result.action == "hold", result.recommendation
+
+
+# ------------------------------------------------------------------ the collector's engine
+
+def test_decision_engine_is_a_drop_in_trend_engine_with_the_figures() -> None:
+    from vramwatch.collector.live import LiveState
+    from vramwatch.decisions.live import REFIT_EVERY, DecisionEngine
+    from vramwatch.engine import TrendEngine
+
+    samples = token_trace("varlen", steps=3200, run="live", seed=1)
+    plain, decision = TrendEngine(), DecisionEngine()
+    plain_events = [e for s in samples for e in plain.update(s)]
+    decision_events = [e for s in samples for e in decision.update(s)]
+    assert decision_events == plain_events and decision.state == plain.state
+    assert list(decision.events) == list(plain.events) and decision.samples == plain.samples
+    summary = decision.summary()
+    assert {k: summary[k] for k in plain.summary()} == plain.summary()
+    truth = token_truth("varlen", seed=1)
+    assert summary["max_tokens_per_step"] == pytest.approx(truth.max_tokens(0.05), rel=0.02)
+    assert summary["readiness"] == "ready" and 16000 < summary["tokens_per_step_max_observed"] <= 16384
+    # figures are refitted at most every REFIT_EVERY samples: a scrape reads cached numbers
+    more = token_trace("varlen", steps=3200 + REFIT_EVERY // 2, run="live", seed=1)[len(samples):]
+    for s in more:
+        decision.update(s)
+    assert decision.summary() is not summary and decision.figures() is decision.figures()
+    # the collector's live state uses it by default
+    live = LiveState()
+    live.ingest(samples[:10])
+    assert isinstance(live.snapshot()[0].engine, DecisionEngine)

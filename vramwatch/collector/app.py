@@ -238,9 +238,7 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         store = Store(settings.db_path)
-        from vramwatch.decisions.live import DecisionEngine  # engine + online batch model per rank
-
-        live = LiveState(engine_factory=DecisionEngine)
+        live = LiveState()
         started = time.perf_counter()
         replayed = live.rebuild(store.iter_replay())
         if replayed:
