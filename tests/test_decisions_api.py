@@ -68,3 +68,10 @@ def test_compare_route(client) -> None:
     assert doc["a"] == "cmp-a" and doc["b"] == "cmp-b"
     train = next(m for m in doc["metrics"] if m["metric"] == "peak_bytes" and m["phase"] == "train")
     assert 0.05 < train["growth"] < 0.07
+
+
+def test_run_names_with_slashes_reach_the_advice_route(client) -> None:
+    post(client, token_trace("varlen", steps=400, run="team/exp-1", seed=7))
+    r = client.get("/api/v1/runs/team/exp-1/advice")
+    assert r.status_code == 200, r.text
+    assert r.json()["run"] == "team/exp-1" and r.json()["readiness"]["verdict"] == "not_ready"

@@ -135,6 +135,8 @@ class RankModel:
         Returns (tokens, binding phase). ``None`` when the model cannot say (no usable fit);
         0 when a phase independent of the batch already breaks the margin.
         """
+        if not self.total_bytes:
+            return None, "train"  # device size unknown: nothing to fit into
         limit = self.total_bytes * (1.0 - margin)
         for p in self.phases:
             if self._fixed() + p.transient_bytes > limit:
