@@ -235,7 +235,7 @@ def test_an_oom_the_batch_does_not_explain_is_not_answered_by_lowering() -> None
 
 def test_decision_engine_is_a_drop_in_trend_engine_with_the_figures() -> None:
     from vramwatch.collector.live import LiveState
-    from vramwatch.decisions.live import REFIT_EVERY, DecisionEngine
+    from vramwatch.decisions.live import RECHECK_EVERY, REFIT_EVERY, DecisionEngine
     from vramwatch.engine import TrendEngine
 
     samples = token_trace("varlen", steps=3200, run="live", seed=1)
@@ -249,11 +249,15 @@ def test_decision_engine_is_a_drop_in_trend_engine_with_the_figures() -> None:
     truth = token_truth("varlen", seed=1)
     assert summary["max_tokens_per_step"] == pytest.approx(truth.max_tokens(0.05), rel=0.02)
     assert summary["readiness"] == "ready" and 16000 < summary["tokens_per_step_max_observed"] <= 16384
-    # figures are refitted at most every REFIT_EVERY samples: a scrape reads cached numbers
-    more = token_trace("varlen", steps=3200 + REFIT_EVERY // 2, run="live", seed=1)[len(samples):]
-    for s in more:
+    # a scrape reads cached figures: re-judged every RECHECK_EVERY samples, refitted rarer
+    cached = decision.figures()
+    more = token_trace("varlen", steps=3200 + REFIT_EVERY, run="live", seed=1)[len(samples):]
+    for s in more[:RECHECK_EVERY - 1]:
         decision.update(s)
-    assert decision.summary() is not summary and decision.figures() is decision.figures()
+    assert decision.figures() is cached
+    for s in more[RECHECK_EVERY - 1:]:
+        decision.update(s)
+    assert decision.figures() is not cached and decision.figures() is decision.figures()
     # the collector's live state uses it by default
     live = LiveState()
     live.ingest(samples[:10])

@@ -11,7 +11,9 @@ per rank, a memory-model builder and the readiness bookkeeping
 * ``readiness``: ``ready`` / ``not_ready`` / ``unsafe`` with the default thresholds.
 
 Cost: per sample, the engine's update plus O(1); the model is refitted (O(buckets²),
-~5 ms) at most once per :data:`REFIT_EVERY` samples, so a scrape reads cached figures.
+under a millisecond) only when a bucket maximum changed and at most once per :data:`REFIT_EVERY`
+samples; the other figures are re-judged every :data:`RECHECK_EVERY` samples or on an OOM, so a
+scrape mostly reads cached figures.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from typing import Any
 from vramwatch.engine import TrendEngine
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
+from .model import TransientFit
 from .observe import RankTrack
 from .readiness import ReadinessConfig, rank_readiness
 
-#: Samples between refits of the memory model (and re-judging readiness) for the live figures.
+#: Samples between refits of the transient (only when a bucket maximum changed).
 REFIT_EVERY = 256
+#: Samples between re-judging readiness and the largest batch on the cached fit.
+RECHECK_EVERY = 32
 
 _CONFIG = ReadinessConfig()
 
@@ -35,7 +40,11 @@ class DecisionEngine:
 
     def __init__(self, engine: TrendEngine | None = None) -> None:
         self._track = RankTrack("", "", 0, engine=engine or TrendEngine())
-        self._fitted_at = -REFIT_EVERY
+        self._fit: TransientFit | None = None
+        self._fit_version = -1
+        self._fitted_at = 0
+        self._checked_at = -RECHECK_EVERY
+        self._ooms_seen = 0
         self._figures: dict[str, Any] = {"max_tokens_per_step": None, "tokens_per_step_max_observed": None,
                                          "readiness": None}
 
@@ -67,21 +76,31 @@ class DecisionEngine:
         return track.update(sample)
 
     def figures(self) -> dict[str, Any]:
-        """The decision figures, refitted when :data:`REFIT_EVERY` samples have arrived since."""
+        """The decision figures, O(1) amortised per call.
+
+        Recomputed when :data:`RECHECK_EVERY` samples arrived or an OOM was counted since
+        the last time (cheap: the cached fit, the current floor); the transient fit itself is
+        redone only when a bucket maximum changed and :data:`REFIT_EVERY` samples arrived.
+        """
         track = self._track
-        if track.builder.samples - self._fitted_at >= REFIT_EVERY:
-            self._fitted_at = track.builder.samples
-            model = track.builder.model()
-            tokens, _ = model.max_tokens(LOW_HEADROOM_FRACTION)
-            self._figures = {
-                "max_tokens_per_step": tokens,
-                "tokens_per_step_max_observed": model.tokens_seen_max,
-                "readiness": rank_readiness(track, _CONFIG).verdict,
-            }
+        builder = track.builder
+        if builder.samples - self._checked_at < RECHECK_EVERY and track.ooms == self._ooms_seen:
+            return self._figures
+        self._checked_at, self._ooms_seen = builder.samples, track.ooms
+        if self._fit is None or (builder.version != self._fit_version
+                                 and builder.samples - self._fitted_at >= REFIT_EVERY):
+            self._fit, self._fit_version, self._fitted_at = builder.fit(), builder.version, builder.samples
+        model = builder.model(self._fit, timing=False)
+        tokens, _ = model.max_tokens(LOW_HEADROOM_FRACTION)
+        self._figures = {
+            "max_tokens_per_step": tokens,
+            "tokens_per_step_max_observed": model.tokens_seen_max,
+            "readiness": rank_readiness(track, _CONFIG).verdict,
+        }
         return self._figures
 
     def summary(self) -> dict[str, Any]:
         return {**self._track.engine.summary(), **self.figures()}
 
 
-__all__ = ["REFIT_EVERY", "DecisionEngine"]
+__all__ = ["RECHECK_EVERY", "REFIT_EVERY", "DecisionEngine"]

@@ -176,8 +176,10 @@ class RankModelBuilder:
     world_size: int | None = None
     step: int | None = None
     tokens_last: int | None = None
+    tokens_max: int | None = None  # largest tokens of this run's own samples
     train_transient_max: int = 0
     samples: int = 0
+    version: int = 0  # bumped when a bucket or phase maximum changes: the fit is stale
 
     def update(self, sample: dict[str, Any]) -> None:
         """Fold one schema-1 sample in: O(1), no allocation beyond the bounded buckets."""
@@ -202,7 +204,9 @@ class RankModelBuilder:
         transient = peak - allocated if peak > allocated else 0
         if sample["phase"] != "train":
             entry = self.phase_max.setdefault(sample["phase"], [0, 0])
-            entry[0] = max(entry[0], transient)
+            if transient > entry[0]:
+                entry[0] = transient
+                self.version += 1
             entry[1] += 1
             return
         if allocated > self.block_floor:
@@ -225,12 +229,16 @@ class RankModelBuilder:
         tokens = sample.get("tokens")
         if tokens:
             self.tokens_last = tokens
+            if self.tokens_max is None or tokens > self.tokens_max:
+                self.tokens_max = tokens
             key = int(math.log(tokens) * _INV_LOG_WIDTH)  # _fold, inlined: the per-sample path
             entry = self.buckets.get(key)
             if entry is None:
                 self.buckets[key] = _Bucket(tokens, transient)
+                self.version += 1
             elif transient > entry.transient:
                 entry.tokens, entry.transient = tokens, transient
+                self.version += 1
         elif transient > self.no_token_max:
             self.no_token_max = transient
 
@@ -239,11 +247,16 @@ class RankModelBuilder:
         for b in (*other.buckets.values(), *other.reference_buckets.values()):
             _fold(self.reference_buckets, b.tokens, b.transient)
 
-    def model(self) -> RankModel:
-        """Fit and freeze the model: O(buckets²) for the Theil-Sen slope (buckets ≤ a few hundred)."""
-        own = list(self.buckets.values())
-        points = own + list(self.reference_buckets.values())
-        fit = fit_transient(points, across_runs=bool(self.reference_buckets))
+    def fit(self) -> TransientFit:
+        """The transient fit on the current buckets: O(buckets) plus Theil-Sen on ≤ MAX_FIT_POINTS."""
+        points = list(self.buckets.values()) + list(self.reference_buckets.values())
+        return fit_transient(points, across_runs=bool(self.reference_buckets))
+
+    def model(self, fit: TransientFit | None = None, *, timing: bool = True) -> RankModel:
+        """Freeze the model; ``fit`` reuses an earlier :meth:`fit` (the floor, slack and
+        outside figures are always current). O(phases + window blocks) given a fit; ``timing``
+        adds the median step time (a sort of the latest 256)."""
+        fit = fit if fit is not None else self.fit()
         floor = max((*self.floors, self.block_floor, 0))
         outsides = (*self.outsides, *((self.block_outside,) if self.block_outside >= 0 else ()))
         outside = max(outsides, default=0)
@@ -253,9 +266,9 @@ class RankModelBuilder:
             outside_bytes=outside, outside_measured=bool(outsides), slack_bytes=slack, train=fit,
             train_transient_bytes=self.train_transient_max,
             phases=tuple(PhaseNeed(name, v[0], v[1]) for name, v in sorted(self.phase_max.items())),
-            tokens_seen_max=max((b.tokens for b in own), default=None), tokens_last=self.tokens_last,
+            tokens_seen_max=self.tokens_max, tokens_last=self.tokens_last,
             world_size=self.world_size, step=self.step,
-            step_time_s=median(list(self.step_times)) if self.step_times else None,
+            step_time_s=median(self.step_times) if timing and self.step_times else None,
         )
 
 
@@ -271,7 +284,15 @@ def _fold(buckets: dict[int, _Bucket], tokens: int, transient: int) -> None:
         entry.tokens, entry.transient = tokens, transient
 
 
+#: Theil-Sen runs on at most this many bucket maxima (evenly spread over the token range):
+#: O(n²) pairs, so the fit stays well under a millisecond whatever the bucket count.
+MAX_FIT_POINTS = 48
+
+
 def _theil_sen(points: list[_Bucket]) -> float:
+    if len(points) > MAX_FIT_POINTS:
+        stride = len(points) / MAX_FIT_POINTS
+        points = [points[int(i * stride)] for i in range(MAX_FIT_POINTS)] + [points[-1]]
     slopes = [
         (b.transient - a.transient) / (b.tokens - a.tokens)
         for i, a in enumerate(points)
