@@ -262,3 +262,26 @@ def test_decision_engine_is_a_drop_in_trend_engine_with_the_figures() -> None:
     live = LiveState()
     live.ingest(samples[:10])
     assert isinstance(live.snapshot()[0].engine, DecisionEngine)
+
+
+def test_an_oomed_step_bounds_the_batch_instead_of_joining_the_envelope() -> None:
+    # the activations are 30 % larger than the device allows for the longest batches
+    obs = run_of("varlen", steps=3000, act_frac=0.62, ckpt_every=0)
+    track = obs.tracks()[0]
+    assert track.ooms == 1
+    model = track.builder.model()
+    # the process died there: the truth is the one of that moment (warm-up not over)
+    truth = token_truth("varlen", seed=1, act_frac=0.62, ckpt_every=0, at_step=track.last_step)
+    assert model.oom_tokens is not None and model.oom_tokens > truth.max_tokens(0.0)
+    # the OOM sample's capped peak did not bend the envelope: the fit still matches the truth
+    assert model.max_tokens(0.05)[0] == pytest.approx(truth.max_tokens(0.05), rel=0.03)
+    assert model.max_tokens(0.0)[0] < model.oom_tokens
+    result = advise(obs)
+    assert result.action == "lower" and result.readiness.causes[0] == "oom"
+
+
+def test_a_phase_that_ooms_leaves_no_batch() -> None:
+    obs = run_of("varlen", steps=1500, ckpt_above_frac=0.2)
+    model = obs.tracks()[0].builder.model()
+    assert model.oom_phases == ("checkpoint",)
+    assert model.max_tokens(0.05) == (0, "checkpoint")

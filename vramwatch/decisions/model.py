@@ -107,6 +107,8 @@ class RankModel:
     world_size: int | None
     step: int | None
     step_time_s: float | None  # median of recent train steps
+    oom_tokens: int | None = None  # fewest tokens of a train step that hit an OOM (a hard ceiling)
+    oom_phases: tuple[str, ...] = ()  # phases that hit an OOM (their need is unknown: above the device)
 
     def _fixed(self) -> int:
         return self.floor_bytes + self.slack_bytes + self.outside_bytes
@@ -137,13 +139,18 @@ class RankModel:
         """
         if not self.total_bytes:
             return None, "train"  # device size unknown: nothing to fit into
+        if self.oom_phases:
+            return 0, self.oom_phases[0]
         limit = self.total_bytes * (1.0 - margin)
         for p in self.phases:
             if self._fixed() + p.transient_bytes > limit:
                 return 0, p.phase
         if not self.train.usable:
             return None, "train"
-        return self.train.tokens_for(limit - self._fixed()), "train"
+        tokens = self.train.tokens_for(limit - self._fixed())
+        if self.oom_tokens is not None and tokens >= self.oom_tokens:
+            return self.oom_tokens - 1, "train"  # what was seen to fail bounds what the fit says
+        return tokens, "train"
 
 
 @dataclass
@@ -180,6 +187,9 @@ class RankModelBuilder:
     train_transient_max: int = 0
     samples: int = 0
     version: int = 0  # bumped when a bucket or phase maximum changes: the fit is stale
+    inc_ooms: int = 0  # the process's OOM counter at the previous sample
+    oom_tokens: int | None = None
+    oom_phases: list[str] = field(default_factory=list)
 
     def update(self, sample: dict[str, Any]) -> None:
         """Fold one schema-1 sample in: O(1), no allocation beyond the bounded buckets."""
@@ -193,6 +203,7 @@ class RankModelBuilder:
             self.block_floor = self.block_outside = -1
             self.block_fill = 0
             self.inc_peak = 0
+            self.inc_ooms = 0
             self.run, self.host, self.rank = sample["run"], sample["host"], sample["rank"]
             self.world_size = sample.get("world_size", self.world_size)
             self.total = sample["total_bytes"] or self.total
@@ -202,6 +213,12 @@ class RankModelBuilder:
         if peak > self.inc_peak:
             self.inc_peak = peak
         transient = peak - allocated if peak > allocated else 0
+        if sample["ooms"] > self.inc_ooms:
+            # the allocation failed: this peak is the device's ceiling, not the step's demand;
+            # it bounds what fits instead of joining the envelope
+            self.inc_ooms = sample["ooms"]
+            self._oom(sample)
+            return
         if sample["phase"] != "train":
             entry = self.phase_max.setdefault(sample["phase"], [0, 0])
             if transient > entry[0]:
@@ -242,6 +259,19 @@ class RankModelBuilder:
         elif transient > self.no_token_max:
             self.no_token_max = transient
 
+    def _oom(self, sample: dict[str, Any]) -> None:
+        phase = sample["phase"]
+        tokens = sample.get("tokens")
+        if phase != "train":
+            if phase not in self.oom_phases:
+                self.oom_phases.append(phase)
+        elif tokens:
+            if self.oom_tokens is None or tokens < self.oom_tokens:
+                self.oom_tokens = tokens
+            if self.tokens_max is None or tokens > self.tokens_max:
+                self.tokens_max = tokens  # the run did ask for this batch
+        self.version += 1
+
     def merge_tokens(self, other: RankModelBuilder) -> None:
         """Take ``other``'s token buckets as reference points (the same job at another batch)."""
         for b in (*other.buckets.values(), *other.reference_buckets.values()):
@@ -269,6 +299,7 @@ class RankModelBuilder:
             tokens_seen_max=self.tokens_max, tokens_last=self.tokens_last,
             world_size=self.world_size, step=self.step,
             step_time_s=median(self.step_times) if timing and self.step_times else None,
+            oom_tokens=self.oom_tokens, oom_phases=tuple(self.oom_phases),
         )
 
 
