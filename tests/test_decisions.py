@@ -285,3 +285,11 @@ def test_a_phase_that_ooms_leaves_no_batch() -> None:
     model = obs.tracks()[0].builder.model()
     assert model.oom_phases == ("checkpoint",)
     assert model.max_tokens(0.05) == (0, "checkpoint")
+
+
+def test_gate_names_a_phase_only_the_candidate_has() -> None:
+    base = run_of("varlen", steps=1500, seed=3)
+    cand = run_of("varlen_eval", steps=1500, seed=3, act_frac=0.36, act_fixed_frac=0.03, eval_act_frac=0.40)
+    result = gate(base, cand, 0.03)
+    assert result.passed, result.line
+    assert any("phase eval" in a for a in result.added) and "candidate adds peak_bytes rank 0 phase eval" in result.line

@@ -23,6 +23,7 @@ class GateResult:
     worst: Metric | None  # the figure that grew most (None when nothing comparable)
     failures: tuple[Metric, ...]
     missing: tuple[str, ...]  # baseline figures the candidate lacks
+    added: tuple[str, ...] = ()  # candidate figures the baseline lacks (a new phase)
 
 
 def gate(baseline: RunObservation, candidate: RunObservation, max_growth: float = DEFAULT_MAX_GROWTH) -> GateResult:
@@ -32,6 +33,8 @@ def gate(baseline: RunObservation, candidate: RunObservation, max_growth: float 
     comparable = [m for m in memory if m.growth is not None]
     missing = tuple(f"{m.name} rank {m.rank} phase {m.phase}" for m in memory if m.a is not None and m.b is None)
     missing += tuple(f"rank {r}" for r in cmp.ranks_only_in_a)
+    added = tuple(f"{m.name} rank {m.rank} phase {m.phase} ({(m.b or 0) / 1e9:.2f} GB)"
+                  for m in memory if m.a is None and m.b is not None)
     failures = tuple(sorted((m for m in comparable if (m.growth or 0) > max_growth),
                             key=lambda m: -(m.growth or 0)))
     worst = max(comparable, key=lambda m: m.growth or 0, default=None)
@@ -47,7 +50,9 @@ def gate(baseline: RunObservation, candidate: RunObservation, max_growth: float 
             f"within {max_growth:.1%}") if worst else "PASS"
     if missing:
         line += f"; candidate lacks {', '.join(missing[:3])}"
-    return GateResult(True, line, worst, (), missing)
+    if added:  # new memory the baseline never needed: not a growth, but worth a look
+        line += f"; candidate adds {', '.join(added[:3])}"
+    return GateResult(True, line, worst, (), missing, added)
 
 
 __all__ = ["DEFAULT_MAX_GROWTH", "GateResult", "gate"]
