@@ -188,7 +188,7 @@ def advise(
     world = obs.world_size
     max_tokens = binding.max_tokens if binding else None
     target = project(models, target_tokens, margin) if target_tokens else None
-    action, text = _recommend(obs, readiness, models, caps, binding, world, margin)
+    action, text = _recommend(readiness, models, binding, world, margin)
     return Advice(obs.run, margin, readiness, tuple(caps), tuple(models), max_tokens,
                   None if max_tokens is None else max_tokens * world, binding.rank if binding else None,
                   world, target, action, text)
@@ -199,10 +199,8 @@ def _pct(x: float) -> str:
 
 
 def _recommend(
-    obs: RunObservation,
     readiness: Readiness,
     models: list[RankModel],
-    caps: list[RankCapacity],
     binding: RankCapacity | None,
     world: int,
     margin: float,
@@ -253,14 +251,14 @@ def _recommend(
                         f"within the model's uncertainty ({_pct(model.train.uncertainty_frac)}, {how}) of the "
                         "current batch.")
     projected = project(models, suggestion, margin)
-    room = projected.headroom_bytes / projected_total(models, projected.rank) if projected else 0.0
+    room = projected.headroom_bytes / _total_of(models, projected.rank) if projected else 0.0
     where = f"rank {projected.rank} at the {projected.phase} phase" if projected else f"rank {binding.rank}"
     return "raise", (f"Raise to {suggestion:,} tokens per step per rank ({suggestion * world:,} global, "
                      f"+{_pct(suggestion / current - 1)}): still {_pct(room)} headroom at the worst phase "
                      f"({where}).")
 
 
-def projected_total(models: list[RankModel], rank: int) -> int:
+def _total_of(models: list[RankModel], rank: int) -> int:
     return next(m.total_bytes for m in models if m.rank == rank)
 
 
