@@ -293,3 +293,13 @@ def test_gate_names_a_phase_only_the_candidate_has() -> None:
     result = gate(base, cand, 0.03)
     assert result.passed, result.line
     assert any("phase eval" in a for a in result.added) and "candidate adds peak_bytes rank 0 phase eval" in result.line
+
+
+def test_two_batch_settings_are_enough_for_an_across_run_line_with_a_stated_uncertainty() -> None:
+    obs = run_of("fixed")
+    other = run_of("fixed", tokens_per_step=16384, seed=2)
+    result = advise(obs, references=[other])
+    truth = token_truth("fixed", seed=0)
+    cap = result.ranks[0]
+    assert cap.fit_method == "across_runs" and cap.uncertainty_frac == 0.10
+    assert result.max_tokens_per_step == pytest.approx(truth.max_tokens(0.05), rel=0.02)

@@ -39,6 +39,9 @@ MIN_SPREAD = 1.05
 PROPORTIONAL_UNCERTAINTY = 0.25
 #: Smallest stated uncertainty of a fit that extrapolates (no fit is exact beyond its data).
 MIN_UNCERTAINTY = 0.02
+#: Stated uncertainty of a fit the hold-out check could not test (too few token settings, e.g.
+#: two or three runs at different batches): the line passes through them, nothing checks its shape.
+UNCHECKED_UNCERTAINTY = 0.10
 #: The hold-out check fits the lower part of the token range and predicts the top part.
 HOLDOUT_SPLIT = 0.7
 
@@ -349,7 +352,8 @@ def fit_transient(points: list[_Bucket], *, across_runs: bool = False, force: st
     if not points:
         return TransientFit("none", 0.0, 0.0, 0, None, None, None, None, 1.0)
     lo, hi = points[0].tokens, points[-1].tokens
-    if len(points) < 3 or hi < lo * MIN_SPREAD or force == "proportional":
+    fewest = 2 if across_runs else 3  # two batch settings determine a line; one run's buckets need more
+    if len(points) < fewest or hi < lo * MIN_SPREAD or force == "proportional":
         # tokens never varied: the transient is assumed to scale with them
         best = max(points, key=lambda b: b.transient)
         return TransientFit("proportional", 0.0, best.transient / best.tokens, len(points), lo, hi,
@@ -367,7 +371,8 @@ def fit_transient(points: list[_Bucket], *, across_runs: bool = False, force: st
         if quad[2] > 0 and holdout < -2 * quad_residual:
             coef, method, residual = quad, "envelope_quadratic", quad_residual
             holdout = _holdout_error(points, _envelope_quadratic)
-    uncertainty = max(MIN_UNCERTAINTY, residual, abs(holdout) if holdout is not None else 0.0)
+    floor = MIN_UNCERTAINTY if holdout is not None else UNCHECKED_UNCERTAINTY
+    uncertainty = max(floor, residual, abs(holdout) if holdout is not None else 0.0)
     return TransientFit(method, coef[0], coef[1], len(points), lo, hi, round(residual, 5),
                         None if holdout is None else round(holdout, 5), round(uncertainty, 5), coef[2])
 
