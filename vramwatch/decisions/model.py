@@ -336,9 +336,32 @@ def _theil_sen(points: list[_Bucket]) -> float:
     return median(slopes) if slopes else 0.0
 
 
+def _upper_hull(points: list[_Bucket]) -> list[_Bucket]:
+    """Vertices of the upper convex hull of points sorted by tokens (monotone chain, O(n))."""
+    hull: list[_Bucket] = []
+    for p in points:
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            # drop b when it lies on or under the segment a -> p
+            rise_ab, rise_ap = b.transient - a.transient, p.transient - a.transient
+            if (b.tokens - a.tokens) * rise_ap >= (p.tokens - a.tokens) * rise_ab:
+                hull.pop()
+            else:
+                break
+        hull.append(p)
+    return hull
+
+
 def _envelope(points: list[_Bucket]) -> tuple[float, float, float]:
-    """(intercept, slope, 0) of the upper envelope: robust slope, no point above the line."""
-    slope = max(0.0, _theil_sen(points))
+    """(intercept, slope, 0) of the upper envelope, no point above the line.
+
+    The slope is Theil-Sen over the vertices of the upper convex hull: the buckets that
+    carry the worst batch composition at their token count (the cloud below them, e.g.
+    shorter sequences at equal tokens, does not pull the slope down), robust to one vertex
+    an outlier made.
+    """
+    hull = _upper_hull(points)
+    slope = max(0.0, _theil_sen(hull if len(hull) >= 2 else points))
     intercept = max(p.transient - slope * p.tokens for p in points)
     return intercept, slope, 0.0
 
