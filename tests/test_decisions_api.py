@@ -75,3 +75,15 @@ def test_run_names_with_slashes_reach_the_advice_route(client) -> None:
     r = client.get("/api/v1/runs/team/exp-1/advice")
     assert r.status_code == 200, r.text
     assert r.json()["run"] == "team/exp-1" and r.json()["readiness"]["verdict"] == "not_ready"
+
+
+def test_advice_route_takes_reference_runs(client) -> None:
+    post(client, token_trace("fixed", steps=800, run="ref-main", seed=1))
+    post(client, token_trace("fixed", steps=400, run="ref-small", seed=2, tokens_per_step=16384))
+    alone = client.get("/api/v1/runs/ref-main/advice").json()
+    both = client.get("/api/v1/runs/ref-main/advice", params={"reference": "ref-small"}).json()
+    assert alone["ranks"][0]["fit"] == "proportional" and both["ranks"][0]["fit"] == "across_runs"
+    truth = token_truth("fixed", seed=1)
+    assert both["max_tokens_per_step"] == pytest.approx(truth.max_tokens(0.05), rel=0.02)
+    missing = client.get("/api/v1/runs/ref-main/advice", params={"reference": "nope"})
+    assert missing.status_code == 404 and "reference" in missing.text

@@ -31,10 +31,10 @@ Tokens = Annotated[int | None, Query(ge=1, le=2**53)]
 Steps = Annotated[int, Query(ge=0, le=2**53)]
 
 
-def _version(request: Request, run: str) -> int:
+def _version(request: Request, run: str, field: str = "run") -> int:
     states = request.app.state.live.for_run(run)
     if not states:
-        raise HTTPException(404, f"run: no run named {run!r}")
+        raise HTTPException(404, f"{field}: no run named {run!r}")
     return sum(s.samples for s in states)
 
 
@@ -67,12 +67,20 @@ def advice(
     target_tokens: Tokens = None,
     plateau_steps: Steps = 2000,
     checkpoints: Annotated[int, Query(ge=0, le=10_000)] = 1,
+    reference: Annotated[list[str] | None, Query(max_length=8)] = None,
 ) -> dict[str, Any]:
-    """Readiness, largest tokens per step that fit, a target's projection and the recommendation."""
-    key = ("advice", id(request.app), run, _version(request, run), margin, target_tokens, plateau_steps, checkpoints)
+    """Readiness, largest tokens per step that fit, a target's projection and the recommendation.
+
+    ``reference`` (repeatable): runs of the same job at other batch settings, for the token fit.
+    """
+    refs = tuple(reference or ())
+    versions = tuple(_version(request, r, "reference") for r in refs)
+    key = ("advice", id(request.app), run, _version(request, run), margin, target_tokens, plateau_steps, checkpoints,
+           refs, versions)
     config = ReadinessConfig(plateau_steps=plateau_steps, checkpoints=checkpoints, margin=margin)
     return _cached(key, lambda: advise(_observe(request, run), margin=margin, target_tokens=target_tokens,
-                                       readiness_config=config).as_dict())
+                                       readiness_config=config,
+                                       references=[_observe(request, r) for r in refs]).as_dict())
 
 
 @router.get("/api/v1/compare")
