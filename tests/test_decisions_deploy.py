@@ -67,3 +67,25 @@ def test_rule_group_is_self_contained_and_keeps_its_guard(tmp_path) -> None:
     weakened = run_promtool("test", "rules", str(tmp_path / "tests" / "t.yml"))
     assert weakened.returncode != 0
     assert ALERT in weakened.stdout + weakened.stderr and "noisy plateau" in weakened.stdout + weakened.stderr
+
+
+def test_the_shipped_rule_fires_on_the_tight_rank_of_a_simulated_run(tmp_path) -> None:
+    """The real LiveState's /metrics, once a simulated minute, through promtool with the shipped rules."""
+    from test_prometheus_rules_simulated import T0, exported_from, fired_ranks, input_series, run_group
+
+    from vramwatch.decisions.scenarios import token_trace as trace
+
+    samples = trace("varlen", steps=3000, run="tok", rank=0, seed=1, start_ts=T0, world_size=2)
+    samples += trace("varlen", steps=3000, run="tok", rank=1, seed=2, start_ts=T0, world_size=2, act_frac=0.49)
+    series, minutes = exported_from(samples)
+    assert any(s.startswith("vramwatch_max_tokens_per_step{") for s in series)
+    checks = [{"eval_time": f"{minutes}m", "alertname": alert, "exp_alerts": []}
+              for alert in _alerts()]
+    rc, output, _ = run_group(tmp_path, {"name": "tokens", "interval": "1m", "input_series": input_series(series),
+                                         "alert_rule_test": checks})
+    assert rc != 0  # expecting silence makes promtool print what fired
+    assert fired_ranks(output) == {ALERT: {"1"}}, output[-3000:]
+
+
+def _alerts() -> list[str]:
+    return [r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
