@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vramwatch.probe.simulated import H200_TOTAL_BYTES, _rank_seed, _RankModel, scenario_params, simulate_trace
+from vramwatch.probe.simulated import H200_TOTAL_BYTES, rank_model, scenario_params, simulate_trace
 
 _SEGMENT = 2 * 1024 * 1024
 
@@ -105,7 +105,7 @@ def token_truth(name: str, *, rank: int = 0, seed: int = 0, total_bytes: int = H
     """Truth for one rank of a token scenario, read off the simulator's model at ``at_step``."""
     base, params = token_params(name, **overrides)
     p = scenario_params(base, **params)
-    model = _RankModel(p, total_bytes, rank, _rank_seed(seed, rank))
+    model = rank_model(base, rank=rank, seed=seed, total_bytes=total_bytes, **params)
     floor = model.floor(at_step)
     ref = model.tokens_ref
     phases: dict[str, float] = {}

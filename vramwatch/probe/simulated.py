@@ -559,6 +559,16 @@ def scenario_truth(
     return truth
 
 
+def rank_model(
+    scenario: str, *, rank: int = 0, seed: int = 0, total_bytes: int = H200_TOTAL_BYTES, **params: Any
+) -> _RankModel:
+    """The model ``simulate_trace`` drives for this rank and seed, unadvanced: its deterministic
+    parts (``floor(step)``, ``act``, ``ctx``, ``waste(step)``, ...) are the ground truth that
+    vramwatch.decisions.scenarios scores against."""
+    p = scenario_params(scenario, **params)
+    return _RankModel(p, total_bytes, rank, _rank_seed(seed, rank))
+
+
 def probe_from_env(**kwargs: Any) -> SimulatedProbe:
     """A probe configured by VRAMWATCH_SIM_SCENARIO / VRAMWATCH_SIM_SEED when set."""
     scenario = os.environ.get("VRAMWATCH_SIM_SCENARIO", kwargs.pop("scenario", "healthy"))
