@@ -15,8 +15,6 @@ from typing import Any
 
 from vramwatch.probe.simulated import H200_TOTAL_BYTES, rank_model, scenario_params, simulate_trace
 
-_SEGMENT = 2 * 1024 * 1024
-
 #: name -> (base scenario, token parameters). KoHRM-like: 16k-22.5k local token slots.
 TOKEN_SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
     # variable-length batches (padding-free packing with a cap): tokens 35-100 % of the cap
