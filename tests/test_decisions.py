@@ -13,7 +13,7 @@ from vramwatch.decisions.model import BUCKET_WIDTH, PROPORTIONAL_UNCERTAINTY, Ra
 from vramwatch.decisions.observe import RunObservation, observe
 from vramwatch.decisions.readiness import ReadinessConfig, plateau_held_steps, run_readiness
 from vramwatch.decisions.scenarios import regression_overrides, token_trace, token_truth
-from vramwatch.probe.simulated import simulate_trace
+from vramwatch.probe.simulated import SCENARIOS, simulate_trace
 
 
 def run_of(name: str, steps: int = 4000, ranks: int = 1, seed: int = 1, **overrides) -> RunObservation:
@@ -303,3 +303,15 @@ def test_two_batch_settings_are_enough_for_an_across_run_line_with_a_stated_unce
     cap = result.ranks[0]
     assert cap.fit_method == "across_runs" and cap.uncertainty_frac == 0.10
     assert result.max_tokens_per_step == pytest.approx(truth.max_tokens(0.05), rel=0.02)
+
+
+@pytest.mark.parametrize("scenario", sorted(set(SCENARIOS) - {"demo", "multi_rank"}))
+def test_every_simulator_scenario_gets_a_sentence_with_numbers(scenario: str) -> None:
+    obs = observe(simulate_trace(scenario, steps=3000, run="s", seed=2, tokens_per_step=8192, seq_min=0.5))["s"]
+    result = advise(obs, target_tokens=9000)
+    doc = result.as_dict()
+    assert doc["action"] in ("raise", "hold", "lower") and doc["recommendation"].endswith(".")
+    assert re.search(r"\d", doc["recommendation"])
+    assert doc["readiness"]["verdict"] in ("ready", "not_ready", "unsafe")
+    if doc["max_tokens_per_step"] is not None:
+        assert doc["max_tokens_per_step"] >= 0 and doc["target"] is not None
