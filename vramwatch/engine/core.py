@@ -84,6 +84,8 @@ class TrendEngine:
         self.fragmentation = FragmentationDetector()
         self.fragmentation.reset(step)
         self.spikes.reset()
+        self._signal = signal  # read per sample: one attribute, not two
+        self._spike_threshold = self.spikes.threshold  # mirrors spikes.threshold (synced where it changes)
         self._last_step = -1
         self._blk_start = step
         self._blk_end = step  # the first sample opens a block
@@ -129,7 +131,7 @@ class TrendEngine:
             or sample.get("incarnation") != self._incarnation
         ) and not self._admit(sample, step, out):
             return out
-        signal = self.ctx.signal
+        signal = self._signal
         level = allocated if signal == "allocated" else reserved if signal == "reserved" else used
         if level is None:
             return out  # the judged level is not measured in this sample: nothing to fold
@@ -156,7 +158,7 @@ class TrendEngine:
                 self._b_peak = peak
             elif peak > self._b_peak2:
                 self._b_peak2 = peak  # a lone spike is the block's top; the runner-up is a normal batch
-            if peak - level > self.spikes.threshold:  # judged above the floor, so a leak is no spike
+            if peak - level > self._spike_threshold:  # judged above the floor, so a leak is no spike
                 event = self.spikes.unmarked(self.ctx, sample, self.state == "plateau")
                 if event is not None:
                     self._emit(event, out)
@@ -228,6 +230,7 @@ class TrendEngine:
         if self.state == "plateau":
             self.spikes.on_block(ctx, block)
         self._evaluate(step, block, out)
+        self._spike_threshold = self.spikes.threshold  # on_block and _set_levels may have moved it
 
     # ------------------------------------------------------------------ the state machine
     def _evaluate(self, step: int, block: Block, out: list[dict[str, Any]]) -> None:
