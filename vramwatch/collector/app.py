@@ -195,6 +195,9 @@ def create_app(settings: Settings) -> FrontDoor:
     views = _views()
     if views is not None:
         app.include_router(views.router, dependencies=[Depends(require_read_auth)])
+    from vramwatch.collector.routes_decisions import router as decisions_router
+
+    app.include_router(decisions_router, dependencies=[Depends(require_read_auth)])
     app.include_router(pages.router)
     pages.mount_static(app)
     return FrontDoor(app, allowed_hosts_for(settings))

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramwatch import verdicts
-from vramwatch.engine import TrendEngine
 from vramwatch.wire import Sample, fully_measured
 
 SeriesKey = tuple[str, str, int]
@@ -161,10 +160,18 @@ class RetiredRun:
     row: dict[str, Any]
 
 
+def collector_engine() -> Any:
+    """The collector's per-series engine: the trend engine plus the decision figures
+    (largest tokens per step, readiness; vramwatch.decisions.live)."""
+    from vramwatch.decisions.live import DecisionEngine
+
+    return DecisionEngine()
+
+
 class LiveState:
     """Thread-safe map of series → state. ``ingest`` is called by the single writer."""
 
-    def __init__(self, engine_factory: Callable[[], Any] = TrendEngine) -> None:
+    def __init__(self, engine_factory: Callable[[], Any] = collector_engine) -> None:
         self._engine_factory = engine_factory
         self._series: dict[SeriesKey, SeriesState] = {}
         self._ranks_per_run: dict[str, int] = {}
@@ -264,9 +271,12 @@ class LiveState:
         self._series[key] = state
         self._unfrozen += 1
         if self._unfrozen >= GC_FREEZE_EVERY:
-            # engines are long-lived and free of cycles: move them out of the collector's
-            # sight, so a full collection scans only what is new (at 20,000 series a gen-2
-            # pass otherwise holds the GIL for ~1.6 s: /healthz stalls)
+            # engines are long-lived and hold no reference cycles (checked: forgetting a run
+            # leaves no cyclic garbage): move them out of the collector's sight, so a full
+            # collection scans only what is new (at 20,000 series a gen-2 pass otherwise
+            # holds the GIL for ~1.6 s: /healthz stalls). The young generations are
+            # collected first so that no transient cyclic garbage is frozen with them.
+            gc.collect(1)
             gc.freeze()
             self._unfrozen = 0
         self._ranks_per_run[key[0]] = self._ranks_per_run.get(key[0], 0) + 1
