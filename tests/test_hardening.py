@@ -481,3 +481,22 @@ def test_forgetting_a_run_leaves_no_cyclic_garbage() -> None:
     gc.collect()
     live.forget(["run-a"])
     assert gc.collect() == 0
+
+
+def test_a_finished_run_leaves_memory_but_stays_listed_and_readable(tmp_path) -> None:
+    now = time.time()
+    with BackgroundServer(str(tmp_path / "vw.db"), finished_after_s=1.0, maintenance_interval_s=0.2,
+                          checkpoint_interval_s=0.2) as srv, httpx.Client(base_url=srv.url, timeout=30) as client:
+        samples = [make_sample(i, rank=r, ts=now - 40 + i * 0.1) for r in range(4) for i in range(300)]
+        assert client.post("/api/v1/samples", content=ndjson(samples), headers=NDJSON).status_code == 200
+        assert client.get("/healthz").json()["series"] == 4
+        deadline = time.monotonic() + 10
+        while client.get("/healthz").json()["series"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert client.get("/healthz").json()["series"] == 0  # evicted
+        runs = client.get("/api/v1/runs").json()
+        assert [(r["run"], r["status"], r["ranks"]) for r in runs] == [("run-a", "finished", 4)]
+        ranks = client.get("/api/v1/runs/run-a/ranks").json()  # rebuilt from the database
+        assert [r["rank"] for r in ranks] == [0, 1, 2, 3] and ranks[0]["last_step"] == 299
+        assert client.get("/api/v1/runs/run-a/advice").status_code == 200
+        assert client.get("/healthz").json()["series"] == 0  # the rebuild is not live state

@@ -312,17 +312,20 @@ class LiveState:
 
     def evict_quiet(self, cutoff: float, now: float | None = None) -> list[str]:
         """Drop the live state of runs with no sample received since ``cutoff``; each leaves
-        a :class:`RetiredRun` row for the runs list. Returns the runs evicted."""
+        a :class:`RetiredRun` row for the runs list (its status judged as a run that has
+        stopped: finished or crashed). Returns the runs evicted. O(series)."""
         now = time.time() if now is None else now
-        newest: dict[str, float] = {}
+        by_run: dict[str, list[SeriesState]] = {}
         for state in self.snapshot():
-            newest[state.run] = max(newest.get(state.run, 0.0), state.last_seen)
-        quiet = [run for run, seen in newest.items() if seen < cutoff]
+            by_run.setdefault(state.run, []).append(state)
+        quiet = [run for run, states in by_run.items() if max(s.last_seen for s in states) < cutoff]
         for run in quiet:
-            rows = self._summaries(self.for_run(run), now)
+            states = by_run[run]
+            stopped = max(now, max(s.last_seen for s in states) + verdicts.SILENT_AFTER_S + 1.0)
+            rows = self._summaries(states, stopped)
             with self._lock:
-                for key in [k for k in self._series if k[0] == run]:
-                    del self._series[key]
+                for state in states:
+                    self._series.pop(state.key, None)
                 self._ranks_per_run.pop(run, None)
                 if rows:
                     self._retired[run] = RetiredRun(rows[0])
