@@ -500,3 +500,16 @@ def test_a_finished_run_leaves_memory_but_stays_listed_and_readable(tmp_path) ->
         assert [r["rank"] for r in ranks] == [0, 1, 2, 3] and ranks[0]["last_step"] == 299
         assert client.get("/api/v1/runs/run-a/advice").status_code == 200
         assert client.get("/healthz").json()["series"] == 0  # the rebuild is not live state
+
+
+def test_wide_samples_are_bounded_by_a_field_budget_not_only_a_count() -> None:
+    from vramwatch.collector.body import VALUES_PER_SAMPLE, BodyTooLargeError, decode_body
+
+    wide = {f"m{k}": 1.5 for k in range(64)}
+    body = ndjson([make_sample(i, extra=wide) for i in range(5000)])
+    with pytest.raises(BodyTooLargeError, match="split the batch"):
+        decode_body(body, gzipped=False, max_decompressed=1 << 26, max_samples=5000)
+    # a hook's ordinary samples use well under the budget: the full count passes
+    plain = decode_body(ndjson([make_sample(i) for i in range(5000)]), gzipped=False, max_decompressed=1 << 26,
+                        max_samples=5000)
+    assert len(plain.samples) == 5000 and len(make_sample(0)) < VALUES_PER_SAMPLE

@@ -13,12 +13,14 @@ Guarantees (docs/reliability.md, "memory per request"):
 * a JSON array (``[...]``) is decoded whole, so it may be at most :data:`MAX_ARRAY_BYTES`
   once inflated (about 10,000 typical samples; NDJSON has no such cap);
 * each decoded item is validated at once; valid samples are kept (they are the batch), an
-  invalid one is counted and at most ``max_errors`` of them are described.
+  invalid one is counted and at most ``max_errors`` of them are described;
+* the kept samples may hold at most :data:`VALUES_PER_SAMPLE` x ``max_samples`` fields and
+  extra keys in all (413 past it: the hook halves the batch).
 
 Peak memory of one request is then about: the raw body (at most ``max_body_bytes``) +
 one block and its decoded objects (at most ~10 MB for a hostile block of tiny values) +
-the kept valid samples (~1.7 KB each, at most ``max_samples``; bounded by
-``max_decompressed`` as well) — under 256 MB with the defaults (bench/attack_bench.py
+the kept valid samples (~1.7 KB for a typical sample; at most 1.6 M fields in all,
+about 130 MB whatever their shape) — under 256 MB with the defaults (bench/attack_bench.py
 measures it).
 """
 
@@ -39,6 +41,10 @@ from vramwatch.wire import Sample, WireError, validate
 BLOCK_BYTES = 256 * 1024
 #: longest NDJSON line (a valid sample is well under 8 KB, even with 64 extra keys)
 MAX_LINE_BYTES = 64 * 1024
+#: the kept samples' fields plus extra keys may be at most this many per allowed sample
+#: (a hook's sample has 15-30 fields): 50,000 samples with 64 extra keys each would be
+#: ~350 MB of Python objects; the budget stops such a body at ~17,000 (413: split)
+VALUES_PER_SAMPLE = 32
 #: largest JSON array body once inflated (decoded whole: ~35 bytes of Python per byte at worst)
 MAX_ARRAY_BYTES = 4 * 1024 * 1024
 
@@ -181,11 +187,13 @@ def _decode_block(block: bytes, lineno: int, room: int, max_samples: int) -> lis
 
 
 class _Collector:
-    def __init__(self, now: float | None, max_future_s: float, max_errors: int) -> None:
+    def __init__(self, now: float | None, max_future_s: float, max_errors: int, max_values: int) -> None:
         self.out = DecodedBody()
         self.now = now
         self.max_future_s = max_future_s
         self.max_errors = max_errors
+        self.max_values = max_values
+        self.values = 0
 
     def add(self, items: list[Any]) -> None:
         out = self.out
@@ -201,6 +209,13 @@ class _Collector:
                     out.errors.append(SampleError(index, exc.field, exc.message))
                 continue
             if not out.rejected:
+                extra = sample.get("extra")
+                self.values += len(sample) + (len(extra) if extra else 0)
+                if self.values > self.max_values:
+                    out.samples = []
+                    raise BodyTooLargeError(
+                        f"more than {self.max_values} fields and extra keys in all (sample {index}); "
+                        "split the batch")
                 out.samples.append(sample)
 
 
@@ -213,6 +228,7 @@ def decode_body(
     now: float | None = None,
     max_future_s: float = 300.0,
     max_errors: int = 50,
+    max_values: int | None = None,
 ) -> DecodedBody:
     """Decode and validate a request body in bounded blocks (see the module docstring).
 
@@ -227,7 +243,8 @@ def decode_body(
             break
     else:
         raise BodyError("is empty")
-    collector = _Collector(now, max_future_s, max_errors)
+    budget = max_values if max_values is not None else VALUES_PER_SAMPLE * max_samples
+    collector = _Collector(now, max_future_s, max_errors, budget)
     if first.lstrip()[:1] == b"[":
         collector.add(_decode_array(first, chunks, max_samples))
         return collector.out
