@@ -29,6 +29,9 @@ from vramwatch import __about__
 from vramwatch.collector.downsample import downsample
 from vramwatch.collector.live import LiveState, SeriesState
 from vramwatch.collector.params import OptionalRank, Rank, check_range, field_list
+from vramwatch.collector.routes_evidence import make_router as evidence_router
+from vramwatch.collector.routes_evidence import reply_directives
+from vramwatch.collector.snapshots import DirectiveBoard, SnapshotStore
 from vramwatch.collector.store import FIELD_COLUMNS, RunFullError, Store, StoreBusyError, StoreError
 from vramwatch.wire import WireError, gunzip_limited, parse_body, validate
 
@@ -247,6 +250,8 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.store, app.state.live = store, live
         app.state.registry, app.state.ingest_metrics = registry, ingest_metrics
         app.state.disk = _DiskGuard(settings.db_path, settings.min_free_bytes)
+        app.state.snapshots = SnapshotStore.beside(settings.db_path)
+        app.state.directives = DirectiveBoard()
         maintenance = asyncio.create_task(_maintenance(app, settings))
         try:
             yield
@@ -317,6 +322,7 @@ def create_app(settings: Settings) -> FastAPI:
             raise _refuse(request)
 
     read = [Depends(require_read_auth)]
+    app.include_router(evidence_router(require_ingest_auth, require_read_auth))
 
     # ------------------------------------------------------------------ ingest
     # One writer at a time, and the live engines fed in commit order. Normally a commit takes
@@ -329,7 +335,9 @@ def create_app(settings: Settings) -> FastAPI:
     def _commit(state: Any, valid: list[Any], now: float, busy_timeout_s: float | None) -> Any:
         result = state.store.insert(valid, max_samples_per_run=settings.max_samples_per_run,
                                     busy_timeout_s=busy_timeout_s)
-        state.live.ingest(valid, received_at=now)
+        raised = state.live.ingest(valid, received_at=now)
+        if raised:
+            state.directives.on_events(raised, lambda run: [x.key for x in state.live.for_run(run)], now)
         return result
 
     def _commit_waiting(state: Any, valid: list[Any], now: float) -> Any:
@@ -410,7 +418,11 @@ def create_app(settings: Settings) -> FastAPI:
         metrics.observe(
             accepted=result.accepted, duplicates=result.duplicates, rejected=0, seconds=time.perf_counter() - started
         )
-        return JSONBytes({"accepted": result.accepted, "duplicates": result.duplicates, "rejected": 0})
+        reply: dict[str, Any] = {"accepted": result.accepted, "duplicates": result.duplicates, "rejected": 0}
+        directives = reply_directives(request.app.state, valid)
+        if directives:
+            reply["directives"] = directives
+        return JSONBytes(reply)
 
     # ------------------------------------------------------------------ health + metrics
     @app.get("/healthz")
