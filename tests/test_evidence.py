@@ -229,3 +229,43 @@ def test_upload_size_cap_drops_history_first():
     assert orjson.dumps(len(gz))  # encodes without error, under the cap
     with pytest.raises(ValueError):
         SnapshotUploader("ftp://x", run="r", host="h", rank=0)
+
+
+# ---------------------------------------------------------------- CLI
+def _cli(*argv: str, env: dict | None = None) -> tuple[int, str, str]:
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", *argv], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=60)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_postmortem_and_capture_cli(tmp_path: Path):
+    db = str(tmp_path / "vw.db")
+    with BackgroundServer(db) as srv, httpx.Client(base_url=srv.url, timeout=10) as client:
+        t0 = __import__("time").time() - 3000
+        _post(client, _rank_samples(0, 1000, t0=t0) + _rank_samples(1, 200, t0=t0))
+        code, out, err = _cli("capture", "run-a", "--rank", "1", "--steps", "4", "--url", srv.url)
+        assert code == 0, err
+        assert "rank(s) 1" in out
+        reply = _post(client, [make_sample(200, rank=1, ts=t0 + 200)])
+        assert reply["directives"][0]["steps"] == 4
+        code, _, err = _cli("capture", "nope", "--url", srv.url)
+        assert code == 2 and "404" in err and err.count("\n") == 1, err
+    code, _, err = _cli("capture", "run-a", "--url", "ftp://x")
+    assert code == 2 and "--url" in err
+    code, _, err = _cli("capture", "run-a", "--url", srv.url)  # collector gone
+    assert code == 1 and "cannot reach" in err
+
+    code, out, err = _cli("postmortem", "run-a", "--db", db, "--json")
+    assert code == 0, err
+    doc = orjson.loads(out)
+    assert doc["first_failure"]["rank"] == 1 and doc["first_failure"]["cause"] == "silent"
+    assert doc["status"] == "crashed"
+    assert [(r["rank"], r["end"]) for r in doc["ranks"]] == [(0, "silent"), (1, "silent")]
+    code, out, _ = _cli("postmortem", "run-a", "--db", db)
+    assert code == 0 and "first failure: rank 1" in out
+    code, _, err = _cli("postmortem", "nope", "--db", db)
+    assert code == 2 and "no run named" in err

@@ -293,6 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_db(p)
     p.add_argument("--out", metavar="FILE", required=True, help="output .html file")
     p.set_defaults(func=cmd_report)
+
+    from vramwatch.cli_evidence import register as register_evidence
+
+    register_evidence(sub, add_db, _positive)
     return parser
 
 
@@ -312,4 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # run the imported module's main, so `python -m vramwatch.cli` and subcommand modules
+    # that import vramwatch.cli share one UsageError class
+    from vramwatch.cli import main as _main
+
+    sys.exit(_main())

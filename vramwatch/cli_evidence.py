@@ -1,0 +1,95 @@
+"""``vramwatch capture`` and ``vramwatch postmortem`` (registered by :mod:`vramwatch.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+#: the reply to a capture request is one small JSON object
+_MAX_REPLY = 64 * 1024
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from vramwatch.cli import UsageError
+
+    url = (args.url or os.environ.get("VRAMWATCH_URL") or "http://127.0.0.1:8765").rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"--url: not an http(s) URL: {url!r}")
+    body = {"steps": args.steps}
+    if args.rank is not None:
+        body["rank"] = args.rank
+    token = (os.environ.get("VRAMWATCH_TOKEN") or "").strip()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    path = "/api/v1/runs/" + urllib.request.quote(args.run, safe="") + "/capture"
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            answer = json.loads(reply.read(_MAX_REPLY))
+    except urllib.error.HTTPError as exc:
+        detail = exc.read(_MAX_REPLY).decode("utf-8", "replace")
+        try:
+            detail = json.loads(detail).get("detail", detail)
+        except ValueError:
+            pass
+        raise UsageError(f"collector answered {exc.code}: {detail}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"vramwatch capture: error: cannot reach {url}: {getattr(exc, 'reason', exc)}", file=sys.stderr)
+        return 1
+    ranks = ", ".join(str(r) for r in answer.get("ranks", []))
+    print(f"capture of {args.steps} steps requested from rank(s) {ranks} of {args.run!r}: each rank records "
+          f"allocator history at its next ingest reply; snapshots appear under /api/v1/runs/<run>/snapshots")
+    return 0
+
+
+def cmd_postmortem(args: argparse.Namespace) -> int:
+    from vramwatch import postmortem
+    from vramwatch.cli import UsageError, _db_path
+    from vramwatch.collector.snapshots import SnapshotStore
+    from vramwatch.collector.store import Store, StoreError
+
+    db = _db_path(args)
+    try:
+        store = Store(db, readonly=True)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        if args.run not in store.runs():
+            raise UsageError(f"no run named {args.run!r} in {db}")
+        pm = postmortem.build(args.run, lambda: store.iter_samples(args.run), now=time.time(),
+                              silent_after_s=args.silent_after)
+    finally:
+        store.close()
+    pm.snapshots = [i.to_dict() for i in SnapshotStore.beside(db).list(args.run)]
+    if args.json:
+        sys.stdout.write(json.dumps(pm.to_dict(), default=_plain) + "\n")
+    else:
+        print(postmortem.render_text(pm))
+    return 0
+
+
+def _plain(value: Any) -> Any:
+    return str(value)
+
+
+def register(sub: Any, add_db: Callable[[argparse.ArgumentParser], None], positive: Any) -> None:
+    p = sub.add_parser("capture", help="ask a run's ranks for an allocator snapshot (through the collector)")
+    p.add_argument("run")
+    p.add_argument("--rank", type=int, default=None, help="one rank (default: every rank of the run)")
+    p.add_argument("--steps", type=positive(int), default=5, help="steps of allocator history to record (default 5)")
+    p.add_argument("--url", help="collector URL (default $VRAMWATCH_URL or http://127.0.0.1:8765)")
+    p.set_defaults(func=cmd_capture)
+
+    p = sub.add_parser("postmortem", help="which rank failed first, when and why; what the others held")
+    p.add_argument("run")
+    add_db(p)
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("--silent-after", type=positive(float), default=300.0, metavar="SECONDS",
+                   help="a rank silent this long counts as dead (default 300, as the HookSilent alert)")
+    p.set_defaults(func=cmd_postmortem)
