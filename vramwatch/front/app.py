@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -68,6 +69,8 @@ def create_front_app(settings: FrontSettings) -> FastAPI:
             await app.state.fanout.close()
 
     app = FastAPI(title="vramwatch front", version=__about__.__version__, lifespan=lifespan)
+    # merged rank tables are megabytes of repetitive JSON; browsers ask for gzip
+    app.add_middleware(GZipMiddleware, minimum_size=16 * 1024, compresslevel=1)
 
     def require_read(request: Request) -> None:
         if not settings.token:
