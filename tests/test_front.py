@@ -176,3 +176,30 @@ def test_three_shards_prometheus_discovery_kill_and_replay(tmp_path: Path):
             vw.close()
         for s in shards:
             s.stop()
+
+
+def test_postmortem_through_the_front(tmp_path: Path):
+    import subprocess
+    import sys
+
+    t0 = time.time() - 4000
+    with BackgroundServer(str(tmp_path / "a.db")) as a, BackgroundServer(str(tmp_path / "b.db")) as b:
+        for shard, rank, steps in ((a, 0, 1000), (b, 1, 300)):
+            samples = [make_sample(s, rank=rank, host=f"h{rank}", ts=t0 + s) for s in range(steps)]
+            httpx.post(shard.url + "/api/v1/samples", content=ndjson(samples),
+                       headers={"Content-Type": "application/x-ndjson"}).raise_for_status()
+        settings = FrontSettings(peers=PeerSource(static=parse_peers([a.url, b.url])), timeout_s=1.0)
+        with BackgroundFront(settings) as front:
+            proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", "postmortem", "run-a", "--url", front.url,
+                                   "--json"], capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0, proc.stderr
+            import json
+
+            doc = json.loads(proc.stdout)
+            assert doc["first_failure"]["rank"] == 1 and doc["first_failure"]["shard"] == b.url[7:]
+            proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", "postmortem", "run-a", "--url", front.url],
+                                  capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0 and "first failure: rank 1" in proc.stdout, proc.stderr
+            proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", "postmortem", "nope", "--url", front.url],
+                                  capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 2 and "404" in proc.stderr

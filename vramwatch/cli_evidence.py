@@ -48,9 +48,33 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return 0
 
 
+def _remote_postmortem(args: argparse.Namespace) -> int:
+    from vramwatch import postmortem, remote
+    from vramwatch.cli import UsageError
+
+    try:
+        url = remote.base_url(args.url)
+        doc = remote.get_json(url, remote.run_path(args.run, "postmortem"), {"silent_after_s": args.silent_after})
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except remote.RemoteError as exc:
+        if exc.status is not None and 400 <= exc.status < 500:
+            raise UsageError(exc.detail) from None
+        print(f"vramwatch postmortem: error: {exc.detail}", file=sys.stderr)
+        return 1
+    if args.json:
+        sys.stdout.write(json.dumps(doc) + "\n")
+    else:
+        print(postmortem.render_text(postmortem.from_dict(doc)))
+    return 0
+
+
 def cmd_postmortem(args: argparse.Namespace) -> int:
     from vramwatch import postmortem
     from vramwatch.cli import UsageError, _db_path
+
+    if args.url:
+        return _remote_postmortem(args)
     from vramwatch.collector.snapshots import SnapshotStore
     from vramwatch.collector.store import Store, StoreError
 
@@ -90,6 +114,7 @@ def register(sub: Any, add_db: Callable[[argparse.ArgumentParser], None], positi
     p.add_argument("run")
     add_db(p)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("--url", help="ask a collector or a federating front instead of reading --db")
     p.add_argument("--silent-after", type=positive(float), default=300.0, metavar="SECONDS",
                    help="a rank silent this long counts as dead (default 300, as the HookSilent alert)")
     p.set_defaults(func=cmd_postmortem)

@@ -222,6 +222,18 @@ def run_status(ends: Iterable[str], first: Failure | None) -> str:
     return "finished"
 
 
+def from_dict(doc: dict[str, Any]) -> PostMortem:
+    """A post-mortem document (the API's, or a front's merge of several) as a typed record."""
+    first = doc.get("first_failure")
+    fields = {f for f in RankEnd.__dataclass_fields__}
+    return PostMortem(
+        run=doc.get("run", ""), status=doc.get("status") or "finished",
+        first_failure=Failure(**{k: first[k] for k in Failure.__dataclass_fields__}) if first else None,
+        ranks=[RankEnd(**{k: v for k, v in r.items() if k in fields}) for r in doc.get("ranks", [])],
+        snapshots=list(doc.get("snapshots", [])),
+    )
+
+
 def render_text(pm: PostMortem) -> str:
     """The human summary printed by ``vramwatch postmortem``."""
     gib = 2**30
