@@ -164,7 +164,7 @@ def test_capture_directive_to_listing_end_to_end(tmp_path: Path, monkeypatch: py
 
         agent = CaptureAgent(AllocatorHistory(max_entries=100),
                              SnapshotUploader(srv.url, run="run-a", host="node-1", rank=1))
-        agent.offer(reply["directives"] + [{"kind": "unknown"}, "junk"])
+        agent.offer(reply["directives"] + [{"type": "unknown"}, "junk"])
         agent.on_step(2)  # starts recording
         assert fake.recording and fake.max_entries == 100
         for step in (3, 4):

@@ -114,9 +114,12 @@ class CaptureAgent:
 
     # ---- delivery worker thread
     def offer(self, directives: list[Any]) -> None:
-        """Directives from an ingest reply; unknown kinds and malformed entries are ignored."""
+        """Directives from an ingest reply (dicts, or the delivery's parsed ``Directive(type, args)``);
+        other types and malformed entries are ignored."""
         for d in directives:
-            if isinstance(d, dict) and d.get("kind") == "capture":
+            if not isinstance(d, dict):
+                d = {"type": getattr(d, "type", None), **(getattr(d, "args", None) or {})}
+            if d.get("type") == "capture":
                 self.counts["directives"] += 1
                 self._inbox.append(d)
 

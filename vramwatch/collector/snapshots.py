@@ -2,7 +2,7 @@
 
 The collector decides *when* a rank should capture (an engine verdict, an OOM elsewhere in
 the run, a person's click or ``vramwatch capture``) and says so in its ingest replies
-(``{"directives": [{"id", "kind": "capture", "steps", "trigger"}]}``). The hook records
+(``{"directives": [{"type": "capture", "id", "steps", "trigger"}]}``). The hook records
 allocator history for ``steps`` steps, takes ``torch.cuda.memory._snapshot()`` at a step
 boundary and uploads it gzip-compressed. Snapshots live as files beside the database
 (``<db>.snapshots/``), each with a JSON sidecar; no SQL, no blob in SQLite.
@@ -51,7 +51,7 @@ class Directive:
     """One instruction to one rank, as it travels in an ingest reply."""
 
     id: str
-    kind: str  # "capture"
+    type: str  # "capture"
     steps: int
     trigger: str
 
