@@ -18,6 +18,7 @@ BENCHMARKS = {
     "dashboard": "bench.dashboard_bench",
     "load": "bench.load",
     "front": "bench.front_bench",
+    "series": "bench.series_bench",
 }
 
 
