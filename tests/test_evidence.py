@@ -62,7 +62,7 @@ def _rank_samples(rank: int, steps: int, *, host: str = "node-1", ooms_at: int |
             s["ooms"] = 1
         out.append(s)
     if marker:
-        out[-1]["marker"] = marker
+        out[-1]["oom_marked" if marker == "oom" else "exit"] = True
     return out
 
 
@@ -204,8 +204,8 @@ def test_oom_snapshots_the_failing_rank_and_asks_the_others(tmp_path: Path, monk
         with pytest.raises(torch.OutOfMemoryError):
             fake.raise_oom(40 * GiB)
         assert agent.flush(10)
-        # the hook's last sample carries the risen OOM counter
-        _post(client, [make_sample(5, rank=0, ts=t0 + 5, ooms=1)])
+        # the hook's last sample carries the risen OOM counter and the observer's mark
+        _post(client, [make_sample(5, rank=0, ts=t0 + 5, ooms=1, oom_marked=True)])
         replies = [_post(client, [make_sample(5, rank=r, ts=t0 + 5)]) for r in (1, 2)]
         assert all([d["trigger"] for d in rep["directives"]] == ["auto:oom"] for rep in replies)
         listed = client.get("/api/v1/runs/run-a/snapshots").json()

@@ -8,8 +8,8 @@ sequential reads of the run.
 How a rank ended (:data:`ENDS`):
 
 * ``oom``: its OOM counter rose, or the hook marked its last sample as sent from the OOM
-  observer (``marker: "oom"``), or its last sample is an OOM it never recovered from;
-* ``exit``: the hook marked a clean ``close()`` (``marker: "exit"``);
+  observer (``oom_marked: true``), or its last sample is an OOM it never recovered from;
+* ``exit``: the hook marked a clean ``close()`` (``exit: true``);
 * ``silent``: it simply stopped sending. What the others did next tells killed from hung:
   if they went on for longer than ``silent_after_s`` it was killed alone (SIGKILL, the
   host's OOM-killer, a node loss); if they all stopped within that window it was a job-wide
@@ -39,9 +39,12 @@ SeriesKey = tuple[str, str, int]
 
 
 def marker(sample: Sample) -> str | None:
-    """``"oom"`` / ``"exit"`` when the hook marked the sample, else None."""
-    value = sample.get("marker")  # type: ignore[typeddict-item]
-    return value if value in ("oom", "exit") else None
+    """``"oom"`` / ``"exit"`` when the hook marked the sample (``oom_marked`` / ``exit``), else None."""
+    if sample.get("oom_marked"):
+        return "oom"
+    if sample.get("exit"):
+        return "exit"
+    return None
 
 
 def sample_headroom(sample: Sample) -> int | None:
