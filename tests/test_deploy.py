@@ -11,7 +11,7 @@ import time
 
 import pytest
 import yaml
-from test_prometheus_helpers import (
+from prometheus_helpers import (
     DASHBOARD,
     DEPLOY,
     GRAFANA_ALERTS,

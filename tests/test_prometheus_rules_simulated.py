@@ -14,7 +14,7 @@ import re
 
 import pytest
 import yaml
-from test_prometheus_helpers import RULES, alert_rules, exposed_samples, promql_metric_names, run_promtool
+from prometheus_helpers import RULES, alert_rules, exposed_samples, promql_metric_names, run_promtool
 
 from vramwatch.collector.live import LiveState
 from vramwatch.collector.metrics import build_registry, render

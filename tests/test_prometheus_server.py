@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 import yaml
-from test_prometheus_helpers import (
+from prometheus_helpers import (
     RULES,
     PrometheusServer,
     all_queries,

@@ -27,10 +27,11 @@ against. Everything is deterministic given ``seed``.
 from __future__ import annotations
 
 import math
-import os
 import random
 from collections.abc import Iterator
 from typing import Any
+
+from vramwatch.probe import BaseProbe
 
 H200_TOTAL_BYTES = 143_771_009_024
 _SEGMENT = 2 * 1024 * 1024  # the caching allocator maps memory in 2 MiB multiples
@@ -314,7 +315,7 @@ class _RankModel:
         }
 
 
-class SimulatedProbe:
+class SimulatedProbe(BaseProbe):
     """The Probe contract (docs/architecture.md) over a simulated allocator.
 
     ``scenario`` names an entry of :data:`SCENARIOS`; keyword ``params`` override its
@@ -541,11 +542,15 @@ def scenario_truth(
 
 
 def probe_from_env(**kwargs: Any) -> SimulatedProbe:
-    """A probe configured by VRAMWATCH_SIM_SCENARIO / VRAMWATCH_SIM_SEED when set."""
-    scenario = os.environ.get("VRAMWATCH_SIM_SCENARIO", kwargs.pop("scenario", "healthy"))
-    seed_text = os.environ.get("VRAMWATCH_SIM_SEED")
-    if seed_text is not None and "seed" not in kwargs:
-        kwargs["seed"] = int(seed_text)
+    """A probe configured by VRAMWATCH_SIM_SCENARIO / VRAMWATCH_SIM_SEED when set
+    (read through :class:`vramwatch.config.Config`)."""
+    from vramwatch.config import Config
+
+    config = Config.from_env()
+    scenario = config.sim_scenario or kwargs.pop("scenario", "healthy")
+    kwargs.pop("scenario", None)
+    if config.sim_seed is not None and "seed" not in kwargs:
+        kwargs["seed"] = config.sim_seed
     return SimulatedProbe(scenario, **kwargs)
 
 
