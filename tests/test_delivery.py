@@ -13,7 +13,7 @@ import pytest
 from fakes.ingest_server import ScriptedIngest, dead_url
 from helpers import make_sample
 
-from vramwatch.delivery import BatchSender, HttpTransport
+from vramwatch.delivery import Backoff, BatchSender, HttpTransport
 
 
 def samples(n: int, start: int = 0, **overrides) -> list[dict]:
@@ -97,21 +97,22 @@ def test_transient_failures_spool_then_replay_oldest_first_exactly_once(ingest, 
     assert not (tmp_path / "spool.jsonl").exists()  # an empty spool is removed at close
 
 
-def test_backoff_is_exponential_capped_and_jittered(tmp_path):
-    sender = sender_for(dead_url(), tmp_path, backoff_initial_s=0.1, backoff_max_s=0.8)
+def test_backoff_is_exponential_capped_and_jittered():
+    backoff = Backoff(0.1, 0.8)
     delays = []
     for _ in range(6):
-        sender._failed("refused")
-        delays.append(sender._backoff_s)
+        backoff.failed()
+        delays.append(backoff.delay_s)
     assert delays == [0.1, 0.2, 0.4, 0.8, 0.8, 0.8]
     waits = set()
     for _ in range(20):
-        sender._failed("refused")
-        wait = sender._retry_at - time.monotonic()
+        backoff.failed()
+        wait = backoff.retry_at - time.monotonic()
         assert 0.35 <= wait <= 0.81
         waits.add(round(wait, 3))
     assert len(waits) > 5  # jitter: ranks do not retry in lockstep
-    sender.close(0.5)
+    backoff.succeeded()
+    assert not backoff.waiting()
 
 
 def test_422_drops_the_invalid_samples_counts_them_and_resends_the_rest_once(ingest, tmp_path):

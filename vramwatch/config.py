@@ -116,7 +116,15 @@ class Config:
         if unknown:
             raise TypeError(f"unexpected argument(s): {', '.join(sorted(unknown))}")
         values: dict[str, Any] = {k: v for k, v in kwargs.items() if v is not None}
+        url_from_env = "url" not in values
         values.setdefault("url", _text(env, "VRAMWATCH_URL"))
+        if values["url"]:
+            from vramwatch.delivery.exporters import HttpExporter
+
+            try:
+                HttpExporter(values["url"])  # parse now: a bad URL stops the run before training starts
+            except ValueError as exc:
+                raise ValueError("VRAMWATCH_URL" + str(exc)[3:] if url_from_env else str(exc)) from None
         token = values.get("token")
         values["token"] = token.strip() or None if isinstance(token, str) else _text(env, "VRAMWATCH_TOKEN")
         values.setdefault("run", _text(env, "VRAMWATCH_RUN"))

@@ -58,6 +58,10 @@ class Probe(Protocol):
         """The probe's own counters (merged into ``Monitor.stats()``)."""
         ...
 
+    def pinned_host_bytes(self) -> int | None:
+        """Host memory pinned by the framework (None: unknown). Called off the training thread."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -84,6 +88,9 @@ class BaseProbe:
 
     def stats(self) -> dict[str, Any]:
         return {}
+
+    def pinned_host_bytes(self) -> int | None:
+        return None
 
     def close(self) -> None:
         return None

@@ -1,0 +1,373 @@
+"""The batch processor (OpenTelemetry's ``BatchProcessor`` seam): the training thread only
+appends to a bounded deque; a daemon worker validates, serialises and hands batches to an
+:class:`~vramwatch.delivery.exporters.Exporter`.
+
+Guarantees
+----------
+* ``submit()`` is O(1), takes no lock, never blocks, never raises.
+* A batch leaves when ``batch_size`` samples wait, or when the oldest has waited the flush
+  interval: ``interval_s``, or the collector's ``flush_interval_s`` hint from its last
+  reply, and never less than 10x the last POST's latency (an overloaded collector gets
+  fewer, larger requests; capped at 10 s).
+* Queue overflow (the exporter cannot keep up) -> with a spool, the backlog is parked on
+  disk in order; only past ``4 * max_queue`` (worker stuck) are the oldest samples dropped,
+  and counted.
+* ``force_flush(timeout)`` / ``shutdown(timeout)`` are bounded. At shutdown whatever could
+  not be sent goes to the spool (or, with the worker stuck in a request, is spooled from
+  the calling thread).
+* Fork-safe per instance: in a forked child the copy is inert (no thread, no sending,
+  inherited descriptors pointed at /dev/null); the parent is unaffected.
+* Every failure is counted in :meth:`stats`; each kind of failure warns once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from vramwatch import wire
+from vramwatch.delivery import lifecycle
+from vramwatch.delivery.results import Directive, ExportResult, Failure, Outcome
+from vramwatch.delivery.spool import Backoff, Spool, SpoolingExporter
+
+_COUNTERS = ("submitted", "batches_sent", "delivered", "accepted", "duplicates", "rejected", "invalid",
+             "dropped_overflow", "dropped_spool_full", "dropped_unsendable", "dropped_in_child", "spooled",
+             "replayed", "send_failures", "auth_failures", "redirects", "worker_errors", "directives")
+_LATENCY_FACTOR, _LATENCY_CAP_S = 10.0, 10.0
+_WARNINGS = {
+    Failure.AUTH: "the collector refused the token (HTTP {status}); check VRAMWATCH_TOKEN. Samples are kept "
+                  "in the spool and retried with backoff",
+    Failure.REDIRECT: "the collector URL redirects ({detail}). Samples are kept in the spool and retried "
+                      "with backoff, never sent to the redirect target",
+    Failure.TOO_LARGE: "the collector answers 413 even for one sample; its request limit is misconfigured. "
+                       "Samples are kept in the spool and retried with backoff",
+    Failure.REFUSED: "the collector refused samples for good (HTTP {status}: {detail}); they are dropped "
+                     "and counted in stats()['rejected']",
+    Failure.REPLY_TOO_LARGE: "the collector's reply exceeded the hook's read limit and was not read",
+}
+
+
+class BatchProcessor:
+    """Bounded queue + daemon worker shipping samples to one exporter."""
+
+    def __init__(self, exporter: Any, *, batch_size: int = 512, interval_s: float = 1.0, max_queue: int = 8192,
+                 validate: bool = True) -> None:
+        self.exporter = exporter
+        self.batch_size = max(1, int(batch_size))
+        self.interval_s = max(0.01, float(interval_s))
+        self.max_queue = max(self.batch_size, int(max_queue))
+        self._hard_cap = 4 * self.max_queue
+        self._validate = validate
+        self._queue: deque[dict[str, Any]] = deque()
+        self._wake = threading.Event()
+        self._cond = threading.Condition()
+        self._flush_requested = self._flush_done = 0
+        self._stopping = self._closed = self._child = False
+        self._close_deadline: float | None = None
+        self._inflight: list[bytes] = []
+        self._hint_s: float | None = None
+        self._latency_s = 0.0
+        self._pid = os.getpid()
+        self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        self.last_error: str | None = None
+        self.directives: deque[Directive] = deque(maxlen=32)  # received, for the features that act on them
+        self._warned: set[str] = set()
+        lifecycle.register(self)
+        lifecycle.on_fork_in_child(self, "_after_fork_in_child")
+        self._thread = threading.Thread(target=self._run, name="vramwatch-sender", daemon=True)
+        self._thread.start()
+
+    @property
+    def spool(self) -> Spool | None:
+        return self.exporter.spool if isinstance(self.exporter, SpoolingExporter) else None
+
+    # ---------------------------------------------------------- training thread
+
+    def submit(self, sample: dict[str, Any]) -> None:
+        """Queue one sample. O(1), never blocks, never raises."""
+        if self._closed:
+            if self._child:
+                self.counters["dropped_in_child"] += 1
+            return
+        queue = self._queue
+        queue.append(sample)
+        n = len(queue)
+        if n >= self.batch_size:
+            if not self._wake.is_set():
+                self._wake.set()
+            if n > self._hard_cap:  # the worker is stuck; keep memory bounded
+                try:
+                    queue.popleft()
+                    self.counters["dropped_overflow"] += 1
+                except IndexError:
+                    pass
+
+    def force_flush(self, timeout: float = 5.0) -> bool:
+        """Wait (at most ``timeout`` s) until everything queued so far was handled.
+
+        True when all of it reached the exporter (nothing left in the spool).
+        """
+        if self._closed or not self._thread.is_alive():
+            return self._idle()
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            with self._cond:
+                self._flush_requested += 1
+                target = self._flush_requested
+            self._wake.set()
+            with self._cond:
+                while self._flush_done < target:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(left)
+            if self._idle():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            # the collector failed this round: try again after the backoff, within the deadline
+            backoff = self.exporter.backoff.retry_at - time.monotonic() if self.spool is not None else 0.0
+            time.sleep(max(0.005, min(backoff, left)))
+
+    flush = force_flush
+
+    def shutdown(self, timeout: float = 5.0) -> bool:
+        """Send what can be sent within ``timeout`` s, spool the rest, stop the worker."""
+        if self._closed:
+            return self._child or self._idle()
+        self._closed = True
+        deadline = time.monotonic() + max(0.0, timeout)
+        self._close_deadline = deadline
+        with self._cond:
+            self._stopping = True
+            self._flush_requested += 1
+        self._wake.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            self._emergency_spool()  # stuck in a request: a later duplicate is harmless (idempotent ingest)
+        else:
+            self.exporter.shutdown()
+        lifecycle.unregister(self)
+        return self._idle()
+
+    close = shutdown
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.counters)
+        spool = self.spool
+        out["queued"] = len(self._queue)
+        out["spool_pending_bytes"] = spool.pending_bytes() if spool is not None else 0
+        out["spool_path"] = str(spool.path) if spool is not None else None
+        out["backoff_s"] = round(self.exporter.backoff.delay_s, 3) if spool is not None else 0.0
+        out["flush_interval_s"] = round(self._interval(), 3)
+        out["last_error"] = self.last_error
+        out["destination"] = self.exporter.describe()
+        return out
+
+    def _idle(self) -> bool:
+        spool = self.spool
+        return not self._queue and not self._inflight and (spool is None or not spool.pending())
+
+    def _interval(self) -> float:
+        base = self._hint_s if self._hint_s is not None else self.interval_s
+        return max(base, min(_LATENCY_CAP_S, _LATENCY_FACTOR * self._latency_s))
+
+    # ---------------------------------------------------------- worker thread
+
+    def _run(self) -> None:
+        # ranks started together would POST in lockstep every interval: spread the first tick
+        # (a flush or a full batch still wakes the worker at once)
+        timeout = random.uniform(0.0, self.interval_s)
+        while True:
+            self._wake.wait(timeout)
+            self._wake.clear()
+            with self._cond:
+                target = self._flush_requested
+                stopping = self._stopping
+            if self._child:
+                return
+            try:
+                self._cycle(force=target > self._flush_done)
+            except Exception as exc:  # a bug here must not kill delivery for the rest of the run
+                self.counters["worker_errors"] += 1
+                self.last_error = f"worker: {type(exc).__name__}: {exc}"
+            with self._cond:
+                self._flush_done = max(self._flush_done, target)
+                self._cond.notify_all()
+            if stopping:
+                return
+            timeout = self._interval()
+
+    def _take(self) -> list[bytes]:
+        queue = self._queue
+        lines: list[bytes] = []
+        dumps = orjson.dumps
+        while True:
+            try:
+                sample = queue.popleft()
+            except IndexError:
+                break
+            if self._validate:
+                try:
+                    sample = wire.validate(sample)
+                except wire.WireError as exc:
+                    self.counters["invalid"] += 1
+                    self.last_error = f"invalid sample dropped: {exc}"
+                    continue
+            lines.append(dumps(sample) + b"\n")
+        self.counters["submitted"] += len(lines)
+        return lines
+
+    def _cycle(self, *, force: bool) -> None:
+        lines = self._take()
+        if not lines and not (self.spool is not None and self.spool.pending()):
+            return
+        spooling = self.spool is not None
+        for start in range(0, max(1, len(lines)), self.batch_size):
+            batch = lines[start : start + self.batch_size]
+            self._inflight = lines[start:]
+            t0 = time.monotonic()
+            if spooling:
+                result = self.exporter.export(batch, force=force, deadline=self._close_deadline)
+            else:
+                result = self.exporter.export(batch, self._timeout())
+            if result.posts:
+                self._latency_s = (time.monotonic() - t0) / result.posts
+            self._account(result)
+            if result.outcome is Outcome.RETRY:
+                if spooling:  # the rest goes behind the failed batch, in order
+                    self._account(self.exporter.park(lines[start + self.batch_size :]))
+                else:
+                    self.counters["dropped_unsendable"] += len(lines) - start
+                break
+            if spooling and len(self._queue) > self.max_queue:
+                # training outpaces the collector: park the backlog on disk, in order
+                self._account(self.exporter.park(lines[start + self.batch_size :] + self._take()))
+                break
+        self._inflight = []
+
+    def _timeout(self) -> float | None:
+        deadline = self._close_deadline
+        return None if deadline is None else max(0.05, deadline - time.monotonic())
+
+    def _account(self, result: ExportResult) -> None:
+        c = self.counters
+        c["batches_sent"] += result.posts - result.failures
+        c["delivered"] += result.delivered
+        c["accepted"] += result.accepted
+        c["duplicates"] += result.duplicates
+        c["rejected"] += result.rejected
+        c["replayed"] += result.replayed
+        c["spooled"] += result.spooled
+        c["send_failures"] += result.failures if result.outcome is Outcome.RETRY else 0
+        if result.failure is Failure.AUTH:
+            c["auth_failures"] += result.failures
+        if result.failure is Failure.REDIRECT:
+            c["redirects"] += result.failures
+        if result.flush_interval_s is not None:
+            self._hint_s = result.flush_interval_s
+        if result.directives:
+            c["directives"] += len(result.directives)
+            self.directives.extend(result.directives)  # parsed; acted on by the features that know them
+        if result.failure is not None:
+            self.last_error = result.describe()
+            template = _WARNINGS.get(result.failure)
+            if template is not None:
+                self._warn(result.failure.value, template.format(status=result.status, detail=result.detail))
+        if result.spool_dropped:
+            c["dropped_spool_full"] += result.spool_dropped
+            spool = self.spool
+            reason = (spool.write_error if spool is not None else None) or "spool full"
+            self.last_error = f"{reason}: {result.spool_dropped} samples dropped"
+            self._warn("spool", f"{reason} at {spool.path if spool else '?'}: samples are being dropped; training "
+                                "goes on (counted in stats()['dropped_spool_full'])")
+
+    def _warn(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        with contextlib.suppress(Exception):  # warnings configured as errors must not stop delivery
+            warnings.warn(f"vramwatch: {message}", RuntimeWarning, stacklevel=2)
+
+    def _emergency_spool(self) -> None:
+        spool = self.spool
+        pending = len(self._queue) + len(self._inflight)
+        if spool is None or not spool.lock.acquire(timeout=0.5):
+            self.counters["dropped_overflow"] += pending
+            return
+        try:
+            lines = list(self._inflight)
+            while self._queue:
+                lines.append(orjson.dumps(self._queue.popleft()) + b"\n")
+            dropped = spool.append(lines)
+            self.counters["spooled"] += len(lines) - dropped
+            self.counters["dropped_spool_full"] += dropped
+        except Exception as exc:
+            self.last_error = f"emergency spool: {exc}"
+        finally:
+            spool.lock.release()
+
+    # ---------------------------------------------------------- fork
+
+    def _after_fork_in_child(self) -> None:
+        self._child = self._closed = True
+        self._queue = deque()
+        self._inflight = []
+        self._wake = threading.Event()
+        self._cond = threading.Condition()
+        _neutralize(self.exporter.after_fork_in_child())
+
+
+def _neutralize(fds: Sequence[int | None]) -> None:
+    """Point inherited descriptors at /dev/null in this (child) process only."""
+    targets = [fd for fd in fds if fd is not None]
+    if not targets:
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        for fd in targets:
+            with contextlib.suppress(OSError):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+class BatchSender(BatchProcessor):
+    """The processor with the hook's usual exporter stack: ``transport`` (HTTP or file), wrapped in
+    a :class:`SpoolingExporter` when ``spool_path`` is given. (The name predates the processor.)"""
+
+    def __init__(self, transport: Any, *, batch_size: int = 512, interval_s: float = 1.0, max_queue: int = 8192,
+                 spool_path: str | os.PathLike[str] | None = None,
+                 adopt_spools: Sequence[str | os.PathLike[str]] = (), max_spool_bytes: int = 512 * 1024 * 1024,
+                 backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0, validate: bool = True) -> None:
+        exporter = transport
+        discarded = 0
+        if spool_path is not None:
+            spool = Spool(Path(spool_path), max_bytes=max_spool_bytes,
+                          adopt=[Path(p) for p in adopt_spools if Path(p) != Path(spool_path)])
+            discarded = spool.discarded_lines
+            exporter = SpoolingExporter(transport, spool, Backoff(backoff_initial_s, backoff_max_s))
+        super().__init__(exporter, batch_size=batch_size, interval_s=interval_s, max_queue=max_queue,
+                         validate=validate)
+        if discarded:
+            self.counters["dropped_spool_full"] += discarded
+            self.last_error = f"older spool files over the cap ({max_spool_bytes} bytes): {discarded} samples dropped"
+        self.transport = transport
+
+
+__all__ = ["BatchProcessor", "BatchSender"]
