@@ -4,8 +4,12 @@ end-to-end paths against the real collector are in test_hook.py."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import os
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -13,7 +17,19 @@ import pytest
 from fakes.ingest_server import ScriptedIngest, dead_url
 from helpers import make_sample
 
-from vramwatch.delivery import Backoff, BatchSender, HttpTransport
+from vramwatch.delivery import (
+    MAX_REPLY_BYTES,
+    Backoff,
+    BatchProcessor,
+    BatchSender,
+    ExportResult,
+    Failure,
+    HttpExporter,
+    HttpTransport,
+    InMemoryExporter,
+    Outcome,
+)
+from vramwatch.delivery.exporters import reply_hints
 
 
 def samples(n: int, start: int = 0, **overrides) -> list[dict]:
@@ -273,3 +289,156 @@ def test_gzip_body_is_smaller_than_the_json(ingest, tmp_path):
 def test_bad_url_names_the_argument(url):
     with pytest.raises(ValueError, match=r"^url: must be http"):
         HttpTransport(url)
+
+
+# ---------------------------------------------------------------- issue 10: bounded replies, warn once, back off
+
+
+def _raw_server(reply: bytes) -> tuple[str, threading.Thread]:
+    """One-request HTTP server that sends a prebuilt reply (nothing allocated while it runs)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def serve() -> None:
+        conn, _addr = listener.accept()
+        with conn, listener:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            while len(body) < length:
+                body += conn.recv(65536)
+            with contextlib.suppress(OSError):
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", thread
+
+
+@pytest.mark.parametrize("with_length", [True, False])
+def test_a_huge_reply_is_never_read_into_memory(with_length):
+    import tracemalloc
+
+    answer = b'{"accepted": 20, "padding": "' + b"x" * 40_000_000 + b'"}'  # a 40 MB "200" reply
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+    head += b"Content-Length: %d\r\n\r\n" % len(answer) if with_length else b"Connection: close\r\n\r\n"
+    url, thread = _raw_server(head + answer)
+    exporter = HttpExporter(url)
+    lines = [json.dumps(s).encode() + b"\n" for s in samples(20)]
+    tracemalloc.start()
+    try:
+        result = exporter.export(lines)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    exporter.shutdown()
+    thread.join(10)
+    assert result.outcome is Outcome.SUCCESS and result.delivered == 20
+    assert result.failure is Failure.REPLY_TOO_LARGE
+    assert peak < 4 * MAX_REPLY_BYTES + 1_000_000, f"read {peak} bytes of a 40 MB reply"
+
+
+@pytest.mark.parametrize("status", [301, 308])
+def test_a_redirect_is_never_dropped_warns_once_and_backs_off(ingest, tmp_path, status):
+    ingest.script = [status] * 1000
+    ingest.location = "http://elsewhere.example/api/v1/samples"
+    sender = sender_for(ingest.url, tmp_path, interval_s=0.02, backoff_max_s=30.0)
+    with pytest.warns(RuntimeWarning) as caught:
+        for chunk in range(10):
+            for s in samples(10, start=chunk * 10):
+                sender.submit(s)
+            time.sleep(0.1)
+        assert not sender.flush(0.3)
+    stats = sender.stats()
+    sender.close(0.5)
+    assert len(ingest.requests) <= 3, "a redirecting collector must not be hammered"
+    assert stats["redirects"] >= 1 and stats["rejected"] == 0 and stats["dropped_spool_full"] == 0
+    assert "elsewhere.example" in stats["last_error"]
+    kept = [json.loads(line)["step"] for line in (tmp_path / "spool.jsonl").read_bytes().splitlines()]
+    assert kept == list(range(100))  # every sample kept, in order, for when the URL is fixed
+    assert sum("redirects" in str(w.message) for w in caught) == 1
+
+
+def test_an_always_413_collector_costs_log2_requests_and_keeps_the_samples(ingest, tmp_path):
+    ingest.script = [413] * 1000
+    sender = sender_for(ingest.url, tmp_path, batch_size=256, backoff_max_s=30.0)
+    with pytest.warns(RuntimeWarning, match="413 even for one sample"):
+        for s in samples(256):
+            sender.submit(s)
+        assert not sender.flush(1.0)
+    stats = sender.stats()
+    sender.close(0.5)
+    assert len(ingest.requests) <= 8 + 1 + 1  # halving down to one sample, once; then backoff
+    assert stats["rejected"] == 0
+    assert len((tmp_path / "spool.jsonl").read_bytes().splitlines()) == 256
+
+
+def test_the_spool_cap_holds_per_rank_across_restarts(tmp_path):
+    """A crash-looping rank adopts its earlier spools: all of them together stay under one cap."""
+    cap = 30_000
+    line = json.dumps(samples(1)[0]).encode() + b"\n"
+    for restart in range(4):  # four earlier incarnations, each left ~cap/2 behind
+        old = tmp_path / f"run.rank0.old{restart}.jsonl"
+        old.write_bytes(line * (cap // 2 // len(line)))
+        os.utime(old, (1000 + restart, 1000 + restart))
+    files = sorted(tmp_path.glob("run.rank0.*.jsonl"))
+    sender = BatchSender(HttpTransport(dead_url()), spool_path=tmp_path / "run.rank0.new.jsonl",
+                         adopt_spools=files, max_spool_bytes=cap, interval_s=0.02)
+    for s in samples(100, start=1000):
+        sender.submit(s)
+    sender.close(1.0)
+    on_disk = sum(p.stat().st_size for p in tmp_path.glob("run.rank0.*.jsonl"))
+    assert on_disk <= cap
+    stats = sender.stats()
+    assert stats["dropped_spool_full"] > 0  # the oldest files and what did not fit, counted
+    assert not (tmp_path / "run.rank0.old0.jsonl").exists()  # oldest discarded first
+    assert (tmp_path / "run.rank0.old3.jsonl").exists()  # newest kept for replay
+
+
+# ---------------------------------------------------------------- issue 12: adaptive flush, hints, directives
+
+
+def test_the_collectors_interval_hint_is_honoured_and_directives_parsed_safely(ingest, tmp_path):
+    ingest.reply_extra = {"flush_interval_s": 0.4,
+                          "directives": [{"type": "snapshot", "steps": 5}, {"type": "from-the-future"}, "garbage", 7]}
+    sender = sender_for(ingest.url, tmp_path, interval_s=0.02)
+    for s in samples(2):
+        sender.submit(s)
+    assert sender.flush(5)
+    assert sender.stats()["flush_interval_s"] == 0.4
+    before = len(ingest.requests)
+    for s in samples(30, start=2):  # a slow trickle for 1.2 s
+        sender.submit(s)
+        time.sleep(0.04)
+    requests = len(ingest.requests) - before
+    assert requests <= 5, f"{requests} POSTs in 1.2 s with a 0.4 s hint (the 0.02 s default would make ~50)"
+    assert sender.flush(5)
+    stats = sender.stats()
+    sender.close(2)
+    assert [d.type for d in list(sender.directives)[:2]] == ["snapshot", "from-the-future"]
+    assert sender.directives[0].args == {"steps": 5}
+    assert stats["worker_errors"] == 0 and ingest.steps() == list(range(32))
+
+
+@pytest.mark.parametrize("hint", [-1, 0, "soon", float("inf"), True, 10_000])
+def test_a_bad_interval_hint_is_ignored_or_clamped(hint):
+    interval, directives = reply_hints({"flush_interval_s": hint, "directives": {"not": "a list"}})
+    assert directives == ()
+    assert interval is None or 0.05 <= interval <= 60.0
+
+
+def test_the_in_memory_exporter_behind_the_processor():
+    exporter = InMemoryExporter()
+    exporter.script = [ExportResult(Outcome.RETRY, failures=1, failure=Failure.SERVER)]
+    processor = BatchProcessor(exporter, interval_s=0.02)
+    for s in samples(5):
+        processor.submit(s)
+    assert processor.force_flush(5)
+    processor.shutdown(2)
+    assert [s["step"] for s in exporter.samples] == [] or exporter.shut
+    # without a spool a failed batch is counted, not kept
+    assert processor.stats()["dropped_unsendable"] == 5 and processor.stats()["send_failures"] == 1

@@ -259,14 +259,17 @@ class Backoff:
         self.max_s = max(initial_s, max_s)
         self.delay_s = 0.0
         self.retry_at = 0.0
+        self.hard = False  # the last failure was a configuration error: even flush() waits it out
 
-    def failed(self, *, at_least_s: float = 0.0) -> None:
+    def failed(self, *, at_least_s: float = 0.0, hard: bool = False) -> None:
         self.delay_s = min(self.max_s, max(self.initial_s, self.delay_s * 2, at_least_s))
         self.retry_at = time.monotonic() + random.uniform(0.5, 1.0) * self.delay_s
+        self.hard = hard
 
     def succeeded(self) -> None:
         self.delay_s = 0.0
         self.retry_at = 0.0
+        self.hard = False
 
     def waiting(self) -> bool:
         return time.monotonic() < self.retry_at
@@ -284,7 +287,7 @@ class SpoolingExporter:
                deadline: float | None = None) -> ExportResult:
         """Send ``lines`` behind whatever waits in the spool. ``force``: ignore the backoff (flush)."""
         result = ExportResult(Outcome.SUCCESS)
-        waiting = self.backoff.waiting() and not force
+        waiting = self.backoff.waiting() and (not force or self.backoff.hard)
         if self.spool.pending() or waiting:
             self._append(list(lines), result)  # keep order: everything new goes behind what waits
             if not waiting:
@@ -312,7 +315,7 @@ class SpoolingExporter:
     def _failed(self, sent: ExportResult) -> None:
         # a misconfigured collector (redirect, always-413, bad token) will not heal in milliseconds
         slow = sent.failure in (Failure.REDIRECT, Failure.TOO_LARGE, Failure.AUTH)
-        self.backoff.failed(at_least_s=min(self.backoff.max_s, 5.0) if slow else 0.0)
+        self.backoff.failed(at_least_s=min(self.backoff.max_s, 5.0) if slow else 0.0, hard=slow)
 
     @staticmethod
     def _timeout(timeout: float | None, deadline: float | None) -> float | None:
