@@ -306,3 +306,106 @@ def test_a_bad_collector_url_is_refused_before_training_starts(monkeypatch):
     monkeypatch.setenv("VRAMWATCH_URL", "collector:notaport:x")
     with pytest.raises(ValueError, match=r"^VRAMWATCH_URL: must be http"):
         hook.init(probe="simulated")
+
+
+# ---------------------------------------------------------------- one config (issue 11 item 5)
+
+
+def test_every_vramwatch_variable_is_in_the_config_table_and_the_readme():
+    import re
+
+    from vramwatch.config import ENV, env_table
+
+    root = Path(hook.__file__).resolve().parent
+    read = set()
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        # a JS global in the report (window.VRAMWATCH_STATIC) is not an environment variable
+        read |= {m.group(1) for m in re.finditer(r"(?<!window\.)\b(VRAMWATCH_[A-Z_]+)\b", text)}
+    names = {var.name for var in ENV}
+    assert read <= names, f"read but not in vramwatch.config.ENV: {sorted(read - names)}"
+    readme = (root.parent / "README.md").read_text()
+    assert env_table() in readme, "README's variable table is stale: regenerate it from vramwatch.config.env_table()"
+    # outside config.py only the collector's settings and the launcher-facing identity are read
+    outside = set()
+    for path in root.rglob("*.py"):
+        if path.name != "config.py":
+            outside |= set(re.findall(r"environ(?:\.get)?\(?\[?\"(VRAMWATCH_[A-Z_]+)", path.read_text()))
+    assert outside <= {"VRAMWATCH_DB", "VRAMWATCH_TOKEN"}, sorted(outside)
+
+
+def test_config_from_env_arguments_win_values_are_checked_and_named():
+    from vramwatch.config import Config
+
+    env = {"VRAMWATCH_URL": "http://c:1", "VRAMWATCH_TOKEN": " s3cret \n", "VRAMWATCH_PROBE": "Simulated",
+           "VRAMWATCH_DISABLE": "yes", "VRAMWATCH_EXIT_TIMEOUT": "2.5", "VRAMWATCH_SPOOL_DIR": "/tmp/sp",
+           "VRAMWATCH_HOST": "node-9", "VRAMWATCH_SIM_SEED": "7"}
+    config = Config.from_env(env)
+    assert (config.url, config.token, config.probe, config.enabled) == ("http://c:1", "s3cret", "simulated", False)
+    assert (config.exit_timeout_s, config.spool_root(), config.host, config.sim_seed) == (2.5, Path("/tmp/sp"),
+                                                                                          "node-9", 7)
+    assert Config.from_env(env, url="http://d:2", enabled=True).url == "http://d:2"
+    with pytest.raises(ValueError, match=r"^VRAMWATCH_EXIT_TIMEOUT: must be a number"):
+        Config.from_env({"VRAMWATCH_EXIT_TIMEOUT": "soon"})
+    with pytest.raises(ValueError, match=r"^VRAMWATCH_SIM_SEED"):
+        Config.from_env({"VRAMWATCH_SIM_SEED": "x"})
+    with pytest.raises(ValueError, match=r"^flush_interval_s"):
+        Config.from_env({}, flush_interval_s=0)
+    with pytest.raises(TypeError, match="nvml_interval"):
+        Config.from_env({}, nvml_intervall_s=1)
+
+
+def test_monitor_takes_a_config_and_its_constructor_is_small(tmp_path):
+    import inspect
+
+    from vramwatch.config import Config
+
+    config = Config.from_env({}, probe="simulated", run="cfg", out_dir=tmp_path)
+    vw = hook.Monitor(config)
+    vw.step(1)
+    assert vw.close(5) and vw.stats()["samples"] == 1 and vw.config is config
+    lines = inspect.getsource(hook.Monitor.__init__).count("\n")
+    assert lines <= 40, f"Monitor.__init__ is {lines} lines"
+
+
+# ---------------------------------------------------------------- host memory (issue 14 item 5)
+
+
+def test_host_memory_of_the_real_process_and_its_children():
+    from vramwatch.probe import host
+
+    child = subprocess.Popen([sys.executable, "-c", "x = bytearray(80 * 2**20); import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        reading = host.read_host(os.getpid())
+        while reading["host_children_rss_bytes"] < 80 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            reading = host.read_host(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert 10 * 2**20 < reading["host_rss_bytes"] <= peak + 2**20  # torch is imported: tens of MiB at least
+    assert reading["host_children_rss_bytes"] >= 80 * 2**20  # the child's 80 MiB bytearray is resident
+    assert 0 < reading["host_available_bytes"] < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert reading["host_pinned_bytes"] is None  # no framework asked
+
+
+def test_host_fields_are_sent_exactly_when_the_wire_knows_them(tmp_path):
+    from vramwatch.probe.host import HOST_FIELDS
+
+    vw = hook.init(None, run="host-fields", probe="simulated", out_dir=tmp_path, host_interval_s=0.05)
+    vw.step(1)
+    with vw.phase("checkpoint"):
+        pass
+    assert vw.close(5)
+    stored = [json.loads(line) for line in vw.trace_path.read_text().splitlines()]
+    assert len(stored) == 2
+    known = all(name in wire.FIELDS for name in HOST_FIELDS)
+    for sample in stored:
+        if known:
+            assert sample["host_rss_bytes"] > 10 * 2**20 and sample["host_available_bytes"] > 0
+        else:  # until the collector's schema has them, they are not sent (it would reject the sample)
+            assert not set(HOST_FIELDS) & set(sample)
