@@ -20,7 +20,7 @@ What is measured
 * **lost** = samples recorded by ``step()`` (``Monitor.stats()["samples"]``) minus rows in
   the database after every monitor closed; duplicates are counted by the collector.
 * **ingest latency**: wall time of each POST as the hook sees it (gzip of the batch,
-  request, validation, SQLite commit, response), timed around the transport's ``send``.
+  request, validation, SQLite commit, response), timed around the exporter's ``export``.
 * the collector's RSS and CPU from ``/proc/<pid>`` once a second.
 * ``step()`` cost on the driver thread (the training-thread cost under load).
 """
@@ -300,20 +300,17 @@ def _rank_group(ranks: list[int], world: int, url: str, run: str, rate: float, d
                             local_rank=rank % 8, probe="simulated", spool_dir=spool_dir, token=token,
                             flush_interval_s=1.0, backoff_max_s=5.0)
         sender = vw.sender
-        if sender is not None:  # time each POST as the hook sees it (measurement only)
-            send = sender.transport.send
+        if sender is not None:  # time each export (one POST, more on a split) as the hook sees it
+            export = sender.transport.export
 
-            def timed(body: bytes, count: int, timeout: float | None = None, _send: Any = send) -> Any:
+            def timed(lines: Any, timeout: float | None = None, _export: Any = export) -> Any:
                 t0 = time.perf_counter()
-                try:
-                    return _send(body, count, timeout)
-                except Exception:
-                    failures[0] += 1
-                    raise
-                finally:
-                    latencies.append(time.perf_counter() - t0)
+                result = _export(lines, timeout)
+                latencies.append(time.perf_counter() - t0)
+                failures[0] += result.failures
+                return result
 
-            sender.transport.send = timed  # type: ignore[method-assign]
+            sender.transport.export = timed  # type: ignore[method-assign]
         monitors.append(vw)
     step_costs: list[float] = []
     lateness: list[float] = []
@@ -382,12 +379,10 @@ def _canary(url: str, rate: float, duration: float, start_at: float, token: str 
             sample["step"] = i * 10 + j
         body = encode_lines(batch)
         c0 = time.perf_counter()
-        try:
-            transport.send(body, len(batch))
-        except Exception:
-            failures += 1
+        result = transport.export(body.splitlines(keepends=True))
+        failures += result.failures
         latencies.append(time.perf_counter() - c0)
-    transport.close()
+    transport.shutdown()
     Path(out_path).write_text(json.dumps({"latencies": latencies, "failures": failures,
                                           "cpu_s": time.process_time() - cpu0}))
 
