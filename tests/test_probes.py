@@ -442,3 +442,26 @@ def test_mig_instance_memory_is_the_instance_not_the_whole_gpu():
     assert device.is_mig
     assert (reading.used_bytes, reading.total_bytes) == (5 * GiB, 18 * GiB)
     assert (reading.process_used_bytes, reading.foreign_used_bytes) == (4 * GiB, GiB)
+
+
+def test_one_host_poller_per_process_shared_by_every_monitor(monkeypatch):
+    from vramwatch.probe import host
+
+    monkeypatch.setattr(host, "FIELDS", {name: "i" for name in host.HOST_FIELDS})
+    before = sum(t.name == "vramwatch-host" for t in threading.enumerate())
+    first = host.HostPoller.start(0.05, pinned=lambda: 4096)
+    second = host.HostPoller.start(0.05)
+    try:
+        assert first is second and first.users == 2
+        assert sum(t.name == "vramwatch-host" for t in threading.enumerate()) == before + 1
+        deadline = time.monotonic() + 5
+        while first.polls < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert first.polls >= 3 and first.latest["host_pinned_bytes"] == 4096
+        assert first.latest["host_rss_bytes"] > 0
+    finally:
+        first.release()
+        assert first.users == 1 and first._thread.is_alive()  # the other monitor still uses it
+        second.release()
+    first._thread.join(2)
+    assert not first._thread.is_alive() and first.users == 0

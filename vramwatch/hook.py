@@ -326,7 +326,7 @@ class Monitor:
             delivered = False
         try:
             if self.host is not None:
-                self.host.close()
+                self.host.release()
             if self.probe is not None:
                 self.probe.close()
         except Exception as exc:

@@ -115,8 +115,17 @@ def read_host(pid: int, pinned: Callable[[], int | None] | None = None) -> dict[
             "host_available_bytes": available_bytes(), "host_pinned_bytes": pinned_bytes}
 
 
+_shared: dict[int, HostPoller] = {}
+_shared_lock = threading.Lock()
+
+
 class HostPoller:
-    """Polls :func:`read_host` on a daemon thread; ``latest`` is the dict a sample is updated with."""
+    """Polls :func:`read_host` on a daemon thread; ``latest`` is the dict a sample is updated with.
+
+    Host memory is per process, so every monitor of a process shares one poller
+    (:meth:`start`/:meth:`release`): a load generator with 512 ranks in a process runs one
+    host thread, not 512.
+    """
 
     def __init__(self, interval_s: float, pinned: Callable[[], int | None] | None = None) -> None:
         self.interval_s = max(0.05, float(interval_s))
@@ -124,6 +133,7 @@ class HostPoller:
         self.pid = os.getpid()
         self.latest: dict[str, Any] = {}
         self.polls = self.errors = 0
+        self.users = 0
         self._stop = threading.Event()
         self.poll_once()
         self._thread = threading.Thread(target=self._run, name="vramwatch-host", daemon=True)
@@ -131,10 +141,28 @@ class HostPoller:
 
     @classmethod
     def start(cls, interval_s: float, pinned: Callable[[], int | None] | None = None) -> HostPoller | None:
-        """A poller, or None when the wire schema has no host fields yet (nothing would be sent)."""
+        """This process's shared poller (started on first use), or None when the wire schema has
+        no host fields yet (nothing would be sent). Pair with :meth:`release`."""
         if not all(name in FIELDS for name in HOST_FIELDS):
             return None
-        return cls(interval_s, pinned)
+        with _shared_lock:
+            poller = _shared.get(os.getpid())
+            if poller is None or poller._stop.is_set():
+                poller = _shared[os.getpid()] = cls(interval_s, pinned)
+            elif pinned is not None and poller.pinned is None:
+                poller.pinned = pinned
+            poller.users += 1
+            return poller
+
+    def release(self) -> None:
+        """One monitor is done with it; the last one stops the thread."""
+        with _shared_lock:
+            self.users -= 1
+            if self.users > 0:
+                return
+            if _shared.get(self.pid) is self:
+                del _shared[self.pid]
+        self.close()
 
     def poll_once(self) -> dict[str, Any]:
         try:
