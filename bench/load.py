@@ -279,10 +279,17 @@ def percentile(values: list[float], q: float) -> float:
 # ------------------------------------------------------------------ simulated ranks
 
 
+RANKS_PER_THREAD = 1  # default: each rank's sender owns its thread, as in a real job
+
+
 def _rank_group(ranks: list[int], world: int, url: str, run: str, rate: float, duration: float,
-                start_at: float, spool_dir: str, token: str | None, out_path: str) -> None:
-    """One worker process: a monitor per rank, one driver thread stepping all of them."""
+                start_at: float, spool_dir: str, token: str | None, out_path: str,
+                ranks_per_thread: int = RANKS_PER_THREAD) -> None:
+    """One worker process: a monitor per rank, one driver thread stepping all of them, and one
+    delivery thread per ``ranks_per_thread`` monitors (a :class:`SharedWorker` running each
+    monitor's own processor, exporter and spool; 1: a thread per rank, as in a real job)."""
     import vramwatch
+    from vramwatch.delivery import SharedWorker
 
     # The generator runs at lower priority: on a cluster the ranks do not share cores with
     # the collector; here they must, and should not starve it (or the latency canary).
@@ -292,13 +299,17 @@ def _rank_group(ranks: list[int], world: int, url: str, run: str, rate: float, d
     monitors = []
     latencies: list[float] = []
     failures = [0]
-    for rank in ranks:
+    shared: list[Any] = []
+    for i, rank in enumerate(ranks):
         # ranks of a real job start within about a second of each other (torchrun, SLURM), so
         # their senders' 1 s flush timers are spread over that second, not in lockstep
         time.sleep(1.0 / len(ranks))
+        if ranks_per_thread > 1 and i % ranks_per_thread == 0:
+            shared.append(SharedWorker())
         vw = vramwatch.init(url=url, run=run, rank=rank, world_size=world, host=f"node-{rank // 8:03d}",
                             local_rank=rank % 8, probe="simulated", spool_dir=spool_dir, token=token,
-                            flush_interval_s=1.0, backoff_max_s=5.0)
+                            flush_interval_s=1.0, backoff_max_s=5.0,
+                            delivery_worker=shared[-1] if ranks_per_thread > 1 else None)
         sender = vw.sender
         if sender is not None:  # time each export (one POST, more on a split) as the hook sees it
             export = sender.transport.export
@@ -402,7 +413,8 @@ def _server_quantile(metrics_text: str, q: float) -> float:
 
 def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: int = 8,
              workdir: str | os.PathLike[str] | None = None, token: str | None = None,
-             collector_args: tuple[str, ...] = (), measure_restart: bool = False) -> dict[str, Any]:
+             collector_args: tuple[str, ...] = (), measure_restart: bool = False,
+             ranks_per_thread: int = 1) -> dict[str, Any]:
     """One load run against a fresh collector; returns the figures (see module docstring)."""
     owned = None
     if workdir is None:
@@ -425,7 +437,7 @@ def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: i
             for i, group in enumerate(groups):
                 p = ctx.Process(target=_rank_group, args=(
                     group, ranks, collector.url, run, rate, duration, start_at, str(work / "spool"), token,
-                    str(work / f"result-{i}.json")))
+                    str(work / f"result-{i}.json"), ranks_per_thread))
                 p.start()
                 workers.append(p)
             rss: list[int] = []
@@ -468,7 +480,7 @@ def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: i
         latencies = [x for r in results for x in r["latencies"]]
         totals = {k: sum(r["totals"][k] for r in results) for k in results[0]["totals"]}
         return {
-            "ranks": ranks, "rate": rate, "duration": duration, "procs": procs,
+            "ranks": ranks, "rate": rate, "duration": duration, "procs": procs, "ranks_per_thread": ranks_per_thread,
             "produced": produced, "stored": stored, "lost": produced - stored,
             "duplicates": totals["duplicates"], "posts": len(latencies),
             "post_failures": sum(r["post_failures"] for r in results),
@@ -601,6 +613,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=10.0, help="samples per second per rank")
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--procs", type=int, default=8, help="worker processes holding the ranks")
+    parser.add_argument("--ranks-per-thread", type=int, default=1,
+                        help="ranks whose senders share one delivery thread (1: a thread per rank, as in a real "
+                             "job; 64 lets 4,096 ranks fit on 2 cores)")
     parser.add_argument("--sweep", default="128,256,512,768,1024,1536",
                         help="rank counts for the knee sweep (comma separated)")
     parser.add_argument("--sweep-duration", type=float, default=20.0)
@@ -613,14 +628,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     main_run = run_load(ranks=args.ranks, rate=args.rate, duration=args.duration, procs=args.procs,
-                        measure_restart=True)
+                        measure_restart=True, ranks_per_thread=args.ranks_per_thread)
     print(json.dumps({k: v for k, v in main_run.items() if k != "totals"}, indent=1), flush=True)
     sweep = []
     if not args.no_sweep:
         for n in [int(x) for x in args.sweep.split(",") if x.strip()]:
             tries = []
             for _ in range(max(1, args.repeats)):
-                r = run_load(ranks=n, rate=args.rate, duration=args.sweep_duration, procs=args.procs)
+                r = run_load(ranks=n, rate=args.rate, duration=args.sweep_duration, procs=args.procs,
+                             ranks_per_thread=args.ranks_per_thread)
                 print(json.dumps({k: v for k, v in r.items() if k not in ("totals",)}), flush=True)
                 tries.append(r)
             best = min(tries, key=lambda r: r["p99_ms"])

@@ -442,3 +442,25 @@ def test_the_in_memory_exporter_behind_the_processor():
     assert [s["step"] for s in exporter.samples] == [] or exporter.shut
     # without a spool a failed batch is counted, not kept
     assert processor.stats()["dropped_unsendable"] == 5 and processor.stats()["send_failures"] == 1
+
+
+def test_one_shared_worker_drives_many_processors_each_with_its_own_queue_and_interval(ingest, tmp_path):
+    """A load generator's many ranks in one process: one thread, the real processor code per rank."""
+    from vramwatch.delivery import SharedWorker
+
+    worker = SharedWorker()
+    threads_before = threading.active_count()
+    senders = [BatchSender(HttpTransport(ingest.url), spool_path=tmp_path / f"r{rank}.jsonl", interval_s=0.05,
+                           worker=worker) for rank in range(40)]
+    assert threading.active_count() == threads_before  # no thread per sender
+    for rank, sender in enumerate(senders):
+        for s in samples(5, rank=rank):
+            sender.submit(s)
+    assert wait_for(lambda: len(ingest.stored) == 200, 10)  # timed cycles, no flush asked
+    for rank, sender in enumerate(senders):
+        for s in samples(5, start=5, rank=rank):
+            sender.submit(s)
+    assert all(sender.flush(5) for sender in senders)
+    assert all(sender.close(5) for sender in senders)
+    assert len(ingest.stored) == 400
+    assert sum(sender.stats()["delivered"] for sender in senders) == 400

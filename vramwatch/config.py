@@ -92,6 +92,9 @@ class Config:
     max_spool_bytes: int = 512 * 1024 * 1024  # per rank, across restarts (adopted spools count)
     exit_timeout_s: float = 5.0
     enabled: bool = True
+    # a delivery.SharedWorker: one thread drives the senders of many monitors in this process
+    # (load generators simulating many ranks); None: the monitor's sender owns its thread
+    delivery_worker: Any = None
 
     def __post_init__(self) -> None:
         from vramwatch.probe.torch_cuda import PEAK_POLICIES

@@ -172,7 +172,7 @@ class Monitor:
     def _make_sender(self, exporter: HttpExporter | None) -> BatchSender:
         config, ident = self.config, self.identity
         common = {"batch_size": config.batch_size, "interval_s": config.flush_interval_s,
-                  "max_queue": config.max_queue}
+                  "max_queue": config.max_queue, "worker": config.delivery_worker}
         if exporter is None:
             self.trace_path = config.trace_root() / ident["run"] / (
                 f"{ident['host']}-rank{ident['rank']}-{ident['incarnation']}.jsonl")

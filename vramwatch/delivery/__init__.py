@@ -22,7 +22,7 @@ from vramwatch.delivery.exporters import (
     HttpExporter,
     InMemoryExporter,
 )
-from vramwatch.delivery.processor import BatchProcessor, BatchSender
+from vramwatch.delivery.processor import BatchProcessor, BatchSender, SharedWorker
 from vramwatch.delivery.results import Directive, ExportResult, Failure, Outcome
 from vramwatch.delivery.spool import Backoff, Spool, SpoolingExporter, leftover_spools, spool_prefix
 
@@ -31,4 +31,5 @@ FileTransport = FileExporter
 
 __all__ = ["INGEST_PATH", "MAX_REPLY_BYTES", "Backoff", "BatchProcessor", "BatchSender", "Directive", "ExportResult",
            "Exporter", "Failure", "FileExporter", "FileTransport", "HttpExporter", "HttpTransport",
-           "InMemoryExporter", "Outcome", "Spool", "SpoolingExporter", "leftover_spools", "spool_prefix"]
+           "InMemoryExporter", "Outcome", "SharedWorker", "Spool", "SpoolingExporter", "leftover_spools",
+           "spool_prefix"]

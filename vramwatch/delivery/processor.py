@@ -61,7 +61,7 @@ class BatchProcessor:
     """Bounded queue + daemon worker shipping samples to one exporter."""
 
     def __init__(self, exporter: Any, *, batch_size: int = 512, interval_s: float = 1.0, max_queue: int = 8192,
-                 validate: bool = True) -> None:
+                 validate: bool = True, worker: SharedWorker | None = None) -> None:
         self.exporter = exporter
         self.batch_size = max(1, int(batch_size))
         self.interval_s = max(0.01, float(interval_s))
@@ -69,7 +69,8 @@ class BatchProcessor:
         self._hard_cap = 4 * self.max_queue
         self._validate = validate
         self._queue: deque[dict[str, Any]] = deque()
-        self._wake = threading.Event()
+        self._worker = worker
+        self._wake = worker.wake if worker is not None else threading.Event()
         self._cond = threading.Condition()
         self._flush_requested = self._flush_done = 0
         self._stopping = self._closed = self._child = False
@@ -82,10 +83,15 @@ class BatchProcessor:
         self.last_error: str | None = None
         self.directives: deque[Directive] = deque(maxlen=32)  # received, for the features that act on them
         self._warned: set[str] = set()
+        self._due = time.monotonic() + random.uniform(0.0, self.interval_s)  # next timed cycle (shared worker)
         lifecycle.register(self)
         lifecycle.on_fork_in_child(self, "_after_fork_in_child")
-        self._thread = threading.Thread(target=self._run, name="vramwatch-sender", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if worker is not None:
+            worker.add(self)
+        else:
+            self._thread = threading.Thread(target=self._run, name="vramwatch-sender", daemon=True)
+            self._thread.start()
 
     @property
     def spool(self) -> Spool | None:
@@ -112,12 +118,14 @@ class BatchProcessor:
                 except IndexError:
                     pass
 
+    emit = submit  # OpenTelemetry's name
+
     def force_flush(self, timeout: float = 5.0) -> bool:
         """Wait (at most ``timeout`` s) until everything queued so far was handled.
 
         True when all of it reached the exporter (nothing left in the spool).
         """
-        if self._closed or not self._thread.is_alive():
+        if self._closed or not self._worker_alive():
             return self._idle()
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
@@ -152,15 +160,36 @@ class BatchProcessor:
         with self._cond:
             self._stopping = True
             self._flush_requested += 1
+            target = self._flush_requested
         self._wake.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(max(0.0, deadline - time.monotonic()))
-        if self._thread.is_alive():
+        finished = self._wait_done(target, deadline)
+        if not finished:
             self._emergency_spool()  # stuck in a request: a later duplicate is harmless (idempotent ingest)
         else:
             self.exporter.shutdown()
+        if self._worker is not None:
+            self._worker.remove(self)
         lifecycle.unregister(self)
         return self._idle()
+
+    def _wait_done(self, target: int, deadline: float) -> bool:
+        """Wait for the final cycle (our own thread's exit, or the shared worker's pass)."""
+        if self._thread is not None:
+            if self._thread is not threading.current_thread():
+                self._thread.join(max(0.0, deadline - time.monotonic()))
+            return not self._thread.is_alive()
+        with self._cond:
+            while self._flush_done < target:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._worker_alive():
+                    return False
+                self._cond.wait(min(left, 0.1))
+        return True
+
+    def _worker_alive(self) -> bool:
+        if self._thread is not None:
+            return self._thread.is_alive()
+        return self._worker is not None and self._worker.alive()
 
     close = shutdown
 
@@ -193,22 +222,32 @@ class BatchProcessor:
         while True:
             self._wake.wait(timeout)
             self._wake.clear()
-            with self._cond:
-                target = self._flush_requested
-                stopping = self._stopping
-            if self._child:
-                return
-            try:
-                self._cycle(force=target > self._flush_done)
-            except Exception as exc:  # a bug here must not kill delivery for the rest of the run
-                self.counters["worker_errors"] += 1
-                self.last_error = f"worker: {type(exc).__name__}: {exc}"
-            with self._cond:
-                self._flush_done = max(self._flush_done, target)
-                self._cond.notify_all()
-            if stopping:
+            if self._service():
                 return
             timeout = self._interval()
+
+    def _service(self) -> bool:
+        """One worker pass: a cycle, then the flush handshake. True when this processor is done."""
+        with self._cond:
+            target = self._flush_requested
+            stopping = self._stopping
+        if self._child:
+            return True
+        try:
+            self._cycle(force=target > self._flush_done)
+        except Exception as exc:  # a bug here must not kill delivery for the rest of the run
+            self.counters["worker_errors"] += 1
+            self.last_error = f"worker: {type(exc).__name__}: {exc}"
+        with self._cond:
+            self._flush_done = max(self._flush_done, target)
+            self._cond.notify_all()
+        self._due = time.monotonic() + self._interval()
+        return stopping
+
+    def _wanted(self, now: float) -> bool:
+        """For a shared worker: is a pass due (time, a full batch, a flush or a shutdown)?"""
+        return (now >= self._due or len(self._queue) >= self.batch_size or self._stopping
+                or self._flush_requested > self._flush_done)
 
     def _take(self) -> list[bytes]:
         queue = self._queue
@@ -347,6 +386,48 @@ def _neutralize(fds: Sequence[int | None]) -> None:
         os.close(devnull)
 
 
+class SharedWorker:
+    """One thread that drives many processors (a load generator simulating hundreds of ranks
+    in one process). Each processor keeps its own queue, exporter, spool and flush interval;
+    only the thread is shared. A real rank (one process) needs none: each processor owns its
+    thread by default."""
+
+    def __init__(self, name: str = "vramwatch-sender-shared") -> None:
+        self.wake = threading.Event()
+        self._members: list[BatchProcessor] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def add(self, processor: BatchProcessor) -> None:
+        with self._lock:
+            self._members.append(processor)
+        self.wake.set()
+
+    def remove(self, processor: BatchProcessor) -> None:
+        with self._lock:
+            if processor in self._members:
+                self._members.remove(processor)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                members = list(self._members)
+            now = time.monotonic()
+            nearest = now + 1.0
+            for processor in members:
+                if processor._wanted(now):
+                    if processor._service():
+                        self.remove(processor)
+                    now = time.monotonic()
+                nearest = min(nearest, processor._due)
+            self.wake.wait(max(0.0, nearest - time.monotonic()))
+            self.wake.clear()
+
+
 class BatchSender(BatchProcessor):
     """The processor with the hook's usual exporter stack: ``transport`` (HTTP or file), wrapped in
     a :class:`SpoolingExporter` when ``spool_path`` is given. (The name predates the processor.)"""
@@ -354,7 +435,8 @@ class BatchSender(BatchProcessor):
     def __init__(self, transport: Any, *, batch_size: int = 512, interval_s: float = 1.0, max_queue: int = 8192,
                  spool_path: str | os.PathLike[str] | None = None,
                  adopt_spools: Sequence[str | os.PathLike[str]] = (), max_spool_bytes: int = 512 * 1024 * 1024,
-                 backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0, validate: bool = True) -> None:
+                 backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0, validate: bool = True,
+                 worker: SharedWorker | None = None) -> None:
         exporter = transport
         discarded = 0
         if spool_path is not None:
@@ -363,11 +445,11 @@ class BatchSender(BatchProcessor):
             discarded = spool.discarded_lines
             exporter = SpoolingExporter(transport, spool, Backoff(backoff_initial_s, backoff_max_s))
         super().__init__(exporter, batch_size=batch_size, interval_s=interval_s, max_queue=max_queue,
-                         validate=validate)
+                         validate=validate, worker=worker)
         if discarded:
             self.counters["dropped_spool_full"] += discarded
             self.last_error = f"older spool files over the cap ({max_spool_bytes} bytes): {discarded} samples dropped"
         self.transport = transport
 
 
-__all__ = ["BatchProcessor", "BatchSender"]
+__all__ = ["BatchProcessor", "BatchSender", "SharedWorker"]
