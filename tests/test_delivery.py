@@ -464,3 +464,46 @@ def test_one_shared_worker_drives_many_processors_each_with_its_own_queue_and_in
     assert all(sender.close(5) for sender in senders)
     assert len(ingest.stored) == 400
     assert sum(sender.stats()["delivered"] for sender in senders) == 400
+
+
+def test_a_keep_alive_connection_the_server_closed_is_replaced_at_once_not_backed_off():
+    """Servers close idle keep-alive connections; reusing one must cost a reconnect, not a failure."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    served = []
+
+    def serve() -> None:
+        with listener:
+            for _ in range(3):
+                conn, _addr = listener.accept()
+                with conn:
+                    data = b""
+                    while b"\r\n\r\n" not in data:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                    if not data:
+                        continue
+                    head, _, body = data.partition(b"\r\n\r\n")
+                    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                      if line.lower().startswith(b"content-length")))
+                    while len(body) < length:
+                        body += conn.recv(65536)
+                    served.append(len(body))
+                    reply = b'{"accepted": 3, "duplicates": 0}'
+                    # no "Connection: close": the client keeps the socket, which we close right away
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(reply), reply))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    exporter = HttpExporter(f"http://127.0.0.1:{listener.getsockname()[1]}")
+    lines = [json.dumps(s).encode() + b"\n" for s in samples(3)]
+    first = exporter.export(lines)
+    time.sleep(0.1)  # the server has closed its end by now
+    second = exporter.export(lines)
+    exporter.shutdown()
+    assert first.outcome is second.outcome is Outcome.SUCCESS
+    assert (first.failures, second.failures, second.accepted) == (0, 0, 3)
+    assert len(served) == 2

@@ -37,6 +37,8 @@ INGEST_PATH = "/api/v1/samples"
 MAX_REPLY_BYTES = 64 * 1024
 _RETRY_STATUSES = frozenset({408, 425, 429})
 _MIN_HINT_S, _MAX_HINT_S = 0.05, 60.0
+# what a keep-alive connection the server already closed looks like when reused
+_STALE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, http.client.RemoteDisconnected)
 
 
 class Exporter(Protocol):
@@ -125,10 +127,24 @@ class HttpExporter:
         """(status, parsed reply, Location) or a RETRY result for a transport failure."""
         payload = gzip.compress(body, compresslevel=self.compresslevel, mtime=0)
         timeout = self.timeout_s if timeout is None else max(0.05, min(timeout, self.timeout_s))
+        for attempt in (0, 1):
+            reused = self._conn is not None and self._conn.sock is not None
+            try:
+                conn = self._connection(timeout)
+                conn.request("POST", self.path, body=payload, headers=self.headers)
+                response = conn.getresponse()
+                break
+            except _STALE as exc:
+                self.shutdown()
+                if reused and attempt == 0:
+                    # the server closed an idle keep-alive connection as we reused it: a fresh
+                    # connection at once, not a backoff (ingest is idempotent if it did arrive)
+                    continue
+                return self._network_failure(exc)
+            except (OSError, http.client.HTTPException) as exc:
+                self.shutdown()
+                return self._network_failure(exc)
         try:
-            conn = self._connection(timeout)
-            conn.request("POST", self.path, body=payload, headers=self.headers)
-            response = conn.getresponse()
             status = response.status
             length = response.getheader("content-length")
             too_long = length is not None and length.isdigit() and int(length) > MAX_REPLY_BYTES
@@ -137,8 +153,7 @@ class HttpExporter:
             keep = response.getheader("connection", "").lower() != "close"
         except (OSError, http.client.HTTPException) as exc:
             self.shutdown()
-            return ExportResult(Outcome.RETRY, posts=1, failures=1, failure=Failure.NETWORK,
-                                detail=f"{type(exc).__name__}: {exc}"[:300])
+            return self._network_failure(exc)
         if too_long or len(data) > MAX_REPLY_BYTES or not response.isclosed():
             # never read (or drain) more than the protocol needs: drop the connection instead
             keep = False
@@ -147,6 +162,11 @@ class HttpExporter:
         if not keep:
             self.shutdown()
         return status, parse_reply(data), location
+
+    @staticmethod
+    def _network_failure(exc: BaseException) -> ExportResult:
+        return ExportResult(Outcome.RETRY, posts=1, failures=1, failure=Failure.NETWORK,
+                            detail=f"{type(exc).__name__}: {exc}"[:300])
 
     # ------------------------------------------------------------ the exporter
 
