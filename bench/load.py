@@ -7,9 +7,11 @@ What runs
 ---------
 * The collector is ``vramwatch serve`` in its own process (uvicorn + SQLite WAL on disk).
 * Ranks are real :class:`vramwatch.hook.Monitor` objects with the simulated probe, each with
-  its own :class:`~vramwatch.delivery.BatchSender` (own queue, worker thread, HTTP
-  keep-alive connection, disk spool), sending gzipped NDJSON once per second (the default
-  ``flush_interval_s``): 10 samples per POST at 10 samples/s.
+  its own :class:`~vramwatch.delivery.BatchSender` (own queue, HTTP keep-alive connection,
+  disk spool, and a worker thread -- or, with ``--ranks-per-thread N``, one
+  :class:`~vramwatch.delivery.SharedWorker` thread per N ranks running the same processor code,
+  so 4,096 ranks fit on 2 cores), sending gzipped NDJSON once per flush interval (1 s by
+  default, longer when the collector is slow or hints so): 10 samples per POST at 10 samples/s.
 * 512 interpreters do not fit a 2-core machine, so ranks run as threads: ``--procs``
   worker processes (default 8), each holding ``ranks / procs`` monitors and one driver
   thread that calls ``step()`` on each of them every ``1 / rate`` seconds, the way the
@@ -651,8 +653,11 @@ def main(argv: list[str] | None = None) -> int:
     m = main_run
     body = [
         f"{m['ranks']} simulated ranks x {m['rate']:g} samples/s x {m['duration']:g} s through the real hook and "
-        "delivery (one `Monitor` + `BatchSender` per rank: own queue, worker thread, keep-alive connection and "
-        "spool; a gzipped POST per rank per second, ~10 samples each) against `vramwatch serve` in its own "
+        "delivery (one `Monitor` + `BatchSender` per rank: own queue, keep-alive connection and spool, "
+        + ("a worker thread each" if m.get("ranks_per_thread", 1) <= 1 else
+           f"one delivery thread per {m['ranks_per_thread']} ranks (`SharedWorker`)")
+        + "; a gzipped POST per rank per flush interval, which adapts to the collector's latency) against "
+        "`vramwatch serve` in its own "
         f"process. The ranks run as threads in {m['procs']} worker processes (one driver thread per process "
         f"calls `step()` on its {m['ranks'] // m['procs']} monitors every {1000 / m['rate']:g} ms), because 512 "
         "interpreters do not fit this 2-core machine, which the generator, the collector and the other "
