@@ -409,3 +409,43 @@ def test_host_fields_are_sent_exactly_when_the_wire_knows_them(tmp_path):
             assert sample["host_rss_bytes"] > 10 * 2**20 and sample["host_available_bytes"] > 0
         else:  # until the collector's schema has them, they are not sent (it would reject the sample)
             assert not set(HOST_FIELDS) & set(sample)
+
+
+def test_feature_seams_step_hooks_directive_listeners_and_close_hooks(tmp_path):
+    """What the snapshot-capture agent plugs into: directives from replies, each step, close."""
+    from fakes.ingest_server import ScriptedIngest
+
+    with ScriptedIngest() as ingest:
+        ingest.reply_extra = {"directives": [{"type": "capture", "steps": 3}]}
+        vw = hook.init(ingest.url, run="seams", probe="simulated", spool_dir=tmp_path, flush_interval_s=0.05)
+        seen, steps, closed = [], [], []
+        vw.sender.add_directive_listener(seen.extend)
+        vw.add_step_hook(steps.append)
+        vw.add_step_hook(lambda step: 1 / 0 if step == 2 else None)  # a failing feature never reaches training
+        vw.add_close_hook(closed.append)
+        for step in range(4):
+            vw.step(step)
+        assert vw.flush(5)
+        assert vw.close(5)
+    assert steps == [0, 1, 2, 3]
+    assert seen and seen[0].type == "capture" and seen[0].args == {"steps": 3}
+    assert len(closed) == 1 and 0 < closed[0] <= 5
+    assert vw.stats()["hook_errors"] == 1
+
+
+def test_two_phases_of_one_name_at_one_step_are_numbered_when_the_wire_knows_seq(tmp_path):
+    vw = hook.init(None, run="seq", probe="simulated", out_dir=tmp_path)
+    vw.step(5)
+    for _ in range(2):  # two checkpoint callbacks saving at the same step
+        with vw.phase("checkpoint"):
+            pass
+    vw.step(6)
+    with vw.phase("checkpoint"):
+        pass
+    assert vw.close(5)
+    phases = [json.loads(line) for line in vw.trace_path.read_text().splitlines() if '"checkpoint"' in line]
+    assert [p["step"] for p in phases] == [5, 5, 6]
+    if "seq" in wire.FIELDS:
+        assert [p.get("seq", 0) for p in phases] == [0, 1, 0]  # distinct idempotency keys
+    else:  # the current collector would reject an unknown field: not sent yet
+        assert all("seq" not in p for p in phases)

@@ -47,6 +47,7 @@ import re
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -56,8 +57,9 @@ from vramwatch.config import Config
 from vramwatch.delivery import BatchSender, FileExporter, HttpExporter, leftover_spools, lifecycle, spool_prefix
 from vramwatch.probe import BaseProbe, make_probe
 from vramwatch.probe.host import HostPoller
-from vramwatch.wire import MAX_INT, PHASE_RE, SCHEMA_VERSION
+from vramwatch.wire import FIELDS, MAX_INT, PHASE_RE, SCHEMA_VERSION
 
+_SEQ_ON_WIRE = "seq" in FIELDS  # until the collector's schema has it, a repeated phase is not numbered
 _EXTRA_KEY_RE = re.compile(r"[^\x00-\x1f\x7f]{1,64}\Z")
 
 
@@ -126,10 +128,14 @@ class Monitor:
         self._warned: set[str] = set()
         self._last_step = 0
         self._last_t: float | None = None
+        self._seq_step = -1
+        self._seq_counts: dict[str, int] = {}
         self.probe: BaseProbe | None = None
         self.sender: BatchSender | None = None
         self.host: HostPoller | None = None
         self.trace_path: Path | None = None
+        self._step_hooks: tuple[Callable[[int], None], ...] = ()
+        self._close_hooks: tuple[Callable[[float], object], ...] = ()
         lifecycle.register(self)
         lifecycle.on_fork_in_child(self, "_after_fork_in_child")
         if config.enabled and self._start_probe():
@@ -206,17 +212,30 @@ class Monitor:
             last, self._last_t = self._last_t, now
             self._emit(reading, step, "train", None if last is None else now - last, numbers)
             self._last_step = step
+            for hook in self._step_hooks:  # empty unless a feature (snapshot capture) asked
+                hook(step)
         except Exception as exc:
             self._hook_error(exc)
 
+    def add_step_hook(self, hook: Callable[[int], None]) -> None:
+        """Run ``hook(step)`` on the training thread after each recorded step (keep it O(1) when idle;
+        what it raises is counted in ``stats()['hook_errors']``, never raised into training)."""
+        self._step_hooks += (hook,)
+
+    def add_close_hook(self, hook: Callable[[float], object]) -> None:
+        """Run ``hook(timeout_s)`` at :meth:`close` before the sender flushes (e.g. a pending upload)."""
+        self._close_hooks += (hook,)
+
     def _emit(self, reading: dict[str, Any], step: int, phase: str, step_time_s: float | None,
-              numbers: dict[str, Any] | None = None, host: dict[str, Any] | None = None) -> None:
+              numbers: dict[str, Any] | None = None, host: dict[str, Any] | None = None, seq: int = 0) -> None:
         """Build the one sample shape every path sends, and queue it."""
         sample = self._base.copy()
         sample.update(reading)
         sample["step"] = step
         sample["ts"] = time.time()
         sample["phase"] = phase
+        if seq:
+            sample["seq"] = seq
         if step_time_s is not None:
             sample["step_time_s"] = step_time_s
         if host is None and self.host is not None:
@@ -290,10 +309,19 @@ class Monitor:
             now = time.perf_counter()
             # phases are rare and checkpoints peak on the host too: read host memory afresh
             host = self.host.poll_once() if self.host is not None else None
-            self._emit(reading, step, name, now - t0, host=host)  # a phase sample's time is its duration
+            self._emit(reading, step, name, now - t0, host=host, seq=self._phase_seq(step, name))
             self._last_t = now  # the next step's time excludes the phase
         except Exception as exc:
             self._hook_error(exc)
+
+    def _phase_seq(self, step: int, name: str) -> int:
+        """0 for the first phase of this name after ``step``, 1 for a second one (two checkpoint
+        callbacks at one step), ...: part of the idempotency key, so neither is a duplicate."""
+        if step != self._seq_step:
+            self._seq_step, self._seq_counts = step, {}
+        n = self._seq_counts.get(name, 0)
+        self._seq_counts[name] = n + 1
+        return n if _SEQ_ON_WIRE else 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -318,9 +346,15 @@ class Monitor:
         if self._pid != os.getpid():
             return True
         delivered = True
+        deadline = time.monotonic() + timeout  # one budget for the close hooks and the sender
+        for hook in self._close_hooks:
+            try:
+                hook(max(0.0, deadline - time.monotonic()))
+            except Exception as exc:
+                self._hook_error(exc)
         try:
             if self.sender is not None:
-                delivered = self.sender.close(timeout)
+                delivered = self.sender.close(max(0.1, deadline - time.monotonic()))
         except Exception as exc:
             self._hook_error(exc)
             delivered = False

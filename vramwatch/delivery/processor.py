@@ -29,7 +29,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,7 @@ class BatchProcessor:
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         self.last_error: str | None = None
         self.directives: deque[Directive] = deque(maxlen=32)  # received, for the features that act on them
+        self._directive_listeners: tuple[Callable[[tuple[Directive, ...]], None], ...] = ()
         self._warned: set[str] = set()
         self._due = time.monotonic() + random.uniform(0.0, self.interval_s)  # next timed cycle (shared worker)
         lifecycle.register(self)
@@ -119,6 +120,11 @@ class BatchProcessor:
                     pass
 
     emit = submit  # OpenTelemetry's name
+
+    def add_directive_listener(self, listener: Callable[[tuple[Directive, ...]], None]) -> None:
+        """Call ``listener(directives)`` on the worker thread whenever a reply carries directives
+        (e.g. the snapshot capture agent). It must be quick and must not raise (errors are counted)."""
+        self._directive_listeners += (listener,)
 
     def force_flush(self, timeout: float = 5.0) -> bool:
         """Wait (at most ``timeout`` s) until everything queued so far was handled.
@@ -320,6 +326,12 @@ class BatchProcessor:
         if result.directives:
             c["directives"] += len(result.directives)
             self.directives.extend(result.directives)  # parsed; acted on by the features that know them
+            for listener in self._directive_listeners:
+                try:
+                    listener(result.directives)
+                except Exception as exc:
+                    c["worker_errors"] += 1
+                    self.last_error = f"directive listener: {type(exc).__name__}: {exc}"
         if result.failure is not None:
             self.last_error = result.describe()
             template = _WARNINGS.get(result.failure)
