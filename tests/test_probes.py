@@ -465,3 +465,15 @@ def test_one_host_poller_per_process_shared_by_every_monitor(monkeypatch):
         second.release()
     first._thread.join(2)
     assert not first._thread.is_alive() and first.users == 0
+
+
+def test_every_test_module_holds_tests():
+    """A helper named test_*.py is collected as a test module that tests nothing: name it plainly."""
+    import ast
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    empty = [path.name for path in sorted(here.glob("test_*.py"))
+             if not any(isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test")
+                        for node in ast.walk(ast.parse(path.read_text())))]
+    assert not empty, f"test modules without tests: {empty}"
