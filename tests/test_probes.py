@@ -477,3 +477,24 @@ def test_every_test_module_holds_tests():
              if not any(isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test")
                         for node in ast.walk(ast.parse(path.read_text())))]
     assert not empty, f"test modules without tests: {empty}"
+
+
+def test_a_phase_sample_carries_the_host_peak_of_the_phase_even_when_freed_before_it_ends(monkeypatch):
+    """A checkpoint that materialises a state dict on the host and frees it: the phase's RSS peak."""
+    from vramwatch.probe import host
+
+    monkeypatch.setattr(host, "FIELDS", {name: "i" for name in host.HOST_FIELDS})
+    poller = host.HostPoller.start(60.0)
+    try:
+        baseline = poller.poll_once()["host_rss_bytes"]
+        poller.begin_phase()
+        blob = bytearray(300 * 2**20)  # touched pages: resident
+        blob[:: 4096] = b"x" * len(blob[:: 4096])
+        del blob  # freed (unmapped) before the phase ends
+        after = poller.poll_once()["host_rss_bytes"]
+        phase = poller.end_phase()
+    finally:
+        poller.release()
+    assert after < baseline + 100 * 2**20  # the current RSS no longer shows it...
+    assert phase["host_rss_bytes"] >= baseline + 250 * 2**20  # ...the phase's peak does
+    assert poller.stats()["host_rss_max_bytes"] >= phase["host_rss_bytes"]

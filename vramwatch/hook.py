@@ -290,6 +290,8 @@ class Monitor:
     def _begin_phase(self, name: str) -> bool:
         try:
             self.probe.begin_phase(name)  # type: ignore[union-attr]
+            if self.host is not None:
+                self.host.begin_phase()
         except Exception as exc:
             self._probe_error(exc)
             return False
@@ -307,8 +309,8 @@ class Monitor:
                 self._probe_error(exc)
                 return
             now = time.perf_counter()
-            # phases are rare and checkpoints peak on the host too: read host memory afresh
-            host = self.host.poll_once() if self.host is not None else None
+            # phases are rare and checkpoints peak on the host too: the phase's peak RSS, read afresh
+            host = self.host.end_phase() if self.host is not None and opened else None
             self._emit(reading, step, name, now - t0, host=host, seq=self._phase_seq(step, name))
             self._last_t = now  # the next step's time excludes the phase
         except Exception as exc:
@@ -409,7 +411,7 @@ class Monitor:
             if self.probe is not None:
                 out.update(self.probe.stats())
             if self.host is not None:
-                out["host_polls"] = self.host.polls
+                out.update(self.host.stats())
             if self.sender is not None:
                 sender_stats = self.sender.stats()
                 out["last_delivery_error"] = sender_stats.pop("last_error")

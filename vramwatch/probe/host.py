@@ -14,6 +14,14 @@ checkpoint's host peak is caught):
 Reading all four costs ~0.1-1 ms (more with many children): never on the training thread
 per step. Off Linux (no ``/proc``) the fields are None, never zeros. The fields are sent
 only when the wire schema knows them (:data:`HOST_FIELDS` in ``wire.FIELDS``).
+
+Phase peaks: a checkpoint can materialise a whole state dict on the host and free it before
+the phase ends (FSDP ``state_dict``: the host OOM-killer's favourite moment). So a phase
+sample's ``host_rss_bytes`` is the process's *peak* RSS during the phase: at phase start
+the kernel's high-water mark is reset (``/proc/self/clear_refs`` ← ``5``), at phase end
+``VmHWM`` is read. Side effect, like ``reset_peak_memory_stats``: ``VmHWM`` and
+``getrusage().ru_maxrss`` of this process then count from the latest phase start; the
+poller keeps the run-long maximum (``stats()['host_rss_max_bytes']``).
 """
 
 from __future__ import annotations
@@ -38,6 +46,28 @@ def rss_bytes(pid: int | str = "self") -> int | None:
             return int(fh.read().split()[1]) * _PAGE
     except (OSError, IndexError, ValueError):
         return None
+
+
+def peak_rss_bytes() -> int | None:
+    """The kernel's high-water mark of this process's RSS (``VmHWM``), None off Linux."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset ``VmHWM`` to the current RSS (Linux >= 4.0); False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def available_bytes() -> int | None:
@@ -134,6 +164,8 @@ class HostPoller:
         self.latest: dict[str, Any] = {}
         self.polls = self.errors = 0
         self.users = 0
+        self.max_rss = 0  # run-long peak RSS, kept across the phase resets of VmHWM
+        self._phases = 0  # open phases (nested phases share one reset)
         self._stop = threading.Event()
         self.poll_once()
         self._thread = threading.Thread(target=self._run, name="vramwatch-host", daemon=True)
@@ -174,6 +206,30 @@ class HostPoller:
         self.polls += 1
         return self.latest
 
+    def begin_phase(self) -> None:
+        """Start measuring a phase's peak RSS (see the module docstring). Phase starts only."""
+        if self.pid != os.getpid():
+            return
+        if self._phases == 0:
+            self.max_rss = max(self.max_rss, peak_rss_bytes() or 0)
+            reset_peak_rss()
+        self._phases += 1
+
+    def end_phase(self) -> dict[str, Any]:
+        """A fresh reading whose ``host_rss_bytes`` is the peak since the (outermost) phase began."""
+        reading = dict(self.poll_once())
+        if self._phases > 0:
+            self._phases -= 1
+            peak = peak_rss_bytes()
+            if peak is not None and peak > reading.get("host_rss_bytes", 0):
+                reading["host_rss_bytes"] = peak
+        self.max_rss = max(self.max_rss, reading.get("host_rss_bytes", 0))
+        return reading
+
+    def stats(self) -> dict[str, Any]:
+        return {"host_polls": self.polls, "host_errors": self.errors,
+                "host_rss_max_bytes": max(self.max_rss, peak_rss_bytes() or 0) or None}
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.poll_once()
@@ -187,5 +243,5 @@ class HostPoller:
         return self.pid == os.getpid()
 
 
-__all__ = ["HOST_FIELDS", "HostPoller", "available_bytes", "children_rss_bytes", "descendants", "read_host",
-           "rss_bytes"]
+__all__ = ["HOST_FIELDS", "HostPoller", "available_bytes", "children_rss_bytes", "descendants", "peak_rss_bytes",
+           "read_host", "reset_peak_rss", "rss_bytes"]
