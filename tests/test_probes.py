@@ -256,6 +256,9 @@ def test_nvml_poller_runs_off_the_training_thread_and_reading_is_attached(monkey
         assert nv.callers[("nvmlDeviceGetMemoryInfo", "vramwatch-nvml")] >= 1
         assert reading["nvml_used_bytes"] == 30 * GiB
         assert reading["process_used_bytes"] == 24 * GiB
+        stats = probe.stats()  # the process list itself: in stats, polled, never per step
+        assert sorted(p["pid"] for p in stats["gpu_processes"]) == sorted([os.getpid(), 4242])
+        assert stats["foreign_used_bytes"] == 3 * GiB
         assert probe.device_info()["uuid"] == f"GPU-{UUID1}"
         time.sleep(0.2)
         assert probe.poller.polls >= 3  # ...the poller thread did, every 50 ms

@@ -275,6 +275,10 @@ class TorchCudaProbe(BaseProbe):
                                "max_allocated_bytes": self._max_allocated}
         if self.poller is not None:
             out.update(self.poller.stats())
+            latest = self.poller.latest
+            if latest is not None:  # who holds this GPU: this process, others (a stale kernel), by PID
+                out["gpu_processes"] = [{"pid": p.pid, "used_bytes": p.used_bytes} for p in latest.processes]
+                out["foreign_used_bytes"] = latest.foreign_used_bytes
         return out
 
 
