@@ -501,3 +501,29 @@ def test_a_phase_sample_carries_the_host_peak_of_the_phase_even_when_freed_befor
     assert after < baseline + 100 * 2**20  # the current RSS no longer shows it...
     assert phase["host_rss_bytes"] >= baseline + 250 * 2**20  # ...the phase's peak does
     assert poller.stats()["host_rss_max_bytes"] >= phase["host_rss_bytes"]
+
+
+def test_a_users_probe_gets_the_whole_protocol_and_keeps_its_own_attributes():
+    from vramwatch.probe import BaseProbe, as_probe
+
+    class Minimal:  # only what a user must write
+        name = "mine"
+        max_allocated_bytes = 7
+
+        def device_info(self):
+            return {"gpu": 0}
+
+        def read(self, step, phase="train"):
+            return {"allocated_bytes": step}
+
+        def special(self):
+            return "kept"
+
+    probe = as_probe(Minimal())
+    assert isinstance(probe, BaseProbe) and probe.name == "mine"
+    probe.begin_phase("checkpoint")  # no-op default
+    assert probe.end_phase(3, "checkpoint") == {"allocated_bytes": 3}  # default: one more read
+    assert (probe.stats(), probe.pinned_host_bytes(), probe.max_allocated_bytes) == ({}, None, 7)
+    assert probe.special() == "kept"
+    with pytest.raises(ValueError, match="probe: must be one of"):
+        as_probe(object())

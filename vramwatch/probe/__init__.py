@@ -114,6 +114,12 @@ class _Adapted(BaseProbe):
         value = getattr(self.inner, "max_allocated_bytes", None)
         return int(value) if isinstance(value, int) else None
 
+    def __getattr__(self, name: str) -> Any:
+        # anything else is the user's probe's own (monitor.probe.whatever keeps working)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
 
 def as_probe(obj: Any) -> BaseProbe:
     """``obj`` itself when it is a :class:`BaseProbe`, else wrapped so every method exists.
