@@ -80,7 +80,8 @@ def step_cost(url: str, calls: int, spool: Path) -> dict[str, tuple[float, float
         out[label] = time_calls(vw.step, calls)
         assert vw.close(30), vw.stats()
         stats = vw.stats()
-        assert stats["delivered"] == calls and stats["probe_errors"] == stats["hook_errors"] == 0, stats
+        # every call, and the exit marker a clean close sends
+        assert stats["delivered"] == calls + 1 and stats["probe_errors"] == stats["hook_errors"] == 0, stats
     return out
 
 
@@ -147,7 +148,8 @@ def torch_probe_cost(url: str, calls: int, spool: Path, rounds: int = 5) -> dict
                     step += 1
         assert vw.close(30), vw.stats()
         stats = vw.stats()
-        assert stats["probe_errors"] == stats["hook_errors"] == 0 and stats["delivered"] == per_round * rounds, stats
+        delivered = per_round * rounds + 1  # and the exit marker
+        assert stats["probe_errors"] == stats["hook_errors"] == 0 and stats["delivered"] == delivered, stats
     return {label: _percentiles(values[len(values) // 10 :]) for label, values in ns.items()}
 
 

@@ -69,7 +69,7 @@ def test_plain_loop_feeds_the_collector_steps_phases_and_numbers(collector, tmp_
     assert [r[1] for r in rows if r[2] == "train"] == list(range(30))
     assert [r[1] for r in rows if r[2] == "checkpoint"] == [10, 20]
     stats = vw.stats()
-    assert stats["samples"] == 32 and stats["accepted"] == 32
+    assert stats["samples"] == 33 and stats["accepted"] == 33  # 30 steps, 2 checkpoints, the exit marker
     assert stats["probe_errors"] == stats["hook_errors"] == stats["send_failures"] == 0
     ranks = get_json(f"{collector.url}/api/v1/runs/plain-loop/ranks")
     assert len(ranks) == 1 and ranks[0]["last_step"] == 29
@@ -130,7 +130,8 @@ def test_context_manager_and_no_url_writes_jsonl_trace_files(tmp_path, monkeypat
         path = vw.trace_path
     samples = list(wire.iter_samples(path))  # validates every line
     assert [(s["step"], s["phase"]) for s in samples] == [(i, "train") for i in range(6)] + [(5, "checkpoint")] + [
-        (6, "train"), (7, "train")]
+        (6, "train"), (7, "train"), (7, "train")]
+    assert samples[-1]["exit"] is True and samples[-1]["seq"] == 1  # the clean close's marker
     assert path.parent == tmp_path / "traces" / "local-files"
 
 
@@ -238,7 +239,8 @@ def test_forked_workers_neither_send_nor_corrupt_the_parent(collector, tmp_path,
         rows = stored(collector.db, "fork-test")
     else:
         (trace,) = (tmp_path / "fork-test").glob("*.jsonl")
-        rows = [(s["rank"], s["step"], s["phase"], s["incarnation"]) for s in wire.iter_samples(trace)]
+        rows = [(s["rank"], s["step"], s["phase"], s["incarnation"]) for s in wire.iter_samples(trace)
+                if not s.get("exit")]  # the close's marker (checked in test_a_clean_close_...)
     assert [r[1] for r in rows] == list(range(20))
     assert {r[2] for r in rows} == {"train"} and len({r[3] for r in rows}) == 1
 
@@ -280,7 +282,7 @@ def test_samples_left_in_the_spool_by_a_dead_collector_are_replayed_by_the_next_
     started = time.monotonic()
     assert not first.close(timeout=1.0)  # bounded, even with the collector down
     assert time.monotonic() - started < 2.0
-    assert first.stats()["spooled"] == 25
+    assert first.stats()["spooled"] == 25 + 1  # and the close's exit marker
     # the rank restarts (new incarnation) and the collector is reachable again
     second = monitor(collector.url, "spool-handover", tmp_path)
     for step in range(25, 30):
@@ -363,7 +365,7 @@ def test_monitor_takes_a_config_and_its_constructor_is_small(tmp_path):
     config = Config.from_env({}, probe="simulated", run="cfg", out_dir=tmp_path)
     vw = hook.Monitor(config)
     vw.step(1)
-    assert vw.close(5) and vw.stats()["samples"] == 1 and vw.config is config
+    assert vw.close(5) and vw.stats()["samples"] == 2 and vw.config is config  # the step and the exit marker
     lines = inspect.getsource(hook.Monitor.__init__).count("\n")
     assert lines <= 40, f"Monitor.__init__ is {lines} lines"
 
@@ -402,7 +404,7 @@ def test_host_fields_are_sent_exactly_when_the_wire_knows_them(tmp_path):
         pass
     assert vw.close(5)
     stored = [json.loads(line) for line in vw.trace_path.read_text().splitlines()]
-    assert len(stored) == 2
+    assert len(stored) == 3  # step, phase, the close's exit marker
     known = all(name in wire.FIELDS for name in HOST_FIELDS)
     for sample in stored:
         if known:
@@ -449,3 +451,43 @@ def test_two_phases_of_one_name_at_one_step_are_numbered_when_the_wire_knows_seq
         assert [p.get("seq", 0) for p in phases] == [0, 1, 0]  # distinct idempotency keys
     else:  # the current collector would reject an unknown field: not sent yet
         assert all("seq" not in p for p in phases)
+
+
+# ---------------------------------------------------------------- end markers for the post-mortem (issue 14)
+
+
+def _trace(vw) -> list[dict]:
+    return [json.loads(line) for line in vw.trace_path.read_text().splitlines()]
+
+
+def test_a_clean_close_sends_one_copy_of_the_last_train_sample_marked_exit(tmp_path):
+    vw = hook.init(None, run="exit", probe="simulated", out_dir=tmp_path)
+    for step in range(3):
+        vw.step(step)
+    with vw.phase("checkpoint"):  # the copy is of the last *train* sample, not of this phase
+        pass
+    assert vw.close(5)
+    samples = _trace(vw)
+    assert len(samples) == 5 and vw.stats()["samples"] == 5
+    last = samples[-1]
+    assert (last["step"], last["phase"], last["seq"], last["exit"]) == (2, "train", 1, True)
+    assert last["allocated_bytes"] == samples[2]["allocated_bytes"] and last["ts"] >= samples[3]["ts"]
+    assert not any(s.get("exit") for s in samples[:-1])
+    assert len({(s["step"], s["phase"], s.get("seq", 0)) for s in samples}) == 5  # distinct idempotency keys
+    never = hook.init(None, run="never-stepped", probe="simulated", out_dir=tmp_path / "never")
+    assert never.close(5) and never.stats()["samples"] == 0  # nothing recorded: nothing to mark
+
+
+def test_mark_oom_sends_a_fresh_marked_sample_and_a_monitor_that_never_started_marks_nothing(tmp_path):
+    vw = hook.init(None, run="oom-mark", probe="simulated", out_dir=tmp_path)
+    vw.step(0)
+    vw.step(1)
+    vw.mark_oom()
+    assert vw.close(5)
+    samples = _trace(vw)
+    marked = [s for s in samples if s.get("oom_marked")]
+    assert len(marked) == 1 and marked[0]["step"] == 1 and marked[0]["seq"] == 1
+    assert (samples[-1]["seq"], samples[-1]["exit"]) == (2, True) and "oom_marked" not in samples[-1]
+    off = hook.init(None, run="off", probe="none", out_dir=tmp_path / "off")
+    off.mark_oom()
+    assert off.close(1) and off.stats()["samples"] == 0

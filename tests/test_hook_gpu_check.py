@@ -77,6 +77,6 @@ def test_the_device_cost_rows_run_through_torchs_own_code(monkeypatch, tmp_path)
     vw = hook.init(None, run="cost", probe="torch", out_dir=tmp_path, spool_dir=tmp_path / "spool")
     assert vw.stats()["probe"] == "torch"
     cost = module["probe_cost"](torch, vw, calls=200, rounds=2)
-    assert vw.close(10) and vw.stats()["samples"] == 200  # 2 rounds of 100
+    assert vw.close(10) and vw.stats()["samples"] == 200 + 1  # 2 rounds of 100, the exit marker
     assert set(cost) == {"floor", "memory_stats()", "probe.read()", "vw.step()"}
     assert cost["memory_stats()"] > cost["floor"] > 0  # flatten + sort costs more than the nested read

@@ -33,6 +33,11 @@ reached, otherwise the lower bound ``max(previous allocated, allocated)``. A pha
 (``with vw.phase("checkpoint")``) carries the peak *during* the phase; the time between the
 previous step and the phase start is folded into the next train sample.
 
+End markers (for ``vramwatch postmortem``): a clean :meth:`Monitor.close` sends one more
+sample, a copy of the last train sample (same step, next ``seq``, ``ts`` now) with ``exit:
+true``; :meth:`Monitor.mark_oom` (for torch's out-of-memory observer) sends a fresh reading
+with ``oom_marked: true``. A rank that stops without either died silently.
+
 Configuration: one :class:`~vramwatch.config.Config` (every field, every ``VRAMWATCH_*``
 variable; arguments win over the environment). ``init(**kwargs)`` is
 ``Monitor(Config.from_env(**kwargs))``.
@@ -60,6 +65,7 @@ from vramwatch.probe.host import HostPoller
 from vramwatch.wire import FIELDS, MAX_INT, PHASE_RE, SCHEMA_VERSION
 
 _SEQ_ON_WIRE = "seq" in FIELDS  # until the collector's schema has it, a repeated phase is not numbered
+_FLAGS_ON_WIRE = _SEQ_ON_WIRE and "exit" in FIELDS and "oom_marked" in FIELDS
 _EXTRA_KEY_RE = re.compile(r"[^\x00-\x1f\x7f]{1,64}\Z")
 
 
@@ -130,6 +136,8 @@ class Monitor:
         self._last_t: float | None = None
         self._seq_step = -1
         self._seq_counts: dict[str, int] = {}
+        self._last_sample: dict[str, Any] | None = None
+        self._last_train: dict[str, Any] | None = None
         self.probe: BaseProbe | None = None
         self.sender: BatchSender | None = None
         self.host: HostPoller | None = None
@@ -227,7 +235,8 @@ class Monitor:
         self._close_hooks += (hook,)
 
     def _emit(self, reading: dict[str, Any], step: int, phase: str, step_time_s: float | None,
-              numbers: dict[str, Any] | None = None, host: dict[str, Any] | None = None, seq: int = 0) -> None:
+              numbers: dict[str, Any] | None = None, host: dict[str, Any] | None = None, seq: int = 0,
+              flag: str | None = None) -> None:
         """Build the one sample shape every path sends, and queue it."""
         sample = self._base.copy()
         sample.update(reading)
@@ -236,6 +245,8 @@ class Monitor:
         sample["phase"] = phase
         if seq:
             sample["seq"] = seq
+        if flag is not None:
+            sample[flag] = True
         if step_time_s is not None:
             sample["step_time_s"] = step_time_s
         if host is None and self.host is not None:
@@ -244,6 +255,9 @@ class Monitor:
             sample.update(host)
         if numbers:
             self._add_numbers(sample, numbers)
+        self._last_sample = sample
+        if phase == "train":
+            self._last_train = sample
         self.sender.submit(sample)  # type: ignore[union-attr]
         self._samples += 1
 
@@ -344,9 +358,11 @@ class Monitor:
             if self._closed:
                 return True
             self._closed = True
-            self._active = False
+            was_active, self._active = self._active, False
         if self._pid != os.getpid():
             return True
+        if was_active and _FLAGS_ON_WIRE:
+            self._mark_exit()  # a clean close: the post-mortem tells it from a silent death
         delivered = True
         deadline = time.monotonic() + timeout  # one budget for the close hooks and the sender
         for hook in self._close_hooks:
@@ -369,6 +385,45 @@ class Monitor:
             self._probe_error(exc)
         lifecycle.unregister(self)
         return delivered
+
+    def mark_oom(self) -> None:
+        """Send a fresh sample marked ``oom_marked`` now (call it from torch's out-of-memory observer,
+        on the training thread, before the error unwinds: the reading shows the risen ``ooms``).
+        Never raises."""
+        if not (self._active and _FLAGS_ON_WIRE):
+            return
+        try:
+            step = self._last_step
+            reading = self.probe.read(step, "train")  # type: ignore[union-attr]
+            self._emit(reading, step, "train", None, seq=self._next_seq(step, "train"), flag="oom_marked")
+        except Exception as exc:
+            self._hook_error(exc)
+
+    def _mark_exit(self) -> None:
+        """A clean close: one more copy of the last train sample (now, next ``seq``) with ``exit: true``,
+        so the post-mortem tells a clean end from a silent death. A copy, not a probe read: no side
+        effects (peak resets), and always exactly one extra sample."""
+        last = self._last_train if self._last_train is not None else self._last_sample
+        if last is None:
+            return
+        try:
+            sample = dict(last)
+            sample.pop("step_time_s", None)
+            sample.pop("oom_marked", None)
+            sample["ts"] = time.time()
+            sample["seq"] = self._next_seq(sample["step"], sample["phase"])
+            sample["exit"] = True
+            self._last_sample = sample
+            self.sender.submit(sample)  # type: ignore[union-attr]
+            self._samples += 1
+        except Exception as exc:
+            self._hook_error(exc)
+
+    def _next_seq(self, step: int, phase: str) -> int:
+        """The next free ``seq`` of ``phase`` at ``step`` (train samples hold 0; markers follow)."""
+        if phase == "train" and (step != self._seq_step or "train" not in self._seq_counts):
+            self._phase_seq(step, "train")  # the train sample itself holds seq 0
+        return self._phase_seq(step, phase)
 
     def __enter__(self) -> Monitor:
         return self

@@ -121,6 +121,7 @@ class BatchProcessor:
 
     emit = submit  # OpenTelemetry's name
 
+
     def add_directive_listener(self, listener: Callable[[tuple[Directive, ...]], None]) -> None:
         """Call ``listener(directives)`` on the worker thread whenever a reply carries directives
         (e.g. the snapshot capture agent). It must be quick and must not raise (errors are counted)."""
