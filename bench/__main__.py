@@ -18,6 +18,7 @@ BENCHMARKS = {
     "dashboard": "bench.dashboard_bench",
     "load": "bench.load",
     "series": "bench.series_bench",
+    "decisions": "bench.decisions_bench",
 }
 
 
