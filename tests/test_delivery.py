@@ -507,3 +507,21 @@ def test_a_keep_alive_connection_the_server_closed_is_replaced_at_once_not_backe
     assert first.outcome is second.outcome is Outcome.SUCCESS
     assert (first.failures, second.failures, second.accepted) == (0, 0, 3)
     assert len(served) == 2
+
+
+def test_requests_are_bounded_by_bytes_as_well_as_by_count(ingest, tmp_path):
+    big = {f"metric_{i}": float(i) for i in range(60)}  # samples with many extra numbers: ~2 KB each
+    sender = BatchSender(HttpTransport(ingest.url), spool_path=tmp_path / "s.jsonl", interval_s=30,
+                         batch_size=512)
+    sender.max_batch_bytes = 20_000
+    for s in samples(100, extra=big):
+        sender.submit(s)
+    assert sender.flush(10)
+    sender.close(2)
+    import orjson
+
+    sizes = [len(r["samples"]) for r in ingest.requests]
+    body_bytes = [sum(len(orjson.dumps(s)) + 1 for s in r["samples"]) for r in ingest.requests]
+    assert sum(sizes) == 100 and len(sizes) >= 5  # > 1 KB x 100 in requests of <= 20 KB
+    assert max(body_bytes) <= 20_000 and min(body_bytes[:-1]) > 20_000 - 2_000  # full, never over
+    assert ingest.steps() == list(range(100))

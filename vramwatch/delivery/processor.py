@@ -5,6 +5,7 @@ appends to a bounded deque; a daemon worker validates, serialises and hands batc
 Guarantees
 ----------
 * ``submit()`` is O(1), takes no lock, never blocks, never raises.
+* A request carries at most ``batch_size`` samples and ``max_batch_bytes`` (1 MiB) of NDJSON.
 * A batch leaves when ``batch_size`` samples wait, or when the oldest has waited the flush
   interval: ``interval_s``, or the collector's ``flush_interval_s`` hint from its last
   reply, and never less than 10x the last POST's latency (an overloaded collector gets
@@ -44,6 +45,9 @@ _COUNTERS = ("submitted", "batches_sent", "delivered", "accepted", "duplicates",
              "dropped_overflow", "dropped_spool_full", "dropped_unsendable", "dropped_in_child", "spooled",
              "replayed", "send_failures", "auth_failures", "redirects", "worker_errors", "directives")
 _LATENCY_FACTOR, _LATENCY_CAP_S = 10.0, 10.0
+#: uncompressed bytes per request (~2,500 samples of the usual ~400 bytes; 512-sample batches stay
+#: far below it unless samples carry many ``extra`` numbers)
+MAX_BATCH_BYTES = 1 << 20
 _WARNINGS = {
     Failure.AUTH: "the collector refused the token (HTTP {status}); check VRAMWATCH_TOKEN. Samples are kept "
                   "in the spool and retried with backoff",
@@ -61,9 +65,11 @@ class BatchProcessor:
     """Bounded queue + daemon worker shipping samples to one exporter."""
 
     def __init__(self, exporter: Any, *, batch_size: int = 512, interval_s: float = 1.0, max_queue: int = 8192,
-                 validate: bool = True, worker: SharedWorker | None = None) -> None:
+                 validate: bool = True, worker: SharedWorker | None = None,
+                 max_batch_bytes: int = MAX_BATCH_BYTES) -> None:
         self.exporter = exporter
         self.batch_size = max(1, int(batch_size))
+        self.max_batch_bytes = max(1, int(max_batch_bytes))
         self.interval_s = max(0.01, float(interval_s))
         self.max_queue = max(self.batch_size, int(max_queue))
         self._hard_cap = 4 * self.max_queue
@@ -281,8 +287,8 @@ class BatchProcessor:
         if not lines and not (self.spool is not None and self.spool.pending()):
             return
         spooling = self.spool is not None
-        for start in range(0, max(1, len(lines)), self.batch_size):
-            batch = lines[start : start + self.batch_size]
+        for start, end in self._batches(lines):
+            batch = lines[start:end]
             self._inflight = lines[start:]
             t0 = time.monotonic()
             if spooling:
@@ -294,15 +300,31 @@ class BatchProcessor:
             self._account(result)
             if result.outcome is Outcome.RETRY:
                 if spooling:  # the rest goes behind the failed batch, in order
-                    self._account(self.exporter.park(lines[start + self.batch_size :]))
+                    self._account(self.exporter.park(lines[end:]))
                 else:
                     self.counters["dropped_unsendable"] += len(lines) - start
                 break
             if spooling and len(self._queue) > self.max_queue:
                 # training outpaces the collector: park the backlog on disk, in order
-                self._account(self.exporter.park(lines[start + self.batch_size :] + self._take()))
+                self._account(self.exporter.park(lines[end:] + self._take()))
                 break
         self._inflight = []
+
+    def _batches(self, lines: list[bytes]) -> list[tuple[int, int]]:
+        """(start, end) of each request: at most ``batch_size`` samples and ``max_batch_bytes``
+        (uncompressed; a sample larger than that goes alone), so no request meets the collector's
+        size limit by accident. One empty batch when ``lines`` is empty (the spool may drain)."""
+        if not lines:
+            return [(0, 0)]
+        out, start, size = [], 0, 0
+        limit, count = self.max_batch_bytes, self.batch_size
+        for i, line in enumerate(lines):
+            if i > start and (i - start >= count or size + len(line) > limit):
+                out.append((start, i))
+                start, size = i, 0
+            size += len(line)
+        out.append((start, len(lines)))
+        return out
 
     def _timeout(self) -> float | None:
         deadline = self._close_deadline
