@@ -491,3 +491,22 @@ def test_mark_oom_sends_a_fresh_marked_sample_and_a_monitor_that_never_started_m
     off = hook.init(None, run="off", probe="none", out_dir=tmp_path / "off")
     off.mark_oom()
     assert off.close(1) and off.stats()["samples"] == 0
+
+
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+def test_the_exit_handler_marks_a_clean_end_but_not_a_death_by_exception(tmp_path, ending):
+    script = textwrap.dedent(f"""
+        import vramwatch
+        vw = vramwatch.init(None, run="atexit-{ending}", probe="simulated", out_dir={str(tmp_path)!r})
+        for step in range(3):
+            vw.step(step)
+        if {ending == "raises"!r}:
+            raise RuntimeError("NaN loss")  # unhandled: the exit handler still flushes
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert result.returncode == (1 if ending == "raises" else 0), result.stderr
+    (trace,) = (tmp_path / f"atexit-{ending}").glob("*.jsonl")
+    samples = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [s["step"] for s in samples if not s.get("exit")] == [0, 1, 2]  # flushed either way
+    assert sum(bool(s.get("exit")) for s in samples) == (1 if ending == "returns" else 0)

@@ -35,8 +35,9 @@ previous step and the phase start is folded into the next train sample.
 
 End markers (for ``vramwatch postmortem``): a clean :meth:`Monitor.close` sends one more
 sample, a copy of the last train sample (same step, next ``seq``, ``ts`` now) with ``exit:
-true``; :meth:`Monitor.mark_oom` (for torch's out-of-memory observer) sends a fresh reading
-with ``oom_marked: true``. A rank that stops without either died silently.
+true`` -- not when the exit handler closes it after an unhandled exception, which is no clean
+end; :meth:`Monitor.mark_oom` (for torch's out-of-memory observer) sends a fresh reading with
+``oom_marked: true``. A rank that stops without either died silently.
 
 Configuration: one :class:`~vramwatch.config.Config` (every field, every ``VRAMWATCH_*``
 variable; arguments win over the environment). ``init(**kwargs)`` is
@@ -144,13 +145,13 @@ class Monitor:
         self.trace_path: Path | None = None
         self._step_hooks: tuple[Callable[[int], None], ...] = ()
         self._close_hooks: tuple[Callable[[float], object], ...] = ()
-        lifecycle.register(self)
         lifecycle.on_fork_in_child(self, "_after_fork_in_child")
         if config.enabled and self._start_probe():
             self._base = self._base_sample()
             self.sender = self._make_sender(exporter)
             self.host = HostPoller.start(config.host_interval_s, pinned=self.probe.pinned_host_bytes)  # type: ignore[union-attr]
             self._active = True
+        lifecycle.register(self)  # after its sender: the exit handler closes newest first, so this one first
 
     def _start_probe(self) -> bool:
         config, ident = self.config, self.identity
@@ -361,7 +362,7 @@ class Monitor:
             was_active, self._active = self._active, False
         if self._pid != os.getpid():
             return True
-        if was_active and _FLAGS_ON_WIRE:
+        if was_active and _FLAGS_ON_WIRE and not lifecycle.dying_of_an_exception():
             self._mark_exit()  # a clean close: the post-mortem tells it from a silent death
         delivered = True
         deadline = time.monotonic() + timeout  # one budget for the close hooks and the sender

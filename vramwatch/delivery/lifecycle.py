@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import time
 import weakref
 from typing import Any, Protocol
@@ -55,6 +56,12 @@ def _forget_in_child() -> None:
     _registry.clear()
 
 
+def dying_of_an_exception() -> bool:
+    """True at exit after an unhandled exception (the interpreter set ``sys.last_value``): the
+    process is not ending cleanly, so a monitor closed now must not mark its end as ``exit``."""
+    return getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None
+
+
 def close_all(timeout: float | None = None) -> None:
     if timeout is None:
         from vramwatch.config import Config
@@ -78,4 +85,4 @@ def close_all(timeout: float | None = None) -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 atexit.register(close_all)
 
-__all__ = ["close_all", "on_fork_in_child", "register", "unregister"]
+__all__ = ["close_all", "dying_of_an_exception", "on_fork_in_child", "register", "unregister"]
