@@ -19,6 +19,7 @@ BENCHMARKS = {
     "load": "bench.load",
     "front": "bench.front_bench",
     "series": "bench.series_bench",
+    "decisions": "bench.decisions_bench",
 }
 
 

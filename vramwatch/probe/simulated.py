@@ -27,10 +27,11 @@ against. Everything is deterministic given ``seed``.
 from __future__ import annotations
 
 import math
-import os
 import random
 from collections.abc import Iterator
 from typing import Any
+
+from vramwatch.probe import BaseProbe
 
 H200_TOTAL_BYTES = 143_771_009_024
 _SEGMENT = 2 * 1024 * 1024  # the caching allocator maps memory in 2 MiB multiples
@@ -80,6 +81,12 @@ DEFAULTS: dict[str, Any] = {
     "sample_every": 1,  # trace: the hook emits every N-th step
     "stop_on_oom": True,  # trace: the process dies at its first OOM
     "world_size": 1,
+    # token-dependent activations (vramwatch.decisions.scenarios): off while tokens_per_step is 0
+    "tokens_per_step": 0,  # >0: train samples carry `tokens` = round(tokens_per_step * seq)
+    "tokens_ref": 0,  # tokens at which the activation is act_frac (0: tokens_per_step)
+    "act_fixed_frac": 0.0,  # transient part that does not scale with tokens (workspaces, buckets)
+    "act_jitter_frac": 0.0,  # batch composition: up to this share more activation at the same tokens
+    "act_quad_frac": 0.0,  # superlinear part (attention without flash): act_quad * (tokens/tokens_ref)**2
 }
 
 #: Named scenarios: description plus the parameters that differ from DEFAULTS.
@@ -205,6 +212,11 @@ class _RankModel:
             for k in range(jumps)
         ]
         self.act = p["act_frac"] * total
+        # token mode: transient = act_fixed + act * tokens / tokens_ref (known truth for the advice bench)
+        self.tokens_per_step = int(p["tokens_per_step"])
+        self.tokens_ref = int(p["tokens_ref"]) or self.tokens_per_step
+        self.act_fixed = p["act_fixed_frac"] * total
+        self.tokens: int | None = None
         self.seq_min = p["seq_min"]
         self.seq_skew = p["seq_skew"]
         self.floor_noise = p["floor_noise_frac"] * total
@@ -279,11 +291,16 @@ class _RankModel:
         if phase == "train":
             seq = self.seq_min + (1.0 - self.seq_min) * rng.random() ** self.seq_skew
             need = floor + self.act * seq
+            if self.tokens_per_step:
+                self.tokens = max(1, round(self.tokens_per_step * seq))
+                rel = self.tokens / self.tokens_ref
+                act = self.act * rel * (1.0 + p["act_jitter_frac"] * rng.random())
+                need = floor + self.act_fixed + act + p["act_quad_frac"] * self.total * rel * rel
             if p["periodic_every"] and step % p["periodic_every"] == 0 and step > 0:
                 need = floor + self.act + p["periodic_frac"] * self.total  # above any batch
             self.last_train_step = step
         elif phase == "checkpoint":
-            need = floor + self.act + p["ckpt_above_frac"] * self.total
+            need = floor + self.act_fixed + self.act + p["ckpt_above_frac"] * self.total
         else:  # eval, validation, any other named phase
             need = floor + p["eval_act_frac"] * self.total
         ok = self._demand(need, step)
@@ -300,7 +317,7 @@ class _RankModel:
         active = min(reserved, allocated + int(rng.random() * 0.0003 * self.total))
         used = int(min(self.total, reserved + self.ctx + self.outside(step)))
         self.allocated = allocated
-        return {
+        out = {
             "allocated_bytes": allocated,
             "reserved_bytes": reserved,
             "peak_allocated_bytes": peak,
@@ -312,9 +329,12 @@ class _RankModel:
             "nvml_used_bytes": used,
             "process_used_bytes": used,
         }
+        if self.tokens_per_step and phase == "train":
+            out["tokens"] = self.tokens
+        return out
 
 
-class SimulatedProbe:
+class SimulatedProbe(BaseProbe):
     """The Probe contract (docs/architecture.md) over a simulated allocator.
 
     ``scenario`` names an entry of :data:`SCENARIOS`; keyword ``params`` override its
@@ -417,19 +437,7 @@ def simulate_trace(
     every = max(1, int(p["sample_every"]))
     nominal = float(p["step_time_s"])
     jitter = float(p["step_time_jitter"])
-    identity = {
-        "schema": 1,
-        "run": run,
-        "host": host,
-        "rank": rank,
-    }
-    extra_identity = {
-        "local_rank": rank % 8,
-        "world_size": world,
-        "uuid": f"GPU-sim-{rank_seed & 0xFFFFFFFF:08x}-{rank:04d}",
-        "gpu": rank % 8,
-        "allocator": "native",
-    }
+    identity, extra_identity = _trace_identity(run, host, rank, rank_seed, world)
     gap_at, gap_len = p["gap_at"], int(p["gap_len"])
     crash_at, resume_from = p["crash_at"], p["resume_from"]
     step = 0
@@ -437,9 +445,7 @@ def simulate_trace(
     while emitted_steps < steps:
         step += 1
         emitted_steps += 1
-        dt = nominal * max(0.05, 1.0 + jitter * rng.gauss(0.0, 1.0))
-        if p["stall_prob"] and rng.random() < p["stall_prob"]:
-            dt *= p["stall_factor"]
+        dt = _step_dt(p, rng, nominal, jitter)
         ts += dt
         if step % every:
             model.read(step, "train")  # the process still runs the step
@@ -470,6 +476,23 @@ def simulate_trace(
             ts += p["restart_delay_s"]
             step = int(resume_from if resume_from is not None else 0)
             model = _RankModel(p, total_bytes, rank, rank_seed + 1, start_step=step)
+
+
+def _trace_identity(run: str, host: str, rank: int, rank_seed: int,
+                    world: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the series key fields, the identity fields a hook adds) of one simulated rank."""
+    identity = {"schema": 1, "run": run, "host": host, "rank": rank}
+    extra = {"local_rank": rank % 8, "world_size": world, "uuid": f"GPU-sim-{rank_seed & 0xFFFFFFFF:08x}-{rank:04d}",
+             "gpu": rank % 8, "allocator": "native"}
+    return identity, extra
+
+
+def _step_dt(p: dict[str, Any], rng: random.Random, nominal: float, jitter: float) -> float:
+    """One step's wall time: jittered, sometimes stalled (irregular step times)."""
+    dt = nominal * max(0.05, 1.0 + jitter * rng.gauss(0.0, 1.0))
+    if p["stall_prob"] and rng.random() < p["stall_prob"]:
+        dt *= p["stall_factor"]
+    return dt
 
 
 def _sample(
@@ -540,12 +563,26 @@ def scenario_truth(
     return truth
 
 
+def rank_model(
+    scenario: str, *, rank: int = 0, seed: int = 0, total_bytes: int = H200_TOTAL_BYTES, **params: Any
+) -> _RankModel:
+    """The model ``simulate_trace`` drives for this rank and seed, unadvanced: its deterministic
+    parts (``floor(step)``, ``act``, ``ctx``, ``waste(step)``, ...) are the ground truth that
+    vramwatch.decisions.scenarios scores against."""
+    p = scenario_params(scenario, **params)
+    return _RankModel(p, total_bytes, rank, _rank_seed(seed, rank))
+
+
 def probe_from_env(**kwargs: Any) -> SimulatedProbe:
-    """A probe configured by VRAMWATCH_SIM_SCENARIO / VRAMWATCH_SIM_SEED when set."""
-    scenario = os.environ.get("VRAMWATCH_SIM_SCENARIO", kwargs.pop("scenario", "healthy"))
-    seed_text = os.environ.get("VRAMWATCH_SIM_SEED")
-    if seed_text is not None and "seed" not in kwargs:
-        kwargs["seed"] = int(seed_text)
+    """A probe configured by VRAMWATCH_SIM_SCENARIO / VRAMWATCH_SIM_SEED when set
+    (read through :class:`vramwatch.config.Config`)."""
+    from vramwatch.config import Config
+
+    config = Config.from_env()
+    scenario = config.sim_scenario or kwargs.pop("scenario", "healthy")
+    kwargs.pop("scenario", None)
+    if config.sim_seed is not None and "seed" not in kwargs:
+        kwargs["seed"] = config.sim_seed
     return SimulatedProbe(scenario, **kwargs)
 
 
