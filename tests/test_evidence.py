@@ -269,3 +269,63 @@ def test_postmortem_and_capture_cli(tmp_path: Path):
     assert code == 0 and "first failure: rank 1" in out
     code, _, err = _cli("postmortem", "nope", "--db", db)
     assert code == 2 and "no run named" in err
+
+
+# ---------------------------------------------------------------- through the real hook
+def test_monitor_runs_a_capture_and_the_oom_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The real Monitor (simulated allocator numbers, torch's history API behind the fake
+    C++ entry points): directive in a reply → capture on the training thread → upload; then
+    an OOM: snapshot, OOM-marked sample, and the other rank asked for its snapshot."""
+    from vramwatch import hook
+
+    with BackgroundServer(str(tmp_path / "vw.db")) as srv, httpx.Client(base_url=srv.url, timeout=10) as client, \
+            fake_allocator_history(monkeypatch) as fake:
+        monitors = [hook.init(srv.url, run="live", host="node-1", rank=r, probe="simulated",
+                              spool_dir=tmp_path / f"spool{r}", flush_interval_s=0.05) for r in (0, 1)]
+        try:
+            assert all(vw.capture is not None for vw in monitors)
+            for step in range(3):
+                for vw in monitors:
+                    vw.step(step)
+            assert all(vw.flush(10) for vw in monitors)
+            assert client.post("/api/v1/runs/live/capture", json={"rank": 0, "steps": 2}).status_code == 200
+            step = 3
+            deadline = __import__("time").monotonic() + 20
+            while not client.get("/api/v1/runs/live/snapshots").json():
+                assert __import__("time").monotonic() < deadline, monitors[0].capture.stats()
+                for vw in monitors:
+                    vw.step(step)
+                    fake.alloc(MiB)
+                step += 1
+                monitors[0].flush(5)
+            listed = client.get("/api/v1/runs/live/snapshots").json()
+            assert [(s["rank"], s["trigger"]) for s in listed] == [(0, "manual")]
+            assert not fake.recording  # history is off again after the capture
+
+            with pytest.raises(torch.OutOfMemoryError):
+                fake.raise_oom(80 * GiB)  # both monitors' observers run (one process here)
+            assert monitors[0].capture.flush(10)
+            for vw in monitors:
+                vw.flush(5)
+                vw.step(step)  # rank 1's next reply carries the directive the OOM raised
+                vw.flush(5)
+            oom_snaps = [s for s in client.get("/api/v1/runs/live/snapshots").json() if s["trigger"] == "oom"]
+            assert {s["rank"] for s in oom_snaps} == {0, 1}
+            pm = client.get("/api/v1/runs/live/postmortem").json()
+            assert pm["first_failure"]["cause"] == "oom"
+        finally:
+            for vw in monitors:
+                vw.close()
+        assert all(vw.capture.closed for vw in monitors)
+
+
+def test_snapshots_off_by_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from vramwatch import hook
+
+    monkeypatch.setenv("VRAMWATCH_SNAPSHOTS", "off")
+    with fake_allocator_history(monkeypatch):
+        vw = hook.init("http://127.0.0.1:9", run="x", probe="simulated", spool_dir=tmp_path)
+        try:
+            assert vw.capture is None
+        finally:
+            vw.close(timeout=0.5)

@@ -110,12 +110,15 @@ class CaptureAgent:
         self._busy = False
         self._thread: threading.Thread | None = None
         self._warned: set[str] = set()
+        self.closed = False
         self.counts = {"directives": 0, "captured": 0, "uploaded": 0, "dropped": 0, "failed": 0}
 
     # ---- delivery worker thread
     def offer(self, directives: list[Any]) -> None:
         """Directives from an ingest reply (dicts, or the delivery's parsed ``Directive(type, args)``);
         other types and malformed entries are ignored."""
+        if self.closed:
+            return
         for d in directives:
             if not isinstance(d, dict):
                 d = {"type": getattr(d, "type", None), **(getattr(d, "args", None) or {})}
@@ -151,6 +154,8 @@ class CaptureAgent:
 
     def on_oom(self, device: int, alloc: int, device_allocated: int, device_free: int, step: int = -1) -> None:
         """OOM observer body: snapshot now (the history so far included), upload later."""
+        if self.closed:
+            return
         try:
             snapshot = self.history.snapshot()
             snapshot.setdefault("vramwatch_oom", {"device": device, "alloc": alloc,
@@ -202,6 +207,18 @@ class CaptureAgent:
                 self._wake.wait(left)
         return True
 
+    def close(self, timeout: float = 10.0) -> bool:
+        """Stop reacting (torch keeps OOM observers forever) and give uploads ``timeout`` s."""
+        self.closed = True
+        self._inbox.clear()
+        if self._active is not None:
+            try:
+                self.history.stop()
+            except Exception as exc:
+                self._fail("stop", exc)
+            self._active = None
+        return self.flush(timeout)
+
     def _fail(self, what: str, exc: BaseException) -> None:
         self.counts["failed"] += 1
         if what not in self._warned:
@@ -211,3 +228,40 @@ class CaptureAgent:
 
     def stats(self) -> dict[str, int]:
         return dict(self.counts)
+
+
+def attach_capture(monitor: Any) -> CaptureAgent | None:
+    """Wire a capture agent into a started :class:`~vramwatch.hook.Monitor`, or return None.
+
+    Only with CUDA present (this torch has the history API), a collector URL to upload to,
+    and ``Config.snapshots`` on. The agent listens to the sender's directives (worker thread),
+    runs on the monitor's step hook (training thread), gets a bounded time at ``close()``, and
+    torch's OOM observer takes the snapshot and sends the OOM-marked sample. Never raises.
+    """
+    config = monitor.config
+    try:
+        if not (config.snapshots and config.url and AllocatorHistory.supported()):
+            return None
+        ident = monitor.identity
+        agent = CaptureAgent(
+            AllocatorHistory(config.device, max_entries=config.snapshot_max_entries),
+            SnapshotUploader(config.url, run=ident["run"], host=ident["host"], rank=ident["rank"], token=config.token),
+        )
+        monitor.sender.add_directive_listener(agent.offer)
+        monitor.add_step_hook(agent.on_step)
+        monitor.add_close_hook(agent.close)
+
+        def on_oom(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+            # torch calls this on the training thread just before it raises: snapshot first
+            # (the allocator state of the failure), then the sample that says so
+            if agent.closed:
+                return
+            agent.on_oom(device, alloc, device_allocated, device_free, step=monitor._last_step)
+            monitor.mark_oom()
+
+        AllocatorHistory.attach_oom_observer(on_oom)
+        return agent
+    except Exception as exc:  # a capture that cannot start never stops training
+        warnings.warn(f"vramwatch: snapshot capture is off ({type(exc).__name__}: {exc})", RuntimeWarning,
+                      stacklevel=2)
+        return None

@@ -4,43 +4,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-#: the reply to a capture request is one small JSON object
-_MAX_REPLY = 64 * 1024
-
 
 def cmd_capture(args: argparse.Namespace) -> int:
+    from vramwatch import remote
     from vramwatch.cli import UsageError
 
-    url = (args.url or os.environ.get("VRAMWATCH_URL") or "http://127.0.0.1:8765").rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise UsageError(f"--url: not an http(s) URL: {url!r}")
-    body = {"steps": args.steps}
+    body: dict[str, Any] = {"steps": args.steps}
     if args.rank is not None:
         body["rank"] = args.rank
-    token = (os.environ.get("VRAMWATCH_TOKEN") or "").strip()
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-    path = "/api/v1/runs/" + urllib.request.quote(args.run, safe="") + "/capture"
-    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            answer = json.loads(reply.read(_MAX_REPLY))
-    except urllib.error.HTTPError as exc:
-        detail = exc.read(_MAX_REPLY).decode("utf-8", "replace")
-        try:
-            detail = json.loads(detail).get("detail", detail)
-        except ValueError:
-            pass
-        raise UsageError(f"collector answered {exc.code}: {detail}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"vramwatch capture: error: cannot reach {url}: {getattr(exc, 'reason', exc)}", file=sys.stderr)
+        url = remote.base_url(args.url)
+        answer = remote.post_json(url, remote.run_path(args.run, "capture"), body, timeout=10)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except remote.RemoteError as exc:
+        if exc.status is not None and 400 <= exc.status < 500:
+            raise UsageError(exc.detail) from None
+        print(f"vramwatch capture: error: {exc.detail}", file=sys.stderr)
         return 1
     ranks = ", ".join(str(r) for r in answer.get("ranks", []))
     print(f"capture of {args.steps} steps requested from rank(s) {ranks} of {args.run!r}: each rank records "

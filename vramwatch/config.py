@@ -40,6 +40,8 @@ ENV: tuple[EnvVar, ...] = (
            "seconds the exit handler may spend flushing (default 5)"),
     EnvVar("VRAMWATCH_SIM_SCENARIO", "hook", "sim_scenario", "simulated probe: scenario name (overrides scenario=)"),
     EnvVar("VRAMWATCH_SIM_SEED", "hook", "sim_seed", "simulated probe: random seed"),
+    EnvVar("VRAMWATCH_SNAPSHOTS", "hook", "snapshots",
+           "0/false/no/off: ignore the collector's capture directives and register no OOM observer (default on)"),
     EnvVar("VRAMWATCH_DB", "collector", None, "collector database file (vramwatch serve --db)"),
 )
 
@@ -95,6 +97,9 @@ class Config:
     # a delivery.SharedWorker: one thread drives the senders of many monitors in this process
     # (load generators simulating many ranks); None: the monitor's sender owns its thread
     delivery_worker: Any = None
+    # allocator snapshots the collector asks for (docs/evidence.md); CUDA + a collector URL only
+    snapshots: bool = True
+    snapshot_max_entries: int = 20_000  # allocator history entries kept while capturing
 
     def __post_init__(self) -> None:
         from vramwatch.probe.torch_cuda import PEAK_POLICIES
@@ -104,7 +109,7 @@ class Config:
         for name in ("flush_interval_s", "nvml_interval_s", "host_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)!r}")
-        for name in ("batch_size", "max_queue", "max_spool_bytes"):
+        for name in ("batch_size", "max_queue", "max_spool_bytes", "snapshot_max_entries"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be a positive integer, got {getattr(self, name)!r}")
 
@@ -139,6 +144,8 @@ class Config:
         if "enabled" not in values:
             values["enabled"] = (_text(env, "VRAMWATCH_DISABLE") or "").lower() not in _TRUE
         values.setdefault("exit_timeout_s", _float(env, "VRAMWATCH_EXIT_TIMEOUT", 5.0))
+        if "snapshots" not in values:
+            values["snapshots"] = (_text(env, "VRAMWATCH_SNAPSHOTS") or "1").lower() not in ("0", "false", "no", "off")
         values["sim_scenario"] = values.get("sim_scenario") or _text(env, "VRAMWATCH_SIM_SCENARIO")
         if "sim_seed" not in values and _text(env, "VRAMWATCH_SIM_SEED") is not None:
             try:
@@ -158,6 +165,13 @@ class Config:
         return Path(self.out_dir) if self.out_dir is not None else Path("vramwatch-traces")
 
 
+def client_env(env: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+    """``(VRAMWATCH_URL, VRAMWATCH_TOKEN)`` for command-line clients of a collector or front
+    (``vramwatch capture``, ``postmortem --url``); surrounding spaces stripped, empty is None."""
+    env = os.environ if env is None else env
+    return _text(env, "VRAMWATCH_URL"), _text(env, "VRAMWATCH_TOKEN")
+
+
 def env_table() -> str:
     """The Markdown table of :data:`ENV` (what the README shows)."""
     rows = ["| variable | read by | meaning |", "|---|---|---|"]
@@ -165,4 +179,4 @@ def env_table() -> str:
     return "\n".join(rows)
 
 
-__all__ = ["ENV", "Config", "EnvVar", "env_table"]
+__all__ = ["ENV", "Config", "EnvVar", "client_env", "env_table"]

@@ -59,6 +59,7 @@ from types import TracebackType
 from typing import Any
 
 from vramwatch import identity as _identity
+from vramwatch.capture import CaptureAgent, attach_capture
 from vramwatch.config import Config
 from vramwatch.delivery import BatchSender, FileExporter, HttpExporter, leftover_spools, lifecycle, spool_prefix
 from vramwatch.probe import BaseProbe, make_probe
@@ -145,12 +146,14 @@ class Monitor:
         self.trace_path: Path | None = None
         self._step_hooks: tuple[Callable[[int], None], ...] = ()
         self._close_hooks: tuple[Callable[[float], object], ...] = ()
+        self.capture: CaptureAgent | None = None
         lifecycle.on_fork_in_child(self, "_after_fork_in_child")
         if config.enabled and self._start_probe():
             self._base = self._base_sample()
             self.sender = self._make_sender(exporter)
             self.host = HostPoller.start(config.host_interval_s, pinned=self.probe.pinned_host_bytes)  # type: ignore[union-attr]
             self._active = True
+            self.capture = attach_capture(self)  # None unless CUDA, a collector URL and snapshots on
         lifecycle.register(self)  # after its sender: the exit handler closes newest first, so this one first
 
     def _start_probe(self) -> bool:

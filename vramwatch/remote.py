@@ -8,7 +8,6 @@ and the server's ``detail`` message, so a CLI can exit 2 on a 4xx and 1 on an ou
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,7 +25,9 @@ class RemoteError(Exception):
 
 def base_url(url: str | None) -> str:
     """The URL given, else ``$VRAMWATCH_URL``, else the local default; checked to be http(s)."""
-    value = (url or os.environ.get("VRAMWATCH_URL") or "http://127.0.0.1:8765").rstrip("/")
+    from vramwatch.config import client_env
+
+    value = (url or client_env()[0] or "http://127.0.0.1:8765").rstrip("/")
     if urllib.parse.urlsplit(value).scheme not in ("http", "https"):
         raise ValueError(f"--url: not an http(s) URL: {value!r}")
     return value
@@ -36,12 +37,26 @@ def run_path(run: str, what: str) -> str:
     return "/api/v1/runs/" + urllib.parse.quote(run, safe="") + "/" + what
 
 
+def post_json(url: str, path: str, body: Any, *, timeout: float = 30.0) -> Any:
+    """POST a JSON body; the same bounded read and typed errors as :func:`get_json`."""
+    return _call(url, path, "", timeout, 64 * 1024, data=json.dumps(body).encode())
+
+
 def get_json(url: str, path: str, params: dict[str, Any] | None = None, *, timeout: float = 30.0,
              max_bytes: int = MAX_REPLY_BYTES) -> Any:
-    token = (os.environ.get("VRAMWATCH_TOKEN") or "").strip()
     query = ("?" + urllib.parse.urlencode({k: v for k, v in (params or {}).items() if v is not None})) if params else ""
-    request = urllib.request.Request(url + path + query, headers={
-        "Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})})
+    return _call(url, path, query, timeout, max_bytes)
+
+
+def _call(url: str, path: str, query: str, timeout: float, max_bytes: int, data: bytes | None = None) -> Any:
+    from vramwatch.config import client_env
+
+    token = client_env()[1]
+    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    if data is not None:
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url + path + query, data=data, headers=headers,
+                                     method="POST" if data is not None else "GET")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as reply:
             body = reply.read(max_bytes + 1)
