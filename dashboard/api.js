@@ -1,0 +1,137 @@
+/* Where the data come from: the collector's JSON API (live page) or the responses a
+ * `vramwatch report` file embeds as window.VRAMWATCH_STATIC (nothing is fetched there).
+ * Both sources answer the same calls with the same documents. */
+
+import { isNum, rankKey } from "./format.js";
+import { markOnce } from "./dom.js";
+
+export const STATIC = window.VRAMWATCH_STATIC || null;
+
+export class ApiError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+export function query(params) {
+  const parts = [];
+  for (const key of Object.keys(params)) {
+    const v = params[key];
+    if (v === null || v === undefined) continue;
+    parts.push(encodeURIComponent(key) + "=" + encodeURIComponent(v));
+  }
+  return parts.length ? "?" + parts.join("&") : "";
+}
+
+function runPath(run) { return "api/v1/runs/" + encodeURIComponent(run); }
+
+/** Bytes received by this page's API calls (decoded size; the benchmark reads transfer sizes). */
+export const traffic = { requests: 0, bytes: 0 };
+
+async function getJSON(url) {
+  let resp;
+  try {
+    resp = await fetch(url, { headers: { Accept: "application/json" }, cache: "no-store" });
+  } catch (err) {
+    throw new ApiError(0, "cannot reach the collector (" + (err && err.message ? err.message : err) + ")");
+  }
+  const body = await resp.text();
+  traffic.requests++;
+  traffic.bytes += body.length;
+  if (!resp.ok) {
+    let detail = body;
+    try { detail = JSON.parse(body).detail || body; } catch (e) { /* plain text body */ }
+    throw new ApiError(resp.status, typeof detail === "string" ? detail : JSON.stringify(detail));
+  }
+  return JSON.parse(body);
+}
+
+const httpSource = {
+  live: true,
+  meta: () => getJSON("api/v1/meta"),
+  runs: () => getJSON("api/v1/runs"),
+  /** Every rank's verdict row. ``since``: the version of the previous answer, for a delta. */
+  ranks: (run, since) => getJSON(runPath(run) + "/ranks" + query({ compact: 1, since: since })),
+  // /chart: /series with x=step, answered from the collector's min/max envelope cache
+  series: (run, r, fields, opts) => getJSON(runPath(run) + "/chart" + query({
+    host: r.host, rank: r.rank, fields: fields.join(","), points: opts.points || 2000, start: opts.start, end: opts.end,
+  })),
+  phases: (run, r) => getJSON(runPath(run) + "/phases" + query({ host: r.host, rank: r.rank })),
+  events: (run, r) => getJSON(runPath(run) + "/events" + query({ host: r.host, rank: r.rank })),
+  heatmap: (run, field, x) => getJSON(runPath(run) + "/heatmap" + query({ field: field, x: x === "time" ? "ts" : "step" })),
+};
+
+/** Report files: every response is embedded; zoom slices the embedded (downsampled) data. */
+function staticSource(data) {
+  const missing = (what) => Promise.reject(new ApiError(404, what + " is not included in this report"));
+  return {
+    live: false,
+    meta: () => (data.meta ? Promise.resolve(data.meta) : missing("the verdict vocabulary")),
+    runs: () => Promise.resolve(data.runs || []),
+    ranks: () => Promise.resolve(data.ranks || []),
+    series: (run, r, fields, opts) => {
+      const s = (data.series || {})[rankKey(r.host, r.rank)];
+      if (!s) return missing("the chart of rank " + r.rank + " on " + r.host);
+      let lo = 0, hi = s.x.length;
+      if (isNum(opts.start)) while (lo < hi && s.x[lo] < opts.start) lo++;
+      if (isNum(opts.end)) while (hi > lo && s.x[hi - 1] > opts.end) hi--;
+      const out = { x: s.x.slice(lo, hi), series: {}, raw_points: s.raw_points, downsampled: s.downsampled };
+      for (const f of fields) out.series[f] = (s.series[f] || []).slice(lo, hi);
+      return Promise.resolve(out);
+    },
+    phases: (run, r) => Promise.resolve((data.phases || {})[rankKey(r.host, r.rank)] || []),
+    events: (run, r) => Promise.resolve((data.events || {})[rankKey(r.host, r.rank)] || []),
+    heatmap: (run, field, x) => {
+      const h = ((data.heatmap || {})[x === "time" ? "ts" : "step"] || {})[field];
+      return h ? Promise.resolve(h) : missing("the " + field + " heatmap");
+    },
+  };
+}
+
+export const source = STATIC ? staticSource(STATIC) : httpSource;
+
+/**
+ * Rank rows kept across polls. A ``/ranks`` answer is either the full list (an array) or
+ * a delta ``{version, rows, full}`` holding only the rows that changed since ``since``;
+ * either way the caller gets the complete, merged list and the version to ask from next.
+ */
+export class RankRows {
+  constructor() { this.byKey = new Map(); this.version = null; this.list = null; }
+
+  async poll(run) {
+    const answer = await source.ranks(run, this.version);
+    if (Array.isArray(answer)) {
+      this.byKey = new Map(answer.map((r) => [rankKey(r.host, r.rank), r]));
+      this.version = null;
+      this.list = answer;
+      return { rows: answer, changed: answer.length };
+    }
+    if (answer.full) this.byKey = new Map();
+    for (const r of answer.rows || []) this.byKey.set(rankKey(r.host, r.rank), r);
+    this.version = answer.version === undefined ? null : answer.version;
+    const changed = (answer.rows || []).length;
+    if (changed || !this.list || answer.full) {
+      this.list = Array.from(this.byKey.values()).sort((a, b) => a.rank - b.rank || (a.host < b.host ? -1 : 1));
+    }
+    return { rows: this.list, changed: changed };
+  }
+}
+
+// plotly.js loads async (a separate <script>): the first API requests and the verdict
+// table do not wait for it; charts are drawn once both their data and Plotly are there.
+export const plotlyReady = new Promise((resolve, reject) => {
+  const done = () => { markOnce("vramwatch:plotly"); resolve(); };
+  if (window.Plotly) { done(); return; }
+  const tag = document.getElementById("plotly-js");
+  if (!tag) { reject(new Error("the page has no plotly.js script")); return; }
+  tag.addEventListener("load", () => {
+    if (window.Plotly) done(); else reject(new Error("vendor/plotly.min.js did not define Plotly"));
+  });
+  tag.addEventListener("error", () => reject(new Error("vendor/plotly.min.js could not be loaded")));
+  // the script may have failed before this module ran (its error event is gone): look again later
+  const started = Date.now();
+  const check = setInterval(() => {
+    if (window.Plotly) { clearInterval(check); done(); } else if (Date.now() - started > 60000) {
+      clearInterval(check);
+      reject(new Error("vendor/plotly.min.js did not load within 60 s"));
+    }
+  }, 250);
+});

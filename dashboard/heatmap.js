@@ -1,0 +1,148 @@
+/* Ranks × steps: the worst value of each bucket per rank. By default a cell is coloured by
+ * its headroom's deviation from the run's median in that bucket, so one bad rank stands out
+ * among 512 healthy ones, and cells under the low-headroom threshold (from /api/v1/meta) are
+ * coloured danger whatever their peers do. A click on a row opens that rank. */
+
+import { GIB, intText, isNum } from "./format.js";
+import { $ } from "./dom.js";
+import { markOnce } from "./dom.js";
+import { plotlyReady, source } from "./api.js";
+import { S, vocab } from "./state.js";
+import { totalOf } from "./verdict.js";
+import { baseLayout, chartTheme, xAxis } from "./chartbase.js";
+
+export const HEAT_MODES = [
+  ["deviation", "vs run median"], ["headroom", "headroom"], ["reserved", "reserved"],
+];
+const DANGER = "#67000d";
+// deviation: red below the median (less headroom than the peers), neutral at it, blue above
+// (zmin is the danger value, -span sits at 0.1 and the median, 0, at 0.55 of the scale)
+const DEVIATION_SCALE = [[0, DANGER], [0.09, DANGER], [0.1, "#d73027"], [0.33, "#fc8d59"], [0.55, "#e6f0e9"], [0.78, "#91bfdb"], [1, "#4575b4"]];
+const HEADROOM_SCALE = [[0, DANGER], [0.09, DANGER], [0.1, "#e66101"], [0.3, "#fdb863"], [0.6, "#80cdc1"], [1, "#1b7f79"]];
+const RESERVED_SCALE = [[0, "#0d0887"], [0.5, "#9c179e"], [0.8, "#ed7953"], [1, "#f0f921"]];
+
+export function refreshHeatmap(onRowClick) {
+  const gen = S.gen, mode = S.heatMode, x = S.x;
+  const field = mode === "reserved" ? "reserved" : "headroom";
+  return Promise.all([source.heatmap(S.run, field, x), plotlyReady]).then(([h]) => {
+    if (gen !== S.gen || mode !== S.heatMode || x !== S.x) return;
+    drawHeatmap(h, mode, onRowClick);
+  }, (err) => {
+    if (gen !== S.gen) return;
+    $("heatmap-note").textContent = "heatmap unavailable: " + (err.message || err);
+  });
+}
+
+function median(values) {
+  if (!values.length) return null;
+  values.sort((a, b) => a - b);
+  const m = values.length >> 1;
+  return values.length % 2 ? values[m] : (values[m - 1] + values[m]) / 2;
+}
+
+/** Colour values: deviation from the column median (GiB, within ±span), danger cells below the scale. */
+function colourGrid(h, mode, dangerGiB) {
+  const rows = h.z.length, cols = h.x.length;
+  if (mode === "reserved") return { z: h.z, zmin: undefined, zmax: undefined, dev: null };
+  const dev = h.z.map(() => new Array(cols).fill(null));
+  let span = 0;
+  for (let j = 0; j < cols; j++) {
+    const column = [];
+    for (let i = 0; i < rows; i++) if (isNum(h.z[i][j])) column.push(h.z[i][j]);
+    const med = median(column);
+    for (let i = 0; i < rows; i++) {
+      const v = h.z[i][j];
+      if (isNum(v) && med !== null) { dev[i][j] = v - med; span = Math.max(span, Math.abs(v - med)); }
+    }
+  }
+  span = Math.max(0.5, span); // the most deviant cell gets the full colour; at least ±0.5 GiB
+  let zmin, zmax;
+  if (mode === "deviation") { zmax = span; zmin = -span - (2 * span) / 9; } else {
+    zmax = 0;
+    for (const row of h.z) for (const v of row) if (isNum(v) && v > zmax) zmax = v;
+    zmax = Math.max(zmax, 1);
+    zmin = -zmax / 9;
+  }
+  // plotly paints values beyond [zmin, zmax] with the end colours; a cell under the threshold
+  // is pushed to zmin (danger) whatever its peers do
+  const z = h.z.map((row, i) => row.map((v, j) => {
+    if (!isNum(v)) return null;
+    const value = mode === "deviation" ? dev[i][j] : v;
+    return isNum(dangerGiB[i]) && v < dangerGiB[i] ? Math.min(value, zmin) : value;
+  }));
+  return { z, zmin, zmax, dev };
+}
+
+function drawHeatmap(h, mode, onRowClick) {
+  const gd = $("chart-heatmap");
+  if (!gd) return;
+  const t = chartTheme();
+  const rowsByRank = {};
+  const uniqueRanks = new Set(h.rows.map((r) => r.rank)).size === h.rows.length;
+  // y is the rank number (ranks are unique within a run); duplicates fall back to row index
+  const ys = h.rows.map((r, i) => { const y = uniqueRanks ? r.rank : i; rowsByRank[y] = r; return y; });
+  S.heat = { rowsByRank };
+  const xs = h.x.map((x) => (S.x === "time" ? x * 1000 : x));
+  const totals = {};
+  for (const r of S.ranks || []) totals[r.host + "\u0000" + r.rank] = totalOf(r);
+  const fraction = vocab.low_headroom_fraction;
+  const dangerGiB = h.rows.map((r) => {
+    const total = totals[r.host + "\u0000" + r.rank];
+    return isNum(fraction) && isNum(total) ? (fraction * total) / GIB : null;
+  });
+  const grid = colourGrid(h, mode, dangerGiB);
+  const custom = h.z.map((row, i) => row.map((v, j) => [v, grid.dev ? grid.dev[i][j] : null]));
+  const isHeadroom = mode !== "reserved";
+  const colorbar = { title: { text: mode === "deviation" ? "vs median GiB" : mode + " GiB", side: "right", font: { color: t.muted, size: 11 } },
+    tickfont: { color: t.muted }, thickness: 12, outlinewidth: 0 };
+  if (isHeadroom) {
+    colorbar.tickvals = [grid.zmin, mode === "deviation" ? 0 : grid.zmax / 2, grid.zmax];
+    colorbar.ticktext = ["danger", mode === "deviation" ? "median" : (grid.zmax / 2).toFixed(0), mode === "deviation" ? "+" + grid.zmax.toFixed(1) : grid.zmax.toFixed(0)];
+  }
+  const trace = {
+    type: "heatmap", x: xs, y: ys, z: grid.z, customdata: custom, zmin: grid.zmin, zmax: grid.zmax,
+    colorscale: mode === "deviation" ? DEVIATION_SCALE : mode === "headroom" ? HEADROOM_SCALE : RESERVED_SCALE,
+    hoverongaps: false, xgap: 0, ygap: h.rows.length <= 64 ? 1 : 0, colorbar,
+    hovertemplate: (uniqueRanks ? "rank %{y}" : "row %{y}") + "<br>" + (S.x === "time" ? "%{x|%H:%M:%S}" : "step %{x:,d}") + "<br>" +
+      (isHeadroom ? "min headroom %{customdata[0]:.2f} GiB<br>%{customdata[1]:+.2f} GiB vs the run's median" : "max reserved %{customdata[0]:.2f} GiB") +
+      "<extra></extra>",
+  };
+  const tall = Math.min(720, Math.max(300, 90 + h.rows.length * 14));
+  if (gd.style.height !== tall + "px") gd.style.height = tall + "px";
+  const layout = baseLayout(t, {
+    uirevision: "heat|" + S.run + "|" + S.x + "|" + mode,
+    hovermode: "closest", showlegend: false,
+    plot_bgcolor: t.nodata, // gaps (no sample in that bucket) show as this, explained in the note
+    xaxis: xAxis(t, { showgrid: false }),
+    yaxis: { autorange: "reversed", tickfont: { color: t.muted }, title: { text: "rank", font: { color: t.muted, size: 11 }, standoff: 2 },
+      tickformat: "d", gridcolor: "rgba(0,0,0,0)", zeroline: false, nticks: Math.min(h.rows.length, 20),
+      tickvals: h.rows.length <= 40 ? ys : undefined }, // few rows: label every one; many: plotly thins them
+    margin: { l: 52, r: 8, t: 8, b: 40 },
+  });
+  if (S.selected && uniqueRanks) {
+    const sy = S.selected.rank;
+    layout.shapes = [{ type: "rect", xref: "paper", x0: 0, x1: 1, yref: "y", y0: sy - 0.5, y1: sy + 0.5, line: { color: t.text, width: 1.5 }, name: "selected rank" }];
+  }
+  // no mode bar: it would sit over the first rows, where a click means "open this rank"
+  window.Plotly.react(gd, [trace], layout, { displaylogo: false, responsive: true, displayModeBar: false });
+  wireClicks(gd, onRowClick);
+  markOnce("vramwatch:heatmap");
+  const unit = intText(h.bucket) + (S.x === "time" ? " s" : " steps");
+  const threshold = isNum(fraction) ? "dark red: headroom under " + Math.round(fraction * 100) + " % of the device (the low-headroom threshold)" : "";
+  const what = mode === "deviation"
+    ? "Worst headroom per bucket of " + unit + ", as its difference from the run's median in that bucket: red rows have less headroom than their peers, blue more; " + threshold + "."
+    : mode === "headroom" ? "Worst headroom per bucket of " + unit + "; " + threshold + "."
+      : "Highest reserved per bucket of " + unit + ".";
+  $("heatmap-note").textContent = what + " Grey cells: no sample from that rank in that bucket (not started yet, a gap, or the rank went silent).";
+}
+
+function wireClicks(gd, onRowClick) {
+  if (gd.__vwWired) return;
+  gd.__vwWired = true;
+  gd.on("plotly_click", (ev) => {
+    const p = ev && ev.points && ev.points[0];
+    if (!p || !S.heat) return;
+    const row = S.heat.rowsByRank[p.y];
+    if (row && onRowClick) onRowClick(row);
+  });
+}
