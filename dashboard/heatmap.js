@@ -40,22 +40,31 @@ function median(values) {
   return values.length % 2 ? values[m] : (values[m - 1] + values[m]) / 2;
 }
 
-/** Colour values: deviation from the column median (GiB, within ±span), danger cells below the scale. */
+/**
+ * Colour values. Deviation mode: the cell's headroom minus its bucket's median over ranks,
+ * squashed by span·tanh(d/span) into (−span, span) (order kept, so the most deviant cell is
+ * still the lowest; hover shows the real numbers), with span set by the deviations of the
+ * latest quarter of the run, what the ranks do now. A cell under the low-headroom threshold
+ * gets zmin, below every other value: the danger colour, whatever its peers do.
+ */
 function colourGrid(h, mode, dangerGiB) {
   const rows = h.z.length, cols = h.x.length;
   if (mode === "reserved") return { z: h.z, zmin: undefined, zmax: undefined, dev: null };
   const dev = h.z.map(() => new Array(cols).fill(null));
-  let span = 0;
+  let recent = 0;
+  const from = Math.floor(cols * 0.75);
   for (let j = 0; j < cols; j++) {
     const column = [];
     for (let i = 0; i < rows; i++) if (isNum(h.z[i][j])) column.push(h.z[i][j]);
     const med = median(column);
     for (let i = 0; i < rows; i++) {
       const v = h.z[i][j];
-      if (isNum(v) && med !== null) { dev[i][j] = v - med; span = Math.max(span, Math.abs(v - med)); }
+      if (!isNum(v) || med === null) continue;
+      dev[i][j] = v - med;
+      if (j >= from) recent = Math.max(recent, Math.abs(v - med));
     }
   }
-  span = Math.max(0.5, span); // the most deviant cell gets the full colour; at least ±0.5 GiB
+  const span = Math.max(0.5, recent / 2);
   let zmin, zmax;
   if (mode === "deviation") { zmax = span; zmin = -span - (2 * span) / 9; } else {
     zmax = 0;
@@ -63,12 +72,10 @@ function colourGrid(h, mode, dangerGiB) {
     zmax = Math.max(zmax, 1);
     zmin = -zmax / 9;
   }
-  // plotly paints values beyond [zmin, zmax] with the end colours; a cell under the threshold
-  // is pushed to zmin (danger) whatever its peers do
   const z = h.z.map((row, i) => row.map((v, j) => {
     if (!isNum(v)) return null;
-    const value = mode === "deviation" ? dev[i][j] : v;
-    return isNum(dangerGiB[i]) && v < dangerGiB[i] ? Math.min(value, zmin) : value;
+    if (isNum(dangerGiB[i]) && v < dangerGiB[i]) return zmin;
+    return mode === "deviation" ? span * Math.tanh(dev[i][j] / span) : Math.max(v, 0);
   }));
   return { z, zmin, zmax, dev };
 }
@@ -96,8 +103,10 @@ function drawHeatmap(h, mode, onRowClick) {
   const colorbar = { title: { text: mode === "deviation" ? "vs median GiB" : mode + " GiB", side: "right", font: { color: t.muted, size: 11 } },
     tickfont: { color: t.muted }, thickness: 12, outlinewidth: 0 };
   if (isHeadroom) {
-    colorbar.tickvals = [grid.zmin, mode === "deviation" ? 0 : grid.zmax / 2, grid.zmax];
-    colorbar.ticktext = ["danger", mode === "deviation" ? "median" : (grid.zmax / 2).toFixed(0), mode === "deviation" ? "+" + grid.zmax.toFixed(1) : grid.zmax.toFixed(0)];
+    const s = grid.zmax;
+    colorbar.tickvals = mode === "deviation" ? [grid.zmin, -0.76 * s, 0, 0.76 * s] : [grid.zmin, s / 2, s];
+    colorbar.ticktext = mode === "deviation" ? ["danger", "−" + s.toFixed(1), "median", "+" + s.toFixed(1)]
+      : ["danger", (s / 2).toFixed(0), s.toFixed(0)];
   }
   const trace = {
     type: "heatmap", x: xs, y: ys, z: grid.z, customdata: custom, zmin: grid.zmin, zmax: grid.zmax,
