@@ -133,7 +133,10 @@ function markers(r, v, events) {
   }
   const death = r.vw && r.vw.death;
   if (death && isNum(death.step) && death.how !== "exited") {
-    out.push({ step: death.step, ts: death.ts, kind: "oom", text: death.how === "out of memory" ? "died: OOM" : "went silent",
+    // the OOM that killed the process is one marker, not two
+    const same = out.find((m) => m.kind === "oom" && m.step === death.step);
+    if (same) same.text = "died: OOM";
+    else out.push({ step: death.step, ts: death.ts, kind: "oom", text: death.how === "out of memory" ? "died: OOM" : "went silent",
       hover: "last sample at step " + intText(death.step) });
   }
   return out;
@@ -212,6 +215,8 @@ export function drawMain() {
     shapes: shapes,
     annotations: annotations,
     margin: { l: 64, r: 14, t: 36, b: 40 },
+    // a phone has no room for the legend over the chart: hover names the lines there
+    showlegend: gd.clientWidth > 600,
   });
   S.mainRange = range;
   window.Plotly.react(gd, traces, layout, PLOT_CONFIG);
@@ -273,7 +278,9 @@ function eventMarkers(r, v, d, t, x0, xEnd, shapes, annotations) {
       : m.kind === "restart" ? t.warmup : r.vw && r.vw.shown === "ratchet" ? t.ratchet : t.rising;
     shapes.push({ type: "line", xref: "x", yref: "paper", x0: m.x, x1: m.x, y0: 0.24, y1: 1, name: "event " + m.kind,
       line: { color: color, width: 1.5, dash: "dashdot" } });
-    annotations.push({ x: m.x, y: 1, xref: "x", yref: "paper", yanchor: "top", xanchor: "left", text: m.text, showarrow: false,
+    // labels in the right fifth of the plot read leftwards, so none runs off the edge
+    const right = m.x > lo + 0.8 * (hi - lo);
+    annotations.push({ x: m.x, y: 1, xref: "x", yref: "paper", yanchor: "top", xanchor: right ? "right" : "left", text: m.text, showarrow: false,
       font: { size: 11, color: color }, bgcolor: t.panel, borderpad: 2, yshift: -rows[i] * 17, hovertext: m.hover,
       name: "label " + m.kind });
   });

@@ -415,3 +415,68 @@ def test_polling_fetches_deltas_and_a_partial_plotly(collector: dict[str, Any], 
     # after the first full answer the rank chart asks only for the steps after the last one drawn
     assert all("start=" in u for u in main), main
     assert page.errors == []
+
+
+# ---------------------------------------------------------------- calm under updates
+
+def test_worst_card_holds_and_rows_stay_under_the_cursor(browser: Any, tmp_path: Any) -> None:
+    """Warm-up: every rank is equally "warmup" and their order by headroom changes every
+    poll. The worst-rank card keeps its rank (a rank must be strictly more severe to take
+    it); the table re-sorts, except while the pointer is over it."""
+    run = "warm-8"
+    with BackgroundServer(str(tmp_path / "warm.db")) as server:
+        gens = [simulate_trace("long_warmup", steps=10**6, run=run, host="node-0", rank=r, start_ts=time.time() - 300,
+                               step_time_s=0.2, seed=r) for r in range(8)]
+        step = 0
+
+        def advance(n: int) -> None:
+            nonlocal step
+            step += n
+            batch = []
+            for g in gens:
+                for s in g:
+                    batch.append(s)
+                    if s["step"] >= step:
+                        break
+            post(server.url, batch)
+
+        advance(30)
+        page = Page(browser)
+        try:
+            p = page.page
+            p.goto(run_url(server.url, run))
+            page.ready()
+            p.mouse.move(5, 5)
+            cards_seen, tops = set(), set()
+            for _ in range(8):
+                advance(25)
+                p.wait_for_function(f"document.querySelector('#cards .card:nth-child(5) .sub').textContent === "
+                                    f"'step {step}'", timeout=5000)
+                p.wait_for_timeout(50)
+                cards_seen.add(p.text_content("#cards .card:nth-child(1) .value"))
+                tops.add(p.get_attribute("#verdict-strip tbody tr", "data-rank"))
+            states = {r["verdict"]["state"] for r in httpx.get(f"{server.url}/api/v1/runs/{run}/ranks").json()}
+            assert states == {"warmup"}
+            assert len(tops) > 1, "the order must change under the card for this test to mean anything"
+            assert len(cards_seen) == 1, cards_seen
+
+            # the pointer over the third row: polls update the cells but not the order
+            row = p.locator("#verdict-strip tbody tr").nth(2)
+            row.scroll_into_view_if_needed()
+            box = row.bounding_box()
+            p.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            order = p.eval_on_selector_all("#verdict-strip tbody tr", "rs => rs.map(r => r.dataset.rank)")
+            under = p.evaluate(f"document.elementFromPoint({box['x'] + 20}, {box['y'] + box['height'] / 2})"
+                               ".closest('tr').dataset.rank")
+            for _ in range(4):
+                advance(25)
+                p.wait_for_function(f"document.querySelector('#cards .card:nth-child(5) .sub').textContent === "
+                                    f"'step {step}'", timeout=5000)
+                assert p.eval_on_selector_all("#verdict-strip tbody tr", "rs => rs.map(r => r.dataset.rank)") == order
+                assert p.evaluate(f"document.elementFromPoint({box['x'] + 20}, {box['y'] + box['height'] / 2})"
+                                  ".closest('tr').dataset.rank") == under
+                assert p.evaluate("document.querySelector('#verdict-strip tbody tr td:last-child').textContent") \
+                    == f"{step:,}"
+            assert page.errors == []
+        finally:
+            page.close()
