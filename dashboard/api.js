@@ -3,7 +3,7 @@
  * Both sources answer the same calls with the same documents. */
 
 import { isNum, rankKey } from "./format.js";
-import { markOnce } from "./dom.js";
+import { markOnce, timed } from "./dom.js";
 
 export const STATIC = window.VRAMWATCH_STATIC || null;
 
@@ -41,7 +41,7 @@ async function getJSON(url) {
     try { detail = JSON.parse(body).detail || body; } catch (e) { /* plain text body */ }
     throw new ApiError(resp.status, typeof detail === "string" ? detail : JSON.stringify(detail));
   }
-  return JSON.parse(body);
+  return timed("parse", () => JSON.parse(body));
 }
 
 const httpSource = {

@@ -12,7 +12,7 @@
  * HTML subset in labels) only through plotlyText(), which entity-escapes it. */
 
 import { age, rankLabel } from "./format.js";
-import { $, append, clear, el, markOnce } from "./dom.js";
+import { $, append, clear, el, markOnce, timed } from "./dom.js";
 import { ApiError, RankRows, STATIC, plotlyReady, source } from "./api.js";
 import { S, resetState, setVocab } from "./state.js";
 import { annotate, sortRanks } from "./verdict.js";
@@ -175,7 +175,7 @@ function buildRunLayout() {
     if (!f || f === S.heatMode) return;
     S.heatMode = f;
     syncButtons();
-    refreshHeatmap(openRow);
+    refreshPanel("chart-heatmap", true);
   });
   const panel = (h2, hint, tools, ...body) => el("section", { class: "panel" },
     el("div", { class: "panel-head" }, h2, hint, tools ? el("div", { class: "tools" }, tools) : null), ...body);
@@ -201,6 +201,7 @@ function buildRunLayout() {
   $("strip-filter").addEventListener("input", () => drawStrip({ user: true }));
   S.rendered.layout = true;
   syncButtons();
+  watchPanels();
 }
 
 function syncButtons() {
@@ -238,12 +239,14 @@ async function pollRun() {
     markOnce("vramwatch:ranks");
     if (!S.rendered.layout) buildRunLayout();
     if (!reuse) {
-      annotate(ranks);
-      S.ranks = ranks;
-      chooseSelection();
-      drawCards();
-      drawStrip();
-      drawRankSelect();
+      timed("verdicts", () => {
+        annotate(ranks);
+        S.ranks = ranks;
+        chooseSelection();
+        drawCards();
+        drawStrip();
+        drawRankSelect();
+      });
     }
     updateLiveText();
     const main = refreshMain(drawSecondary);
@@ -252,10 +255,10 @@ async function pollRun() {
     if (S.tick === 0) {
       // first load: the rank chart first, the overview panels right after it, so their
       // (heavier, cold-cache) requests do not delay the chart
-      work.push(main.then(() => Promise.all([refreshHeatmap(openRow), refreshOverlay()])));
+      work.push(main.then(() => Promise.all([refreshPanel("chart-heatmap", true), refreshPanel("chart-overlay", true)])));
     } else {
-      if (S.tick % heatEvery === 0) work.push(refreshHeatmap(openRow));
-      if (S.tick % overlayEvery === 0) work.push(refreshOverlay());
+      if (S.tick % heatEvery === 0) work.push(refreshPanel("chart-heatmap"));
+      if (S.tick % overlayEvery === 0) work.push(refreshPanel("chart-overlay"));
     }
     S.tick++;
     await Promise.all(work);
@@ -269,7 +272,40 @@ async function pollRun() {
   }
 }
 
-function drawSecondary() { drawFrag(); drawEvents(); }
+// Panels below the fold refresh only while on (or near) the screen: off screen they cost
+// neither requests nor main-thread time, and catch up as soon as they scroll into view.
+const PANEL_REFRESH = {
+  "chart-heatmap": () => refreshHeatmap(openRow),
+  "chart-overlay": () => refreshOverlay(),
+  "chart-frag": () => timed("frag", drawFrag),
+  "events-table": () => timed("events", drawEvents),
+};
+let panelObserver = null;
+
+function watchPanels() {
+  if (!window.IntersectionObserver) return;
+  if (panelObserver) panelObserver.disconnect();
+  S.inView = new Set();
+  S.stale = new Set();
+  panelObserver = new IntersectionObserver((entries) => {
+    for (const e of entries) {
+      const id = e.target.id;
+      if (!e.isIntersecting) { S.inView.delete(id); continue; }
+      S.inView.add(id);
+      if (S.stale.delete(id)) Promise.resolve(PANEL_REFRESH[id]()).catch(handleError);
+    }
+  }, { rootMargin: "300px 0px" });
+  for (const id of Object.keys(PANEL_REFRESH)) panelObserver.observe($(id));
+}
+
+/** Refresh a panel now if it is on screen (or ``always``), else when it comes into view. */
+function refreshPanel(id, always) {
+  if (always || !S.inView || S.inView.has(id)) return Promise.resolve(PANEL_REFRESH[id]());
+  S.stale.add(id);
+  return Promise.resolve();
+}
+
+function drawSecondary() { refreshPanel("chart-frag", S.tick <= 1); refreshPanel("events-table", S.tick <= 1); }
 
 function updateLiveText() {
   if (STATIC) return;
@@ -318,7 +354,7 @@ function openRow(row) {
 
 function refreshCharts(all) {
   const work = [refreshMain(drawSecondary)];
-  if (all) { work.push(refreshHeatmap(openRow)); work.push(refreshOverlay()); }
+  if (all) { work.push(refreshPanel("chart-heatmap")); work.push(refreshPanel("chart-overlay")); }
   return Promise.all(work).catch(handleError);
 }
 
@@ -347,7 +383,10 @@ function initTheme() {
     const theme = document.documentElement.dataset.theme === "dark" ? "light" : "dark";
     document.documentElement.dataset.theme = theme;
     try { localStorage.setItem("vramwatch-theme", theme); } catch (e) { /* private mode */ }
-    if (S.page === "run" && S.mainData) { drawMain(); drawSecondary(); refreshHeatmap(openRow); refreshOverlay(); }
+    if (S.page === "run" && S.mainData) {
+      drawMain();
+      for (const id of Object.keys(PANEL_REFRESH)) refreshPanel(id);
+    }
   });
 }
 

@@ -53,3 +53,14 @@ export function markInteractive() {
   document.documentElement.dataset.ready = "1";
   markOnce("vramwatch:interactive");
 }
+
+/** Run ``fn``; when the page was opened with ``window.__vwTiming`` set (the benchmark),
+ * record its duration as a performance measure ``vramwatch:NAME`` to attribute main-thread
+ * time. Off by default: entries would pile up over a day of polling. */
+export function timed(name, fn) {
+  if (!window.__vwTiming) return fn();
+  const t0 = performance.now();
+  try { return fn(); } finally {
+    performance.measure("vramwatch:" + name, { start: t0, end: performance.now() });
+  }
+}

@@ -4,8 +4,7 @@
  * coloured danger whatever their peers do. A click on a row opens that rank. */
 
 import { GIB, intText, isNum } from "./format.js";
-import { $ } from "./dom.js";
-import { markOnce } from "./dom.js";
+import { $, markOnce, timed } from "./dom.js";
 import { plotlyReady, source } from "./api.js";
 import { S, vocab } from "./state.js";
 import { totalOf } from "./verdict.js";
@@ -26,7 +25,7 @@ export function refreshHeatmap(onRowClick) {
   const field = mode === "reserved" ? "reserved" : "headroom";
   return Promise.all([source.heatmap(S.run, field, x), plotlyReady]).then(([h]) => {
     if (gen !== S.gen || mode !== S.heatMode || x !== S.x) return;
-    drawHeatmap(h, mode, onRowClick);
+    timed("heatmap", () => drawHeatmap(h, mode, onRowClick));
   }, (err) => {
     if (gen !== S.gen) return;
     $("heatmap-note").textContent = "heatmap unavailable: " + (err.message || err);

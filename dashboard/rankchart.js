@@ -7,7 +7,7 @@
  * FULL_EVERY_MS or when the appended tail grows past TAIL_MAX points. */
 
 import { GIB, alpha, duration, gib, intText, isNum, plotlyText, rankKey, slopeText, toGiB } from "./format.js";
-import { $, append, clear, el, markInteractive, markOnce } from "./dom.js";
+import { $, append, clear, el, markInteractive, markOnce, timed } from "./dom.js";
 import { plotlyReady, source } from "./api.js";
 import { S } from "./state.js";
 import { checkpointPeak, stateOf, verdictOf } from "./verdict.js";
@@ -63,7 +63,10 @@ export async function refreshMain(onDrawn) {
   let data;
   if (tailOnly) {
     data = prev;
-    data.tail += appendTail(prev.series, series);
+    const added = appendTail(prev.series, series);
+    data.tail += added;
+    const sideSame = (!phases || phases.length === prev.phases.length) && (!events || events.length === prev.events.length);
+    if (!added && sideSame) return; // nothing new: no redraw
   } else {
     data = { key: sel, series: series, zoomed: !!zoom, fullAt: now, tail: 0, phases: [], events: [] };
     if (prev) { data.phases = prev.phases; data.events = prev.events; }
@@ -72,7 +75,7 @@ export async function refreshMain(onDrawn) {
   if (events) data.events = events;
   if (!zoom && data.series.x.length) S.stepTs = { steps: data.series.x, ts: data.series.series.ts };
   S.mainData = data;
-  drawMain();
+  timed("rank-chart", drawMain);
   markInteractive();
   if (onDrawn) setTimeout(() => { if (gen === S.gen && S.mainData) onDrawn(); }, 0);
 }
