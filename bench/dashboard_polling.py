@@ -152,7 +152,12 @@ def poll_window(url: str, run: str, seconds: float) -> dict[str, float]:
                   const k = m.name.replace('vramwatch:', '');
                   parts[k] = Math.max(parts[k] || 0, m.duration);
                 }
-                return {parts, bytes: api.reduce((a, e) => a + e.transferSize, 0), requests: api.length,
+                const by = {};
+                for (const e of api) {
+                  const k = new URL(e.name).pathname.split('/').pop();
+                  by[k] = (by[k] || 0) + e.transferSize;
+                }
+                return {parts, by, bytes: api.reduce((a, e) => a + e.transferSize, 0), requests: api.length,
                         long_tasks: long.length, longest: long.length ? Math.max(...long) : 0,
                         window_ms: performance.now() - t0};
             }""", t0)
@@ -250,6 +255,11 @@ def main(argv: list[str] | None = None) -> None:
         ("API bytes per minute per tab (wire, gzip)", f"{per_min / 1e6:.2f} MB",
          f"{old / 1e6:.2f} MB (previous polling)", f"{per_min / old:.2f}"),
         ("API requests per minute per tab", f"{tab['requests'] * 60000 / tab['window_ms']:.0f}", "", ""),
+        ("  of the bytes: " + ", ".join(f"`{k}` {v * 60000 / tab['window_ms'] / 1e6:.2f} MB/min"
+                                       for k, v in sorted(tab["by"].items(), key=lambda kv: -kv[1])), "", "", ""),
+        ("longest main-thread piece: " + ", ".join(f"{k} {v:.0f} ms" for k, v in sorted(tab["parts"].items(),
+                                                                                       key=lambda kv: -kv[1])),
+         "", "", ""),
         ("collector CPU per open tab", f"{cpu_share * 100:.1f} % of a core", "", ""),
     ]
     def marks(run: str) -> str:
@@ -265,17 +275,19 @@ def main(argv: list[str] | None = None) -> None:
     ]
     body = (
         f"Machine load average during the run: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min) on "
-        f"{os.cpu_count()} cores shared with other work; absolute times scale with it.\n\n"
+        f"{os.cpu_count()} cores shared with other work; absolute times (long tasks too) scale with it.\n\n"
         f"{args.ranks} ranks x {args.steps} steps (demo model, rank 7 leaking, checkpoints every 200 steps) in "
         f"SQLite, served by a `vramwatch serve` subprocess; a feeder posts one more step of every rank each second. "
         f"One headless Chromium tab (1440x900) keeps the run page open; window {args.seconds:.0f} s after the "
         f"page settled.\n\n"
         + table(["while polling", "measured", "limit", "ratio"], rows)
         + "\n\nThe page polls `/ranks` every second and merges a delta when the collector answers one"
-        " (`{version, rows}`), else the full list every other second past 256 ranks; the rank chart asks only for"
+        " (`{version, rows}`), else the full list every third second past 256 ranks; the rank chart asks only for"
         " the steps after its last point (`/chart?start=`) and re-reads the full range every 30 s; phases and"
-        " events every 3 s; the heatmap every 15 s and the compare chart every 10 s past 256 ranks. The verdict"
-        " table keeps only the rows in view in the DOM and rewrites only the cells that changed.\n\n"
+        " events every 3 s; the heatmap every 15 s and the compare chart every 10 s past 256 ranks, and only"
+        " while on screen (panels below the fold catch up when scrolled to). A chart with no new points is not"
+        " redrawn. The verdict table keeps only the rows in view in the DOM and rewrites only the cells that"
+        " changed. Pieces are timed with `performance.measure` (`window.__vwTiming`).\n\n"
         f"**Cold load** (fresh browser profile each time, median of {args.loads}; ms from navigation start):\n\n"
         + table(["page", "time"], cold)
     )

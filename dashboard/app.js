@@ -220,10 +220,10 @@ function showNoRun(err) {
 async function pollRun() {
   const gen = S.gen;
   try {
-    // Big jobs without delta polling: every rank's verdict (MBs at 1000+ ranks) every other
+    // Big jobs without delta polling: every rank's verdict (MBs at 1000+ ranks) every third
     // second; with deltas (the collector sends only changed rows) every second.
     const big = S.ranks && S.ranks.length > BIG_RUN;
-    const reuse = big && S.rankRows.version === null && S.tick % 2 === 1;
+    const reuse = big && S.rankRows.version === null && S.tick % 3 !== 0;
     const answer = reuse ? { rows: S.ranks, changed: 0 } : await S.rankRows.poll(S.run);
     if (gen !== S.gen) return;
     clearError();
@@ -294,7 +294,7 @@ function watchPanels() {
       S.inView.add(id);
       if (S.stale.delete(id)) Promise.resolve(PANEL_REFRESH[id]()).catch(handleError);
     }
-  }, { rootMargin: "300px 0px" });
+  }, { rootMargin: "0px" });
   for (const id of Object.keys(PANEL_REFRESH)) panelObserver.observe($(id));
 }
 
