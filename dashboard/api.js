@@ -59,6 +59,30 @@ const httpSource = {
   heatmap: (run, field, x) => getJSON(runPath(run) + "/heatmap" + query({ field: field, x: x === "time" ? "ts" : "step" })),
 };
 
+// Routes a collector may not have (an older version): asked for only when its OpenAPI
+// document lists them, once per page, so an absent one costs no 404 per poll.
+let routes = null;
+function hasRoute(path) {
+  if (STATIC) return Promise.resolve(false);
+  if (!routes) {
+    routes = getJSON("openapi.json").then((doc) => new Set(Object.keys(doc.paths || {})), () => new Set());
+  }
+  return routes.then((set) => set.has(path));
+}
+const NOT_FOUND = () => Promise.reject(new ApiError(404, "Not Found"));
+
+/** Readiness and batch advice (GET /api/v1/runs/{run}/advice); a report embeds none. */
+export async function getAdvice(run, targetTokens) {
+  if (!(await hasRoute("/api/v1/runs/{run}/advice"))) return NOT_FOUND();
+  return getJSON(runPath(run) + "/advice" + query({ target_tokens: targetTokens }));
+}
+
+/** Two runs side by side (GET /api/v1/compare?a=&b=). */
+export async function getCompare(a, b) {
+  if (!(await hasRoute("/api/v1/compare"))) return NOT_FOUND();
+  return getJSON("api/v1/compare" + query({ a: a, b: b }));
+}
+
 /** Report files: every response is embedded; zoom slices the embedded (downsampled) data. */
 function staticSource(data) {
   const missing = (what) => Promise.reject(new ApiError(404, what + " is not included in this report"));

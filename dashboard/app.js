@@ -25,9 +25,12 @@ import { drawEvents } from "./events.js";
 import { HEAT_MODES, refreshHeatmap } from "./heatmap.js";
 import { MAX_COMPARE, overlaySelect, refreshOverlay, toggleCompare } from "./compare.js";
 import { onZoomChange } from "./zoom.js";
+import { advicePanel, refreshAdvice } from "./advice.js";
+import { renderComparePage } from "./comparepage.js";
 
 const POLL_MS = 1000; // new samples must show within 2 s
 const BIG_RUN = 256; // ranks: past this, overview panels refresh less often
+const ADVICE_EVERY = 30; // polls: advice replays the run on the collector, so not every second
 
 // ------------------------------------------------------------------ routing
 function parseRoute() {
@@ -37,6 +40,7 @@ function parseRoute() {
   const params = new URLSearchParams(qpos >= 0 ? hash.slice(qpos + 1) : "");
   const m = /^\/run\/(.+)$/.exec(path);
   const route = { page: "runs", run: null, rank: null, host: null, x: params.get("x") === "time" ? "time" : "step" };
+  if (path === "/compare") Object.assign(route, { page: "compare", a: params.get("a"), b: params.get("b") });
   if (m) {
     route.page = "run";
     try { route.run = decodeURIComponent(m[1]); } catch (e) { route.run = m[1]; }
@@ -188,6 +192,7 @@ function buildRunLayout() {
       el("label", { class: "tool" }, "filter", el("input", { type: "search", id: "strip-filter", placeholder: "rank, host, state, silent, oom", size: 22 })),
       el("div", { class: "table-wrap strip" }, el("table", { class: "data", id: "verdict-strip" }, el("thead"), el("tbody"))),
       el("div", { class: "strip-foot", id: "strip-foot" })),
+    advicePanel(() => refreshAdvice().catch(handleError)),
     el("div", { class: "grid2" },
       panel(el("h2", { text: "Ranks × steps" }), el("span", { class: "hint", text: "click a row to open that rank" }), heatSeg,
         el("div", { class: "chart", id: "chart-heatmap" }), el("div", { class: "chart-note", id: "heatmap-note" })),
@@ -259,6 +264,7 @@ async function pollRun() {
     } else {
       if (S.tick % heatEvery === 0) work.push(refreshPanel("chart-heatmap"));
       if (S.tick % overlayEvery === 0) work.push(refreshPanel("chart-overlay"));
+      if (S.tick % ADVICE_EVERY === 1) work.push(refreshPanel("advice-panel"));
     }
     S.tick++;
     await Promise.all(work);
@@ -279,6 +285,7 @@ const PANEL_REFRESH = {
   "chart-overlay": () => refreshOverlay(),
   "chart-frag": () => timed("frag", drawFrag),
   "events-table": () => timed("events", drawEvents),
+  "advice-panel": () => refreshAdvice(),
 };
 let panelObserver = null;
 
@@ -288,6 +295,7 @@ function watchPanels() {
   S.inView = new Set();
   S.stale = new Set();
   panelObserver = new IntersectionObserver((entries) => {
+    if (!S.inView) return; // a later page: this observer is about to be disconnected
     for (const e of entries) {
       const id = e.target.id;
       if (!e.isIntersecting) { S.inView.delete(id); continue; }
@@ -403,10 +411,13 @@ function route() {
     refreshCharts(true);
     return;
   }
+  if (panelObserver) { panelObserver.disconnect(); panelObserver = null; }
   resetState(r);
   setBanner(null);
   document.documentElement.dataset.ready = "0";
-  if (r.page === "run") renderRunPage(); else renderRunsPage();
+  if (r.page === "run") renderRunPage();
+  else if (r.page === "compare") renderComparePage(r.a, r.b, { setCrumbs, setLive, handleError });
+  else renderRunsPage();
 }
 
 async function boot() {

@@ -70,7 +70,8 @@ export function drawRuns(runs, startHint, stateMsg) {
     clear(view);
     const head = el("tr", null, HEAD.map((h, i) => el("th", { class: NUMERIC.has(i) ? "num" : null, text: h })));
     view.appendChild(el("section", { class: "panel" },
-      el("div", { class: "panel-head" }, el("h2", { text: "Runs" }), el("span", { class: "hint", text: "updated live · click a run for its ranks" })),
+      el("div", { class: "panel-head" }, el("h2", { text: "Runs" }), el("span", { class: "hint", text: "updated live · click a run for its ranks" }),
+        el("div", { class: "tools" }, el("a", { href: "#/compare", id: "compare-link", text: "compare two runs" }))),
       el("div", { class: "table-wrap" }, el("table", { class: "data", id: "runs-table" }, el("thead", null, head), el("tbody")))));
     S.rendered.runs = "table";
     S.runRows = new Map();

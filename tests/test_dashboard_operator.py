@@ -480,3 +480,33 @@ def test_worst_card_holds_and_rows_stay_under_the_cursor(browser: Any, tmp_path:
             assert page.errors == []
         finally:
             page.close()
+
+
+# ---------------------------------------------------------------- decisions (issue 13's panels)
+
+def test_advice_panel_and_compare_view_follow_the_collector(collector: dict[str, Any], page: Page) -> None:
+    """With the collector's advice route the panel shows its readiness verdict and
+    recommendation; without it (an older collector) the panel hides itself, with no 404s."""
+    url = collector["url"]
+    paths = httpx.get(url + "/openapi.json").json()["paths"]
+    p = page.page
+    p.goto(run_url(url, DEMO_RUN))
+    page.ready()
+    p.locator("#advice-panel").scroll_into_view_if_needed()
+    if "/api/v1/runs/{run}/advice" in paths:
+        advice = httpx.get(f"{url}/api/v1/runs/{DEMO_RUN}/advice").json()
+        p.wait_for_function("document.getElementById('advice-rec').textContent.length > 0", timeout=30_000)
+        assert p.text_content("#advice-verdict") == advice["readiness"]["verdict"].replace("_", " ")
+        assert p.text_content("#advice-rec") == advice["recommendation"]
+    else:
+        p.wait_for_function("document.getElementById('advice-panel').hidden === true", timeout=10_000)
+    p.goto(f"{url}/#/compare?a={DEMO_RUN}&b={DEMO_RUN}")
+    p.wait_for_function("(() => { const b = document.querySelector('#compare-body');"
+                        " return b !== null && !b.textContent.includes('loading'); })()", timeout=30_000)
+    if "/api/v1/compare" in paths:
+        doc = httpx.get(f"{url}/api/v1/compare", params={"a": DEMO_RUN, "b": DEMO_RUN}).json()
+        assert p.locator("#compare-table tbody tr").count() == len(doc["metrics"])
+    else:
+        assert "no compare route" in p.text_content("#compare-body")
+    assert p.input_value("#cmp-a") == DEMO_RUN
+    assert page.errors == []
