@@ -65,13 +65,14 @@ function drawComparison(doc) {
   const body = $("compare-body");
   clear(body);
   const rows = (doc.metrics || []).map((m) => {
-    const growth = isNum(m.a) && isNum(m.b) && m.a > 0 ? (m.b - m.a) / m.a : null;
-    const memory = m.name !== "step_time_s" && m.name !== "min_headroom_bytes";
-    const worse = growth !== null && (m.name === "min_headroom_bytes" ? growth < 0 : growth > 0);
-    return el("tr", { dataset: { rank: m.rank, metric: m.name, phase: m.phase } },
-      el("td", { class: "num", text: m.rank }), el("td", { text: NAMES[m.name] || m.name }), el("td", { text: m.phase }),
-      el("td", { class: "num", text: value(m.name, m.a) }), el("td", { class: "num", text: value(m.name, m.b) }),
-      el("td", { class: "num" + (worse && (memory || m.name === "min_headroom_bytes") ? " bad" : " muted"),
+    const name = String(m.metric || m.name || "");
+    const growth = isNum(m.growth) ? m.growth : isNum(m.a) && isNum(m.b) && m.a > 0 ? (m.b - m.a) / m.a : null;
+    // more memory, or less headroom, in B is worse; step time is shown, not judged
+    const worse = growth !== null && (name === "min_headroom_bytes" ? growth < 0 : name.endsWith("_bytes") && growth > 0);
+    return el("tr", { dataset: { rank: m.rank, metric: name, phase: m.phase } },
+      el("td", { class: "num", text: m.rank }), el("td", { text: NAMES[name] || name }), el("td", { text: m.phase }),
+      el("td", { class: "num", text: value(name, m.a) }), el("td", { class: "num", text: value(name, m.b) }),
+      el("td", { class: "num" + (worse ? " bad" : " muted"),
         text: growth === null ? "—" : (growth > 0 ? "+" : "") + (growth * 100).toFixed(1) + " %" }));
   });
   append(body, el("div", { class: "table-wrap" }, el("table", { class: "data", id: "compare-table" },

@@ -495,7 +495,8 @@ def test_advice_panel_and_compare_view_follow_the_collector(collector: dict[str,
     p.locator("#advice-panel").scroll_into_view_if_needed()
     if "/api/v1/runs/{run}/advice" in paths:
         advice = httpx.get(f"{url}/api/v1/runs/{DEMO_RUN}/advice").json()
-        p.wait_for_function("document.getElementById('advice-rec').textContent.length > 0", timeout=30_000)
+        p.wait_for_function("(() => { const e = document.getElementById('advice-rec');"
+                            " return e !== null && e.textContent.length > 0; })()", timeout=30_000)
         assert p.text_content("#advice-verdict") == advice["readiness"]["verdict"].replace("_", " ")
         assert p.text_content("#advice-rec") == advice["recommendation"]
     else:
