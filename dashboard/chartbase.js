@@ -9,7 +9,7 @@ export function chartTheme() {
   const v = (name) => cssVar(name);
   return {
     text: v("--text"), muted: v("--muted"), grid: v("--grid"), panel: v("--panel"), border: v("--border"),
-    nodata: v("--nodata"),
+    nodata: v("--nodata"), heatNeutral: v("--heat-neutral"),
     allocated: v("--c-allocated"), reserved: v("--c-reserved"), peak: v("--c-peak"), nvml: v("--c-nvml"),
     total: v("--c-total"), gap: v("--c-gap"), plateau: v("--c-plateau"), proj: v("--c-proj"), ckpt: v("--c-ckpt"),
     ckptLine: v("--c-ckpt-line"), evalFill: v("--c-eval"), evalLine: v("--c-eval-line"), leak: v("--s-leak"),

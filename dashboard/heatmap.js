@@ -16,7 +16,9 @@ export const HEAT_MODES = [
 const DANGER = "#67000d";
 // deviation: red below the median (less headroom than the peers), neutral at it, blue above
 // (zmin is the danger value, -span sits at 0.1 and the median, 0, at 0.55 of the scale)
-const DEVIATION_SCALE = [[0, DANGER], [0.09, DANGER], [0.1, "#d73027"], [0.33, "#fc8d59"], [0.55, "#e6f0e9"], [0.78, "#91bfdb"], [1, "#4575b4"]];
+function deviationScale(neutral) {
+  return [[0, DANGER], [0.09, DANGER], [0.1, "#d73027"], [0.33, "#fc8d59"], [0.55, neutral], [0.78, "#91bfdb"], [1, "#4575b4"]];
+}
 const HEADROOM_SCALE = [[0, DANGER], [0.09, DANGER], [0.1, "#e66101"], [0.3, "#fdb863"], [0.6, "#80cdc1"], [1, "#1b7f79"]];
 const RESERVED_SCALE = [[0, "#0d0887"], [0.5, "#9c179e"], [0.8, "#ed7953"], [1, "#f0f921"]];
 
@@ -109,7 +111,7 @@ function drawHeatmap(h, mode, onRowClick) {
   }
   const trace = {
     type: "heatmap", x: xs, y: ys, z: grid.z, customdata: custom, zmin: grid.zmin, zmax: grid.zmax,
-    colorscale: mode === "deviation" ? DEVIATION_SCALE : mode === "headroom" ? HEADROOM_SCALE : RESERVED_SCALE,
+    colorscale: mode === "deviation" ? deviationScale(t.heatNeutral || "#e6f0e9") : mode === "headroom" ? HEADROOM_SCALE : RESERVED_SCALE,
     hoverongaps: false, xgap: 0, ygap: h.rows.length <= 64 ? 1 : 0, colorbar,
     hovertemplate: (uniqueRanks ? "rank %{y}" : "row %{y}") + "<br>" + (S.x === "time" ? "%{x|%H:%M:%S}" : "step %{x:,d}") + "<br>" +
       (isHeadroom ? "min headroom %{customdata[0]:.2f} GiB<br>%{customdata[1]:+.2f} GiB vs the run's median" : "max reserved %{customdata[0]:.2f} GiB") +
