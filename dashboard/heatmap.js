@@ -17,7 +17,9 @@ const DANGER = "#67000d";
 // deviation: red below the median (less headroom than the peers), neutral at it, blue above
 // (zmin is the danger value, -span sits at 0.1 and the median, 0, at 0.55 of the scale)
 function deviationScale(neutral) {
-  return [[0, DANGER], [0.09, DANGER], [0.1, "#d73027"], [0.33, "#fc8d59"], [0.55, neutral], [0.78, "#91bfdb"], [1, "#4575b4"]];
+  // a narrow neutral band around the median (±0.16 of the span): rank-to-rank noise stays calm
+  return [[0, DANGER], [0.09, DANGER], [0.1, "#d73027"], [0.3, "#fc8d59"], [0.48, neutral], [0.62, neutral], [0.8, "#91bfdb"],
+    [1, "#4575b4"]];
 }
 const HEADROOM_SCALE = [[0, DANGER], [0.09, DANGER], [0.1, "#e66101"], [0.3, "#fdb863"], [0.6, "#80cdc1"], [1, "#1b7f79"]];
 const RESERVED_SCALE = [[0, "#0d0887"], [0.5, "#9c179e"], [0.8, "#ed7953"], [1, "#f0f921"]];

@@ -187,7 +187,8 @@ export function drawMain() {
   }
   if (haveNvml) traces.push({ name: "NVML used", x: xs, y: used, mode: "lines", line: { color: t.nvml, width: 1.3 }, hovertemplate: hoverG });
   traces.push({ name: "reserved", x: xs, y: toGiB(s.series.reserved_bytes), mode: "lines", line: { color: t.reserved, width: 2 }, hovertemplate: hoverG });
-  traces.push({ name: "per-step peak", x: xs, y: toGiB(s.series.peak_allocated_bytes), mode: "lines", line: { color: t.peak, width: 0.8 }, opacity: 0.5, hovertemplate: hoverG });
+  // translucent by its colour, not by trace opacity (a group opacity layer doubles the redraw)
+  traces.push({ name: "per-step peak", x: xs, y: toGiB(s.series.peak_allocated_bytes), mode: "lines", line: { color: alpha(t.peak, 0.5), width: 0.8 }, hovertemplate: hoverG });
   traces.push({ name: "allocated", x: xs, y: toGiB(s.series.allocated_bytes), mode: "lines", line: { color: t.allocated, width: 2 }, hovertemplate: hoverG });
   const plateau = plateauSpan(r, v, d.events, x0, xEnd);
   if (plateau) {
