@@ -48,8 +48,8 @@ const httpSource = {
   live: true,
   meta: () => getJSON("api/v1/meta"),
   runs: () => getJSON("api/v1/runs"),
-  /** Every rank's verdict row. ``since``: the version of the previous answer, for a delta. */
-  ranks: (run, since) => getJSON(runPath(run) + "/ranks" + query({ compact: 1, since: since })),
+  /** Every rank's full row; ``delta``: ``{since, compact}`` for the rows changed since a version. */
+  ranks: (run, delta) => getJSON(runPath(run) + "/ranks" + query(delta ? { since: delta.since, compact: delta.compact ? 1 : null } : {})),
   // /chart: /series with x=step, answered from the collector's min/max envelope cache
   series: (run, r, fields, opts) => getJSON(runPath(run) + "/chart" + query({
     host: r.host, rank: r.rank, fields: fields.join(","), points: opts.points || 2000, start: opts.start, end: opts.end,
@@ -113,29 +113,52 @@ function staticSource(data) {
 export const source = STATIC ? staticSource(STATIC) : httpSource;
 
 /**
- * Rank rows kept across polls. A ``/ranks`` answer is either the full list (an array) or
- * a delta ``{version, rows, full}`` holding only the rows that changed since ``since``;
- * either way the caller gets the complete, merged list and the version to ask from next.
+ * Rank rows kept across polls. A plain ``/ranks`` answer is the full list of row objects.
+ * A collector with delta polling stamps rows with a ``version``; then most polls ask
+ * ``?compact=1&since=V`` and get only the changed ranks, as value lists under ``columns``,
+ * which are merged into the full rows (top-level keys, ``verdict`` keys and ``last`` keys by
+ * name); every FULL_EVERY polls (and when a rank appears) the full rows are read again, for
+ * what the compact table leaves out (events, checkpoint peak, memory outside the allocator).
  */
+const FULL_EVERY = 10;
+const LAST_KEYS = new Set(["allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes"]);
+const TOP_KEYS = new Set(["host", "rank", "liveness", "ooms", "restarts", "severity", "died", "last_step", "last_seen", "version"]);
+
 export class RankRows {
-  constructor() { this.byKey = new Map(); this.version = null; this.list = null; }
+  constructor() { this.byKey = new Map(); this.version = null; this.list = null; this.polls = 0; }
 
   async poll(run) {
-    const answer = await source.ranks(run, this.version);
-    if (Array.isArray(answer)) {
-      this.byKey = new Map(answer.map((r) => [rankKey(r.host, r.rank), r]));
-      this.version = null;
-      this.list = answer;
-      return { rows: answer, changed: answer.length };
+    const delta = this.version !== null && this.polls++ % FULL_EVERY !== 0;
+    const answer = await source.ranks(run, delta ? { since: this.version, compact: true } : null);
+    if (Array.isArray(answer)) return this.full(answer);
+    if (!answer.columns) return this.full(answer.rows || []);
+    let changed = 0, unknown = false;
+    for (const values of answer.rows || []) {
+      const c = {};
+      answer.columns.forEach((name, i) => { c[name] = values[i]; });
+      const row = this.byKey.get(rankKey(c.host, c.rank));
+      if (!row) { unknown = true; continue; }
+      const merged = { ...row, verdict: { ...row.verdict }, last: { ...(row.last || {}) } };
+      for (const name of answer.columns) {
+        if (TOP_KEYS.has(name)) merged[name] = c[name];
+        else if (LAST_KEYS.has(name)) merged.last[name] = c[name];
+        else merged.verdict[name] = c[name];
+      }
+      this.byKey.set(rankKey(c.host, c.rank), merged);
+      changed++;
     }
-    if (answer.full) this.byKey = new Map();
-    for (const r of answer.rows || []) this.byKey.set(rankKey(r.host, r.rank), r);
-    this.version = answer.version === undefined ? null : answer.version;
-    const changed = (answer.rows || []).length;
-    if (changed || !this.list || answer.full) {
-      this.list = Array.from(this.byKey.values()).sort((a, b) => a.rank - b.rank || (a.host < b.host ? -1 : 1));
-    }
-    return { rows: this.list, changed: changed };
+    this.version = answer.version === undefined ? this.version : answer.version;
+    if (unknown) this.polls = 0; // a new rank: read the full rows next time
+    if (changed) this.list = Array.from(this.byKey.values()).sort((a, b) => a.rank - b.rank || (a.host < b.host ? -1 : 1));
+    return { rows: this.list, changed };
+  }
+
+  full(rows) {
+    this.byKey = new Map(rows.map((r) => [rankKey(r.host, r.rank), r]));
+    const versions = rows.map((r) => r.version).filter(isNum);
+    this.version = versions.length === rows.length && rows.length ? Math.max(...versions) : null;
+    this.list = rows;
+    return { rows, changed: rows.length };
   }
 }
 

@@ -15,7 +15,7 @@ import { age, rankLabel } from "./format.js";
 import { $, append, clear, el, markOnce, timed } from "./dom.js";
 import { ApiError, RankRows, STATIC, plotlyReady, source } from "./api.js";
 import { S, resetState, setVocab } from "./state.js";
-import { annotate, sortRanks } from "./verdict.js";
+import { annotate, lastHeard, sortRanks } from "./verdict.js";
 import { drawRuns, runHref } from "./runs.js";
 import { drawCards } from "./cards.js";
 import { drawStrip, stripHooks } from "./ranktable.js";
@@ -317,7 +317,7 @@ function drawSecondary() { refreshPanel("chart-frag", S.tick <= 1); refreshPanel
 
 function updateLiveText() {
   if (STATIC) return;
-  const newest = S.ranks.reduce((m, r) => Math.max(m, r.last_ts || 0), 0);
+  const newest = S.ranks.reduce((m, r) => Math.max(m, lastHeard(r)), 0);
   const stale = Date.now() / 1000 - newest > 120;
   setLive(stale ? "stale" : "live", (stale ? "no new samples · last " : "live · last sample ") + age(newest));
 }

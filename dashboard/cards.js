@@ -5,7 +5,7 @@ import { age, clock, duration, gib, intText, isNum, rankKey, slopeText } from ".
 import { $, clear, el } from "./dom.js";
 import { STATIC } from "./api.js";
 import { S } from "./state.js";
-import { isLowHeadroom, lowHeadroomText, oomEta, sortRanks, statesBySeverity, totalOf, verdictOf } from "./verdict.js";
+import { isLowHeadroom, lastHeard, lowHeadroomText, oomEta, sortRanks, statesBySeverity, totalOf, verdictOf } from "./verdict.js";
 
 /**
  * The worst rank, with hysteresis: the card moves to another rank only when that rank is
@@ -102,7 +102,7 @@ function ranksCard(ranks) {
 export function drawCards() {
   const ranks = S.ranks;
   const worst = worstRank(ranks);
-  const newest = ranks.reduce((m, r) => Math.max(m, r.last_ts || 0), 0);
+  const newest = ranks.reduce((m, r) => Math.max(m, lastHeard(r)), 0);
   const lastStep = ranks.reduce((m, r) => Math.max(m, r.last_step || 0), 0);
   const cards = [
     worstCard(worst), headroomCard(ranks), oomCard(ranks), ranksCard(ranks),

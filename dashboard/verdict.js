@@ -12,6 +12,9 @@ const SILENT_FALLBACK_S = 60;
 const PHASE_CAUSE = /ckpt|checkpoint|save|eval|val/i;
 
 export function verdictOf(r) { return (r && r.verdict) || {}; }
+
+/** When the collector last heard from a rank: its receive time, else the sample's own time. */
+export function lastHeard(r) { return Math.max(isNum(r.last_seen) ? r.last_seen : 0, isNum(r.last_ts) ? r.last_ts : 0); }
 export function stateOf(r) { return verdictOf(r).state || "unknown"; }
 
 function eventsOf(r, type) { return (r.events || []).filter((e) => e.type === type); }
@@ -55,7 +58,11 @@ function describe(r, run) {
   // An OOM with no restart after it: the process died there (a restart is a new process).
   const oomIsLast = !!oomEvent && events.lastIndexOf(oomEvent) > events.lastIndexOf(lastEvent(r, "restart"));
   let death = null;
-  if (oomIsLast || (ooms > 0 && !restarts && liveness !== "live")) {
+  if (r.died !== undefined) {
+    // the collector's word: how and when the rank stopped (null: it did not)
+    const d = r.died;
+    death = d ? { how: d.how === "oom" ? "out of memory" : d.how, step: d.step, ts: isNum(d.ts) ? d.ts : r.last_ts } : null;
+  } else if (oomIsLast || (ooms > 0 && !restarts && liveness !== "live")) {
     death = { how: "out of memory", step: oomEvent ? oomEvent.step : r.last_step,
       ts: oomEvent && isNum(oomEvent.ts) ? oomEvent.ts : r.last_ts };
   } else if (liveness === "silent") {
