@@ -94,7 +94,8 @@ class Feeder(threading.Thread):
                 self.step += 1
                 body = b"".join(orjson.dumps({**s, "ts": min(s["ts"], time.time())}) + b"\n"
                                 for g in self.gens for s in take(g, self.step))
-                client.post(self.url + "/api/v1/samples", content=body).raise_for_status()
+                client.post(self.url + "/api/v1/samples", content=body,
+                            headers={"content-type": "application/x-ndjson"}).raise_for_status()
 
 
 def cpu_seconds(pid: int) -> float:

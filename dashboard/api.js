@@ -120,7 +120,7 @@ export const source = STATIC ? staticSource(STATIC) : httpSource;
  * name); every FULL_EVERY polls (and when a rank appears) the full rows are read again, for
  * what the compact table leaves out (events, checkpoint peak, memory outside the allocator).
  */
-const FULL_EVERY = 10;
+const FULL_EVERY = 30;
 const LAST_KEYS = new Set(["allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes"]);
 const TOP_KEYS = new Set(["host", "rank", "liveness", "ooms", "restarts", "severity", "died", "last_step", "last_seen", "version"]);
 

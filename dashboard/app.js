@@ -225,10 +225,11 @@ function showNoRun(err) {
 async function pollRun() {
   const gen = S.gen;
   try {
-    // Big jobs without delta polling: every rank's verdict (MBs at 1000+ ranks) every third
-    // second; with deltas (the collector sends only changed rows) every second.
+    // Big jobs: every rank's verdict (MBs at 1000+ ranks) every third second, or with delta
+    // polling (compact rows of the ranks that changed) every other second; the chart still
+    // every second.
     const big = S.ranks && S.ranks.length > BIG_RUN;
-    const reuse = big && S.rankRows.version === null && S.tick % 3 !== 0;
+    const reuse = big && (S.rankRows.version === null ? S.tick % 3 !== 0 : S.tick % 2 === 1);
     const answer = reuse ? { rows: S.ranks, changed: 0 } : await S.rankRows.poll(S.run);
     if (gen !== S.gen) return;
     clearError();

@@ -35,7 +35,8 @@ TIMES, MINUS = "\u00d7", "\u2212"
 def post(url: str, samples: list[dict[str, Any]]) -> None:
     for i in range(0, len(samples), 20_000):
         body = b"".join(orjson.dumps(s) + b"\n" for s in samples[i:i + 20_000])
-        resp = httpx.post(url + "/api/v1/samples", content=body, timeout=120)
+        resp = httpx.post(url + "/api/v1/samples", content=body, timeout=120,
+                          headers={"content-type": "application/x-ndjson"})
         assert resp.status_code == 200, resp.text
 
 
