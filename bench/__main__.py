@@ -19,6 +19,7 @@ BENCHMARKS = {
     "dashboard_polling": "bench.dashboard_polling",
     "load": "bench.load",
     "series": "bench.series_bench",
+    "decisions": "bench.decisions_bench",
 }
 
 
