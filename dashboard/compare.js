@@ -17,7 +17,8 @@ export const OVERLAY_FIELDS = [
 ];
 const SIGNAL_FIELDS = {
   allocated: "allocated_bytes", allocator: "allocated_bytes", reserved: "reserved_bytes", peak: "peak_allocated_bytes",
-  nvml_used: "nvml_used_bytes", outside: "nvml_used_bytes", outside_allocator: "nvml_used_bytes", fragmentation: "reserved_bytes",
+  nvml_used: "nvml_used_bytes", device_used: "nvml_used_bytes", outside: "nvml_used_bytes", outside_allocator: "nvml_used_bytes",
+  device: "nvml_used_bytes", fragmentation: "reserved_bytes",
 };
 const PALETTE = ["#3b78c4", "#e8853d", "#2e9e5b", "#d64545", "#9b59b6", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#1f3a93", "#f4a261"];
 
@@ -25,9 +26,11 @@ const PALETTE = ["#3b78c4", "#e8853d", "#2e9e5b", "#d64545", "#9b59b6", "#8c564b
 export function verdictField(r) {
   const v = verdictOf(r);
   const signal = v.signal ? String(v.signal) : null;
+  // a leak is about its source; otherwise the level the engine judges (its `signal`)
+  if (v.state === "leak" && v.leak_source) return SIGNAL_FIELDS[v.leak_source] || "allocated_bytes";
   if (signal && OVERLAY_FIELDS.some((f) => f[0] === signal)) return signal;
   if (signal && SIGNAL_FIELDS[signal]) return SIGNAL_FIELDS[signal];
-  if (v.state === "leak") return v.leak_source && /outside/.test(v.leak_source) ? "nvml_used_bytes" : "allocated_bytes";
+  if (v.state === "leak") return "allocated_bytes";
   if (v.state === "rising") return "allocated_bytes";
   return "reserved_bytes";
 }

@@ -108,9 +108,12 @@ function plateauSpan(r, v, events, x0, xEnd) {
   const since = isNum(v.plateau_since_step) ? v.plateau_since_step : (lastOf(events, "plateau") || {}).step;
   const st = stateOf(r);
   const brk = lastOf(events, "plateau_break");
-  const broken = (st === "rising" || st === "leak") && brk;
+  // where the plateau ended: the engine's step when it says, else the latest break's onset
+  const until = isNum(v.plateau_until_step) ? v.plateau_until_step
+    : (st === "rising" || st === "leak") && brk ? (isNum(brk.onset_step) ? brk.onset_step : brk.step) : null;
+  const broken = until !== null;
   const from = isNum(since) ? stepToX(since) : x0;
-  const to = broken ? stepToX(isNum(brk.onset_step) ? brk.onset_step : brk.step) : xEnd;
+  const to = broken ? stepToX(until) : xEnd;
   const label = broken ? "plateau " + gib(v.plateau_bytes) + " (until the break)" : "plateau " + gib(v.plateau_bytes);
   return isNum(from) && isNum(to) && to >= from ? { from, to, label } : null;
 }
@@ -129,9 +132,11 @@ function markers(r, v, events) {
   const onset = isNum(v.leak_onset_step) ? v.leak_onset_step : leak && isNum(leak.onset_step) ? leak.onset_step : null;
   if (leak || isNum(onset)) {
     if (isNum(onset)) out.push({ step: onset, text: "leak onset", kind: "leak", hover: "leak started at step " + intText(onset) });
-    if (leak) {
-      out.push({ step: leak.step, ts: leak.ts, kind: "leak", hover: "leak detected at step " + intText(leak.step),
-        text: "leak detected" + (isNum(leak.slope_bytes_per_step) ? " " + slopeText(leak.slope_bytes_per_step) : "") });
+    const detected = isNum(v.leak_detected_step) ? v.leak_detected_step : leak ? leak.step : null;
+    if (isNum(detected)) {
+      const slope = isNum(v.slope_bytes_per_step) ? v.slope_bytes_per_step : leak ? leak.slope_bytes_per_step : null;
+      out.push({ step: detected, ts: leak && leak.step === detected ? leak.ts : undefined, kind: "leak",
+        hover: "leak detected at step " + intText(detected), text: "leak detected" + (isNum(slope) ? " " + slopeText(slope) : "") });
     }
   }
   const death = r.vw && r.vw.death;
@@ -303,6 +308,8 @@ function writeNote(r, v, haveNvml, groups, projection) {
   const death = r.vw && r.vw.death;
   if (death) notes.push("This rank " + (death.how === "out of memory" ? "died of an out-of-memory error" : death.how === "silent" ? "stopped sending" : "exited") +
     " at step " + intText(death.step) + ".");
+  const off = v.detectors_off && typeof v.detectors_off === "object" ? Object.keys(v.detectors_off) : [];
+  if (off.length) notes.push("Not judged, the samples do not measure what they need: " + off.map((k) => k.replace(/_/g, " ") + " (" + v.detectors_off[k] + ")").join("; ") + ".");
   if (v.leak_source === "outside_allocator" || v.leak_source === "outside") notes.push("The leak is outside the torch allocator (NVML used − reserved is growing): look at NCCL, CUDA graphs, or native extensions.");
   const note = $("rank-note");
   note.textContent = notes.join(" ");

@@ -89,14 +89,14 @@ export function severityOf(r, liveness, ooms) {
 /** A checkpoint's one-time ratchet is not a growing problem: show its cause instead of "rising". */
 function shownState(r, v) {
   const state = stateOf(r);
-  const brk = v.plateau_break || lastEvent(r, "plateau_break");
-  const cause = brk && brk.cause ? String(brk.cause) : null;
-  const phaseCause = !!brk && (brk.relevel === true || (cause !== null && PHASE_CAUSE.test(cause)));
+  const brk = lastEvent(r, "plateau_break");
+  const cause = v.plateau_break_cause ? String(v.plateau_break_cause) : brk && brk.cause ? String(brk.cause) : null;
+  const phaseCause = (!!brk && brk.relevel === true) || (cause !== null && PHASE_CAUSE.test(cause));
   if (state === "rising" && phaseCause) {
     return { shown: "ratchet", cause: cause, title: "reserved stepped up once at a " + (cause || "marked phase") +
       " (the allocator keeps that phase's buffers): the plateau re-levels, this is not a growing problem" };
   }
-  if (state === "plateau" && phaseCause && brk.relevel === true) {
+  if (state === "plateau" && phaseCause && ((brk && brk.relevel === true) || v.plateau_relevels > 0)) {
     return { shown: state, cause: cause, title: "plateau re-levelled after a " + cause + " ratchet" };
   }
   return { shown: state, cause: null, title: null };

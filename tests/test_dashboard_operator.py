@@ -315,11 +315,14 @@ def test_labels_agree_with_numbers(collector: dict[str, Any], page: Page) -> Non
     ann = p.evaluate("document.getElementById('chart-rank').layout.annotations.map(a => [a.text, a.x])")
     xs = {text.split(" +")[0]: x for text, x in ann}
     assert xs.get("leak onset") == leak["onset_step"] and xs.get("leak detected") == leak["step"], ann
-    # the plateau line starts at the plateau, not at step 0, and stops at the break
+    # the plateau line starts where the plateau does (not at step 0) and stops at the break
     plateau = next(t for t in chart_traces(p, "chart-rank") if t["name"].startswith("plateau "))
     leaking = next(r for r in ranks if r["rank"] == LEAKING_RANK)
-    plateau_event = next(e for e in leaking["events"] if e["type"] == "plateau")
-    assert plateau["x"][0] >= plateau_event["step"] - 1 and "until the break" in plateau["name"]
+    v = leaking["verdict"]
+    since = v.get("plateau_since_step", next(e for e in leaking["events"] if e["type"] == "plateau")["step"])
+    assert plateau["x"][0] == since > 10 and "until the break" in plateau["name"]
+    if v.get("plateau_until_step") is not None:
+        assert plateau["x"][-1] == v["plateau_until_step"]
     # fragmentation: what is wasted (reserved - per-step peak), named as such
     frag = next(t for t in chart_traces(p, "chart-frag") if t["name"].startswith("unused at peak"))
     main = {t["name"]: t for t in chart_traces(p, "chart-rank")}
