@@ -82,7 +82,7 @@ function stateCell(r) {
   if (vw.restarts) flags.push(["restart ×" + vw.restarts, "flag restart", "the process on this rank restarted"]);
   if (vw.liveness && vw.liveness !== "live") flags.push([vw.liveness, "flag " + vw.liveness, vw.liveness === "silent"
     ? "no sample from this rank since " + clock(r.last_ts) + " while the rest of its run reports" : "this rank's process closed its monitor"]);
-  if (vw.cause && vw.shown !== "ratchet") flags.push(["re-levelled: " + vw.cause, "flag", vw.title]);
+  // a plateau re-levelled by a checkpoint is normal: said in the badge's tooltip, not flagged
   const sig = vw.shown + "|" + flags.map((f) => f[0]).join("|");
   return { sig, build: (td) => {
     clear(td);
