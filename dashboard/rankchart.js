@@ -8,7 +8,7 @@
 
 import { GIB, alpha, duration, gib, intText, isNum, plotlyText, rankKey, slopeText, toGiB } from "./format.js";
 import { $, append, clear, el, markInteractive, markOnce, timed } from "./dom.js";
-import { plotlyReady, source } from "./api.js";
+import { ApiError, plotlyReady, source } from "./api.js";
 import { S } from "./state.js";
 import { checkpointPeak, stateOf, verdictOf } from "./verdict.js";
 import { PLOT_CONFIG, baseLayout, chartTheme, labelRows, medianStepSeconds, stepToX, uirev, xAxis, yAxis } from "./chartbase.js";
@@ -53,12 +53,17 @@ export async function refreshMain(onDrawn) {
   if (tailOnly) opts.start = prev.series.x[prev.series.x.length - 1] + 1;
   const side = !prev || S.tick % SIDE_EVERY === 0;
   const [series, phases, events] = await Promise.all([
-    source.series(S.run, r, MAIN_FIELDS, opts),
+    source.series(S.run, r, MAIN_FIELDS, opts).catch((err) => {
+      // a report embeds the charts of some ranks only: say so in the chart, not as an error
+      if (source.live || !(err instanceof ApiError) || err.status !== 404) throw err;
+      return null;
+    }),
     side ? source.phases(S.run, r) : null,
     side ? source.events(S.run, r).catch(() => r.events || []) : null,
     plotlyReady,
   ]);
   if (gen !== S.gen || !S.selected || rankKey(S.selected.host, S.selected.rank) !== sel) return;
+  if (series === null) { drawNotEmbedded(r); return; }
   markOnce("vramwatch:chart-data");
   let data;
   if (tailOnly) {
@@ -78,6 +83,25 @@ export async function refreshMain(onDrawn) {
   timed("rank-chart", drawMain);
   markInteractive();
   if (onDrawn) setTimeout(() => { if (gen === S.gen && S.mainData) onDrawn(); }, 0);
+}
+
+function drawNotEmbedded(r) {
+  S.mainData = null;
+  const t = chartTheme();
+  $("rank-title").textContent = "Rank " + r.rank + " · " + r.host;
+  clear($("rank-hint"));
+  const text = "This report embeds the charts of the worst ranks and rank 0 only; rank " + r.rank +
+    "'s verdict is in the table. Open the run on the collector for its chart.";
+  const empty = (note) => baseLayout(t, { xaxis: xAxis(t), yaxis: yAxis(t), uirevision: uirev("main"), showlegend: false,
+    annotations: [{ text: plotlyText(note), showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: t.muted } }] });
+  window.Plotly.react($("chart-rank"), [], empty("no chart of rank " + r.rank + " in this report"), PLOT_CONFIG);
+  // the panels that follow the selected rank say the same instead of showing the previous rank
+  if ($("chart-frag").data) window.Plotly.react($("chart-frag"), [], empty("no chart of rank " + r.rank + " in this report"), PLOT_CONFIG);
+  $("frag-note").textContent = "";
+  const events = $("events-table");
+  if (events && events.tBodies[0]) { clear(events.tBodies[0]); events.tBodies[0].dataset.sig = ""; }
+  $("rank-note").textContent = text;
+  markInteractive();
 }
 
 function phaseGroups(phases) {

@@ -515,3 +515,34 @@ def test_advice_panel_and_compare_view_follow_the_collector(collector: dict[str,
         assert "no compare route" in p.text_content("#compare-body")
     assert p.input_value("#cmp-a") == DEMO_RUN
     assert page.errors == []
+
+
+def test_report_rank_without_embedded_chart_says_so(browser: Any, tmp_path: Any) -> None:
+    """A report embeds the charts of some ranks only: choosing another one shows its title and a
+    note, never an error banner or the previous rank's chart."""
+    from vramwatch.report import MAX_SERIES_RANKS, write_report
+
+    ranks = MAX_SERIES_RANKS + 6
+    db = str(tmp_path / "wide.db")
+    with BackgroundServer(db) as server:
+        post(server.url, [s for r in range(ranks) for s in simulate_trace(
+            "healthy", steps=12, run="wide-report", host="node-0", rank=r, start_ts=time.time() - 60, seed=r)])
+    out = tmp_path / "report.html"
+    write_report(db, "wide-report", out)
+    page = Page(browser)
+    try:
+        p = page.page
+        p.goto(out.as_uri())
+        page.ready()
+        embedded = p.evaluate("Object.keys(window.VRAMWATCH_STATIC.series).map(k => Number(k.split('\\u0000')[1]))")
+        missing = next(r for r in range(ranks) if r not in embedded)
+        index = p.evaluate(f"Array.from(document.getElementById('rank-select').options)"
+                           f".findIndex(o => o.textContent.startsWith('rank {missing} '))")
+        p.select_option("#rank-select", str(index))
+        p.wait_for_function(f"document.getElementById('rank-title').textContent.startsWith('Rank {missing} ')")
+        p.wait_for_function("document.getElementById('rank-note').textContent.includes('embeds the charts')")
+        assert p.evaluate("document.getElementById('chart-rank').data.length") == 0
+        assert p.is_hidden("#banner")
+        assert page.errors == []
+    finally:
+        page.close()
