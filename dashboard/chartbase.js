@@ -5,16 +5,22 @@ import { rankKey } from "./format.js";
 import { cssVar } from "./dom.js";
 import { S } from "./state.js";
 
+// Read back once per theme: getComputedStyle on every redraw costs a few ms each time.
+let themeCache = { key: null, value: null };
+
 export function chartTheme() {
+  const key = document.documentElement.dataset.theme || "";
+  if (themeCache.key === key && themeCache.value) return themeCache.value;
   const v = (name) => cssVar(name);
-  return {
+  themeCache = { key, value: {
     text: v("--text"), muted: v("--muted"), grid: v("--grid"), panel: v("--panel"), border: v("--border"),
     nodata: v("--nodata"), heatNeutral: v("--heat-neutral"),
     allocated: v("--c-allocated"), reserved: v("--c-reserved"), peak: v("--c-peak"), nvml: v("--c-nvml"),
     total: v("--c-total"), gap: v("--c-gap"), plateau: v("--c-plateau"), proj: v("--c-proj"), ckpt: v("--c-ckpt"),
     ckptLine: v("--c-ckpt-line"), evalFill: v("--c-eval"), evalLine: v("--c-eval-line"), leak: v("--s-leak"),
     frag: v("--s-fragmentation"), rising: v("--s-rising"), ratchet: v("--s-ratchet"), warmup: v("--s-warmup"),
-  };
+  } };
+  return themeCache.value;
 }
 
 export function baseLayout(t, extra) {
