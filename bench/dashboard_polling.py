@@ -282,8 +282,9 @@ def main(argv: list[str] | None = None) -> None:
         f"One headless Chromium tab (1440x900) keeps the run page open; window {args.seconds:.0f} s after the "
         f"page settled.\n\n"
         + table(["while polling", "measured", "limit", "ratio"], rows)
-        + "\n\nThe page polls `/ranks` every second and merges a delta when the collector answers one"
-        " (`{version, rows}`), else the full list every third second past 256 ranks; the rank chart asks only for"
+        + "\n\nThe page polls `/ranks` every second (past 256 ranks: the full list every third second, or, when"
+        " the collector offers deltas, the compact rows of the changed ranks every other second and the full rows"
+        " every 30 polls); the rank chart asks only for"
         " the steps after its last point (`/chart?start=`) and re-reads the full range every 30 s; phases and"
         " events every 3 s; the heatmap every 15 s and the compare chart every 10 s past 256 ranks, and only"
         " while on screen (panels below the fold catch up when scrolled to). A chart with no new points is not"
