@@ -184,12 +184,7 @@ export function drawMain() {
   const s = d.series;
   const timeMode = S.x === "time";
   const xs = timeMode ? s.series.ts.map((ts) => ts * 1000) : s.x;
-  $("rank-title").textContent = "Rank " + r.rank + " · " + r.host;
-  const hint = $("rank-hint");
-  clear(hint);
-  append(hint, el("span", { class: "badge", dataset: { state: r.vw ? r.vw.shown : stateOf(r) }, text: r.vw ? r.vw.shown : stateOf(r) }),
-    " " + (s.downsampled ? intText(s.x.length) + " of " + intText(s.raw_points) + " points (min/max per bucket kept)" : intText(s.x.length) + " points") +
-    (d.zoomed ? " · zoomed: double-click to reset" : ""));
+  drawTitle(r, s, d.zoomed);
   if (!s.x.length) {
     window.Plotly.react(gd, [], baseLayout(t, { xaxis: xAxis(t), yaxis: yAxis(t), uirevision: uirev("main"),
       annotations: [{ text: "no training samples in this range yet", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: t.muted } }] }), PLOT_CONFIG);
@@ -255,6 +250,16 @@ export function drawMain() {
   window.Plotly.react(gd, traces, layout, PLOT_CONFIG);
   wireZoom(gd);
   writeNote(r, v, haveNvml, groups, projection);
+}
+
+function drawTitle(r, s, zoomed) {
+  $("rank-title").textContent = "Rank " + r.rank + " · " + r.host;
+  const hint = $("rank-hint");
+  clear(hint);
+  const shown = r.vw ? r.vw.shown : stateOf(r);
+  append(hint, el("span", { class: "badge", dataset: { state: shown }, text: shown }),
+    " " + (s.downsampled ? intText(s.x.length) + " of " + intText(s.raw_points) + " points (min/max per bucket kept)" : intText(s.x.length) + " points") +
+    (zoomed ? " · zoomed: double-click to reset" : ""));
 }
 
 function leakProjection(r, v, capacity, timeMode) {
