@@ -225,7 +225,8 @@ export function drawMain() {
       marker: { size: [0, 10], symbol: "x", color: t.proj }, hovertemplate: "projection %{y:.1f} GiB<extra></extra>" });
     const shownEnd = d.zoomed && S.zoomRange ? S.zoomRange[1] : xEnd;
     const inView = projection.x[1] <= shownEnd;
-    annotations.push({ x: inView ? projection.x[1] : 1, xref: inView ? "x" : "paper", y: capacity / GIB, yref: "y", xanchor: "right", yanchor: "bottom",
+    // a phone has no room for it among the event labels: the note below the chart says it
+    if (gd.clientWidth > 600) annotations.push({ x: inView ? projection.x[1] : 1, xref: inView ? "x" : "paper", y: capacity / GIB, yref: "y", xanchor: "right", yanchor: "bottom",
       text: (inView ? "" : "→ ") + "OOM " + projection.when, showarrow: false, font: { size: 11, color: t.proj }, bgcolor: t.panel, borderpad: 2 });
   }
   const groups = phaseBands(d, t, timeMode, xs, traces, shapes);
@@ -309,8 +310,10 @@ function eventMarkers(r, v, d, t, x0, xEnd, shapes, annotations) {
   const lo = d.zoomed && S.zoomRange ? S.zoomRange[0] : x0, hi = d.zoomed && S.zoomRange ? S.zoomRange[1] : xEnd;
   const marks = markers(r, v, d.events || []).map((m) => ({ ...m, x: stepToX(m.step, m.ts) }))
     .filter((m) => isNum(m.x) && m.x >= lo && m.x <= hi);
-  // labels a tenth of the plot apart share a row; closer ones stack (at most 4 rows)
-  const rows = labelRows(marks.map((m) => m.x), (hi - lo) / 9, 4);
+  // labels far enough apart (in pixels, for the longest label) share a row; closer ones stack
+  const plotPx = Math.max(100, $("chart-rank").clientWidth - 80);
+  const labelPx = Math.max(60, ...marks.map((m) => 6.5 * m.text.length + 10));
+  const rows = labelRows(marks.map((m) => m.x), (hi - lo) * Math.min(0.9, labelPx / plotPx), 5);
   marks.forEach((m, i) => {
     const color = m.kind === "leak" || m.kind === "oom" ? t.leak : m.kind === "fragmentation" ? t.frag
       : m.kind === "restart" ? t.warmup : r.vw && r.vw.shown === "ratchet" ? t.ratchet : t.rising;
