@@ -42,6 +42,12 @@ function fillRow(tr, r) {
   sb.dataset.status = status;
   setText(c[2], isNum(r.ooms) ? intText(r.ooms) : "—");
   c[2].className = "num" + (r.ooms > 0 ? " bad" : " muted");
+  // what else happened to the run's processes, when the collector counts it
+  const more = [];
+  if (r.restarts > 0) more.push(intText(r.restarts) + " restart" + (r.restarts === 1 ? "" : "s"));
+  if (r.silent_ranks > 0) more.push(intText(r.silent_ranks) + " silent rank" + (r.silent_ranks === 1 ? "" : "s"));
+  c[2].title = more.join(", ");
+  sb.title = more.join(", ");
   const b = c[3].firstChild;
   setText(b, r.worst_state || "no verdict");
   b.dataset.state = r.worst_state || "unknown";
