@@ -27,6 +27,7 @@ from vramwatch import __about__
 from vramwatch.collector import api, ingest, pages
 from vramwatch.collector.deps import (  # noqa: F401 - public names kept for importers
     RateLimitedLog,
+    require_ingest_auth,
     require_read_auth,
     supplied_token,
     token_matches,
@@ -34,15 +35,19 @@ from vramwatch.collector.deps import (  # noqa: F401 - public names kept for imp
 from vramwatch.collector.front import FrontDoor
 from vramwatch.collector.live import LiveState
 from vramwatch.collector.openapi import sample_json_schema
-from vramwatch.collector.pages import dashboard_dir, plotly_js_path
+from vramwatch.collector.pages import dashboard_dir, dashboard_plotly_js_path, plotly_js_path
 from vramwatch.collector.responses import JSONBytes
 from vramwatch.collector.restore import restore
+from vramwatch.collector.routes_evidence import make_router as evidence_router
 from vramwatch.collector.settings import Settings
+from vramwatch.collector.snapshots import DirectiveBoard, SnapshotStore
 from vramwatch.collector.store import Store, StoreError
 
 log = logging.getLogger("vramwatch.collector")
 
-__all__ = ["Settings", "create_app", "dashboard_dir", "plotly_js_path", "sample_json_schema"]
+__all__ = [
+    "Settings", "create_app", "dashboard_dir", "dashboard_plotly_js_path", "plotly_js_path", "sample_json_schema",
+]
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -144,6 +149,8 @@ def _open_state(app: FastAPI, settings: Settings) -> None:
     app.state.store, app.state.live = store, live
     app.state.registry, app.state.ingest_metrics = build_registry(live, finished_after_s=settings.finished_after_s)
     app.state.ingestor = ingest.Ingestor(app.state, settings)
+    app.state.snapshots = SnapshotStore.beside(settings.db_path)
+    app.state.directives = DirectiveBoard()
     views = _views()
     if views is not None:
         app.state.heatmaps, app.state.envelopes = views.create_caches(settings.db_path)
@@ -190,6 +197,7 @@ def create_app(settings: Settings) -> FrontDoor:
 
     app.openapi = openapi  # type: ignore[method-assign]
     app.include_router(ingest.router)
+    app.include_router(evidence_router(require_ingest_auth, require_read_auth))
     app.include_router(api.health_router)
     app.include_router(api.router)
     views = _views()

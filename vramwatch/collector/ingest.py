@@ -35,6 +35,7 @@ from vramwatch.collector.deps import require_ingest_auth
 from vramwatch.collector.live import SeriesLimitError
 from vramwatch.collector.openapi import INGEST_OPENAPI
 from vramwatch.collector.responses import JSONBytes
+from vramwatch.collector.routes_evidence import reply_directives
 from vramwatch.collector.settings import Settings
 from vramwatch.collector.store import InsertResult, RunFullError, Store, StoreBusyError, StoreError
 
@@ -145,7 +146,9 @@ class Ingestor:
         live.check_capacity(samples, max_series=settings.max_series, max_ranks_per_run=settings.max_ranks_per_run)
         result = self.state.store.insert(samples, max_samples_per_run=settings.max_samples_per_run,
                                          busy_timeout_s=busy_timeout_s)
-        live.ingest(samples, received_at=now, accepted=result.accepted_by_series)
+        raised = live.ingest(samples, received_at=now, accepted=result.accepted_by_series)
+        if raised:  # events may ask ranks for evidence (capture directives, routes_evidence.py)
+            self.state.directives.on_events(raised, lambda run: [x.key for x in live.for_run(run)], now)
         return result
 
     def _commit_waiting(self, samples: list[Any], now: float) -> InsertResult:
@@ -237,9 +240,12 @@ async def _ingest(request: Request, ingestor: Ingestor) -> Outcome:
     except (RunFullError, SeriesLimitError) as exc:
         return Outcome(422, {"detail": f"{exc}; nothing stored", "accepted": 0, "rejected": len(samples),
                              "errors": []}, rejected=len(samples))
-    return Outcome(200, {"accepted": result.accepted, "duplicates": result.duplicates, "rejected": 0,
-                         "flush_interval_s": ingestor.flush_hint()},
-                   accepted=result.accepted, duplicates=result.duplicates)
+    reply: dict[str, Any] = {"accepted": result.accepted, "duplicates": result.duplicates, "rejected": 0,
+                             "flush_interval_s": ingestor.flush_hint()}
+    directives = reply_directives(ingestor.state, samples)
+    if directives:
+        reply["directives"] = directives
+    return Outcome(200, reply, accepted=result.accepted, duplicates=result.duplicates)
 
 
 def _outcome_of(exc: Exception) -> Outcome:
