@@ -24,8 +24,11 @@ MAX_RANK_ROWS = 4096
 ROW_EVENTS = 50
 
 #: engine summary keys the compact row keeps
-_COMPACT_VERDICT = ("state", "plateau_bytes", "headroom_bytes", "slope_bytes_per_step", "steps_to_oom",
-                    "seconds_to_oom", "checkpoint_headroom_bytes", "fragmentation", "plateau_breaks")
+_COMPACT_VERDICT = (
+    "state", "plateau_bytes", "headroom_bytes", "worst_headroom_bytes", "slope_bytes_per_step", "steps_to_oom",
+    "seconds_to_oom", "checkpoint_headroom_bytes", "fragmentation", "plateau_breaks", "plateau_relevels",
+    "plateau_break_cause", "leak_source",
+)
 #: sample fields the compact row keeps (of the latest training sample)
 _COMPACT_LAST = ("allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes")
 
@@ -53,7 +56,7 @@ def verdict_of(state: SeriesState, alive: str) -> tuple[dict[str, Any], dict[str
 
 #: columns of the compact table, in order (``?compact=1``)
 COMPACT_COLUMNS: tuple[str, ...] = (
-    "host", "rank", "liveness", "ooms", "restarts", "severity", "died", "last_step", "last_seen", "version",
+    "host", "rank", "liveness", "ooms", "restarts", "severity", "died", "last_step", "last_seen",
     *_COMPACT_VERDICT, *_COMPACT_LAST,
 )
 
@@ -82,7 +85,7 @@ def compact_row(state: SeriesState, *, now: float, run_last_seen: float) -> list
     return [
         state.host, state.rank, alive, state.ooms, state.restarts,
         verdicts.severity(verdict.get("state"), alive, state.ooms), died,
-        last["step"] if last else None, round(state.last_seen, 1), state.version,
+        last["step"] if last else None, round(state.last_seen, 1),
         *(verdict.get(k) for k in _COMPACT_VERDICT), *(shown.get(k) for k in _COMPACT_LAST),
     ]
 
