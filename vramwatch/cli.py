@@ -131,13 +131,18 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from vramwatch.engine.analyze import analyze_paths, format_table
     from vramwatch.wire import WireError
 
-    paths = _existing_files(args.paths)
-    try:
-        doc = analyze_paths([str(p) for p in paths])
-    except WireError as exc:
-        raise UsageError(str(exc)) from None
-    except (OSError, EOFError) as exc:
-        raise UsageError(f"cannot read trace: {exc}") from None
+    if args.source != "jsonl":  # other tools' files (vramwatch/importers)
+        from vramwatch.importers.cli import cmd_analyze as analyze_imported
+
+        doc = analyze_imported(args, UsageError)
+    else:
+        paths = _existing_files(args.paths)
+        try:
+            doc = analyze_paths([str(p) for p in paths])
+        except WireError as exc:
+            raise UsageError(str(exc)) from None
+        except (OSError, EOFError) as exc:
+            raise UsageError(f"cannot read trace: {exc}") from None
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
     else:
@@ -149,6 +154,10 @@ def cmd_import(args: argparse.Namespace) -> int:
     from vramwatch.collector.store import Store, StoreError
     from vramwatch.wire import WireError, iter_samples
 
+    if args.source != "jsonl":  # other tools' files (vramwatch/importers)
+        from vramwatch.importers.cli import cmd_import as import_other
+
+        return import_other(args, _db_path(args), UsageError)
     paths = _existing_files(args.paths)
     try:
         # pass 1: validate everything, so bad input changes nothing
@@ -233,6 +242,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from vramwatch.__about__ import __version__
+    from vramwatch.importers.cli import add_arguments as add_import_arguments
 
     parser = _Parser(prog="vramwatch", description="Live GPU-memory telemetry for deep-learning training.")
     parser.add_argument("--version", action="version", version=f"vramwatch {__version__}")
@@ -275,11 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("analyze", help="trend verdicts per rank from trace files (.jsonl, .jsonl.gz)")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout (stable contract)")
+    add_import_arguments(p, skip_default=True)
     p.set_defaults(func=cmd_analyze)
 
-    p = sub.add_parser("import", help="load trace files into the database (idempotent)")
+    p = sub.add_parser("import", help="load trace files (or other tools' files: --from) into the database")
     p.add_argument("paths", nargs="+", metavar="PATH")
     add_db(p)
+    add_import_arguments(p)
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("export", help="write a run's samples as JSON Lines, exactly as ingested")

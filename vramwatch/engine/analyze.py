@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Iterable
 from typing import Any
 
-from ..wire import WireError, iter_samples
+from ..wire import Sample, WireError, iter_samples
 from .core import EngineConfig, TrendEngine
 
 #: Events kept per series in the document; beyond it only a count is kept.
@@ -39,16 +39,7 @@ def analyze_paths(paths: Iterable[str | os.PathLike[str]], config: EngineConfig 
     for path in paths:
         name = os.fspath(path)
         try:
-            for sample in iter_samples(name):
-                key = (sample["run"], sample["host"], sample["rank"])
-                entry = series.get(key)
-                if entry is None:
-                    entry = series[key] = _Series(config)
-                new = entry.update(sample)
-                if new:
-                    room = MAX_EVENTS_PER_SERIES - len(entry.events)
-                    entry.events.extend(new[:room])
-                    entry.dropped_events += max(0, len(new) - room)
+            _fold(series, iter_samples(name), config)
         except WireError:
             raise
         except FileNotFoundError:
@@ -59,6 +50,30 @@ def analyze_paths(paths: Iterable[str | os.PathLike[str]], config: EngineConfig 
             raise WireError(name, f"cannot read: {exc}") from None
         except UnicodeDecodeError as exc:
             raise WireError(name, f"not a JSON Lines trace: {exc}") from None
+    return _document(series)
+
+
+def analyze_samples(samples: Iterable[Sample], config: EngineConfig | None = None) -> dict[str, Any]:
+    """The same document for validated samples from any source (``--from FORMAT`` importers)."""
+    series: dict[tuple[str, str, int], _Series] = {}
+    _fold(series, samples, config)
+    return _document(series)
+
+
+def _fold(series: dict[tuple[str, str, int], _Series], samples: Iterable[Sample], config: EngineConfig | None) -> None:
+    for sample in samples:
+        key = (sample["run"], sample["host"], sample["rank"])
+        entry = series.get(key)
+        if entry is None:
+            entry = series[key] = _Series(config)
+        new = entry.update(sample)
+        if new:
+            room = MAX_EVENTS_PER_SERIES - len(entry.events)
+            entry.events.extend(new[:room])
+            entry.dropped_events += max(0, len(new) - room)
+
+
+def _document(series: dict[tuple[str, str, int], _Series]) -> dict[str, Any]:
     out = []
     for (run, host, rank), entry in sorted(series.items()):
         engine = entry.engine
@@ -167,4 +182,4 @@ def format_table(doc: dict[str, Any], max_events: int = 12) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-__all__ = ["MAX_EVENTS_PER_SERIES", "analyze_paths", "format_table"]
+__all__ = ["MAX_EVENTS_PER_SERIES", "analyze_paths", "analyze_samples", "format_table"]
