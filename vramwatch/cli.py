@@ -96,7 +96,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vramwatch.collector.store import StoreError
 
     token = _read_token(args)
-    settings = Settings(db_path=_db_path(args), token=token, auth_read=args.auth_read,
+    hooks = ()
+    if args.otlp_endpoint:  # push per-rank metrics over OTLP/HTTP (vramwatch/otlp.py)
+        from vramwatch.otlp import lifespan_hook
+
+        try:
+            hooks = (lifespan_hook(args.otlp_endpoint, args.otlp_interval),)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    settings = Settings(db_path=_db_path(args), token=token, auth_read=args.auth_read, lifespan_hooks=hooks,
                         finished_after_s=args.finished_after,
                         max_samples_per_run=args.max_samples_per_run or None,
                         retention_days=args.retention_days or None,
@@ -270,6 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse ingest (507: hooks spool and retry) while the database's disk has less "
                         "free space (default 256)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--otlp-endpoint", metavar="URL",
+                   help="push per-rank memory and verdict metrics to this OTLP/HTTP endpoint (e.g. http://otel:4318)")
+    p.add_argument("--otlp-interval", type=_positive(float), default=15.0, metavar="SECONDS",
+                   help="seconds between OTLP pushes (default 15)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="collector + a simulated 8-rank run through the real hook")

@@ -7,13 +7,15 @@ whole with 422, naming each bad sample's index and field, and nothing is stored.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
 import shutil
 import threading
 import time
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -69,6 +71,9 @@ class Settings:
     checkpoint_interval_s: float = 2.0
     #: seconds between retention passes (when retention_days is set)
     maintenance_interval_s: float = 60.0
+    #: ``hook(app) -> async context manager`` entered after the store and live state are up,
+    #: exited before the store closes (vramwatch/otlp.py, vramwatch/watch.py)
+    lifespan_hooks: tuple[Callable[[FastAPI], AbstractAsyncContextManager[None]], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_decompressed_bytes", "max_batch_samples", "maintenance_interval_s",
@@ -249,7 +254,10 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.disk = _DiskGuard(settings.db_path, settings.min_free_bytes)
         maintenance = asyncio.create_task(_maintenance(app, settings))
         try:
-            yield
+            async with contextlib.AsyncExitStack() as hooks:
+                for hook in settings.lifespan_hooks:  # extensions: OTLP export, `vramwatch watch`
+                    await hooks.enter_async_context(hook(app))
+                yield
         finally:
             maintenance.cancel()
             try:
