@@ -312,6 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", help="output file (default stdout)")
     p.set_defaults(func=cmd_export)
 
+    from vramwatch.watch import add_parser as add_watch_parser
+
+    add_watch_parser(sub, add_db, _port, _positive)
+
     p = sub.add_parser("report", help="self-contained static HTML report of a run")
     p.add_argument("run")
     add_db(p)

@@ -12,8 +12,10 @@ dcgm-exporter reports framebuffer memory in MiB (``etc/default-counters.csv``):
 ``DCGM_FI_DEV_FB_TOTAL`` where enabled). Series are joined per GPU on ``Hostname`` and
 ``UUID`` and per timestamp; each point becomes a sample with ``nvml_used_bytes`` (FB_USED)
 and ``total_bytes`` (FB_TOTAL, else USED + FREE + RESERVED) and nothing else: rank = the
-``gpu`` label, host = ``Hostname``, step = timestamp / query step (so a gap in the data is
-a gap in steps, and a re-import or ``vramwatch watch`` lands on the same steps).
+``gpu`` label, host = ``Hostname``, step = the timestamp in whole seconds (dcgm series
+have no training step: time is the step, so a gap in the data is a gap in steps, the
+engine's slope reads bytes per second, and a re-import or ``vramwatch watch`` lands on the
+same steps).
 
 The same conversion serves ``vramwatch watch`` (:func:`samples_from_results`).
 
@@ -22,7 +24,6 @@ Memory: one document's points (Prometheus caps a range query at 11,000 points pe
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ DCGM_FB = {
     "DCGM_FI_DEV_FB_TOTAL": "total",
 }
 DEFAULT_RUN = "dcgm"
+#: seconds per engine step for dcgm series (step = round(ts / STEP_S))
+STEP_S = 1.0
 #: the PromQL selector ``watch`` and the recipes use (dcgm-exporter's default counters)
 DEFAULT_QUERY = '{__name__=~"DCGM_FI_DEV_FB_(USED|FREE|RESERVED|TOTAL)"}'
 
@@ -126,22 +129,11 @@ def _points(results: Iterable[dict[str, Any]], where: str, stats: ImportStats
     return joined
 
 
-def infer_step(joined: dict[Gpu, dict[float, dict[str, float]]]) -> float:
-    """The query step: the smallest spacing between points of one GPU (1 s when unknown)."""
-    best = math.inf
-    for points in joined.values():
-        times = sorted(points)
-        for a, b in itertools.pairwise(times):
-            if 0 < b - a < best:
-                best = b - a
-    return best if math.isfinite(best) else 1.0
-
-
-def samples_from_results(results: list[dict[str, Any]], run: str, step_s: float | None, where: str,
+def samples_from_results(results: list[dict[str, Any]], run: str, step_s: float, where: str,
                          stats: ImportStats) -> Iterator[Sample]:
     """Samples (per GPU, in time order) from the ``result`` list of one query answer."""
     joined = _points(results, where, stats)
-    step = step_s or infer_step(joined)
+    step = step_s
     for gpu in sorted(joined, key=lambda g: (g.host, g.gpu, g.uuid)):
         total: float | None = None
         for ts in sorted(joined[gpu]):
@@ -190,4 +182,4 @@ def read(path: str, options: ImportOptions, stats: ImportStats) -> Iterator[Samp
     results: list[dict[str, Any]] = []
     for lineno, doc in docs:
         results.extend(results_of(doc, f"{path}:{lineno}" if len(docs) > 1 else path))
-    yield from samples_from_results(results, options.run or DEFAULT_RUN, None, path, stats)
+    yield from samples_from_results(results, options.run or DEFAULT_RUN, STEP_S, path, stats)
