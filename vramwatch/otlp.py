@@ -208,6 +208,10 @@ def lifespan_hook(endpoint: str, interval_s: float = 15.0,
     """A collector lifespan hook (``Settings.lifespan_hooks``): pushes while the app runs,
     and once more on shutdown so the last verdicts leave too."""
     metrics_url(endpoint)  # a bad URL fails at startup, not at the first push
+    try:
+        import opentelemetry.exporter.otlp.proto.http.metric_exporter  # noqa: F401
+    except ImportError:
+        raise ValueError("--otlp-endpoint needs the OpenTelemetry SDK: pip install 'vramwatch[otlp]'") from None
 
     @contextlib.asynccontextmanager
     async def run(app: Any) -> AsyncIterator[None]:
