@@ -144,6 +144,10 @@ def per_scenario(outcomes: dict[str, list[RankOutcome]]) -> list[tuple[str, ...]
                                                       for s in o.alarms[detector]))
                 early = sum(1 for o in leaking if any(s < o.truth["leak"]["onset"] for s in o.alarms[detector]))
                 row.append(f"{found}/{len(leaking)} found" + (f", {early} early" if early else ""))
+            elif any(o.truth["fragmentation"] is not None for o in group):
+                # fragmentation heads for OOM too (device used rises): scored apart, as in engine_bench
+                fired = sum(1 for o in group if o.alarms[detector])
+                row.append(f"{fired}/{len(group)} alarms (OOM-bound, not scored)")
             else:
                 false = sum(1 for o in group if o.alarms[detector])
                 row.append("quiet" if not false else f"{false}/{len(group)} false")
