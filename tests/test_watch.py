@@ -86,7 +86,8 @@ class DcgmExporter:
             for gpu in self.gpus:
                 sample = gpu.advance()
                 total = sample["total_bytes"] // MiB
-                used = sample["nvml_used_bytes"] // MiB
+                # dcgm's FB_USED excludes the driver's reserve: USED + FREE + RESERVED = total
+                used = min(sample["nvml_used_bytes"] // MiB, total - self.RESERVED_MIB)
                 labels = (f'gpu="{gpu.index}",UUID="{gpu.uuid}",pci_bus_id="00000000:{gpu.index + 7:02X}:00.0",'
                           f'device="nvidia{gpu.index}",modelName="NVIDIA H200",Hostname="{HOST}",'
                           f'DCGM_FI_DRIVER_VERSION="550.54.15"')

@@ -146,7 +146,9 @@ def build_metrics_data(views: Iterable[RankView], start_ns: int, now_ns: int | N
                                                                                    AggregationTemporality)))
         state = view.summary.get("state")
         if state is not None:
-            points = [NumberDataPoint(attributes={"vramwatch.state": s}, start_time_unix_nano=start_ns,
+            # which memory level the verdict rests on (allocated, or device used for sparse sources)
+            signal = {"vramwatch.signal": view.summary["signal"]} if view.summary.get("signal") else {}
+            points = [NumberDataPoint(attributes={"vramwatch.state": s, **signal}, start_time_unix_nano=start_ns,
                                       time_unix_nano=now_ns, value=int(s == state)) for s in STATES]
             metrics.append(Metric("vramwatch.trend.state", "1 for the rank's current trend state, 0 for the others "
                                   "(and the judged signal when the engine names it).", "1", Gauge(points)))
