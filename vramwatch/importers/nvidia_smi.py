@@ -20,6 +20,7 @@ import csv
 import gzip
 import io
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import IO
 
@@ -77,13 +78,26 @@ def _timestamp(text: str) -> float:
     raise ValueError(f"not an nvidia-smi timestamp (YYYY/MM/DD HH:MM:SS.mmm): {value!r}")
 
 
+@dataclass
+class _File:
+    """What one file's rows are read with: the header's layout and the per-GPU counters."""
+
+    path: str
+    run: str
+    host: str
+    stats: ImportStats
+    columns: dict[str, int] = field(default_factory=lambda: {name: i for i, name in enumerate(QUERY)})
+    scales: dict[str, int] = field(default_factory=lambda: {"memory.used": 1024**2, "memory.total": 1024**2})
+    #: GPU key → [rank, next step]
+    ordinal: dict[str, list[int]] = field(default_factory=dict)
+    #: every GPU's row of one poll carries the same stamp and strptime is the costliest call
+    #: per row: each distinct stamp is parsed once (per read, so a TZ change between reads counts)
+    stamps: dict[str, float] = field(default_factory=dict)
+
+
 def read(path: str, options: ImportOptions, stats: ImportStats) -> Iterator[Sample]:
     """Samples from one nvidia-smi CSV log, in file order."""
-    run = options.run or stem(path)
-    host = options.host or DEFAULT_HOST
-    columns: dict[str, int] = {name: i for i, name in enumerate(QUERY)}
-    scales: dict[str, int] = {"memory.used": 1024**2, "memory.total": 1024**2}
-    ordinal: dict[str, list[int]] = {}
+    state = _File(path, options.run or stem(path), options.host or DEFAULT_HOST, stats)
     with _open_text(path) as fh:
         reader = csv.reader(fh, skipinitialspace=True)
         for cells in reader:
@@ -92,22 +106,23 @@ def read(path: str, options: ImportOptions, stats: ImportStats) -> Iterator[Samp
                 continue
             header = _header(cells)
             if header is not None:
-                columns, scales = header
-                missing = [c for c in ("timestamp", "memory.used", "memory.total") if c not in columns]
-                if missing or ("index" not in columns and "uuid" not in columns):
+                state.columns, state.scales = header
+                missing = [c for c in ("timestamp", "memory.used", "memory.total") if c not in state.columns]
+                if missing or ("index" not in state.columns and "uuid" not in state.columns):
                     raise RowError(path, line, "header", "needs timestamp, memory.used, memory.total and index or "
                                    f"uuid (missing: {', '.join(missing) or 'index/uuid'})")
                 continue
             stats.rows += 1
-            sample = _row(path, line, cells, columns, scales, run, host, ordinal, stats)
+            sample = _row(state, line, cells)
             if sample is not None:
                 out = checked(sample, path, line, stats)
                 if out is not None:
                     yield out
 
 
-def _row(path: str, line: int, cells: list[str], columns: dict[str, int], scales: dict[str, int], run: str,
-         host: str, ordinal: dict[str, list[int]], stats: ImportStats) -> dict | None:
+def _row(state: _File, line: int, cells: list[str]) -> dict | None:
+    columns = state.columns
+
     def cell(name: str) -> str:
         i = columns[name]
         if i >= len(cells):
@@ -116,34 +131,39 @@ def _row(path: str, line: int, cells: list[str], columns: dict[str, int], scales
 
     current = "timestamp"
     try:
-        ts = _timestamp(cell("timestamp"))
+        text = cell("timestamp")
+        ts = state.stamps.get(text)
+        if ts is None:
+            if len(state.stamps) > 256:
+                state.stamps.clear()
+            ts = state.stamps[text] = _timestamp(text)
         current = "index"
         index = int(cell("index")) if "index" in columns else None
         current = "uuid"
         uuid = cell("uuid").strip() if "uuid" in columns else None
         current = "memory.used"
-        used = _number(cell("memory.used"), scales.get("memory.used", 1024**2))
+        used = _number(cell("memory.used"), state.scales.get("memory.used", 1024**2))
         if used is None:
             raise ValueError(f"not measured ({cell(current).strip() or 'empty'}): the row has no memory level")
         current = "memory.total"
-        total = _number(cell("memory.total"), scales.get("memory.total", 1024**2))
+        total = _number(cell("memory.total"), state.scales.get("memory.total", 1024**2))
         if total is None:
             raise ValueError(f"not measured ({cell(current).strip() or 'empty'}): the device capacity is unknown")
         used_bytes, total_bytes = as_bytes(*used), as_bytes(*total)
     except IndexError:
-        stats.bad(RowError(path, line, f"column {columns[current] + 1} ({current})",
-                           f"missing: the row has {len(cells)} columns"))
+        state.stats.bad(RowError(state.path, line, f"column {columns[current] + 1} ({current})",
+                                 f"missing: the row has {len(cells)} columns"))
         return None
     except ValueError as exc:
-        stats.bad(RowError(path, line, f"column {columns[current] + 1} ({current})", str(exc)))
+        state.stats.bad(RowError(state.path, line, f"column {columns[current] + 1} ({current})", str(exc)))
         return None
     key = uuid or str(index)
-    seen = ordinal.get(key)
+    seen = state.ordinal.get(key)
     if seen is None:  # a new GPU: its rank is its index (or its order of appearance)
-        seen = ordinal[key] = [index if index is not None else len(ordinal), 0]
+        seen = state.ordinal[key] = [index if index is not None else len(state.ordinal), 0]
     rank, step = seen
     seen[1] = step + 1
-    sample = base_sample(run, host, rank, step, ts)
+    sample = base_sample(state.run, state.host, rank, step, ts)
     sample["nvml_used_bytes"] = used_bytes
     sample["total_bytes"] = total_bytes
     if uuid:
