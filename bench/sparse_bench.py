@@ -25,16 +25,21 @@ from __future__ import annotations
 import argparse
 import bisect
 import dataclasses
+import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from bench.engine_bench import SCRAPE_S, PredictLinearRule, RankOutcome, ThresholdRule, score
 from bench.report import table, write_section
 from vramwatch import wire
 from vramwatch.engine import TrendEngine
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from corpus import SCALES, STEPS, make_case
 
 IDENTITY = ("run", "host", "rank", "uuid", "gpu")
@@ -155,6 +160,75 @@ def per_scenario(outcomes: dict[str, list[RankOutcome]]) -> list[tuple[str, ...]
     return rows
 
 
+def _write_formats(tmp: Path, traces: dict[int, list[dict[str, Any]]]) -> dict[str, Path]:
+    """The same training, as each tool would have recorded it."""
+    from datetime import UTC, datetime
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    train = {gpu: [s for s in trace if s["phase"] == "train"] for gpu, trace in traces.items()}
+    paths = {"jsonl": tmp / "trace.jsonl", "nvidia-smi": tmp / "smi.csv", "wandb": tmp / "wandb.csv",
+             "prometheus": tmp / "prom.json", "tensorboard": tmp / "tb"}
+    wire.write_file(paths["jsonl"], [s for trace in train.values() for s in trace])
+    gpus = sorted(train)
+    rows = list(zip(*(train[g] for g in gpus), strict=False))
+    with open(paths["nvidia-smi"], "w") as fh:
+        fh.write("timestamp, index, uuid, memory.used [MiB], memory.total [MiB]\n")
+        for row in rows:
+            stamp = datetime.fromtimestamp(row[0]["ts"], UTC).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+            fh.writelines(f"{stamp}, {g}, {s['uuid']}, {s['nvml_used_bytes'] >> 20} MiB, {s['total_bytes'] >> 20} MiB\n"
+                          for g, s in zip(gpus, row, strict=True))
+    with open(paths["wandb"], "w") as fh:
+        columns = [f"system.gpu.{g}.memoryAllocatedBytes,system.gpu.{g}.memoryAllocated" for g in gpus]
+        fh.write(",_runtime,_timestamp," + ",".join(columns) + "\n")
+        for i, row in enumerate(rows):
+            cells = [str(i), str(i), f"{row[0]['ts']:.3f}"]
+            for s in row:
+                cells += [str(s["nvml_used_bytes"]), f"{100 * s['nvml_used_bytes'] / s['total_bytes']:.6f}"]
+            fh.write(",".join(cells) + "\n")
+    result = []
+    for name, field_ in (("DCGM_FI_DEV_FB_USED", "used"), ("DCGM_FI_DEV_FB_FREE", "free")):
+        for g in gpus:
+            values = []
+            for s in train[g]:
+                used = s["nvml_used_bytes"] >> 20
+                values.append([s["ts"], str(used if field_ == "used" else (s["total_bytes"] >> 20) - used)])
+            result.append({"metric": {"__name__": name, "Hostname": "node", "UUID": train[g][0]["uuid"], "gpu": str(g)},
+                           "values": values})
+    paths["prometheus"].write_bytes(orjson.dumps({"status": "success",
+                                                  "data": {"resultType": "matrix", "result": result}}))
+    writer = SummaryWriter(str(paths["tensorboard"]))
+    for s in train[gpus[0]]:
+        writer.add_scalar("mem-allocated-bytes", s["allocated_bytes"], s["step"])
+        writer.add_scalar("mem-reserved-bytes", s["reserved_bytes"], s["step"])
+    writer.close()
+    return paths
+
+
+def import_throughput(steps: int, repeats: int) -> list[tuple[str, ...]]:
+    """Samples/s of each importer vs reading vramwatch's own JSONL trace in the same run."""
+    from vramwatch.importers import ImportOptions, iter_import
+    from vramwatch.probe.simulated import simulate_trace
+
+    traces = {g: list(simulate_trace("demo", steps=steps, rank=g, seed=g)) for g in range(8)}
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = _write_formats(Path(tmp), traces)
+        options = ImportOptions(total_bytes=traces[0][0]["total_bytes"])
+        readers = {"jsonl": lambda: sum(1 for _ in wire.iter_samples(paths["jsonl"]))}
+        for fmt in ("nvidia-smi", "wandb", "prometheus", "tensorboard"):
+            readers[fmt] = lambda fmt=fmt: sum(1 for _ in iter_import([str(paths[fmt])], fmt, options))
+        rates: dict[str, list[float]] = {name: [] for name in readers}
+        counts: dict[str, int] = {}
+        for _ in range(repeats):  # round-robin, so a noisy neighbour hits every reader alike
+            for name, fn in readers.items():
+                started = time.perf_counter()
+                counts[name] = fn()
+                rates[name].append(counts[name] / (time.perf_counter() - started))
+    limit = statistics.median(rates["jsonl"])
+    return [(name, f"{counts[name]:,}", f"{statistics.median(r):,.0f}", f"{limit:,.0f}",
+             f"{statistics.median(r) / limit:.2f}") for name, r in rates.items() if name != "jsonl"]
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.sparse_bench")
     parser.add_argument("--quick", action="store_true", help="two scales, no docs update")
@@ -167,6 +241,7 @@ def main(argv: list[str]) -> None:
     dcgm = score(outcomes["dcgm 15 s"])
     rows += [_row(f"{rule}, dcgm 15 s", dcgm[rule]) for rule in RULES]
     n = {name: sum(o.samples for o in outcomes[name]) for name in VARIANTS}
+    speed = import_throughput(steps=2_000 if args.quick else 10_000, repeats=2 if args.quick else 5)
     body = f"""
 Corpus: `tests/corpus.py` (16 scenarios, multi_rank with 8 ranks), scales {", ".join(scales)}, one seed;
 {len(outcomes["dcgm 15 s"])} ranks; samples per variant: {", ".join(f"{k} {v:,}" for k, v in n.items())};
@@ -183,6 +258,12 @@ Per scenario (all scales; "found" = a leak alarm between onset and OOM):
 
 {table(("scenario", "engine, allocated-only", "engine, device-used-only", "engine, dcgm 15 s",
         "predict_linear, dcgm 15 s"), per_scenario(outcomes))}
+
+**Importer throughput** (one core; 8 GPUs of the demo scenario recorded as each tool would have, TensorBoard
+one rank with Megatron's two memory scalars per step; median of repeats, round-robin). Limit: reading the same
+samples from vramwatch's own JSON Lines trace (`wire.iter_samples`: decode + validate) in the same run:
+
+{table(("format", "samples", "samples/s", "JSONL samples/s (limit)", "measured / limit"), speed)}
 """
     print(body)
     if not args.quick:
