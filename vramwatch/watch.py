@@ -169,14 +169,24 @@ def lifespan_hook(config: WatchConfig) -> Callable[[Any], contextlib.AbstractAsy
                                    headers=headers, timeout=60)
 
         async def loop() -> None:
+            failing_since = None  # say when polls start failing, once a minute while they do, and on recovery
+            last_said = 0.0
             while True:
                 try:
                     accepted = await poller.poll(prom, ingest)
                     log.debug("watch: %d samples from %s", accepted, config.prometheus)
+                    if failing_since is not None:
+                        log.info("watch: %s answers again after %.0f s", config.prometheus,
+                                 time.monotonic() - failing_since)
+                        failing_since = None
                 except (httpx.HTTPError, RuntimeError, ValueError, KeyError) as exc:
                     poller.failures += 1
-                    log.warning("watch: poll of %s failed: %s (retrying in %g s)", config.prometheus, exc,
-                                config.interval_s)
+                    now = time.monotonic()
+                    failing_since = failing_since or now
+                    if now - last_said >= 60.0:
+                        last_said = now
+                        log.warning("watch: poll of %s failed: %s (%d failures so far; retrying every %g s)",
+                                    config.prometheus, exc, poller.failures, config.interval_s)
                 await asyncio.sleep(config.interval_s)
 
         task = asyncio.create_task(loop())
@@ -210,6 +220,7 @@ def add_parser(sub: Any, add_db: Callable[[argparse.ArgumentParser], None], port
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8765, help="port (default 8765)")
     add_db(p)
+    p.add_argument("--token-file", metavar="FILE", help="bearer token for ingest (else $VRAMWATCH_TOKEN), as serve")
     p.add_argument("--otlp-endpoint", metavar="URL", help="also push metrics over OTLP/HTTP (as serve)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_watch)
