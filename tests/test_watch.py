@@ -118,7 +118,9 @@ def test_watch_judges_dcgm_series_from_a_real_prometheus(tmp_path) -> None:
             prom.wait_for('count(DCGM_FI_DEV_FB_USED{job="dcgm-exporter"})', lambda r: r and r[0]["value"][1] == "2")
             watch = WatchConfig(prom.url, selector='Hostname="gpu-node-07"', run="fleet", interval_s=0.1,
                                 lookback_s=30, step_s=0.01)
-            with BackgroundServer(tmp_path / "vw.db", lifespan_hooks=(lifespan_hook(watch),)) as server:
+            # a collector with an ingest token: the in-process poller must present it like any hook
+            with BackgroundServer(tmp_path / "vw.db", token="s3cret", lifespan_hooks=(lifespan_hook(watch),)) \
+                    as server:
                 deadline = time.monotonic() + 60
                 ranks: dict[int, dict[str, Any]] = {}
                 while time.monotonic() < deadline:
