@@ -1,18 +1,35 @@
+# syntax=docker/dockerfile:1
 # vramwatch collector: FastAPI + uvicorn + SQLite. No torch in this image.
-FROM python:3.11-slim AS build
+#   docker build -t <registry>/vramwatch:<version> . && docker push <registry>/vramwatch:<version>
+# Reproducible: the base image is pinned by digest and every Python dependency by
+# deploy/server-constraints.txt (regenerate: python deploy/server_constraints.py).
+# The digest is python:3.11.13-slim-bookworm's as pinned by several public projects (this
+# build environment cannot reach Docker Hub); check or refresh it with
+#   docker buildx imagetools inspect python:3.11.13-slim-bookworm
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1
+
+FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
+COPY deploy/server-constraints.txt /constraints.txt
 COPY pyproject.toml README.md ./
 COPY vramwatch ./vramwatch
 COPY dashboard ./dashboard
-RUN pip install --no-cache-dir build==1.2.2 && python -m build --wheel --outdir /dist
+# the build backend comes from the constraints too (no unpinned isolated build env)
+RUN pip install --no-cache-dir -c /constraints.txt hatchling \
+    && pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /dist .
 
-FROM python:3.11-slim
+FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="vramwatch collector" \
       org.opencontainers.image.description="Live GPU-memory telemetry for deep-learning training"
+# uid and gid 10001, matching the k8s securityContext (a --system user would get a system gid)
+RUN groupadd --gid 10001 vramwatch \
+    && useradd --uid 10001 --gid 10001 --no-log-init --home-dir /data --create-home \
+       --shell /usr/sbin/nologin vramwatch
 COPY --from=build /dist /dist
-RUN pip install --no-cache-dir "$(ls /dist/vramwatch-*.whl)[server]" && rm -rf /dist \
-    && useradd --system --uid 10001 --home-dir /data --create-home vramwatch
-USER 10001
+COPY deploy/server-constraints.txt /constraints.txt
+RUN pip install --no-cache-dir -c /constraints.txt "$(ls /dist/vramwatch-*.whl)[server]" \
+    && rm -rf /dist /constraints.txt
+USER 10001:10001
 WORKDIR /data
 ENV VRAMWATCH_DB=/data/vramwatch.db \
     PYTHONUNBUFFERED=1
@@ -20,6 +37,6 @@ VOLUME ["/data"]
 EXPOSE 8765
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8765/healthz', timeout=4).status == 200 else 1)"]
-# Set VRAMWATCH_TOKEN (or mount a --token-file) before exposing this beyond a private network.
+# Give the collector a token (VRAMWATCH_TOKEN or --token-file) before exposing it: it only warns without one.
 ENTRYPOINT ["vramwatch"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "8765"]

@@ -5,9 +5,9 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # CPU wheel pinned first: an unpinned torch would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
-APT_PACKAGES := prometheus chromium
+APT_PACKAGES := prometheus prometheus-alertmanager chromium
 
-.PHONY: demo test bench lint venv install-server install-test system-deps clean
+.PHONY: demo test bench lint check-deploy venv install-server install-test system-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,11 +27,12 @@ $(VENV)/.test-installed: pyproject.toml | $(PY)
 install-server: $(VENV)/.server-installed
 install-test: $(VENV)/.test-installed
 
-# Debian packages the real-component tests need (Prometheus + promtool, Chromium).
+# Debian packages the real-component tests need (Prometheus + promtool, Alertmanager + amtool, Chromium).
 system-deps:
 	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
 	  missing=""; \
 	  command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	  command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	  [ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	  if [ -n "$$missing" ]; then \
 	    echo "installing Debian packages:$$missing"; \
@@ -53,6 +54,23 @@ bench: install-test system-deps
 
 lint: install-test
 	$(VENV)/bin/ruff check .
+
+# Every deploy/ file through its own validator (also part of `make test`: tests/test_deploy.py).
+check-deploy: install-test system-deps
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec deploy/compose.yaml
+	for v in 1.28.0 1.31.0 1.34.0; do \
+	  $(VENV)/bin/kubernetes-validate --strict --quiet -k $$v deploy/k8s/collector.yaml deploy/k8s/node-local/daemonset.yaml || exit 1; \
+	done
+	$(VENV)/bin/check-jsonschema --schemafile deploy/schemas/servicemonitor-monitoring-v1.json deploy/k8s/monitoring/servicemonitor.yaml
+	$(VENV)/bin/check-jsonschema --schemafile deploy/schemas/prometheusrule-monitoring-v1.json deploy/k8s/monitoring/prometheusrule.yaml
+	$(VENV)/bin/hadolint Dockerfile
+	cd deploy && $(abspath $(VENV))/bin/yamllint --strict -c .yamllint.yaml .
+	promtool check config --syntax-only deploy/prometheus/prometheus.yml
+	promtool check rules deploy/prometheus/rules/vramwatch.rules.yml
+	promtool test rules deploy/prometheus/tests/vramwatch.rules.test.yml
+	amtool check-config deploy/alertmanager/alertmanager.yml
+	$(PY) deploy/k8s/generate_prometheusrule.py --check
+	$(PY) deploy/grafana/build_dashboard.py --check
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -1,18 +1,20 @@
-"""deploy/: the files Docker, Kubernetes, Prometheus and Grafana would load, validated here
-(Docker cannot run in this environment): promtool on the rules and config, structure and
-cross-references of compose/k8s/Grafana files, and every PromQL expression checked against
-the metric names a real collector exposes (taken from a live scrape, not a list)."""
+"""deploy/ for Prometheus and Grafana: promtool on the rules, config and unit tests, the rules'
+one-source guarantees, the generated dashboard and its check (no rows per rank, {{run}} in
+legends, only metric names a real collector exposes, $datasource everywhere), and the dcgm
+join as documented. Compose, Kubernetes and the Dockerfile: tests/test_deploy_platforms.py."""
 
 from __future__ import annotations
 
 import json
-import re
+import subprocess
+import sys
 import time
 
 import pytest
 import yaml
 from test_prometheus_helpers import (
     DASHBOARD,
+    DCGM_METRICS,
     DEPLOY,
     GRAFANA_ALERTS,
     ROOT,
@@ -20,7 +22,11 @@ from test_prometheus_helpers import (
     RULES,
     alert_rules,
     all_queries,
+    check_dashboard,
+    dashboard_panels,
     exposed_names,
+    merged_rows,
+    outer_grouping,
     post_samples,
     promql_metric_names,
     recording_rule_names,
@@ -30,6 +36,7 @@ from test_prometheus_helpers import (
 
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.probe.simulated import simulate_trace
+from vramwatch.verdicts import LOW_HEADROOM_FRACTION, STATES
 
 REQUIRED_ALERTS = {
     "VramwatchPlateauBreak",
@@ -65,7 +72,7 @@ def scrape_names(tmp_path_factory) -> set[str]:
 
 
 def test_every_shipped_query_uses_only_metrics_the_collector_exposes(scrape_names) -> None:
-    known = scrape_names | recording_rule_names() | PROMETHEUS_OWN
+    known = known_metrics(scrape_names)
     queries = all_queries()
     assert len(queries) > 30
     unknown = {
@@ -105,7 +112,7 @@ def test_promql_name_extraction() -> None:
 def test_promtool_check_rules() -> None:
     result = run_promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 8 rules found" in result.stdout
+    assert "SUCCESS: 9 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_for_every_alert_pass() -> None:
@@ -171,45 +178,134 @@ def test_scrape_config_honours_labels_and_loads_the_rules() -> None:
 
 # ------------------------------------------------------------------ Grafana
 
-def test_dashboard_structure() -> None:
-    dashboard = json.loads(DASHBOARD.read_text())
+def load_dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def known_metrics(scrape_names: set[str]) -> set[str]:
+    return scrape_names | recording_rule_names() | PROMETHEUS_OWN | DCGM_METRICS
+
+
+def test_dashboard_is_generated_from_its_builder() -> None:
+    result = subprocess.run([sys.executable, str(DEPLOY / "grafana" / "build_dashboard.py"), "--check"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_dashboard_check_passes(scrape_names) -> None:
+    assert check_dashboard(load_dashboard(), known_metrics(scrape_names)) == []
+
+
+def test_dashboard_check_catches_each_defect(scrape_names) -> None:
+    """The check has teeth: each defect the issue found, put back into the dashboard, is reported."""
+    known = known_metrics(scrape_names)
+
+    def problems_after(mutate) -> str:
+        dashboard = load_dashboard()
+        mutate(dashboard)
+        return " | ".join(check_dashboard(dashboard, known))
+
+    def panel(dashboard, title):
+        return next(p for p in dashboard_panels(dashboard) if p.get("title") == title)
+
+    def repeat_per_rank(d):
+        panel(d, "Reserved per rank")["repeat"] = "rank"
+
+    def raw_table_query(d):
+        panel(d, "Ranks now")["targets"][0]["expr"] = 'vramwatch_trend_state{run=~"$run"} == 1'
+
+    def legend_without_run(d):
+        panel(d, "Headroom per rank")["targets"][0]["legendFormat"] = "rank {{rank}} ({{Hostname}})"
+
+    def misspelt(d):
+        target = panel(d, "Reserved per rank")["targets"][0]
+        target["expr"] = target["expr"].replace("reserved", "reservd")
+
+    def fixed_datasource(d):
+        panel(d, "Reserved per rank")["targets"][0]["datasource"]["uid"] = "vramwatch-prometheus"
+
+    def no_inputs(d):
+        d.pop("__inputs")
+
+    assert "repeated per value of multi-value $rank" in problems_after(repeat_per_rank)
+    assert "Ranks now: merged queries do not aggregate to one label set" in problems_after(raw_table_query)
+    assert "Headroom per rank A: legend lacks {{run}}" in problems_after(legend_without_run)
+    assert "unknown metric vramwatch_memory_reservd_bytes" in problems_after(misspelt)
+    assert "query datasource is not ${datasource}" in problems_after(fixed_datasource)
+    assert "no __inputs entry" in problems_after(no_inputs)
+
+
+def test_merge_simulation_reproduces_the_three_rows_per_rank() -> None:
+    """Queries keeping different __name__ values give one row per query and rank; aggregated, one row."""
+    ranks = [{"run": "r", "Hostname": "h", "rank": str(i)} for i in range(2)]
+    named = [[{"__name__": name, **labels} for labels in ranks] for name in ("a", "b", "c")]
+    assert len(merged_rows(named)) == 6
+    assert len(merged_rows([[dict(labels) for labels in ranks] for _ in range(3)])) == 2
+    assert outer_grouping("max by (run, Hostname, rank) (a / b)") == {"run", "Hostname", "rank"}
+    assert outer_grouping("max by (run) (a) - min by (run) (b)") is None
+    assert outer_grouping("sum by (run) (increase(x[2m])) > 0") is None
+
+
+def test_dashboard_scales_and_reads_well() -> None:
+    dashboard = load_dashboard()
     assert dashboard["uid"] == "vramwatch-overview"
     assert isinstance(dashboard["schemaVersion"], int) and dashboard["schemaVersion"] >= 36
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    assert set(variables) == {"run", "host", "rank"}
-    for variable in variables.values():
-        assert variable["query"]["query"].startswith("label_values(")
-        assert variable["datasource"]["uid"] == DATASOURCE_UID
+    assert {"datasource", "run", "host", "rank", "focus", "instance", "gpu"} <= set(variables)
     assert variables["host"]["query"]["query"].endswith("Hostname)")
-
-    def panels(items):
-        for panel in items:
-            yield panel
-            yield from panels(panel.get("panels", []))
-
-    all_panels = list(panels(dashboard["panels"]))
-    ids = [p["id"] for p in all_panels]
+    assert variables["focus"]["multi"] is False and variables["focus"]["includeAll"] is False
+    assert "DCGM_FI_DEV_" in variables["instance"]["query"]["query"]
+    panels = dashboard_panels(dashboard)
+    ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids))
-    types = {p["type"] for p in all_panels}
-    assert {"timeseries", "state-timeline", "stat", "table", "row"} <= types
-    for panel in all_panels:
-        assert {"x", "y", "w", "h"} <= set(panel["gridPos"]), panel["title"]
-        for target in panel.get("targets", []):
-            assert target["datasource"]["uid"] == DATASOURCE_UID
-            # every per-rank query follows the dashboard's variables
-            if "vramwatch_memory_" in target["expr"] or "vramwatch_headroom_bytes" in target["expr"]:
-                assert "$run" in target["expr"], panel["title"]
-    titles = " | ".join(p["title"] for p in all_panels).lower()
-    for word in ("headroom", "trend state", "rank skew", "time to oom", "reserved"):
-        assert word in titles, word
-    assert any(p.get("repeat") == "rank" for p in all_panels), "per-rank panels repeat over $rank"
+    assert not any(p.get("repeat") for p in panels), "no panel is copied per rank"
+    # the per-rank detail is one collapsed row for the single $focus rank
+    detail = next(p for p in panels if p["type"] == "row" and "$focus" in p["title"])
+    assert detail["collapsed"] is True and detail["panels"]
+    assert all('rank="$focus"' in t["expr"] for p in detail["panels"] for t in p["targets"])
+    # O(1): panels and queries do not depend on the number of ranks
+    assert len(panels) < 40 and sum(len(p.get("targets", [])) for p in panels) < 80
+    titles = {p["title"] for p in panels}
+    for wanted in ("Worst headroom (run)", "Soonest OOM", "Ranks now", "Trend state per rank", "Time to OOM",
+                   "Steps to OOM", "Checkpoint headroom per rank", "Process used (NVML) per rank",
+                   "OOMs in the time range", "torch reserved vs DCGM FB used", "DCGM GPU utilisation",
+                   "DCGM power", "DCGM temperature", "DCGM frame buffer used"):
+        assert wanted in titles, wanted
+    by_title = {p["title"]: p for p in panels}
+    for panel in panels:
+        if panel["type"] in ("timeseries", "stat"):
+            assert panel["fieldConfig"]["defaults"].get("unit"), panel["title"]
+    # smallest first where the smallest matters
+    for title in ("Headroom per rank", "Time to OOM", "Steps to OOM", "Checkpoint headroom per rank"):
+        assert by_title[title]["options"]["tooltip"]["sort"] == "asc", title
+        assert by_title[title]["options"]["legend"]["calcs"][0] == "min", title
+    assert by_title["Leak slope per step"]["fieldConfig"]["defaults"]["unit"].endswith("/step")
+    assert by_title["Ingest samples/s by result"]["fieldConfig"]["defaults"]["unit"].endswith("/s")
+    assert by_title["Soonest OOM"]["fieldConfig"]["defaults"]["noValue"] == "nothing growing"
+    skew = by_title["Rank skew (reserved, max - min)"]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["color"] for s in skew] == ["green", "yellow", "red"]
+    # the single low-headroom threshold, from verdicts.py
+    headroom = by_title["Worst headroom (run)"]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert headroom[1] == {"color": "green", "value": LOW_HEADROOM_FRACTION}
+    # every state mapped, only a leak is red
+    for timeline in (p for p in panels if p["type"] == "state-timeline"):
+        colors = {o["text"]: o["color"] for m in timeline["fieldConfig"]["defaults"]["mappings"]
+                  for o in m["options"].values()}
+        assert set(colors) == set(STATES)
+        assert [s for s, c in colors.items() if c == "red"] == ["leak"]
+        assert colors["rising"] != colors["leak"]
+    # annotations: checkpoints from the counter, OOMs, plateau breaks, firing alerts
     annotations = {a["name"]: a for a in dashboard["annotations"]["list"]}
-    assert "vramwatch_checkpoint_peak_bytes" in annotations["Checkpoints"]["expr"]
-    assert annotations["Checkpoints"]["datasource"]["uid"] == DATASOURCE_UID
-    # the state mapping covers every engine state
-    timeline = next(p for p in all_panels if p["type"] == "state-timeline")
-    mapped = {opt["text"] for m in timeline["fieldConfig"]["defaults"]["mappings"] for opt in m["options"].values()}
-    assert mapped == {"warmup", "plateau", "rising", "leak", "fragmentation"}
+    assert "vramwatch_checkpoints_total" in annotations["Checkpoints"]["expr"]
+    assert "vramwatch_ooms_total" in annotations["OOMs"]["expr"]
+    assert 'ALERTS{alertname=~"Vramwatch.*"' in annotations["Alerts"]["expr"]
+    # links carry the run and the time range
+    link = next(item for item in dashboard["links"] if item["type"] == "link")
+    assert "${run" in link["url"] and "${__from}" in link["url"] and "${__to}" in link["url"]
+    assert any(item["type"] == "dashboards" and item["keepTime"] for item in dashboard["links"])
+    rank_links = [lk["url"] for o in by_title["Ranks now"]["fieldConfig"]["overrides"] for prop in o["properties"]
+                  if prop["id"] == "links" for lk in prop["value"]]
+    assert rank_links and all("__data.fields.run" in u and "__data.fields.rank" in u for u in rank_links)
 
 
 def test_grafana_provisioning_files_fit_together() -> None:
@@ -239,58 +335,68 @@ def test_grafana_provisioning_files_fit_together() -> None:
     assert rule["annotations"]["__dashboardUid__"] == json.loads(DASHBOARD.read_text())["uid"]
 
 
-# ------------------------------------------------------------------ compose and Kubernetes
+# ------------------------------------------------------------------ the dcgm join
 
-def test_compose_stack() -> None:
-    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    services = compose["services"]
-    assert set(services) == {"collector", "prometheus", "grafana"}
-    collector = services["collector"]
-    assert (DEPLOY / collector["build"]["context"] / collector["build"]["dockerfile"]).is_file()
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    exposed = re.search(r"^EXPOSE (\d+)", dockerfile, re.M).group(1)
-    assert collector["ports"] == [f"{exposed}:{exposed}"]
-    assert "0.0.0.0" in collector["command"]
-    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
-    targets = [t for job in config["scrape_configs"] for sc in job.get("static_configs", []) for t in sc["targets"]]
-    assert f"collector:{exposed}" in targets
-    for service in services.values():
-        for volume in service.get("volumes", []):
-            source = volume.split(":")[0]
-            if source.startswith("./"):
-                assert (DEPLOY / source).exists(), volume
-            else:
-                assert source in compose["volumes"], volume
-    prom_mounts = {v.split(":")[1] for v in services["prometheus"]["volumes"]}
-    assert "/etc/prometheus/rules" in prom_mounts and "/etc/prometheus/prometheus.yml" in prom_mounts
+OLD_DCGM_JOIN = ("DCGM_FI_DEV_FB_USED * 1048576\n"
+                 "  * on (UUID) group_left (run, rank) (vramwatch_device_total_bytes > bool 0)")
 
 
-def test_kubernetes_manifests() -> None:
-    docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "collector.yaml").read_text()) if d]
-    by_kind = {d["kind"]: d for d in docs}
-    assert {"Deployment", "Service", "PersistentVolumeClaim"} <= set(by_kind)
-    deployment, service = by_kind["Deployment"], by_kind["Service"]
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
-    template = deployment["spec"]["template"]
-    assert deployment["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
-    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
-    (container,) = template["spec"]["containers"]
-    port_names = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert service["spec"]["ports"][0]["targetPort"] in port_names
-    for scrape_hints in (template["metadata"]["annotations"], service["metadata"]["annotations"]):
-        assert scrape_hints["prometheus.io/scrape"] == "true"
-        assert int(scrape_hints["prometheus.io/port"]) == port_names["http"]
-        assert scrape_hints["prometheus.io/path"] == "/metrics"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert template["spec"]["securityContext"]["runAsNonRoot"] is True
-    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    env = {e["name"]: e for e in container["env"]}
-    assert env["VRAMWATCH_DB"]["value"].startswith(mounts["data"] + "/")
-    assert env["VRAMWATCH_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
-    monitor = yaml.safe_load((DEPLOY / "k8s" / "servicemonitor.yaml").read_text())
-    assert monitor["kind"] == "ServiceMonitor"
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["honorLabels"] is True and endpoint["port"] == "http"
+def documented_dcgm_queries() -> list[str]:
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    block = text.split("Joining with dcgm-exporter", 1)[1].split("```promql", 1)[1].split("```", 1)[0]
+    queries, current = [], []
+    for line in block.strip().splitlines():
+        if line.startswith("#"):
+            if current:
+                queries.append("\n".join(current))
+            current = []
+        else:
+            current.append(line)
+    queries.append("\n".join(current))
+    return queries
+
+
+def dcgm_join_group(tests: list[dict]) -> dict:
+    """The promtool case's series (finished + new run on one GPU, NVML-less ranks, dcgm scraped
+    twice) plus the raw families the joins read."""
+    group = json.loads(json.dumps(next(g for g in yaml.safe_load(RULE_TESTS.read_text())["tests"]
+                                       if g["name"].startswith("dcgm join"))))
+    group.pop("promql_expr_test")
+    for series in list(group["input_series"]):
+        if series["series"].startswith("vramwatch_last_received_timestamp_seconds"):
+            labels = series["series"].split("{", 1)[1]
+            group["input_series"].append({"series": "vramwatch_device_total_bytes{" + labels, "values": "80e9x25"})
+            group["input_series"].append({"series": "vramwatch_memory_reserved_bytes{" + labels,
+                                          "values": "31457280000x25"})
+    group["promql_expr_test"] = tests
+    return group
+
+
+def run_rule_test(tmp_path, group: dict) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "rules").mkdir(exist_ok=True)
+    (tmp_path / "rules" / "vramwatch.rules.yml").write_text(RULES.read_text())
+    test_file = tmp_path / "t.yml"
+    test_file.write_text(yaml.safe_dump({"rule_files": ["rules/vramwatch.rules.yml"], "evaluation_interval": "1m",
+                                         "tests": [group]}, sort_keys=False, width=100000))
+    return run_promtool("test", "rules", str(test_file))
+
+
+def test_the_documented_dcgm_joins_give_one_series_per_gpu(tmp_path) -> None:
+    join, share = documented_dcgm_queries()
+    new_rank = {"run": "new", "rank": "3", "Hostname": "node-a"}
+    labels = lambda d: "{" + ", ".join(f'{k}="{v}"' for k, v in d.items()) + "}"  # noqa: E731
+    tests = [
+        {"expr": join, "eval_time": "8m",
+         "exp_samples": [{"labels": labels({"UUID": "GPU-a", **new_rank}), "value": 60000 * 1048576}]},
+        {"expr": share, "eval_time": "8m", "exp_samples": [{"labels": labels(new_rank), "value": 0.5}]},
+    ]
+    result = run_rule_test(tmp_path, dcgm_join_group(tests))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_old_dcgm_join_is_many_to_many(tmp_path) -> None:
+    """The class of the defect: on the same series the join the docs used to give fails."""
+    result = run_rule_test(tmp_path, dcgm_join_group([{"expr": OLD_DCGM_JOIN, "eval_time": "8m",
+                                                       "exp_samples": []}]))
+    assert result.returncode != 0
+    assert "many-to-many matching not allowed" in result.stdout + result.stderr

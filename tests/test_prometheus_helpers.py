@@ -6,12 +6,14 @@ real collector with simulated traces, and pulling metric names out of PromQL.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,21 +32,52 @@ RULES = DEPLOY / "prometheus" / "rules" / "vramwatch.rules.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "tests" / "vramwatch.rules.test.yml"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "vramwatch.json"
 GRAFANA_ALERTS = DEPLOY / "grafana" / "provisioning" / "alerting" / "vramwatch-plateau-break.yaml"
+ALERTMANAGER = DEPLOY / "alertmanager" / "alertmanager.yml"
 
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
+#: Debian package of each binary the tests run (installed by `make system-deps`).
+PACKAGES = {"prometheus": "prometheus", "promtool": "prometheus", "prometheus-alertmanager": "prometheus-alertmanager",
+            "amtool": "prometheus-alertmanager"}
+
+
 def need_binary(name: str) -> str:
-    """Path of a Prometheus binary; under CI=true its absence fails the test, else skips."""
+    """Path of a Prometheus/Alertmanager binary; under CI=true its absence fails the test, else skips."""
     path = shutil.which(name) or (f"/usr/bin/{name}" if os.access(f"/usr/bin/{name}", os.X_OK) else None)
     if path:
         return path
-    message = f"{name} not found: apt-get install prometheus (Debian package: prometheus, promtool)"
+    message = f"{name} not found: apt-get install {PACKAGES.get(name, name)} (or make system-deps)"
     if in_ci():
         pytest.fail(message)
     pytest.skip(message)
+
+
+def need_tool(name: str) -> str:
+    """A Python console script (check-jsonschema, kubernetes-validate, hadolint, yamllint) from the
+    test extra: next to this interpreter, else on PATH. Under CI=true missing fails, else skips."""
+    local = Path(sys.executable).parent / name
+    path = str(local) if os.access(local, os.X_OK) else shutil.which(name)
+    if path:
+        return path
+    message = f"{name} not found: pip install -e '.[test]' (or make install-test)"
+    if in_ci():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def run_tool(name: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([need_tool(name), *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def load_module(path: Path) -> Any:
+    """Import a script from deploy/ (not a package) by path."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -166,8 +199,8 @@ def all_queries() -> list[tuple[str, str]]:
         if "expr" in annotation:
             queries.append((f"annotation:{annotation['name']}", annotation["expr"]))
     for variable in dashboard["templating"]["list"]:
-        query = variable["query"]
-        queries.append((f"variable:{variable['name']}", query["query"] if isinstance(query, dict) else query))
+        if variable["type"] == "query":  # not the datasource picker or the collector-URL textbox
+            queries.append((f"variable:{variable['name']}", variable["query"]["query"]))
     for group in yaml.safe_load(GRAFANA_ALERTS.read_text())["groups"]:
         for rule in group["rules"]:
             for item in rule["data"]:
@@ -178,8 +211,8 @@ def all_queries() -> list[tuple[str, str]]:
 
 def grafana_to_promql(expr: str) -> str:
     """A dashboard query with Grafana's variables filled in, as Grafana would send it."""
-    for variable, value in (("$__rate_interval", "1m"), ("$__interval", "1m"), ("$run", ".*"), ("$host", ".*"),
-                            ("$rank", ".*")):
+    for variable, value in (("$__rate_interval", "1m"), ("$__interval", "1m"), ("$__range", "1h"), ("$run", ".*"),
+                            ("$host", ".*"), ("$rank", ".*"), ("$focus", "0"), ("$instance", ".*"), ("$gpu", ".*")):
         expr = expr.replace(variable, value)
     label_values = re.fullmatch(r"\s*label_values\((.*),\s*[A-Za-z_]\w*\s*\)\s*", expr, re.S)
     return label_values.group(1) if label_values else expr
@@ -279,3 +312,277 @@ class PrometheusServer:
             time.sleep(0.25)
         raise AssertionError(f"timed out waiting for {expr!r}; last result: {result}\n"
                              f"prometheus log tail:\n{self.log.read_text()[-2000:]}")
+
+
+# ------------------------------------------------------------------ the dashboard check
+
+#: dcgm-exporter's families the dashboard reads (its default-counters.csv names, metrics in MiB, %, W, C).
+DCGM_METRICS = {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP"}
+DATASOURCE_VAR = "${datasource}"
+_AGGREGATION = re.compile(r"\s*(?:sum|min|max|avg|count|group|topk|bottomk)\s+by\s*\(([^)]*)\)\s*\(", re.S)
+
+
+def dashboard_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every panel, rows and the panels inside collapsed rows included."""
+    out: list[dict[str, Any]] = []
+
+    def walk(items: list[dict[str, Any]]) -> None:
+        for panel in items:
+            out.append(panel)
+            walk(panel.get("panels", []))
+
+    walk(dashboard["panels"])
+    return out
+
+
+def outer_grouping(expr: str) -> frozenset[str] | None:
+    """Labels of ``agg by (...) ( ... )`` when that aggregation is the whole expression, else None."""
+    match = _AGGREGATION.match(expr)
+    if not match:
+        return None
+    depth = 0
+    for index in range(match.end() - 1, len(expr)):
+        depth += {"(": 1, ")": -1}.get(expr[index], 0)
+        if depth == 0:
+            if expr[index + 1:].strip():
+                return None  # e.g. "max by (run) (x) > 0" or "... - min by (run) (y)": not the outer node
+            return frozenset(label.strip() for label in match.group(1).split(",") if label.strip())
+    return None
+
+
+def keeps_run_label(expr: str) -> bool:
+    grouping = outer_grouping(expr)
+    return "$run" in expr and (grouping is None or "run" in grouping)
+
+
+def check_dashboard(dashboard: dict[str, Any], known_metrics: set[str]) -> list[str]:
+    """Problems a Grafana user would hit; [] when there are none. Pure: reads only the JSON.
+
+    - duplicate rows per rank: a row or panel repeated over a multi-value variable (one copy
+      per rank: ~1000 panels at 512 ranks), or a merged table whose queries do not all
+      aggregate to the same labels (``__name__`` or another label kept: one row per query);
+    - a legend of a query that keeps ``run`` without ``{{run}}`` (run is multi-select);
+    - a metric name that is neither exposed, recorded nor dcgm-exporter's;
+    - a panel or query not on the ``$datasource`` variable (an import into another Grafana breaks).
+    """
+    problems: list[str] = []
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    if variables.get("datasource", {}).get("type") != "datasource":
+        problems.append("no $datasource variable")
+    if not any(i.get("type") == "datasource" and i.get("pluginId") == "prometheus"
+               for i in dashboard.get("__inputs", [])):
+        problems.append("no __inputs entry for the Prometheus datasource")
+    for panel in dashboard_panels(dashboard):
+        title = panel.get("title", "?")
+        repeat = panel.get("repeat")
+        if repeat and (variables.get(repeat, {}).get("multi") or variables.get(repeat, {}).get("includeAll")):
+            problems.append(f"{title}: repeated per value of multi-value ${repeat} (one copy per rank)")
+        targets = panel.get("targets", [])
+        if panel.get("type") != "row" and targets and panel.get("datasource", {}).get("uid") != DATASOURCE_VAR:
+            problems.append(f"{title}: panel datasource is not {DATASOURCE_VAR}")
+        if any(t.get("id") == "merge" for t in panel.get("transformations", [])):
+            groupings = {outer_grouping(t["expr"]) for t in targets}
+            if None in groupings or len(groupings) != 1:
+                problems.append(f"{title}: merged queries do not aggregate to one label set: {groupings}")
+        for item in targets:
+            if item.get("datasource", {}).get("uid") != DATASOURCE_VAR:
+                problems.append(f"{title} {item['refId']}: query datasource is not {DATASOURCE_VAR}")
+            if item.get("format") != "table" and keeps_run_label(item["expr"]) and "{{run}}" not in item.get(
+                    "legendFormat", ""):
+                problems.append(f"{title} {item['refId']}: legend lacks {{{{run}}}}")
+            for name in promql_metric_names(item["expr"]) - known_metrics:
+                problems.append(f"{title} {item['refId']}: unknown metric {name}")
+    for item in dashboard["annotations"]["list"]:
+        if "expr" not in item:
+            continue
+        if item["datasource"].get("uid") != DATASOURCE_VAR:
+            problems.append(f"annotation {item['name']}: datasource is not {DATASOURCE_VAR}")
+        if keeps_run_label(item["expr"]) and "{{run}}" not in item.get("textFormat", ""):
+            problems.append(f"annotation {item['name']}: text lacks {{{{run}}}}")
+        for name in promql_metric_names(item["expr"]) - known_metrics:
+            problems.append(f"annotation {item['name']}: unknown metric {name}")
+    for variable in variables.values():
+        if variable["type"] != "query":
+            continue
+        if variable["datasource"].get("uid") != DATASOURCE_VAR:
+            problems.append(f"variable {variable['name']}: datasource is not {DATASOURCE_VAR}")
+        for name in promql_metric_names(variable["query"]["query"]) - known_metrics:
+            problems.append(f"variable {variable['name']}: unknown metric {name}")
+    return problems
+
+
+def merged_rows(frames: list[list[dict[str, str]]]) -> list[dict[str, str]]:
+    """Grafana's merge transformation on instant table frames (one dict of labels per row).
+
+    Rows of different frames become one row when every column they share has equal values;
+    a column only one of them has (another query's ``__name__``) keeps them apart when both
+    have it with different values.
+    """
+    merged: list[dict[str, str]] = []
+    for frame in frames:
+        for labels in frame:
+            for existing in merged:
+                shared = set(existing) & set(labels)
+                if shared and all(existing[k] == labels[k] for k in shared):
+                    existing.update(labels)
+                    break
+            else:
+                merged.append(dict(labels))
+    return merged
+
+
+# ------------------------------------------------------------------ a real Alertmanager
+
+class AlertmanagerServer:
+    """``/usr/bin/prometheus-alertmanager`` (Debian) on a loopback port, clustering off, for one test."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+        self.binary = need_binary("prometheus-alertmanager")
+        self.workdir = workdir
+        self.config = config
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.log = workdir / "alertmanager.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> AlertmanagerServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "alertmanager.yml").write_text(yaml.safe_dump(self.config, sort_keys=False))
+        for _attempt in range(3):
+            self.port = free_port()
+            with open(self.log, "wb") as log:
+                self.process = subprocess.Popen(
+                    [self.binary, f"--config.file={self.workdir / 'alertmanager.yml'}",
+                     f"--storage.path={self.workdir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
+                     "--cluster.listen-address="],
+                    stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+                )
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and self.process.poll() is None:
+                try:
+                    if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            self.stop()
+            if "address already in use" not in self.log.read_text():
+                break
+        raise RuntimeError(f"alertmanager did not become ready:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+
+    def __enter__(self) -> AlertmanagerServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class WebhookReceiver:
+    """An HTTP server on loopback that keeps every JSON body POSTed to it, by path."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        received: list[tuple[str, dict[str, Any]]] = []
+        self.received = received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                received.append((self.path, json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> WebhookReceiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def alerts(self) -> list[tuple[str, dict[str, Any]]]:
+        """(receiver path, alert) for every alert delivered so far."""
+        return [(path, alert) for path, body in list(self.received) for alert in body.get("alerts", [])]
+
+    def wait_for(self, predicate, timeout: float = 30.0) -> list[tuple[str, dict[str, Any]]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate(self.alerts()):
+                return self.alerts()
+            time.sleep(0.1)
+        raise AssertionError(f"timed out; webhook received: {self.alerts()}")
+
+
+class StaticExporter:
+    """Serves a fixed exposition text at /metrics on loopback (a stand-in for dcgm-exporter's
+    output, with its metric and label names; the test sets the values)."""
+
+    def __init__(self, text: str) -> None:
+        import http.server
+        import threading
+
+        payload = text.encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/plain; version=0.0.4")
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> StaticExporter:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def dcgm_exposition(gpus: list[dict[str, Any]]) -> str:
+    """dcgm-exporter's text for GPUs given as {uuid, gpu, fb_used_mib}: its names, labels and units."""
+    lines = []
+    for name, kind, value in (("DCGM_FI_DEV_FB_USED", "gauge", "fb_used_mib"), ("DCGM_FI_DEV_GPU_UTIL", "gauge", 97),
+                              ("DCGM_FI_DEV_POWER_USAGE", "gauge", 650.5), ("DCGM_FI_DEV_GPU_TEMP", "gauge", 61)):
+        lines.append(f"# HELP {name} dcgm-exporter field\n# TYPE {name} {kind}")
+        for gpu in gpus:
+            number = gpu[value] if isinstance(value, str) else value
+            lines.append(f'{name}{{gpu="{gpu["gpu"]}",UUID="{gpu["uuid"]}",device="nvidia{gpu["gpu"]}",'
+                         f'modelName="NVIDIA H200",Hostname="dcgm-exporter-x7k2p"}} {number}')
+    return "\n".join(lines) + "\n"

@@ -10,11 +10,20 @@ alert at all, and that each fault scenario raises the alert written for it.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 import yaml
-from test_prometheus_helpers import RULES, alert_rules, exposed_samples, promql_metric_names, run_promtool
+from test_prometheus_helpers import (
+    DASHBOARD,
+    RULES,
+    alert_rules,
+    exposed_samples,
+    grafana_to_promql,
+    promql_metric_names,
+    run_promtool,
+)
 
 from vramwatch.collector.live import LiveState
 from vramwatch.collector.metrics import build_registry, render
@@ -53,9 +62,9 @@ def exported_series(scenario: str, steps: int) -> tuple[dict[str, list[float | N
     return exported_from(samples)
 
 
-def exported_from(samples: list[dict]) -> tuple[dict[str, list[float | None]], int]:
+def exported_from(samples: list[dict], wanted: set[str] | None = None) -> tuple[dict[str, list[float | None]], int]:
     """Play samples (any ranks, in time order) into a LiveState; render /metrics once a minute."""
-    wanted = rule_metric_names()
+    wanted = rule_metric_names() if wanted is None else wanted
     samples = sorted(samples, key=lambda s: s["ts"])
     minutes = int((samples[-1]["ts"] - T0) // 60) + 1
     live = LiveState()
@@ -175,3 +184,62 @@ def test_multi_rank_run_alerts_name_only_the_bad_ranks(tmp_path) -> None:
                           "VramwatchHeadroomLow"}, fired
     assert fired.get("VramwatchPlateauBreak", {"3"}) == {"3"}
     assert fired.get("VramwatchHeadroomLow", {"3"}) == {"3"}
+
+
+def test_checkpoint_annotation_marks_every_checkpoint_once(tmp_path) -> None:
+    """vramwatch_checkpoints_total counts each checkpoint phase from 0, so the dashboard's
+    annotation query marks the first checkpoint and the later ones whose peak is unchanged
+    (what changes(vramwatch_checkpoint_peak_bytes) missed), and nothing between them."""
+    samples = list(simulate_trace("checkpoint", steps=4200, run="ckpt", host="node-a", rank=0, start_ts=T0))
+    checkpoint_minutes = sorted({int((s["ts"] - T0) // 60) + (0 if (s["ts"] - T0) % 60 == 0 else 1)
+                                 for s in samples if s["phase"] == "checkpoint"})
+    assert len(checkpoint_minutes) == 4
+    series, minutes = exported_from(samples, {"vramwatch_checkpoints_total", "vramwatch_checkpoint_peak_bytes"})
+    (counter,) = [v for k, v in series.items() if k.startswith("vramwatch_checkpoints_total{")]
+    first = next(m for m, v in enumerate(counter) if v is not None)
+    assert counter[first] == 0 and counter[-1] == 4  # exposed from the start: the first checkpoint is 0 -> 1
+    assert [m for m in range(first + 1, minutes + 1) if counter[m] != counter[m - 1]] == checkpoint_minutes
+    dashboard = json.loads(DASHBOARD.read_text())
+    (annotation,) = [a for a in dashboard["annotations"]["list"] if a.get("name") == "Checkpoints"]
+    expr = "(" + grafana_to_promql(annotation["expr"]) + ") * 0 + 1"
+    marked = {m for c in checkpoint_minutes for m in (c, c + 1)}  # a 2m window after each checkpoint
+    tests = [{"expr": expr, "eval_time": f"{m}m",
+              "exp_samples": [{"labels": '{run="ckpt"}', "value": 1}] if m in marked else []}
+             for m in range(2, minutes + 1)]
+    test_file = tmp_path / "ckpt.test.yml"
+    test_file.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [
+        {"name": "checkpoint annotations", "interval": "1m", "input_series": input_series(series),
+         "promql_expr_test": tests}]}, sort_keys=False, width=100000))
+    result = run_promtool("test", "rules", str(test_file))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+
+
+def test_checkpoint_counter_is_monotonic_across_restarts_and_event_eviction() -> None:
+    """Counted by event identity: a restarted rank (steps start again) keeps counting, and
+    checkpoints older than the bounded event list are not lost or counted twice."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from vramwatch.collector.metrics import CheckpointCounter
+
+    series = SimpleNamespace(run="r", host="h", rank=0, events=deque(maxlen=4))
+    counter = CheckpointCounter()
+
+    def emit(kind: str, step: int) -> None:
+        series.events.append({"type": kind, "step": step})
+
+    assert counter.count(series) == 0
+    emit("checkpoint_spike", 1000)
+    emit("plateau_break", 1200)
+    assert counter.count(series) == 1
+    assert counter.count(series) == 1  # a second scrape sees nothing new
+    emit("checkpoint_spike", 2000)
+    emit("checkpoint_spike", 200)  # the rank restarted from a checkpoint: steps go back
+    assert counter.count(series) == 3
+    for step in (300, 400, 500, 600):  # more events than the list keeps between two scrapes
+        emit("checkpoint_spike", step)
+    assert counter.count(series) == 7
+    emit("eval_spike", 700)
+    assert counter.count(series) == 7
+    other = SimpleNamespace(run="r", host="h", rank=1, events=deque([{"type": "checkpoint_spike", "step": 5}]))
+    assert counter.count(other) == 1 and counter.count(series) == 7

@@ -12,22 +12,33 @@ cross-shard recording rule, and a firing VramwatchPlateauBreak for rank 3 only.
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
 import pytest
 import yaml
 from test_prometheus_helpers import (
+    ALERTMANAGER,
+    DASHBOARD,
+    DEPLOY,
     RULES,
+    AlertmanagerServer,
     PrometheusServer,
+    StaticExporter,
+    WebhookReceiver,
     all_queries,
+    dashboard_panels,
+    dcgm_exposition,
     grafana_to_promql,
+    merged_rows,
     need_binary,
     post_samples,
 )
 
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.probe.simulated import simulate_trace
+from vramwatch.verdicts import SEVERITY, STATES
 
 pytestmark = pytest.mark.prometheus
 
@@ -55,7 +66,11 @@ def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None
             if "for" in rule:
                 rule["for"] = "0s"
 
-    with BackgroundServer(str(tmp_path / "a.db")) as shard_a, BackgroundServer(str(tmp_path / "b.db")) as shard_b:
+    # dcgm-exporter beside them: each rank's GPU uses 1 GiB more than its allocator reserved
+    gpus = [{"uuid": t[-1]["uuid"], "gpu": t[-1]["gpu"], "fb_used_mib": t[-1]["reserved_bytes"] // 1048576 + 1024}
+            for t in traces.values()]
+    with BackgroundServer(str(tmp_path / "a.db")) as shard_a, BackgroundServer(str(tmp_path / "b.db")) as shard_b, \
+            StaticExporter(dcgm_exposition(gpus)) as dcgm:
         shards = {"node-a": shard_a, "node-b": shard_b}
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
@@ -66,7 +81,7 @@ def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None
                     {"targets": [shard_a.url.removeprefix("http://")], "labels": {"shard": "a"}},
                     {"targets": [shard_b.url.removeprefix("http://")], "labels": {"shard": "b"}},
                 ],
-            }],
+            }, {"job_name": "dcgm-exporter", "static_configs": [{"targets": [dcgm.address]}]}],
         }
         # stage 1: warm-up and plateau on every rank
         for (host, _rank), samples in traces.items():
@@ -125,22 +140,111 @@ def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None
             others = prom.query(f'ALERTS{{run="{RUN}", alertname!="VramwatchPlateauBreak"}}')
             assert others == [], others
 
-            # every shipped query parses in a real Prometheus, and the dashboard's panels
-            # show data from both shards
-            results = {}
-            for where, expr in all_queries():
-                response = httpx.get(f"{prom.url}/api/v1/query", params={"query": grafana_to_promql(expr)}, timeout=10)
-                assert response.json()["status"] == "success", (where, expr, response.text)
-                results.setdefault(where, []).extend(response.json()["data"]["result"])
-            for where in ("panel:Reserved per rank", "panel:Headroom per rank", "panel:Trend state per rank",
-                          "panel:Rank skew: reserved minus the run's median", "panel:Ranks now",
-                          "panel:Worst headroom (run)", "panel:Rank skew (reserved, max - min)",
-                          "variable:run", "variable:host", "variable:rank", "annotation:Plateau breaks",
-                          "grafana-alert:vramwatch plateau break", "rules:run:vramwatch_headroom_ratio:min"):
-                assert results[where], f"{where} returned no data"
-            hosts = {r["metric"].get("Hostname") for r in results["panel:Reserved per rank"]}
-            assert hosts == {"node-a", "node-b"}
-            timeline = {r["metric"]["rank"]: float(r["value"][1]) for r in results["panel:Trend state per rank"]}
-            assert timeline == {"0": 2.0, "1": 2.0, "2": 2.0, "3": timeline["3"]} and timeline["3"] in (2.0, 3.0)
-            breaks = {r["metric"]["rank"] for r in results["annotation:Plateau breaks"]}
-            assert breaks == {"3"}
+            check_every_shipped_query(prom)
+            check_dashboard_against(prom)
+            check_gpu_context(prom, traces)
+
+
+def check_every_shipped_query(prom: PrometheusServer) -> None:
+    """Every shipped query parses in a real Prometheus, and the dashboard's panels show data from both shards."""
+    results = {}
+    for where, expr in all_queries():
+        response = httpx.get(f"{prom.url}/api/v1/query", params={"query": grafana_to_promql(expr)}, timeout=10)
+        assert response.json()["status"] == "success", (where, expr, response.text)
+        results.setdefault(where, []).extend(response.json()["data"]["result"])
+    for where in ("panel:Reserved per rank", "panel:Headroom per rank", "panel:Trend state per rank",
+                  "panel:Rank skew: reserved minus the run's median", "panel:Ranks now",
+                  "panel:Worst headroom (run)", "panel:Rank skew (reserved, max - min)",
+                  "variable:run", "variable:host", "variable:rank", "annotation:Plateau breaks",
+                  "grafana-alert:vramwatch plateau break", "rules:run:vramwatch_headroom_ratio:min"):
+        assert results[where], f"{where} returned no data"
+    hosts = {r["metric"].get("Hostname") for r in results["panel:Reserved per rank"]}
+    assert hosts == {"node-a", "node-b"}
+    timeline = {r["metric"]["rank"]: float(r["value"][1]) for r in results["panel:Trend state per rank"]}
+    code = {state: SEVERITY[state] + 1 for state in STATES}  # the dashboard's state numbers
+    assert timeline == {"0": code["plateau"], "1": code["plateau"], "2": code["plateau"], "3": timeline["3"]}
+    assert timeline["3"] in (code["plateau"], code["rising"])
+    breaks = {r["metric"]["rank"] for r in results["annotation:Plateau breaks"]}
+    assert breaks == {"3"}
+
+
+def check_gpu_context(prom: PrometheusServer, traces: dict) -> None:
+    """The GPU-context row: dcgm's series, and torch reserved vs DCGM FB used joined per rank."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    panel = next(p for p in dashboard_panels(dashboard) if p["title"] == "torch reserved vs DCGM FB used")
+    joined = prom.query(grafana_to_promql(panel["targets"][1]["expr"]))
+    got = {(r["metric"]["run"], r["metric"]["Hostname"], r["metric"]["rank"]): float(r["value"][1])
+           for r in joined}
+    assert set(got) == {(RUN, host, str(rank)) for host, rank in traces}
+    for (host, rank), trace in traces.items():
+        assert got[(RUN, host, str(rank))] == (trace[-1]["reserved_bytes"] // 1048576 + 1024) * 1048576
+    for title in ("DCGM frame buffer used", "DCGM GPU utilisation", "DCGM power", "DCGM temperature"):
+        panel = next(p for p in dashboard_panels(dashboard) if p["title"] == title)
+        assert len(prom.query(grafana_to_promql(panel["targets"][0]["expr"]))) == 4, title
+
+
+def check_dashboard_against(prom: PrometheusServer) -> None:
+    """The dashboard's queries on real data: one table row per rank, and {{run}} in every legend
+    whose query returns a run label."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    for panel in dashboard_panels(dashboard):
+        frames = []
+        for target in panel.get("targets", []):
+            result = prom.query(grafana_to_promql(target["expr"]))
+            frames.append([r["metric"] for r in result])
+            if target.get("format") != "table" and any("run" in r["metric"] for r in result):
+                assert "{{run}}" in target["legendFormat"], (panel["title"], target["refId"])
+        if any(t["id"] == "merge" for t in panel.get("transformations", [])):
+            rows = merged_rows(frames)
+            keys = [(r.get("run"), r.get("Hostname"), r.get("rank")) for r in rows]
+            assert len(keys) == len(set(keys)) == 4, (panel["title"], rows)
+
+
+def test_leak_alert_is_routed_by_alertmanager_to_a_webhook(tmp_path) -> None:
+    """Collector -> real Prometheus (shipped rules, `for:` 0s) -> real Alertmanager (the shipped
+    routing tree and inhibit rules, test timings, webhook URLs pointing here) -> this test.
+    Rank 1 leaks, rank 0 is healthy: the leak reaches the on-call receiver, naming rank 1 only;
+    its plateau-break/low-headroom side effects are inhibited; nothing names rank 0."""
+    need_binary("prometheus")
+    need_binary("prometheus-alertmanager")
+    run, steps = "leaky-job", 3300
+    start_ts = time.time() - steps - 60
+    samples = [*simulate_trace("healthy", steps=steps, run=run, host="node-a", rank=0, start_ts=start_ts),
+               *simulate_trace("fast_leak", steps=steps, run=run, host="node-a", rank=1, start_ts=start_ts)]
+    rules = yaml.safe_load(RULES.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "for" in rule:
+                rule["for"] = "0s"
+    shipped = yaml.safe_load(ALERTMANAGER.read_text())
+    shipped_prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    assert shipped_prometheus["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
+
+    with WebhookReceiver() as hook, BackgroundServer(str(tmp_path / "c.db")) as collector:
+        config = json.loads(json.dumps(shipped))  # the shipped routing, faster and pointed at the hook
+        config["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
+        for receiver in config["receivers"]:
+            for webhook in receiver["webhook_configs"]:
+                webhook["url"] = f"{hook.url}/{receiver['name']}"
+        post_samples(collector.url, samples)
+        with AlertmanagerServer(tmp_path / "am", config) as am:
+            prom_config = {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+                "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am.url.removeprefix("http://")]}]}]},
+                "scrape_configs": [{"job_name": "vramwatch", "honor_labels": True,
+                                    "static_configs": [{"targets": [collector.url.removeprefix("http://")]}]}],
+            }
+            with PrometheusServer(tmp_path / "prometheus", prom_config, {"vramwatch.rules.yml": rules}):
+                delivered = hook.wait_for(lambda alerts: any(
+                    a["labels"]["alertname"] == "VramwatchMemoryLeak" for _p, a in alerts))
+                time.sleep(2)  # a group interval more: anything else routed would have arrived
+                delivered = hook.alerts()
+    leaks = [(path, a) for path, a in delivered if a["labels"]["alertname"] == "VramwatchMemoryLeak"]
+    assert {path for path, _ in leaks} == {"/training-oncall"}
+    (_path, leak) = leaks[0]
+    assert leak["status"] == "firing"
+    assert (leak["labels"]["run"], leak["labels"]["rank"], leak["labels"]["severity"]) == (run, "1", "critical")
+    assert leak["annotations"]["summary"].startswith(f"Memory leak on {run} rank 1 (node-a): OOM in ")
+    assert {a["labels"].get("rank") for _p, a in delivered} == {"1"}, delivered
+    inhibited = {"VramwatchPlateauBreak", "VramwatchHeadroomLow"}
+    assert not [a for _p, a in delivered if a["labels"]["alertname"] in inhibited], delivered

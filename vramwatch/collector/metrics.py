@@ -38,7 +38,8 @@ TREND_STATES = ("warmup", "plateau", "rising", "leak", "fragmentation")
 
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text"
 
-Row = tuple[str, dict, dict | None, dict, Any, int]  # labels, last, last_train, summary, series, phase ratchets
+Row = tuple[str, dict, dict | None, dict, Any, int, int]  # labels, last, last_train, summary, series,
+#                                                        phase ratchets, checkpoints
 
 #: Plateau-break causes that are the training loop itself; any other cause names the phase
 #: (checkpoint, eval, ...) whose peak made the allocator keep more segments.
@@ -112,6 +113,9 @@ SERIES_FAMILIES: tuple[tuple[str, str, str, Callable[[Row], Any]], ...] = (
     ("vramwatch_phase_ratchets", "counter",
      "Plateau breaks caused by a checkpoint/eval phase whose segments the allocator kept "
      "(included in vramwatch_plateau_breaks_total).", lambda row: row[5]),
+    ("vramwatch_checkpoints", "counter",
+     "Checkpoint phases the trend engine saw on this rank since the collector started (0 until the first).",
+     lambda row: row[6]),
     ("vramwatch_plateau_bytes", "gauge", "Level of the current or last memory plateau.", _summary("plateau_bytes")),
     ("vramwatch_leak_slope_bytes_per_step", "gauge",
      "Robust growth slope of memory at step boundaries.", _summary("slope_bytes_per_step")),
@@ -153,6 +157,43 @@ def _escape(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
+class CheckpointCounter:
+    """``vramwatch_checkpoints_total``: checkpoint phases per series, monotonic across scrapes.
+
+    The engine keeps a bounded event list (oldest dropped) and emits one ``checkpoint_spike``
+    event per checkpoint-phase sample. Counting the list would go down when events age
+    out, so each scrape counts only the events newer than the last one it counted (held by
+    identity, which survives step numbers going back when a restarted rank resumes).
+    Cost: O(new events) per series per scrape. Dashboards annotate from ``increase()`` of
+    it; unlike ``changes(vramwatch_checkpoint_peak_bytes)`` it sees the first checkpoint
+    and checkpoints with an unchanged peak.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple, tuple[int, Any]] = {}  # series key -> (count, newest counted event)
+
+    def count(self, series: Any) -> int:
+        key = (series.run, series.host, series.rank)
+        total, marker = self._seen.get(key, (0, None))
+        events = list(getattr(series, "events", ()))  # a C-level copy: safe against the writer
+        new = 0
+        newest = marker
+        for event in reversed(events):
+            if event is marker:
+                break
+            if event.get("type") == "checkpoint_spike":
+                new += 1
+                if newest is marker:
+                    newest = event
+        if new:
+            total += new
+            self._seen[key] = (total, newest)
+        return total
+
+    def forget(self, alive: set[tuple]) -> None:
+        self._seen = {k: v for k, v in self._seen.items() if k in alive}
+
+
 class SeriesCollector(Collector):
     """Per-rank families from ``live.snapshot()``; runs silent for ``finished_after_s`` age out.
 
@@ -169,6 +210,7 @@ class SeriesCollector(Collector):
         self._labels: dict[tuple, str] = {}
         # per series: [plateau breaks attributed so far, of which phase ratchets]
         self._ratchets: dict[tuple, list[int]] = {}
+        self._checkpoints = CheckpointCounter()
         self._lock = threading.Lock()
         # two scrapes at once (an HA pair of Prometheus servers) must not both attribute
         # the same new plateau breaks
@@ -232,10 +274,14 @@ class SeriesCollector(Collector):
                 continue
             summary = series.engine.summary()
             ratchets = self._phase_ratchets(series, summary.get("plateau_breaks"))
-            rows.append((self._label_string(series), series.last, series.last_train, summary, series, ratchets))
+            checkpoints = self._checkpoints.count(series)
+            rows.append(
+                (self._label_string(series), series.last, series.last_train, summary, series, ratchets, checkpoints)
+            )
         if len(self._ratchets) > 2 * len(snapshot) + 1024:  # forget series LiveState dropped
             alive = {(s.run, s.host, s.rank) for s in snapshot}
             self._ratchets = {k: v for k, v in self._ratchets.items() if k in alive}
+            self._checkpoints.forget(alive)
         rows.sort(key=lambda row: (row[4].run, row[4].host, row[4].rank))
         self.exported_series = len(rows)
         self.aged_out_series = len(snapshot) - len(rows)
