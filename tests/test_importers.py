@@ -281,8 +281,12 @@ def test_wandb_panel_export_names_the_run_and_needs_timestamps(tmp_path) -> None
                     '"llama-7b - system/gpu.0.memoryAllocatedBytes__MIN"\n1715679075.4,1000000000,990000000\n')
     (s,), _ = read("wandb", path, total_bytes=24 * GiB)
     assert (s["run"], s["nvml_used_bytes"]) == ("llama-7b", 1_000_000_000)
+    path.write_text('"Wall Time","llama-7b - system/gpu.0.memoryAllocatedBytes"\n1715679075410,1000000000\n'
+                    '2024-05-14T09:31:30.41Z,1000000000\n')
+    first, second = read("wandb", path, total_bytes=24 * GiB)[0]
+    assert first["ts"] == pytest.approx(1715679075.41) and second["ts"] == pytest.approx(1715679090.41)
     path.write_text('"Step","llama-7b - system/gpu.0.memoryAllocatedBytes"\n1,1000000000\n')
-    with pytest.raises(RowError, match=re.escape("panel.csv:1: header: needs a _timestamp column")):
+    with pytest.raises(RowError, match=re.escape("panel.csv:1: header: needs a _timestamp (or Wall Time) column")):
         read("wandb", path)
 
 

@@ -40,7 +40,21 @@ from .nvidia_smi import _open_text
 
 _COLUMN = re.compile(
     r"(?:(?P<run>.+?) - )?system[./]gpu\.(?P<gpu>\d+)\.(?P<metric>memoryAllocatedBytes|memoryAllocated)\Z")
-_TIME_COLUMNS = ("_timestamp", "timestamp")
+#: absolute time columns, in order of preference: the API's ``_timestamp`` (unix seconds), a
+#: panel export with the x axis set to wall time (unix ms or an ISO date)
+_TIME_COLUMNS = ("_timestamp", "timestamp", "Wall Time")
+
+
+def _unix_time(text: str) -> float:
+    """``1715679075.41``, ``1715679075410`` (ms) or ``2024-05-14T09:31:15.41Z`` → unix seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        from datetime import UTC, datetime
+
+        parsed = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+    return value / 1000.0 if value > 1e11 else value
 
 
 def _layout(header: list[str], path: str) -> tuple[int, dict[tuple[str, int], dict[str, int]]]:
@@ -48,8 +62,8 @@ def _layout(header: list[str], path: str) -> tuple[int, dict[tuple[str, int], di
     names = [h.strip() for h in header]
     ts_col = next((names.index(n) for n in _TIME_COLUMNS if n in names), None)
     if ts_col is None:
-        raise RowError(path, 1, "header", "needs a _timestamp column (export with "
-                       "run.history(stream='system').to_csv(...))")
+        raise RowError(path, 1, "header", "needs a _timestamp (or Wall Time) column: export with "
+                       "run.history(stream='system').to_csv(...), or set the panel's x axis to Wall Time")
     gpus: dict[tuple[str, int], dict[str, int]] = {}
     for i, name in enumerate(names):
         match = _COLUMN.match(name)
@@ -78,7 +92,7 @@ def read(path: str, options: ImportOptions, stats: ImportStats) -> Iterator[Samp
                 continue
             stats.rows += 1
             try:
-                ts = float(cells[ts_col])
+                ts = _unix_time(cells[ts_col])
             except (ValueError, IndexError):
                 stats.bad(RowError(path, line, f"column {ts_col + 1} ({header[ts_col].strip()})",
                                    f"not a unix time: {cells[ts_col] if ts_col < len(cells) else ''!r}"))
