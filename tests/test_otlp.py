@@ -154,6 +154,28 @@ def test_serve_pushes_per_rank_memory_and_verdicts_as_otlp(tmp_path, traces) -> 
     assert leak["vramwatch.time_to_oom"].unit == "s"
 
 
+def test_a_dcgm_only_rank_sends_device_metrics_and_no_allocator_zeros(tmp_path) -> None:
+    # what `vramwatch watch` or `import --from prometheus` stores: device used + capacity only
+    samples = [{"schema": 2, "run": "fleet", "host": "gpu-node-07", "rank": 3, "step": 1_700_000_000 + 15 * i,
+                "ts": 1_700_000_000.0 + 15 * i, "phase": "train", "nvml_used_bytes": (60_000 + i) * 2**20,
+                "total_bytes": 81_920 * 2**20, "uuid": "GPU-dcgm-3", "gpu": 3} for i in range(40)]
+    with Receiver() as receiver, BackgroundServer(
+        tmp_path / "vw.db", lifespan_hooks=(lifespan_hook(receiver.url, interval_s=0.2),)
+    ) as server:
+        post_samples(server.url, samples)
+        request = receiver.wait(lambda r: _by_rank(r).get(3) is not None
+                                and _value(_by_rank(r)[3][1]["vramwatch.step"]) == samples[-1]["step"])
+    attrs, metrics = _by_rank(request)[3]
+    assert attrs["hw.id"] == "GPU-dcgm-3" and attrs["host.name"] == "gpu-node-07"
+    assert _value(metrics["hw.gpu.memory.usage"]) == samples[-1]["nvml_used_bytes"]
+    assert _value(metrics["hw.gpu.memory.limit"]) == 81_920 * 2**20
+    # not measured: absent, never a zero
+    assert not {"vramwatch.memory.allocated", "vramwatch.memory.reserved", "vramwatch.memory.peak_allocated"} \
+        & set(metrics)
+    signals = {_attrs(p.attributes).get("vramwatch.signal") for p in metrics["vramwatch.trend.state"].gauge.data_points}
+    assert signals == {"device_used"}  # the verdict says which level it rests on
+
+
 def test_shutdown_pushes_the_last_state_once_more(tmp_path, traces) -> None:
     with Receiver() as receiver:
         with BackgroundServer(tmp_path / "vw.db", lifespan_hooks=(lifespan_hook(receiver.url, interval_s=3600),)) \
