@@ -30,6 +30,7 @@ class Receiver:
         self.requests: list[ExportMetricsServiceRequest] = []
         self.paths: list[str] = []
         self.content_types: list[str] = []
+        self.authorizations: list[str | None] = []
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -44,6 +45,7 @@ class Receiver:
                 receiver.requests.append(request)
                 receiver.paths.append(self.path)
                 receiver.content_types.append(self.headers.get("content-type", ""))
+                receiver.authorizations.append(self.headers.get("authorization"))
                 answer = ExportMetricsServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
@@ -176,7 +178,9 @@ def test_a_dcgm_only_rank_sends_device_metrics_and_no_allocator_zeros(tmp_path) 
     assert signals == {"device_used"}  # the verdict says which level it rests on
 
 
-def test_shutdown_pushes_the_last_state_once_more(tmp_path, traces) -> None:
+def test_shutdown_pushes_the_last_state_once_more(tmp_path, traces, monkeypatch) -> None:
+    # headers come from the SDK's standard variable (an API key for a hosted backend)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer otel-key")
     with Receiver() as receiver:
         with BackgroundServer(tmp_path / "vw.db", lifespan_hooks=(lifespan_hook(receiver.url, interval_s=3600),)) \
                 as server:
@@ -184,6 +188,7 @@ def test_shutdown_pushes_the_last_state_once_more(tmp_path, traces) -> None:
             assert receiver.requests == []  # the interval has not passed
         request = receiver.wait(lambda r: len(r.resource_metrics) == 1, timeout=5)
     _attrs_of_rank, metrics = _by_rank(request)[0]
+    assert receiver.authorizations == ["Bearer otel-key"]
     assert _value(metrics["vramwatch.step"]) == [s for s in traces[0][:200] if s["phase"] == "train"][-1]["step"]
 
 
