@@ -61,8 +61,7 @@ check-deploy: install-test system-deps
 	for v in 1.28.0 1.31.0 1.34.0; do \
 	  $(VENV)/bin/kubernetes-validate --strict --quiet -k $$v deploy/k8s/collector.yaml deploy/k8s/node-local/daemonset.yaml || exit 1; \
 	done
-	$(VENV)/bin/check-jsonschema --schemafile deploy/schemas/servicemonitor-monitoring-v1.json deploy/k8s/monitoring/servicemonitor.yaml
-	$(VENV)/bin/check-jsonschema --schemafile deploy/schemas/prometheusrule-monitoring-v1.json deploy/k8s/monitoring/prometheusrule.yaml
+	$(PY) deploy/k8s/check_operator_objects.py deploy/k8s/monitoring/servicemonitor.yaml deploy/k8s/monitoring/prometheusrule.yaml
 	$(VENV)/bin/hadolint Dockerfile
 	cd deploy && $(abspath $(VENV))/bin/yamllint --strict -c .yamllint.yaml .
 	promtool check config --syntax-only deploy/prometheus/prometheus.yml

@@ -18,6 +18,7 @@ BENCHMARKS = {
     "metrics": "bench.metrics_bench",
     "dashboard": "bench.dashboard_bench",
     "load": "bench.load",
+    "series": "bench.series_bench",
 }
 
 

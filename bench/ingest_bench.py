@@ -128,6 +128,40 @@ def stage_costs(total: int, ranks: int, batch: int) -> list[tuple[str, float]]:
     return out
 
 
+def store_limit(total: int, ranks: int, batch: int) -> tuple[float, float]:
+    """CPU ms per 1000 samples of the store's insert and of its limit on the same data: one
+    orjson decode of the NDJSON plus one bare ``executemany`` of the same rows into a table of
+    the same shape (the store's own, emptied), measured side by side."""
+    import orjson
+
+    from vramwatch.collector.store import Store
+    from vramwatch.collector.store.schema import insert_sql
+    from vramwatch.wire import gunzip_limited, parse_body
+
+    raws = [gunzip_limited(b, 1 << 28) for b in make_bodies(min(total, 64_000), ranks, batch)]
+    items = [parse_body(r) for r in raws]
+    n = sum(len(b) for b in items)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(os.path.join(tmp, "limit.db"))
+        names = store._present(items[0])
+        rows = [[tuple(r) for _, group in store._rows(b, names).values() for r in group] for b in items]
+        sql = insert_sql(names)
+        t0 = time.process_time()
+        for b in items:
+            store.insert(b)
+        insert_ms = (time.process_time() - t0) * 1000 / (n / 1000)
+        store._conn.execute("DELETE FROM samples")
+        t0 = time.process_time()
+        for raw, batch_rows in zip(raws, rows, strict=True):
+            orjson.loads(b"[" + raw.rstrip().replace(b"\n", b",") + b"]")
+            store._conn.execute("BEGIN")
+            store._conn.executemany(sql, batch_rows)
+            store._conn.execute("COMMIT")
+        limit_ms = (time.process_time() - t0) * 1000 / (n / 1000)
+        store.close()
+    return insert_ms, limit_ms
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=200_000)
@@ -153,6 +187,12 @@ def main(argv: list[str] | None = None) -> None:
     body += (f"\n\nThe stages add up to {total_ms:.1f} ms per 1000 samples ({1000 / total_ms * 1000:,.0f} samples/s "
              "of pure CPU); the rest of each request is HTTP parsing and framework overhead in uvicorn/Starlette "
              "on the same 2 cores the client uses.")
+    insert_ms, limit_ms = store_limit(args.samples, args.ranks, args.batch)
+    body += ("\n\nStore side against its limit (orjson decode of the same NDJSON plus one bare `executemany` of the "
+             "same rows into the store's own table, same run):\n\n"
+             + table(["", "ms / 1000 samples"], [("parse + `Store.insert`", f"{stages[1][1] + insert_ms:.2f}"),
+                                                 ("limit", f"{limit_ms:.2f}"),
+                                                 ("limit / measured", f"{limit_ms / (stages[1][1] + insert_ms):.2f}")]))
     write_section("Ingest", body, f"python -m bench.ingest_bench --samples {args.samples} --ranks {args.ranks}")
 
 

@@ -12,9 +12,17 @@ import time
 
 import pytest
 import yaml
+from test_grafana_helpers import (
+    DCGM_METRICS,
+    check_dashboard,
+    dashboard_panels,
+    interpolate_link,
+    merged_rows,
+    outer_grouping,
+    panel_links,
+)
 from test_prometheus_helpers import (
     DASHBOARD,
-    DCGM_METRICS,
     DEPLOY,
     GRAFANA_ALERTS,
     ROOT,
@@ -22,11 +30,7 @@ from test_prometheus_helpers import (
     RULES,
     alert_rules,
     all_queries,
-    check_dashboard,
-    dashboard_panels,
     exposed_names,
-    merged_rows,
-    outer_grouping,
     post_samples,
     promql_metric_names,
     recording_rule_names,
@@ -227,12 +231,22 @@ def test_dashboard_check_catches_each_defect(scrape_names) -> None:
     def no_inputs(d):
         d.pop("__inputs")
 
+    def shard_dropped(d):  # the table's queries aggregate `instance` away: the rank link's host is empty
+        for target in panel(d, "Ranks now")["targets"]:
+            target["expr"] = target["expr"].replace("by (run, Hostname, rank, instance)", "by (run, Hostname, rank)")
+
+    def renamed_variable(d):  # the link still names the old variable
+        next(v for v in d["templating"]["list"] if v["name"] == "collector_url")["name"] = "collector"
+
     assert "repeated per value of multi-value $rank" in problems_after(repeat_per_rank)
     assert "Ranks now: merged queries do not aggregate to one label set" in problems_after(raw_table_query)
     assert "Headroom per rank A: legend lacks {{run}}" in problems_after(legend_without_run)
     assert "unknown metric vramwatch_memory_reservd_bytes" in problems_after(misspelt)
     assert "query datasource is not ${datasource}" in problems_after(fixed_datasource)
     assert "no __inputs entry" in problems_after(no_inputs)
+    assert problems_after(shard_dropped) == "Ranks now: link uses field 'instance' that its queries do not keep"
+    assert problems_after(renamed_variable).split(" | ") == [
+        f"{owner}: link uses undefined variable $collector_url" for owner in ("dashboard", "Ranks now")]
 
 
 def test_merge_simulation_reproduces_the_three_rows_per_rank() -> None:
@@ -303,9 +317,13 @@ def test_dashboard_scales_and_reads_well() -> None:
     link = next(item for item in dashboard["links"] if item["type"] == "link")
     assert "${run" in link["url"] and "${__from}" in link["url"] and "${__to}" in link["url"]
     assert any(item["type"] == "dashboards" and item["keepTime"] for item in dashboard["links"])
-    rank_links = [lk["url"] for o in by_title["Ranks now"]["fieldConfig"]["overrides"] for prop in o["properties"]
-                  if prop["id"] == "links" for lk in prop["value"]]
-    assert rank_links and all("__data.fields.run" in u and "__data.fields.rank" in u for u in rank_links)
+    # each rank links to the shard that holds it (the scrape target), then to $collector_url
+    shard, fallback = (lk["url"] for lk in panel_links(by_title["Ranks now"]))
+    row = {"run": "job a/b", "rank": "3", "Hostname": "node-7", "instance": "10.0.0.7:8765"}
+    variables = {"collector_url": "https://vramwatch.example", "__from": "100", "__to": "200"}
+    route = "/#/run/job%20a%2Fb?rank=3&host=node-7&x=time&from=100&to=200"
+    assert interpolate_link(shard, row, variables) == "http://10.0.0.7:8765" + route
+    assert interpolate_link(fallback, row, variables) == "https://vramwatch.example" + route
 
 
 def test_grafana_provisioning_files_fit_together() -> None:

@@ -1,7 +1,7 @@
 """deploy/ beyond Prometheus and Grafana: compose, Alertmanager, Kubernetes and the Dockerfile,
 each checked for what operators rely on (closed by default, one scrape, one rules source,
 pinned image) and run through its own validator (compose-spec, kubernetes-validate, the
-prometheus-operator CRD schemas, hadolint, yamllint, amtool). Offline; under CI=true a
+prometheus-operator models, hadolint, yamllint, amtool). Offline; under CI=true a
 missing tool fails instead of skipping."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from test_prometheus_helpers import (
     alert_rules,
     load_module,
     need_binary,
+    need_module,
     need_tool,
     run_tool,
 )
@@ -230,19 +231,62 @@ def test_kubernetes_validation_rejects_a_misspelt_field(tmp_path) -> None:
     assert result.returncode != 0 and "readynessProbe" in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize(("manifest", "schema"), [
-    ("monitoring/servicemonitor.yaml", "servicemonitor-monitoring-v1.json"),
-    ("monitoring/prometheusrule.yaml", "prometheusrule-monitoring-v1.json"),
-])
-def test_operator_objects_match_the_vendored_crd_schemas(tmp_path, manifest, schema) -> None:
-    schemafile = str(DEPLOY / "schemas" / schema)
-    result = run_tool("check-jsonschema", "--schemafile", schemafile, str(DEPLOY / "k8s" / manifest))
-    assert result.returncode == 0, result.stdout + result.stderr
+OPERATOR_CHECK = DEPLOY / "k8s" / "check_operator_objects.py"
+OPERATOR_OBJECTS = ("monitoring/servicemonitor.yaml", "monitoring/prometheusrule.yaml")
+OPERATOR_MODELS = ("cloudcoil.models.prometheus_operator", "cloudcoil-models-prometheus-operator")
+
+
+def test_operator_objects_validate_strictly(tmp_path) -> None:
+    """The CLI (as `make check-deploy` runs it): the shipped objects pass, a misspelt one fails
+    naming file, object and field, and only it is reported."""
+    need_module(*OPERATOR_MODELS)
     bad = tmp_path / "bad.yaml"
-    bad.write_text((DEPLOY / "k8s" / manifest).read_text().replace("  groups:", "  grups:")
-                   .replace("honorLabels", "honourLabels"))
-    result = run_tool("check-jsonschema", "--schemafile", schemafile, str(bad))
-    assert result.returncode != 0 and "was unexpected" in result.stdout
+    bad.write_text((DEPLOY / "k8s" / OPERATOR_OBJECTS[0]).read_text().replace("honorLabels", "honourLabels"))
+    shipped = [str(DEPLOY / "k8s" / m) for m in OPERATOR_OBJECTS]
+    result = subprocess.run([sys.executable, str(OPERATOR_CHECK), *shipped], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = subprocess.run([sys.executable, str(OPERATOR_CHECK), *shipped, str(bad)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        f"{bad}: ServiceMonitor/vramwatch-collector: spec.endpoints.0.honourLabels: Extra inputs are not permitted"]
+
+
+@pytest.mark.parametrize(("manifest", "old", "new", "error"), [
+    # unknown fields, at every depth
+    (0, "matchLabels:", "matchLabel:", "spec.selector.matchLabel: Extra inputs are not permitted"),
+    (1, "  groups:", "  grups:", "spec.grups: Extra inputs are not permitted"),
+    (1, "    - record:", "    - recrd:", "spec.groups.0.rules.0.recrd: Extra inputs are not permitted"),
+    # wrong types: no coercion, as the API server would reject them
+    (0, "honorLabels: true", 'honorLabels: "yes"', "spec.endpoints.0.honorLabels: Input should be a valid boolean"),
+    (0, "key: token", "key: 7", "spec.endpoints.0.authorization.credentials.key: Input should be a valid string"),
+    (1, "      for: 1m", "      for: 60", "spec.groups.1.rules.0.for: Input should be a valid string"),
+    # the CRD's patterns
+    (0, "interval: 15s", "interval: 15 seconds", "spec.endpoints.0.interval: String should match pattern"),
+    # an object the operator does not know
+    (0, "kind: ServiceMonitor", "kind: Endpoint", "kind: 'Endpoint' is not a monitoring.coreos.com/v1 kind"),
+    (0, "monitoring.coreos.com/v1", "monitoring.coreos.com/v9", "apiVersion: unknown version 'v9'"),
+])
+def test_operator_object_check_rejects_a_bad_object(manifest, old, new, error) -> None:
+    need_module(*OPERATOR_MODELS)
+    checker = load_module(OPERATOR_CHECK)
+    text = (DEPLOY / "k8s" / OPERATOR_OBJECTS[manifest]).read_text()
+    assert old in text
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    assert [checker.check_document(d) for d in docs] == [[]]
+    (doc,) = [d for d in yaml.safe_load_all(text.replace(old, new, 1)) if d]
+    (message,) = checker.check_document(doc)
+    assert error in message and message.startswith(f"{doc['kind']}/{doc['metadata']['name']}: "), message
+
+
+def test_operator_object_check_without_its_package_exits_2(monkeypatch, tmp_path, capsys) -> None:
+    checker = load_module(OPERATOR_CHECK)
+    monkeypatch.setattr(checker, "PACKAGE", "no_such_package.models")
+    assert checker.main([str(DEPLOY / "k8s" / OPERATOR_OBJECTS[0])]) == 2
+    assert "no_such_package.models not installed: pip install" in capsys.readouterr().err
+    assert checker.main([str(tmp_path / "missing.yaml")]) == 2
+    assert checker.main([]) == 2
 
 
 def test_hadolint() -> None:
@@ -269,6 +313,8 @@ def test_a_missing_tool_fails_under_ci_and_skips_elsewhere(monkeypatch) -> None:
         need_tool("yamllint")
     with pytest.raises(pytest.fail.Exception, match="apt-get install no-such-daemon"):
         need_binary("no-such-daemon")
+    with pytest.raises(pytest.fail.Exception, match=r"no_such_package.models not found: .*\(no-such-package\)"):
+        need_module("no_such_package.models", "no-such-package")
     monkeypatch.setenv("CI", "")
     with pytest.raises(pytest.skip.Exception):
         need_tool("yamllint")

@@ -105,12 +105,16 @@ json_values = st.recursive(
 )
 
 
+#: what a name may hold: no control, format (bidi, zero-width) or separator characters
+VISIBLE = st.characters(blacklist_categories=("Cc", "Cf", "Cs", "Zl", "Zp"))
+
+
 @st.composite
 def valid_samples(draw) -> dict[str, Any]:
     total = draw(st.integers(min_value=1, max_value=2**53))
     reserved = draw(st.integers(min_value=0, max_value=total))
     allocated = draw(st.integers(min_value=0, max_value=reserved))
-    names = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=wire.MAX_NAME)
+    names = st.text(VISIBLE, min_size=1, max_size=wire.MAX_NAME)
     sample = {
         "schema": 1, "run": draw(names), "host": draw(names), "rank": draw(st.integers(0, 100_000)),
         "step": draw(st.integers(0, 2**53)), "ts": draw(st.floats(wire.MIN_TS, 4e9)),
@@ -123,8 +127,7 @@ def valid_samples(draw) -> dict[str, Any]:
     }
     if draw(st.booleans()):
         sample["incarnation"] = draw(names)
-        sample["extra"] = draw(st.dictionaries(st.text(st.characters(blacklist_categories=("Cc", "Cs")),
-                                                       min_size=1, max_size=64),
+        sample["extra"] = draw(st.dictionaries(st.text(VISIBLE, min_size=1, max_size=64),
                                                st.floats(-1e15, 1e15), max_size=5))
     return sample
 

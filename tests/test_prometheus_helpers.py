@@ -68,6 +68,21 @@ def need_tool(name: str) -> str:
     pytest.skip(message)
 
 
+def need_module(name: str, package: str) -> None:
+    """A Python package from the test extra (`package` is its PyPI name), importable by this
+    interpreter. Under CI=true missing fails, else skips."""
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        found = False
+    if found:
+        return
+    message = f"{name} not found: pip install -e '.[test]' ({package})"
+    if in_ci():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def run_tool(name: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run([need_tool(name), *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
@@ -312,123 +327,6 @@ class PrometheusServer:
             time.sleep(0.25)
         raise AssertionError(f"timed out waiting for {expr!r}; last result: {result}\n"
                              f"prometheus log tail:\n{self.log.read_text()[-2000:]}")
-
-
-# ------------------------------------------------------------------ the dashboard check
-
-#: dcgm-exporter's families the dashboard reads (its default-counters.csv names, metrics in MiB, %, W, C).
-DCGM_METRICS = {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP"}
-DATASOURCE_VAR = "${datasource}"
-_AGGREGATION = re.compile(r"\s*(?:sum|min|max|avg|count|group|topk|bottomk)\s+by\s*\(([^)]*)\)\s*\(", re.S)
-
-
-def dashboard_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every panel, rows and the panels inside collapsed rows included."""
-    out: list[dict[str, Any]] = []
-
-    def walk(items: list[dict[str, Any]]) -> None:
-        for panel in items:
-            out.append(panel)
-            walk(panel.get("panels", []))
-
-    walk(dashboard["panels"])
-    return out
-
-
-def outer_grouping(expr: str) -> frozenset[str] | None:
-    """Labels of ``agg by (...) ( ... )`` when that aggregation is the whole expression, else None."""
-    match = _AGGREGATION.match(expr)
-    if not match:
-        return None
-    depth = 0
-    for index in range(match.end() - 1, len(expr)):
-        depth += {"(": 1, ")": -1}.get(expr[index], 0)
-        if depth == 0:
-            if expr[index + 1:].strip():
-                return None  # e.g. "max by (run) (x) > 0" or "... - min by (run) (y)": not the outer node
-            return frozenset(label.strip() for label in match.group(1).split(",") if label.strip())
-    return None
-
-
-def keeps_run_label(expr: str) -> bool:
-    grouping = outer_grouping(expr)
-    return "$run" in expr and (grouping is None or "run" in grouping)
-
-
-def check_dashboard(dashboard: dict[str, Any], known_metrics: set[str]) -> list[str]:
-    """Problems a Grafana user would hit; [] when there are none. Pure: reads only the JSON.
-
-    - duplicate rows per rank: a row or panel repeated over a multi-value variable (one copy
-      per rank: ~1000 panels at 512 ranks), or a merged table whose queries do not all
-      aggregate to the same labels (``__name__`` or another label kept: one row per query);
-    - a legend of a query that keeps ``run`` without ``{{run}}`` (run is multi-select);
-    - a metric name that is neither exposed, recorded nor dcgm-exporter's;
-    - a panel or query not on the ``$datasource`` variable (an import into another Grafana breaks).
-    """
-    problems: list[str] = []
-    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    if variables.get("datasource", {}).get("type") != "datasource":
-        problems.append("no $datasource variable")
-    if not any(i.get("type") == "datasource" and i.get("pluginId") == "prometheus"
-               for i in dashboard.get("__inputs", [])):
-        problems.append("no __inputs entry for the Prometheus datasource")
-    for panel in dashboard_panels(dashboard):
-        title = panel.get("title", "?")
-        repeat = panel.get("repeat")
-        if repeat and (variables.get(repeat, {}).get("multi") or variables.get(repeat, {}).get("includeAll")):
-            problems.append(f"{title}: repeated per value of multi-value ${repeat} (one copy per rank)")
-        targets = panel.get("targets", [])
-        if panel.get("type") != "row" and targets and panel.get("datasource", {}).get("uid") != DATASOURCE_VAR:
-            problems.append(f"{title}: panel datasource is not {DATASOURCE_VAR}")
-        if any(t.get("id") == "merge" for t in panel.get("transformations", [])):
-            groupings = {outer_grouping(t["expr"]) for t in targets}
-            if None in groupings or len(groupings) != 1:
-                problems.append(f"{title}: merged queries do not aggregate to one label set: {groupings}")
-        for item in targets:
-            if item.get("datasource", {}).get("uid") != DATASOURCE_VAR:
-                problems.append(f"{title} {item['refId']}: query datasource is not {DATASOURCE_VAR}")
-            if item.get("format") != "table" and keeps_run_label(item["expr"]) and "{{run}}" not in item.get(
-                    "legendFormat", ""):
-                problems.append(f"{title} {item['refId']}: legend lacks {{{{run}}}}")
-            for name in promql_metric_names(item["expr"]) - known_metrics:
-                problems.append(f"{title} {item['refId']}: unknown metric {name}")
-    for item in dashboard["annotations"]["list"]:
-        if "expr" not in item:
-            continue
-        if item["datasource"].get("uid") != DATASOURCE_VAR:
-            problems.append(f"annotation {item['name']}: datasource is not {DATASOURCE_VAR}")
-        if keeps_run_label(item["expr"]) and "{{run}}" not in item.get("textFormat", ""):
-            problems.append(f"annotation {item['name']}: text lacks {{{{run}}}}")
-        for name in promql_metric_names(item["expr"]) - known_metrics:
-            problems.append(f"annotation {item['name']}: unknown metric {name}")
-    for variable in variables.values():
-        if variable["type"] != "query":
-            continue
-        if variable["datasource"].get("uid") != DATASOURCE_VAR:
-            problems.append(f"variable {variable['name']}: datasource is not {DATASOURCE_VAR}")
-        for name in promql_metric_names(variable["query"]["query"]) - known_metrics:
-            problems.append(f"variable {variable['name']}: unknown metric {name}")
-    return problems
-
-
-def merged_rows(frames: list[list[dict[str, str]]]) -> list[dict[str, str]]:
-    """Grafana's merge transformation on instant table frames (one dict of labels per row).
-
-    Rows of different frames become one row when every column they share has equal values;
-    a column only one of them has (another query's ``__name__``) keeps them apart when both
-    have it with different values.
-    """
-    merged: list[dict[str, str]] = []
-    for frame in frames:
-        for labels in frame:
-            for existing in merged:
-                shared = set(existing) & set(labels)
-                if shared and all(existing[k] == labels[k] for k in shared):
-                    existing.update(labels)
-                    break
-            else:
-                merged.append(dict(labels))
-    return merged
 
 
 # ------------------------------------------------------------------ a real Alertmanager

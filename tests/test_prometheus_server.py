@@ -7,7 +7,8 @@ scrape and evaluation) loads the shipped rules with every ``for:`` shortened to 
 shipped file keeps production durations). The samples arrive in two stages, as from a
 live run: the plateau first, then the rest, so the plateau-break counter rises between
 scrapes. Then the HTTP API must show both shards' series with their labels, the
-cross-shard recording rule, and a firing VramwatchPlateauBreak for rank 3 only.
+cross-shard recording rule, and a firing VramwatchPlateauBreak for rank 3 only; the
+Grafana table's rank links lead to the shard holding each rank (opened in Chromium).
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ import time
 import httpx
 import pytest
 import yaml
+from test_grafana_helpers import (
+    dashboard_panels,
+    interpolate_link,
+    merged_rows,
+    panel_links,
+)
 from test_prometheus_helpers import (
     ALERTMANAGER,
     DASHBOARD,
@@ -28,10 +35,8 @@ from test_prometheus_helpers import (
     StaticExporter,
     WebhookReceiver,
     all_queries,
-    dashboard_panels,
     dcgm_exposition,
     grafana_to_promql,
-    merged_rows,
     need_binary,
     post_samples,
 )
@@ -88,33 +93,7 @@ def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None
             post_samples(shards[host].url, [s for s in samples if s["step"] < BREAK_STEP - 100])
 
         with PrometheusServer(tmp_path / "prometheus", config, {"vramwatch.rules.yml": rules}) as prom:
-            up = prom.wait_for('up{job="vramwatch"} == 1', lambda r: len(r) == 2)
-            assert {r["metric"]["shard"] for r in up} == {"a", "b"}
-            reserved = prom.wait_for(
-                f'vramwatch_memory_reserved_bytes{{run="{RUN}"}}', lambda r: len(r) == 4
-            )
-            got = {(r["metric"]["Hostname"], int(r["metric"]["rank"])): r["metric"] for r in reserved}
-            assert set(got) == set(layout)
-            for key, labels in got.items():
-                first = traces[key][0]
-                assert labels["UUID"] == first["uuid"] and labels["gpu"] == str(first["gpu"])
-                assert labels["shard"] == ("a" if key[0] == "node-a" else "b")
-            breaks_before = prom.wait_for(
-                f'vramwatch_plateau_breaks_total{{run="{RUN}"}}', lambda r: len(r) == 4
-            )
-            assert all(float(r["value"][1]) == 0 for r in breaks_before), breaks_before
-
-            # the recording rule aggregates the run across both shards
-            # (a rule evaluation may predate the scrape of the second shard: wait for one after it)
-            per_rank = prom.query(
-                f'vramwatch_headroom_bytes{{run="{RUN}"}} / vramwatch_device_total_bytes{{run="{RUN}"}}'
-            )
-            assert len(per_rank) == 4
-            worst = min(float(r["value"][1]) for r in per_rank)
-            prom.wait_for(
-                f'run:vramwatch_headroom_ratio:min{{run="{RUN}"}}',
-                lambda r: len(r) == 1 and float(r[0]["value"][1]) == pytest.approx(worst, rel=0.02),
-            )
+            check_both_shards_scraped(prom, traces, layout)
 
             # stage 2: the rest of the run; rank 3 leaves its plateau
             for (host, _rank), samples in traces.items():
@@ -142,7 +121,40 @@ def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None
 
             check_every_shipped_query(prom)
             check_dashboard_against(prom)
+            check_rank_links(prom, {host: shard.url for host, shard in shards.items()})
             check_gpu_context(prom, traces)
+
+
+def check_both_shards_scraped(prom: PrometheusServer, traces: dict, layout: dict) -> None:
+    """Stage 1: both shards up, every rank's series with the sample labels and its shard's target
+    label, no plateau break yet, and the recording rule aggregating the run across shards."""
+    up = prom.wait_for('up{job="vramwatch"} == 1', lambda r: len(r) == 2)
+    assert {r["metric"]["shard"] for r in up} == {"a", "b"}
+    reserved = prom.wait_for(
+        f'vramwatch_memory_reserved_bytes{{run="{RUN}"}}', lambda r: len(r) == 4
+    )
+    got = {(r["metric"]["Hostname"], int(r["metric"]["rank"])): r["metric"] for r in reserved}
+    assert set(got) == set(layout)
+    for key, labels in got.items():
+        first = traces[key][0]
+        assert labels["UUID"] == first["uuid"] and labels["gpu"] == str(first["gpu"])
+        assert labels["shard"] == ("a" if key[0] == "node-a" else "b")
+    breaks_before = prom.wait_for(
+        f'vramwatch_plateau_breaks_total{{run="{RUN}"}}', lambda r: len(r) == 4
+    )
+    assert all(float(r["value"][1]) == 0 for r in breaks_before), breaks_before
+
+    # the recording rule aggregates the run across both shards
+    # (a rule evaluation may predate the scrape of the second shard: wait for one after it)
+    per_rank = prom.query(
+        f'vramwatch_headroom_bytes{{run="{RUN}"}} / vramwatch_device_total_bytes{{run="{RUN}"}}'
+    )
+    assert len(per_rank) == 4
+    worst = min(float(r["value"][1]) for r in per_rank)
+    prom.wait_for(
+        f'run:vramwatch_headroom_ratio:min{{run="{RUN}"}}',
+        lambda r: len(r) == 1 and float(r[0]["value"][1]) == pytest.approx(worst, rel=0.02),
+    )
 
 
 def check_every_shipped_query(prom: PrometheusServer) -> None:
@@ -198,6 +210,34 @@ def check_dashboard_against(prom: PrometheusServer) -> None:
             rows = merged_rows(frames)
             keys = [(r.get("run"), r.get("Hostname"), r.get("rank")) for r in rows]
             assert len(keys) == len(set(keys)) == 4, (panel["title"], rows)
+
+
+def check_rank_links(prom: PrometheusServer, shard_of_host: dict[str, str]) -> None:
+    """Each "Ranks now" row's first link, rendered as Grafana would from the row, points at the
+    shard that holds the rank (its scrape target), and that shard's page, opened from the link
+    in headless Chromium, shows that rank."""
+    from playwright.sync_api import sync_playwright
+
+    panel = next(p for p in dashboard_panels(json.loads(DASHBOARD.read_text())) if p["title"] == "Ranks now")
+    rows = merged_rows([[r["metric"] for r in prom.query(grafana_to_promql(t["expr"]))] for t in panel["targets"]])
+    shard_link = panel_links(panel)[0]["url"]
+    variables = {"collector_url": "http://unused.invalid", "__from": "0", "__to": "1"}
+    links = {(row["Hostname"], row["rank"]): interpolate_link(shard_link, row, variables) for row in rows}
+    assert len(links) == len(rows) == 4
+    for (host, _rank), url in links.items():
+        assert url.startswith(shard_of_host[host] + "/#/run/"), (host, url)
+    chromium = need_binary("chromium")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            for (host, rank), url in sorted(links.items()):
+                page.goto(url)
+                page.wait_for_function("t => document.getElementById('rank-title').textContent === t",
+                                       arg=f"Rank {rank} · {host}", timeout=20_000)
+                assert page.get_attribute("#verdict-strip tbody tr.selected", "data-rank") == rank
+        finally:
+            browser.close()
 
 
 def test_leak_alert_is_routed_by_alertmanager_to_a_webhook(tmp_path) -> None:

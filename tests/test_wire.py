@@ -1,4 +1,4 @@
-"""Schema 1: validation rules, body parsing, trace files."""
+"""Schemas 1 and 2: validation rules, the field table and what derives from it, body parsing, trace files."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import orjson
 import pytest
-from helpers import GiB, make_sample
+from helpers import H200_TOTAL, GiB, make_sample
 
 from vramwatch import wire
 from vramwatch.wire import WireError, validate
@@ -29,7 +29,11 @@ def test_whole_floats_become_ints_and_null_nvml_is_kept() -> None:
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
-        ({"schema": 2}, "schema"),
+        ({"schema": 3}, "schema"),
+        ({"reserved_bytes": None}, "reserved_bytes"),  # schema 1: only NVML may be null
+        ({"exit": 1}, "exit"),
+        ({"foreign_used_bytes": 10**15}, "foreign_used_bytes"),
+        ({"seq": -1}, "seq"),
         ({"schema": True}, "schema"),
         ({"allocated_bytes": -1}, "allocated_bytes"),
         ({"reserved_bytes": "12"}, "reserved_bytes"),
@@ -130,7 +134,14 @@ def test_fast_path_accepts_exactly_what_the_full_check_accepts() -> None:
     rng = random.Random(7)
     samples = list(simulate_trace("fragmentation", steps=300, run="r", host="h", rank=1, seed=3))
     samples += [make_sample(i, extra={"loss": 1.0 * i, "tokens_seen": i}) for i in range(50)]
+    samples += [make_sample(i, host_rss_bytes=i * 4096, exit=i == 3, seq=i % 2, foreign_used_bytes=0)
+                for i in range(20)]
+    samples += [sparse_sample(i, **extra) for i in range(20)
+                for extra in ({}, {"reserved_bytes": None}, {"allocated_bytes": None, "nvml_used_bytes": GiB})]
     mutations = [
+        ("allocated_bytes", None), ("nvml_used_bytes", None), ("schema", 2), ("schema", 1), ("exit", 1),
+        ("oom_marked", True), ("seq", None), ("host_rss_bytes", None), ("host_rss_bytes", 1.5),
+        ("run", "a\u202eb"), ("host", "x\u200by"), ("uuid", "GPU\ufeff"), ("total_bytes", 1),
         ("allocated_bytes", -1), ("reserved_bytes", 0), ("ts", 5.0), ("ts", 1_700_000_000), ("phase", "bad phase"),
         ("phase", ["train"]), ("run", {"a": 1}),
         ("run", ""), ("host", "x\ty"), ("uuid", 3), ("extra", {"a": "b"}), ("extra", {"a": float("inf")}),
@@ -152,4 +163,117 @@ def test_fast_path_accepts_exactly_what_the_full_check_accepts() -> None:
                 fast += 1
                 assert slow == candidate, (name, value)
             checked += 1
-    assert checked > 1000 and fast > 100
+    assert checked > 1000 and fast > 200
+
+
+def sparse_sample(step: int = 0, **overrides) -> dict:
+    """Schema 2 with only what a dcgm-exporter series has: device used and capacity, plus allocated."""
+    sample = {"schema": 2, "run": "sparse", "host": "node-1", "rank": 0, "step": step, "ts": 1_760_000_000.0 + step,
+              "phase": "train", "allocated_bytes": 40 * GiB, "total_bytes": H200_TOTAL}
+    sample.update(overrides)
+    return {k: v for k, v in sample.items() if v is not ...}
+
+
+@pytest.mark.parametrize("present", [
+    {"allocated_bytes": 40 * GiB}, {"nvml_used_bytes": 50 * GiB}, {"allocated_bytes": None, "nvml_used_bytes": 1},
+    {"allocated_bytes": 40 * GiB, "reserved_bytes": 41 * GiB, "peak_allocated_bytes": None, "ooms": None},
+])
+def test_schema_2_needs_one_memory_level_and_keeps_not_measured_as_null(present: dict) -> None:
+    s = sparse_sample(3, **{"allocated_bytes": ..., **present})
+    out = validate(s)
+    assert out == s  # null stays null (not measured), absent stays absent: never a zero
+    assert all(out.get(name) != 0 for name in present if present[name] is None)
+
+
+def test_schema_2_without_any_memory_level_is_refused_naming_it() -> None:
+    for s in (sparse_sample(allocated_bytes=...), sparse_sample(allocated_bytes=None, nvml_used_bytes=None)):
+        with pytest.raises(WireError, match="at least one memory level") as info:
+            validate(s)
+        assert info.value.field == "allocated_bytes"
+    with pytest.raises(WireError, match="total_bytes: is required"):
+        validate(sparse_sample(total_bytes=...))
+    with pytest.raises(WireError, match="exceeds total_bytes"):  # allocated alone is still checked
+        validate(sparse_sample(allocated_bytes=H200_TOTAL + 1))
+
+
+def test_schema_1_is_accepted_exactly_as_before() -> None:
+    s = make_sample(5, nvml_used_bytes=None)
+    assert validate(s) == s and validate(s) is s
+    for name in ("reserved_bytes", "ooms", "alloc_retries", "inactive_split_bytes", "peak_allocated_bytes"):
+        missing = {k: v for k, v in s.items() if k != name}
+        with pytest.raises(WireError, match=f"{name}: is required"):
+            validate(missing)
+
+
+INVISIBLE = ["\u202e", "\u2066", "\u2067", "\u2068", "\u2069", "\u200b", "\ufeff", "\u2028", "\u2029",
+             "\x85", "\x9b", "\u00ad", "\u200d", "\U000e0041"]
+
+
+@pytest.mark.parametrize("char", INVISIBLE, ids=[f"U+{ord(c):04X}" for c in INVISIBLE])
+@pytest.mark.parametrize("field", ["run", "host", "uuid", "incarnation", "extra"])
+def test_invisible_characters_are_refused_in_every_name_with_the_field_named(char: str, field: str) -> None:
+    name = f"rank{char}0"  # no other control character: the invisible one alone must be caught
+    s = make_sample(extra={name: 1.0}) if field == "extra" else make_sample(**{field: name})
+    with pytest.raises(WireError) as info:
+        validate(s)
+    assert info.value.field == (f"extra.{name}" if field == "extra" else field)
+    assert f"U+{ord(char):04X}" in info.value.message
+
+
+def test_invisible_class_covers_every_control_format_and_separator_character() -> None:
+    import sys
+    import unicodedata
+
+    from vramwatch.wire import invisible_character
+
+    missed = [f"U+{cp:04X}" for cp in range(sys.maxunicode + 1)
+              if unicodedata.category(chr(cp)) in ("Cc", "Cf", "Zl", "Zp") and invisible_character(chr(cp)) is None]
+    assert missed == []
+    # and nothing a person can see: letters, marks, numbers, punctuation, symbols, spaces pass
+    visible = "训练-运行 🚀 naïve ראשון x<y>&\"' \u00a0"
+    assert invisible_character(visible) is None
+
+
+def test_field_table_is_the_one_definition() -> None:
+    from vramwatch.collector.store import SAMPLE_COLUMNS
+
+    names = [f.name for f in wire.FIELD_TABLE]
+    assert len(names) == len(set(names))
+    assert set(wire.Sample.__annotations__) == set(names)
+    assert set(wire.FIELDS) == set(names)
+    # every stored field has a column, and the store's column list is the table's
+    assert {f.column for f in wire.FIELD_TABLE if f.table == "samples"} == set(SAMPLE_COLUMNS)
+    schema = wire.sample_json_schema()
+    assert set(schema["properties"]) == set(names) and set(schema["required"]) == set(wire.REQUIRED_NAMES)
+    assert schema["properties"]["phase"]["pattern"] == "^" + wire.PHASE_PATTERN + "$"
+    for new in ("host_rss_bytes", "host_children_rss_bytes", "host_available_bytes", "host_pinned_bytes",
+                "foreign_used_bytes", "oom_marked", "exit", "seq"):
+        assert new in names and new not in wire.REQUIRED_NAMES
+
+
+def test_json_schema_agrees_with_validation() -> None:
+    """The OpenAPI schema accepts what validate accepts, and refuses what it refuses for a
+    per-field reason (cross-field rules are validation's alone)."""
+    import jsonschema
+    checker = jsonschema.Draft202012Validator(wire.sample_json_schema())
+    good = [make_sample(1), make_sample(2, nvml_used_bytes=None, exit=True, host_rss_bytes=None),
+            sparse_sample(1), sparse_sample(2, allocated_bytes=None, nvml_used_bytes=GiB)]
+    for s in good:
+        validate(s)
+        assert checker.is_valid(s), s
+    bad = [make_sample(reserved_bytes=None), {k: v for k, v in make_sample().items() if k != "ooms"},
+           sparse_sample(allocated_bytes=...), sparse_sample(schema=3), sparse_sample(phase="a b"),
+           sparse_sample(oops=1)]
+    for s in bad:
+        with pytest.raises(WireError):
+            validate(s)
+        assert not checker.is_valid(s), s
+
+
+def test_docs_field_table_is_up_to_date() -> None:
+    from pathlib import Path
+
+    from vramwatch.wire_schema import REGENERATE
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "fields.md"
+    assert doc.read_text(encoding="utf-8") == wire.fields_markdown(), f"docs/fields.md is stale: run {REGENERATE}"

@@ -7,9 +7,11 @@ app.js and style.css, plotly.js inlined) with every API answer it needs embedded
 TrendEngine the collector uses, min/max-envelope series per rank (as ``/chart``), phases,
 events and the ranks x steps heatmaps. Zooming works on the embedded points.
 
-Series are embedded for at most ``MAX_SERIES_RANKS`` ranks (the worst first, plus rank 0)
-so that a 1024-rank report stays a few MB; the verdict table and the heatmap cover every
-rank.
+Series are embedded for at most ``MAX_SERIES_RANKS`` ranks (the worst first, plus rank 0),
+sharing a budget of ``REPORT_POINTS`` chart points (each rank gets between
+``MIN_RANK_POINTS`` and ``SERIES_POINTS``), so the data stays about 2 MB whatever the run's
+length or width; the verdict table and the heatmap cover every rank. Heatmap columns are
+bounded by ``HEATMAP_COLS`` whatever the timestamps.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ SERIES_FIELDS = (
     "ts", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes",
     "total_bytes", "inactive_split_bytes", "alloc_retries",
 )
-SERIES_POINTS = 4000
+#: most points embedded for one rank, and for all ranks together (spikes survive: min/max envelope)
+SERIES_POINTS = 2000
+REPORT_POINTS = 16_000
+MIN_RANK_POINTS = 250
 MAX_SERIES_RANKS = 64
 HEATMAP_COLS = 240
 
@@ -60,8 +65,15 @@ def _worst_first(states: list[SeriesState]) -> list[SeriesState]:
     return sorted(states, key=key)
 
 
-def report_data(db_path: str, run: str, *, points: int = SERIES_POINTS) -> dict[str, Any]:
-    """Everything the run page needs, as the live API would answer it."""
+def points_per_rank(ranks: int, budget: int = REPORT_POINTS) -> int:
+    """Chart points for each of ``ranks`` embedded ranks: the budget shared, within bounds."""
+    return max(MIN_RANK_POINTS, min(SERIES_POINTS, budget // max(1, ranks)))
+
+
+def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[str, Any]:
+    """Everything the run page needs, as the live API would answer it.
+
+    ``points``: chart points per embedded rank (default: :func:`points_per_rank`)."""
     if not Path(db_path).exists():
         raise ReportError(f"db: database {db_path} does not exist")
     store = Store(db_path, readonly=True)
@@ -81,9 +93,11 @@ def report_data(db_path: str, run: str, *, points: int = SERIES_POINTS) -> dict[
         for s in states:
             key = f"{s.host}\u0000{s.rank}"
             events[key] = [{"run": s.run, "host": s.host, "rank": s.rank, **e} for e in s.events]
-        for s in chosen + rank0[:1]:
+        embedded = chosen + rank0[:1]
+        per_rank = points if points is not None else points_per_rank(len(embedded))
+        for s in embedded:
             key = f"{s.host}\u0000{s.rank}"
-            series[key] = run_chart(store, run, s.rank, host=s.host, fields=list(SERIES_FIELDS), points=points)
+            series[key] = run_chart(store, run, s.rank, host=s.host, fields=list(SERIES_FIELDS), points=per_rank)
             phases[key] = store.phase_samples(run, s.host, s.rank)
         heatmap = {
             x: {f: run_heatmap(store, run, field=f, x=x, cols=HEATMAP_COLS) for f in ("headroom", "reserved")}
@@ -152,4 +166,7 @@ def write_report(db_path: str, run: str, out: str | os.PathLike[str]) -> int:
     return len(data)
 
 
-__all__ = ["MAX_SERIES_RANKS", "ReportError", "build_report", "report_data", "write_report"]
+__all__ = [
+    "MAX_SERIES_RANKS", "REPORT_POINTS", "ReportError", "build_report", "points_per_rank", "report_data",
+    "write_report",
+]

@@ -1,26 +1,37 @@
-"""Wire format, schema 1: the one definition of a vramwatch sample.
+"""Wire format: the one definition of a vramwatch sample.
 
 A sample is one rank at one step (or one phase event), a flat JSON object. The hook
 builds them, the collector validates and stores them, trace files hold them one per
 line (JSON Lines, optionally gzipped), and ``vramwatch analyze`` reads them. Samples
 travel as plain ``dict`` objects: the hot paths (hook, ingest, analyze) never pay for
 object construction.
+
+:data:`FIELD_TABLE` is the single description of every field (type, unit, whether it is
+required and whether null means "not measured", its store column). Validation (fast and
+slow path), the store's columns, the OpenAPI schema (:func:`sample_json_schema`) and the
+docs' table (``docs/fields.md``, :func:`fields_markdown`) are all derived from it: adding a
+field is one entry here plus its producer and its consumer.
+
+Schemas: **1** requires every allocator measurement (only NVML may be null); **2** makes
+every measurement optional ("not measured" is absent or null, never 0) and requires only
+one memory level (``allocated_bytes`` or ``nvml_used_bytes``) plus ``total_bytes``. Both
+are accepted; a schema-1 sample is accepted exactly as before.
 """
 
 from __future__ import annotations
 
-import gzip
 import math
-import os
 import re
 import zlib
-from collections.abc import Iterable, Iterator
-from pathlib import Path
-from typing import IO, Any, TypedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, TypedDict
 
 import orjson
 
-SCHEMA_VERSION = 1
+#: The schema this version writes; every schema in SCHEMA_VERSIONS is accepted.
+SCHEMA_VERSION = 2
+SCHEMA_VERSIONS = (1, 2)
 
 #: Largest integer accepted anywhere: JSON numbers beyond 2**53 lose precision in
 #: browsers and in any float-based consumer, and no GPU has 9 PB.
@@ -29,40 +40,137 @@ MAX_INT = 2**53
 #: Oldest plausible timestamp (2000-01-01). Anything earlier is a unit mistake.
 MIN_TS = 946684800.0
 
-# Identity fields are constant for one process (run, rank, incarnation); the store keeps
-# them once per series.
-IDENTITY_FIELDS = ("run", "host", "rank", "incarnation", "local_rank", "world_size", "uuid", "gpu", "pid")
+#: The phase of ordinary training steps (every other phase is an event: checkpoint, eval, ...).
+TRAIN_PHASE = "train"
+
+ALLOCATORS = ("native", "cudaMallocAsync")
+MAX_NAME = 128
+MAX_EXTRA_KEYS = 64
+#: What a phase name may be (the hook checks names with the same pattern before sending).
+PHASE_PATTERN = r"[A-Za-z0-9_.:-]{1,32}"
+PHASE_RE = re.compile(PHASE_PATTERN + r"\Z")
+
+#: Characters no name may hold: Unicode categories Cc (C0/C1 controls, \x85, \x9b), Cf
+#: (format: bidi overrides U+202E and isolates U+2066-2069, zero-width U+200B-200F, BOM
+#: U+FEFF, ...), Zl (U+2028) and Zp (U+2029). They are invisible or reorder text, so a run
+#: named with them looks like another run. The ranges are Unicode 15's; tests/test_wire.py
+#: checks them against the running interpreter's unicodedata.
+_INVISIBLE = (
+    "\x00-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e"
+    "\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
+    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0001\U000e0020-\U000e007f"
+)
+_CONTROL_RE = re.compile(f"[{_INVISIBLE}]")
 
 
-class Sample(TypedDict, total=False):
-    schema: int
-    run: str
-    host: str
-    rank: int
-    step: int
-    ts: float
-    phase: str
-    allocated_bytes: int
-    reserved_bytes: int
-    peak_allocated_bytes: int
-    inactive_split_bytes: int
-    alloc_retries: int
-    ooms: int
-    nvml_used_bytes: int | None  # null: NVML unavailable, never a fake zero
-    total_bytes: int
-    # optional
-    local_rank: int
-    world_size: int
-    uuid: str
-    gpu: int
-    pid: int
-    process_used_bytes: int
-    active_bytes: int
-    step_time_s: float
-    tokens: int
-    incarnation: str
-    allocator: str  # "native" (default) or "cudaMallocAsync"
-    extra: dict[str, float]
+@dataclass(frozen=True)
+class Field:
+    """One sample field. ``kind`` selects the validation rule:
+
+    ``i`` whole number >= 0 (ids, steps), ``b`` bytes or counter (whole number >= 0),
+    ``s`` name (1-128 visible characters), ``ts`` unix seconds, ``f`` number >= 0,
+    ``phase`` short name, ``allocator`` enum, ``extra`` flat object of numbers, ``flag`` boolean.
+    """
+
+    name: str
+    kind: str
+    unit: str
+    description: str
+    #: schema versions in which the field must be present
+    required: tuple[int, ...] = ()
+    #: schema versions in which null is a value ("not measured", stored as NULL); elsewhere an
+    #: explicit null of an optional field is the same as leaving it out
+    nullable: tuple[int, ...] = ()
+    #: where the store keeps it: "samples" (per sample), "series" (once per process), "" (not stored)
+    table: str = "samples"
+    #: the store column (default: the field's name; none when ``table`` is "")
+    column: str = ""
+
+    def __post_init__(self) -> None:
+        if self.table and not self.column:
+            object.__setattr__(self, "column", self.name)
+
+    @property
+    def json_type(self) -> str:
+        return _JSON_TYPES[self.kind]
+
+
+_JSON_TYPES = {"i": "integer", "b": "integer", "s": "string", "ts": "number", "f": "number",
+               "phase": "string", "allocator": "string", "extra": "object", "flag": "boolean"}
+
+_ALL = SCHEMA_VERSIONS
+_MEASURED = {"required": (1,), "nullable": (2,)}  # schema 1 requires it; schema 2: not measured = null
+_OPTIONAL = {"nullable": _ALL}  # a measurement any schema may leave out (null = not measured)
+
+#: Every field, in the order samples are written.
+FIELD_TABLE: tuple[Field, ...] = (
+    Field("schema", "i", "", "Wire schema version: 1 or 2 (kept, so an export is what was sent).", required=_ALL),
+    Field("run", "s", "", "Run name: one training job.", required=_ALL, table="series"),
+    Field("host", "s", "", "Host name of the rank.", required=_ALL, table="series"),
+    Field("rank", "i", "", "Global rank.", required=_ALL, table="series"),
+    Field("step", "i", "step", "Training step the sample belongs to.", required=_ALL),
+    Field("ts", "ts", "s", "Unix time of the reading.", required=_ALL),
+    Field("phase", "phase", "", "`train` for step boundaries, else the phase (checkpoint, eval, ...).",
+          required=_ALL),
+    Field("seq", "i", "", "Number of a phase among same-named phases at one step (default 0): two checkpoints "
+          "at one step are two samples."),
+    Field("allocated_bytes", "b", "bytes", "Bytes held by live tensors (torch allocated).", **_MEASURED,
+          column="allocated"),
+    Field("reserved_bytes", "b", "bytes", "Bytes reserved by the caching allocator.", **_MEASURED,
+          column="reserved"),
+    Field("peak_allocated_bytes", "b", "bytes",
+          "Peak allocated since the previous sample (the phase's peak for a phase sample).", **_MEASURED,
+          column="peak"),
+    Field("inactive_split_bytes", "b", "bytes", "Free bytes inside split allocator segments.", **_MEASURED,
+          column="inactive_split"),
+    Field("alloc_retries", "b", "count", "Allocator retries (cudaMalloc failed, caches flushed) so far.",
+          **_MEASURED),
+    Field("ooms", "b", "count", "Out-of-memory errors raised by the allocator so far.", **_MEASURED),
+    Field("nvml_used_bytes", "b", "bytes", "Device-wide used bytes from NVML.", required=(1,), nullable=_ALL,
+          column="nvml_used"),
+    Field("total_bytes", "b", "bytes", "Device memory capacity (> 0).", required=_ALL, column="total"),
+    Field("local_rank", "i", "", "Rank within the host.", table="series"),
+    Field("world_size", "i", "", "Number of ranks in the run.", table="series"),
+    Field("uuid", "s", "", "GPU UUID.", table="series"),
+    Field("gpu", "i", "", "GPU index on the host.", table="series"),
+    Field("pid", "i", "", "Process id of the rank.", table="series"),
+    Field("process_used_bytes", "b", "bytes", "Bytes NVML attributes to this process.", **_OPTIONAL,
+          column="process_used"),
+    Field("active_bytes", "b", "bytes", "Allocated plus blocks awaiting cross-stream frees.", **_OPTIONAL,
+          column="active"),
+    Field("step_time_s", "f", "s", "Wall time of the step.", **_OPTIONAL, column="step_time"),
+    Field("tokens", "b", "count", "Tokens processed in the step.", **_OPTIONAL),
+    Field("incarnation", "s", "", "Process incarnation: a restarted rank gets a new one.", table="series"),
+    Field("allocator", "allocator", "", "`native` (default) or `cudaMallocAsync`.", table="series"),
+    Field("extra", "extra", "", "Up to 64 user numbers (loss, lr, ...) by name."),
+    Field("host_rss_bytes", "b", "bytes", "Resident memory of the training process.", **_OPTIONAL,
+          column="host_rss"),
+    Field("host_children_rss_bytes", "b", "bytes", "Resident memory of its children (DataLoader workers).",
+          **_OPTIONAL, column="host_children_rss"),
+    Field("host_available_bytes", "b", "bytes", "Memory available on the node.", **_OPTIONAL,
+          column="host_available"),
+    Field("host_pinned_bytes", "b", "bytes", "Pinned (page-locked) host memory held by torch.", **_OPTIONAL,
+          column="host_pinned"),
+    Field("foreign_used_bytes", "b", "bytes", "Device memory held by other processes on this GPU.", **_OPTIONAL,
+          column="foreign_used"),
+    Field("oom_marked", "flag", "", "true on the sample sent as the process hits an out-of-memory error."),
+    Field("exit", "flag", "", "true on the last sample of a clean close().", column="exited"),
+)
+
+FIELD_BY_NAME: dict[str, Field] = {f.name: f for f in FIELD_TABLE}
+#: name -> kind of every field (compatibility view of the table)
+FIELDS: dict[str, str] = {f.name: f.kind for f in FIELD_TABLE}
+#: fields every schema requires
+REQUIRED_NAMES: tuple[str, ...] = tuple(f.name for f in FIELD_TABLE if set(_ALL) <= set(f.required))
+#: the memory levels a sample needs at least one of
+LEVEL_FIELDS = ("allocated_bytes", "nvml_used_bytes")
+
+_PY_TYPES = {"i": int, "b": int, "s": str, "ts": float, "f": float, "phase": str, "allocator": str,
+             "extra": dict, "flag": bool}
+#: A sample as a TypedDict derived from the table (every key optional for the type checker;
+#: :func:`validate` enforces what each schema requires).
+Sample = TypedDict("Sample", {f.name: _PY_TYPES[f.kind] | None for f in FIELD_TABLE}, total=False)  # type: ignore[misc]
 
 
 class WireError(ValueError):
@@ -74,50 +182,7 @@ class WireError(ValueError):
         self.message = message
 
 
-# (name, kind) in the order samples are written. Kinds: "b" byte count / counter
-# (int >= 0), "i" small int >= 0, "s" name, "f" float >= 0.
-REQUIRED: tuple[tuple[str, str], ...] = (
-    ("schema", "i"),
-    ("run", "s"),
-    ("host", "s"),
-    ("rank", "i"),
-    ("step", "i"),
-    ("ts", "ts"),
-    ("phase", "phase"),
-    ("allocated_bytes", "b"),
-    ("reserved_bytes", "b"),
-    ("peak_allocated_bytes", "b"),
-    ("inactive_split_bytes", "b"),
-    ("alloc_retries", "b"),
-    ("ooms", "b"),
-    ("nvml_used_bytes", "b?"),
-    ("total_bytes", "b"),
-)
-OPTIONAL: tuple[tuple[str, str], ...] = (
-    ("local_rank", "i"),
-    ("world_size", "i"),
-    ("uuid", "s"),
-    ("gpu", "i"),
-    ("pid", "i"),
-    ("process_used_bytes", "b"),
-    ("active_bytes", "b"),
-    ("step_time_s", "f"),
-    ("tokens", "b"),
-    ("incarnation", "s"),
-    ("allocator", "allocator"),
-    ("extra", "extra"),
-)
-FIELDS: dict[str, str] = dict(REQUIRED + OPTIONAL)
-REQUIRED_NAMES = tuple(name for name, _ in REQUIRED)
-
-ALLOCATORS = ("native", "cudaMallocAsync")
-MAX_NAME = 128
-MAX_PHASE = 32
-MAX_EXTRA_KEYS = 64
-#: What a phase name may be (the hook checks names with the same pattern before sending).
-PHASE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,32}\Z")
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-
+# ---------------------------------------------------------------- validation
 
 def _int(name: str, value: Any) -> int:
     # bool is an int subclass; true is not a byte count.
@@ -132,14 +197,36 @@ def _int(name: str, value: Any) -> int:
     raise WireError(name, f"must be an integer, got {type(value).__name__}")
 
 
+def invisible_character(value: str) -> str | None:
+    """The first control, format (bidi, zero-width) or line/paragraph separator in ``value``
+    as ``U+XXXX``, or None when the text has none."""
+    found = _CONTROL_RE.search(value)
+    return None if found is None else f"U+{ord(found.group()):04X}"
+
+
 def _name(name: str, value: Any, limit: int = MAX_NAME) -> str:
     if type(value) is not str:
         raise WireError(name, f"must be a string, got {type(value).__name__}")
     if not value or len(value) > limit:
         raise WireError(name, f"must be 1 to {limit} characters long")
-    if _CONTROL_RE.search(value):
-        raise WireError(name, "must not contain control characters")
+    bad = invisible_character(value)
+    if bad is not None:
+        raise WireError(name, f"must not contain control or invisible characters (found {bad})")
     return value
+
+
+def _extra(name: str, value: Any) -> dict[str, float]:
+    if type(value) is not dict:
+        raise WireError(name, "must be a flat object of numbers")
+    if len(value) > MAX_EXTRA_KEYS:
+        raise WireError(name, f"at most {MAX_EXTRA_KEYS} keys")
+    out = {}
+    for key, number in value.items():
+        _name(f"extra.{key}"[:80], key, 64)
+        if type(number) not in (int, float) or not math.isfinite(number) or abs(number) > MAX_INT:
+            raise WireError(f"extra.{key}"[:80], "must be a finite number")
+        out[key] = number
+    return out
 
 
 def _check(name: str, kind: str, value: Any) -> Any:
@@ -147,8 +234,6 @@ def _check(name: str, kind: str, value: Any) -> Any:
         return _int(name, value)
     if kind == "s":
         return _name(name, value)
-    if kind == "b?":
-        return None if value is None else _int(name, value)
     if kind == "ts" or kind == "f":
         if type(value) not in (int, float) or not math.isfinite(value):
             raise WireError(name, f"must be a finite number, got {value!r}")
@@ -165,29 +250,48 @@ def _check(name: str, kind: str, value: Any) -> Any:
         if value not in ALLOCATORS:
             raise WireError(name, f"must be one of {', '.join(ALLOCATORS)}")
         return value
+    if kind == "flag":
+        if type(value) is not bool:
+            raise WireError(name, f"must be true or false, got {value!r}")
+        return value
     if kind == "extra":
-        if type(value) is not dict:
-            raise WireError(name, "must be a flat object of numbers")
-        if len(value) > MAX_EXTRA_KEYS:
-            raise WireError(name, f"at most {MAX_EXTRA_KEYS} keys")
-        out = {}
-        for key, number in value.items():
-            _name(f"extra.{key}"[:80], key, 64)
-            if type(number) not in (int, float) or not math.isfinite(number) or abs(number) > MAX_INT:
-                raise WireError(f"extra.{key}"[:80], "must be a finite number")
-            out[key] = number
-        return out
+        return _extra(name, value)
     raise AssertionError(kind)  # pragma: no cover
 
 
-_REQUIRED_INTS = ("rank", "step", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes",
-                  "inactive_split_bytes", "alloc_retries", "ooms", "total_bytes")
-_OPTIONAL_INTS = tuple(name for name, kind in OPTIONAL if kind in ("i", "b"))
-_OPTIONAL_NAMES = tuple(name for name, kind in OPTIONAL if kind == "s")
+@dataclass(frozen=True)
+class _Plan:
+    """Per schema version, the table sorted into what the fast path checks."""
+
+    required: int  # number of required keys
+    ints: tuple[str, ...]  # required, non-null whole numbers
+    nullable_required: tuple[str, ...]  # required, int or null
+    opt_ints: tuple[tuple[str, bool], ...]  # optional whole numbers (name, null allowed), common first
+    opt_names: tuple[str, ...]
+    opt_floats: tuple[tuple[str, bool], ...]
+    flags: tuple[str, ...]
+
+
+def _plan(version: int) -> _Plan:
+    req = [f for f in FIELD_TABLE if version in f.required]
+    opt = [f for f in FIELD_TABLE if version not in f.required]
+    ints = ("b", "i")
+    return _Plan(
+        required=len(req),
+        ints=tuple(f.name for f in req if f.kind in ints and version not in f.nullable and f.name != "schema"),
+        nullable_required=tuple(f.name for f in req if f.kind in ints and version in f.nullable),
+        opt_ints=tuple((f.name, version in f.nullable) for f in opt if f.kind in ints),
+        opt_names=tuple(f.name for f in opt if f.kind == "s"),
+        opt_floats=tuple((f.name, version in f.nullable) for f in opt if f.kind == "f"),
+        flags=tuple(f.name for f in opt if f.kind == "flag"),
+    )
+
+
+_PLANS = {version: _plan(version) for version in SCHEMA_VERSIONS}
+assert {f.kind for f in FIELD_TABLE if not set(_ALL) <= set(f.required)} <= {"i", "b", "s", "f", "flag", "extra",
+                                                                           "allocator"}, "no fast rule for a kind"
 _MISSING = object()
-_known_phases: set[str] = {"train", "eval", "checkpoint"}
-
-
+_known_phases: set[str] = {TRAIN_PHASE, "eval", "checkpoint"}
 # run/host/uuid/incarnation repeat on every sample: remember the ones already checked
 # (bounded, so hostile clients cannot grow it).
 _known_names: set[str] = set()
@@ -204,26 +308,80 @@ def _plain_name(value: Any, limit: int = MAX_NAME) -> bool:
     return ok
 
 
+def _plain_optionals(obj: dict[str, Any], plan: _Plan) -> bool:
+    """True when the keys of ``obj`` beyond the required ones are all known optional fields in
+    canonical form. One specialised loop per kind, common fields first, stopping as soon as
+    every extra key is accounted for; a key that is no field never is (slow path)."""
+    get, missing = obj.get, _MISSING
+    left = len(obj) - plan.required
+    for name, nullable in plan.opt_ints:
+        value = get(name, missing)
+        if value is not missing:
+            if value is None:
+                if not nullable:
+                    return False  # the slow path drops it
+            elif type(value) is not int or value < 0 or value > MAX_INT:
+                return False
+            left -= 1
+    for name in plan.opt_names:
+        value = get(name, missing)
+        if value is not missing:
+            if not _plain_name(value):
+                return False
+            left -= 1
+    for name, nullable in plan.opt_floats:
+        value = get(name, missing)
+        if value is not missing:
+            if value is None:
+                if not nullable:
+                    return False
+            elif type(value) is not float or not 0.0 <= value < math.inf:
+                return False
+            left -= 1
+    if not left:
+        return True
+    value = get("allocator", missing)
+    if value is not missing:
+        if value != "native":  # cudaMallocAsync relaxes a cross-check: slow path
+            return False
+        left -= 1
+    value = get("extra", missing)
+    if value is not missing:
+        if type(value) is not dict or len(value) > MAX_EXTRA_KEYS or not all(
+                _plain_name(key, 64) and type(number) in (int, float) and abs(number) <= MAX_INT
+                for key, number in value.items()):
+            return False
+        left -= 1
+    for name in plan.flags:
+        value = get(name, missing)
+        if value is not missing:
+            if type(value) is not bool:
+                return False
+            left -= 1
+    return not left
+
+
 def _plainly_valid(obj: dict[str, Any]) -> bool:
     """Fast path for the common case: every field already in canonical form and valid.
 
     False means "take the slow path", which either normalises or names the bad field;
     both paths accept exactly the same samples (tests/test_wire.py checks agreement).
     """
+    schema = obj.get("schema")
+    if type(schema) is not int or schema not in _PLANS:
+        return False
+    plan = _PLANS[schema]
     try:
-        if obj["schema"] != 1 or type(obj["schema"]) is not int:
-            return False
-        for name in _REQUIRED_INTS:
+        for name in plan.ints:
             value = obj[name]
             if type(value) is not int or value < 0 or value > MAX_INT:
                 return False
-        used = obj["nvml_used_bytes"]
-        ts = obj["ts"]
-        phase = obj["phase"]
-        run, host = obj["run"], obj["host"]
+        for name in plan.nullable_required:
+            value = obj[name]
+            if value is not None and (type(value) is not int or value < 0 or value > MAX_INT):
+                return False
+        ts, phase, run, host = obj["ts"], obj["phase"], obj["run"], obj["host"]
     except KeyError:
-        return False
-    if used is not None and (type(used) is not int or used < 0 or used > MAX_INT):
         return False
     if type(ts) is not float or not MIN_TS <= ts < math.inf:
         return False
@@ -236,50 +394,42 @@ def _plainly_valid(obj: dict[str, Any]) -> bool:
             _known_phases.add(phase)
     if not (_plain_name(run) and _plain_name(host)):
         return False
-    if len(obj) > len(REQUIRED):
-        # look up the optional fields by name (no walk over every key): a key that is none
-        # of them shows up as a count mismatch and sends the sample to the slow path
-        get = obj.get
-        found = 0
-        for name in _OPTIONAL_INTS:
-            value = get(name, _MISSING)
-            if value is not _MISSING:
-                if type(value) is not int or value < 0 or value > MAX_INT:
-                    return False
-                found += 1
-        for name in _OPTIONAL_NAMES:
-            value = get(name, _MISSING)
-            if value is not _MISSING:
-                if not _plain_name(value):
-                    return False
-                found += 1
-        value = get("step_time_s", _MISSING)
-        if value is not _MISSING:
-            if type(value) is not float or not 0.0 <= value < math.inf:
-                return False
-            found += 1
-        value = get("allocator", _MISSING)
-        if value is not _MISSING:
-            if value != "native":  # cudaMallocAsync relaxes a cross-check: slow path
-                return False
-            found += 1
-        value = get("extra", _MISSING)
-        if value is not _MISSING:
-            if type(value) is not dict or len(value) > MAX_EXTRA_KEYS:
-                return False
-            for key, number in value.items():
-                if not _plain_name(key, 64) or type(number) not in (int, float) or not abs(number) <= MAX_INT:
-                    return False
-            found += 1
-        if len(obj) != len(REQUIRED) + found:
-            return False
-    allocated, reserved, total = obj["allocated_bytes"], obj["reserved_bytes"], obj["total_bytes"]
-    return (
-        allocated <= reserved <= total
-        and obj["peak_allocated_bytes"] >= allocated
-        and total > 0
-        and (used is None or used <= total)
-    )
+    if len(obj) > plan.required and not _plain_optionals(obj, plan):
+        return False
+    get = obj.get
+    allocated, reserved, peak = get("allocated_bytes"), get("reserved_bytes"), get("peak_allocated_bytes")
+    used, total = get("nvml_used_bytes"), obj["total_bytes"]
+    if allocated is None or reserved is None or peak is None or "foreign_used_bytes" in obj:
+        return _consistent(obj) is None  # sparse or with more to check: the general rules
+    return allocated <= reserved <= total and peak >= allocated and total > 0 and (used is None or used <= total)
+
+
+def _consistent(s: dict[str, Any]) -> WireError | None:
+    """The cross-field rules, on a sample whose fields are each valid (None = not measured)."""
+    get = s.get
+    allocated, reserved, total = get("allocated_bytes"), get("reserved_bytes"), s["total_bytes"]
+    used, peak = get("nvml_used_bytes"), get("peak_allocated_bytes")
+    if allocated is None and used is None:
+        return WireError("allocated_bytes", "a sample needs at least one memory level: allocated_bytes or "
+                                            "nvml_used_bytes")
+    if allocated is not None:
+        if reserved is not None:
+            if allocated > reserved and get("allocator") != "cudaMallocAsync":
+                return WireError("allocated_bytes", f"{allocated} exceeds reserved_bytes {reserved}")
+        elif allocated > total:
+            return WireError("allocated_bytes", f"{allocated} exceeds total_bytes {total}")
+        if peak is not None and peak < allocated:
+            return WireError("peak_allocated_bytes", f"{peak} is below allocated_bytes {allocated}")
+    if total == 0:
+        return WireError("total_bytes", "must be the device capacity, not 0")
+    if reserved is not None and reserved > total:
+        return WireError("reserved_bytes", f"{reserved} exceeds total_bytes {total}")
+    if used is not None and used > total:
+        return WireError("nvml_used_bytes", f"{used} exceeds total_bytes {total}")
+    foreign = get("foreign_used_bytes")
+    if foreign is not None and foreign > total:
+        return WireError("foreign_used_bytes", f"{foreign} exceeds total_bytes {total}")
+    return None
 
 
 def validate(obj: Any, *, now: float | None = None, max_future_s: float = 300.0) -> Sample:
@@ -287,7 +437,9 @@ def validate(obj: Any, *, now: float | None = None, max_future_s: float = 300.0)
 
     ``now``: when given, timestamps more than ``max_future_s`` ahead of it are rejected
     (a clock that far off would corrupt every time-based number).
+    A field that was not measured is absent or null in the result: read it with ``get``.
     Raises :class:`WireError` naming the first bad field; never returns a partial sample.
+    Cost: a few µs for a canonical sample (the fast path), more only for odd ones.
     """
     if type(obj) is not dict:
         raise WireError("sample", f"must be a JSON object, got {type(obj).__name__}")
@@ -298,43 +450,45 @@ def validate(obj: Any, *, now: float | None = None, max_future_s: float = 300.0)
 
 def _validate_slow(obj: dict[str, Any], now: float | None, max_future_s: float) -> Sample:
     schema = obj.get("schema")
-    if schema != 1 or type(schema) is not int:
-        raise WireError("schema", f"unknown schema {schema!r}; this collector speaks schema {SCHEMA_VERSION}")
+    if type(schema) is not int or schema not in SCHEMA_VERSIONS:
+        raise WireError("schema", f"unknown schema {schema!r}; this collector speaks schemas "
+                                  f"{', '.join(map(str, SCHEMA_VERSIONS))}")
     out: dict[str, Any] = {}
-    for name, kind in REQUIRED:
-        if name not in obj:
-            raise WireError(name, "is required")
-        out[name] = _check(name, kind, obj[name])
-    if len(obj) > len(REQUIRED):
-        for name, value in obj.items():
-            if name in out:
-                continue
-            kind = FIELDS.get(name)
-            if kind is None:
+    for f in FIELD_TABLE:  # in table order: the first bad field is named, whatever the key order
+        value = obj.get(f.name, _MISSING)
+        if value is _MISSING:
+            if schema in f.required:
+                raise WireError(f.name, "is required")
+        elif value is None and schema in f.nullable:
+            out[f.name] = None  # not measured
+        elif value is not None or schema in f.required:  # else: an explicit null optional is absent
+            out[f.name] = _check(f.name, f.kind, value)
+    if len(obj) > len(out):
+        for name in obj:
+            if name not in FIELD_BY_NAME:
                 raise WireError(str(name)[:64], "unknown field")
-            if value is None:
-                continue  # an explicit null optional is the same as absent
-            out[name] = _check(name, kind, value)
-    allocated, reserved, total = out["allocated_bytes"], out["reserved_bytes"], out["total_bytes"]
-    if allocated > reserved and out.get("allocator") != "cudaMallocAsync":
-        raise WireError("allocated_bytes", f"{allocated} exceeds reserved_bytes {reserved}")
-    if out["peak_allocated_bytes"] < allocated:
-        raise WireError("peak_allocated_bytes", f"{out['peak_allocated_bytes']} is below allocated_bytes {allocated}")
-    if total == 0:
-        raise WireError("total_bytes", "must be the device capacity, not 0")
-    if reserved > total:
-        raise WireError("reserved_bytes", f"{reserved} exceeds total_bytes {total}")
-    used = out["nvml_used_bytes"]
-    if used is not None and used > total:
-        raise WireError("nvml_used_bytes", f"{used} exceeds total_bytes {total}")
+    error = _consistent(out)
+    if error is not None:
+        raise error
     if now is not None and out["ts"] > now + max_future_s:
         raise WireError("ts", f"is {out['ts'] - now:.0f} s in the future; check the clock on host {out['host']!r}")
     return out  # type: ignore[return-value]
 
 
 def series_key(sample: Sample) -> tuple[str, str, int]:
-    """A series is (run, host, rank): what the engine, the dashboard and analyze key on."""
+    """A series is (run, host, rank): what the store, the engine, the dashboard, /metrics and
+    analyze key on (the store adds the incarnation to tell restarts of one rank apart)."""
     return (sample["run"], sample["host"], sample["rank"])
+
+
+#: the measurements schema 1 requires non-null
+FULL_MEASUREMENTS: tuple[str, ...] = tuple(f.name for f in FIELD_TABLE if f.required == (1,) and 1 not in f.nullable)
+
+
+def fully_measured(sample: Sample) -> bool:
+    """True when every schema-1 allocator measurement is present and not null (what consumers
+    that cannot yet judge sparse samples need)."""
+    return all(sample.get(name) is not None for name in FULL_MEASUREMENTS)
 
 
 # ---------------------------------------------------------------- encoding
@@ -414,84 +568,28 @@ def parse_body(data: bytes) -> list[Any]:
 
 
 # ---------------------------------------------------------------- trace files
-
-def _open_read(path: str | os.PathLike[str]) -> IO[bytes]:
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller's with-block
-    if raw.peek(2)[:2] == b"\x1f\x8b":  # sniff, so a misnamed gzip still reads
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    return raw
-
-
-def iter_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
-    """Stream (line number, decoded object) from a .jsonl or .jsonl.gz trace.
-
-    Decoding errors raise :class:`WireError` with the line number; validation is the
-    caller's choice (``analyze`` and ``import`` both validate).
-    """
-    with _open_read(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                yield lineno, orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise WireError(f"{path}:{lineno}", f"invalid JSON: {exc}") from None
-
-
-def iter_samples(path: str | os.PathLike[str]) -> Iterator[Sample]:
-    """Validated samples from a trace file; the first bad line raises WireError naming it."""
-    for lineno, obj in iter_file(path):
-        try:
-            yield validate(obj)
-        except WireError as exc:
-            raise WireError(f"{path}:{lineno}: {exc.field}", exc.message) from None
-
-
-class TraceWriter:
-    """Append samples to a .jsonl (or .jsonl.gz, by suffix) trace file."""
-
-    def __init__(self, path: str | os.PathLike[str], *, append: bool = True) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        mode = "ab" if append else "wb"
-        self._fh: IO[bytes] = (
-            gzip.open(self.path, mode) if self.path.suffix == ".gz" else open(self.path, mode)  # noqa: SIM115
-        )
-
-    def write(self, samples: Iterable[Sample]) -> None:
-        self._fh.write(encode_lines(samples))
-
-    def flush(self) -> None:
-        self._fh.flush()
-
-    def close(self) -> None:
-        self._fh.close()
-
-    def __enter__(self) -> TraceWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def write_file(path: str | os.PathLike[str], samples: Iterable[Sample]) -> None:
-    """Write a whole trace file (truncating)."""
-    with TraceWriter(path, append=False) as writer:
-        writer.write(samples)
-
+# (and the descriptions derived from the table: their own modules, re-exported here so
+# ``wire`` stays the one import for sample handling)
+from vramwatch.tracefile import TraceWriter, iter_file, iter_samples, write_file  # noqa: E402
+from vramwatch.wire_schema import fields_markdown, sample_json_schema  # noqa: E402
 
 __all__ = [
+    "FIELD_TABLE",
     "SCHEMA_VERSION",
+    "SCHEMA_VERSIONS",
+    "Field",
     "Sample",
     "TraceWriter",
     "WireError",
     "decode_line",
     "encode",
     "encode_lines",
+    "fields_markdown",
     "gunzip_limited",
     "iter_file",
     "iter_samples",
     "parse_body",
+    "sample_json_schema",
     "series_key",
     "validate",
     "write_file",

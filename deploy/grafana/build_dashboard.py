@@ -35,10 +35,10 @@ DCGM = 'instance=~"$instance", gpu=~"$gpu"'
 MIB = 1048576
 
 
-def state_code_expr(selector: str) -> str:
+def state_code_expr(selector: str, by: str = "run, Hostname, rank") -> str:
     """One number per rank: its state's severity + 1 (0 would be indistinguishable from no series)."""
     terms = [f'{SEVERITY[s] + 1} * vramwatch_trend_state{{state="{s}", {selector}}}' for s in STATES]
-    return "max by (run, Hostname, rank) (\n  " + "\n  + ignoring (state) ".join(terms) + "\n)"
+    return f"max by ({by}) (\n  " + "\n  + ignoring (state) ".join(terms) + "\n)"
 
 
 def state_mappings() -> list[dict[str, Any]]:
@@ -205,11 +205,14 @@ def overview(lay: Layout) -> list[dict[str, Any]]:
     return panels
 
 
-#: Columns of the "Ranks now" table: (refId, column, unit, expression per rank). Every query is
-#: aggregated ``by (run, Hostname, rank)``: no ``__name__`` or other label differs between
-#: them, so Grafana's merge transformation joins them into one row per rank.
+#: Labels of every "Ranks now" query: no ``__name__`` or other label differs between them, so
+#: Grafana's merge transformation joins them into one row per rank. ``instance`` is the
+#: collector Prometheus scraped (honor_labels keeps run/rank; the target sets instance), i.e.
+#: the shard that holds the rank: the rank link opens that shard's page.
+TABLE_BY = "run, Hostname, rank, instance"
+#: Columns of the "Ranks now" table: (refId, column, unit, expression per rank).
 TABLE_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
-    ("A", "state", "none", state_code_expr(SEL)),
+    ("A", "state", "none", state_code_expr(SEL, TABLE_BY)),
     ("B", "headroom", "percentunit",
      f"vramwatch_headroom_bytes{{{SEL}}} / vramwatch_device_total_bytes{{{SEL}}}"),
     ("C", "checkpoint headroom", "percentunit",
@@ -224,14 +227,24 @@ TABLE_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
     ("K", "silent for", "s", f"time() - vramwatch_last_received_timestamp_seconds{{{SEL}}}"),
 )
 
-RANK_LINK = ("${collector}/#/run/${__data.fields.run:percentencode}?rank=${__data.fields.rank}"
-             "&host=${__data.fields.Hostname:percentencode}&x=time&from=${__from}&to=${__to}")
+#: The collector page's hash route for one rank (dashboard/app.js parseRoute: #/run/NAME?rank=&host=&x=).
+RANK_ROUTE = ("/#/run/${__data.fields.run:percentencode}?rank=${__data.fields.rank}"
+              "&host=${__data.fields.Hostname:percentencode}&x=time&from=${__from}&to=${__to}")
+#: First link: the shard that holds the rank (its scrape target). Second: $collector_url, for
+#: setups where the target address is not reachable from the browser (compose's service name,
+#: a pod IP, a proxy in front of the collectors).
+RANK_LINKS = (
+    {"title": "Rank ${__data.fields.rank} on its collector (${__data.fields.instance})",
+     "url": "http://${__data.fields.instance}" + RANK_ROUTE, "targetBlank": True},
+    {"title": "Rank ${__data.fields.rank} via ${collector_url}", "url": "${collector_url}" + RANK_ROUTE,
+     "targetBlank": True},
+)
 
 
 def ranks_table(lay: Layout) -> dict[str, Any]:
     targets = []
     for ref, _name, _unit, expr in TABLE_COLUMNS:
-        inner = expr if expr.startswith("max by (run, Hostname, rank)") else f"max by (run, Hostname, rank) ({expr})"
+        inner = expr if expr.startswith(f"max by ({TABLE_BY})") else f"max by ({TABLE_BY}) ({expr})"
         targets.append(target(ref, inner, instant=True, table=True))
     rename = {f"Value #{ref}": name for ref, name, _u, _e in TABLE_COLUMNS}
     overrides = [by_name(name, unit=unit) for _r, name, unit, _e in TABLE_COLUMNS if unit != "none"]
@@ -245,16 +258,16 @@ def ranks_table(lay: Layout) -> dict[str, Any]:
     overrides.append(by_name("fragmenting", mappings=[
         {"type": "value", "options": {"0": {"text": "no", "index": 0}, "1": {"text": "yes", "color": "orange",
                                                                              "index": 1}}}]))
-    overrides.append(by_name("rank", links=[{"title": "Open rank ${__data.fields.rank} in the vramwatch collector",
-                                             "url": RANK_LINK, "targetBlank": True}]))
+    overrides.append(by_name("rank", links=[dict(link) for link in RANK_LINKS]))
     return {
         "id": lay.ident(), "type": "table", "title": "Ranks now",
-        "description": "One row per rank, worst state first. Click a rank to open it in the collector's own view.",
+        "description": "One row per rank, worst state first. Click a rank to open it on the collector that holds it "
+                       "(its instance), or via $collector_url.",
         "datasource": DS, "gridPos": lay.place(24, 9), "targets": targets,
         "transformations": [
             {"id": "merge", "options": {}},
             {"id": "organize", "options": {"excludeByName": {"Time": True}, "renameByName": rename,
-                                           "indexByName": {"run": 0, "rank": 1, "Hostname": 2}}},
+                                           "indexByName": {"run": 0, "rank": 1, "Hostname": 2, "instance": 3}}},
             {"id": "sortBy", "options": {"sort": [{"field": "state", "desc": True}]}},
         ],
         "fieldConfig": {"defaults": {"custom": {"align": "auto", "filterable": True}}, "overrides": overrides},
@@ -443,8 +456,9 @@ def variables() -> list[dict[str, Any]]:
                        description="The one rank the collapsed detail row shows."),
         query_variable("instance", "dcgm instance", "label_values(DCGM_FI_DEV_FB_USED, instance)"),
         query_variable("gpu", "dcgm gpu", 'label_values(DCGM_FI_DEV_FB_USED{instance=~"$instance"}, gpu)', sort=3),
-        {"name": "collector", "label": "collector URL", "type": "textbox", "hide": 0,
-         "description": "Base URL of the vramwatch collector's own dashboard (links from the rank table).",
+        {"name": "collector_url", "label": "collector URL", "type": "textbox", "hide": 0,
+         "description": "Base URL of a vramwatch collector's page as your browser reaches it: the dashboard "
+                        "link, and the rank table's fallback where a rank's instance is not browsable.",
          "query": "http://localhost:8765",
          "current": {"selected": False, "text": "http://localhost:8765", "value": "http://localhost:8765"},
          "options": [{"selected": True, "text": "http://localhost:8765", "value": "http://localhost:8765"}]},
@@ -480,7 +494,7 @@ def links() -> list[dict[str, Any]]:
     return [
         {"title": "vramwatch collector: run ${run}", "type": "link", "icon": "external link", "targetBlank": True,
          "tooltip": "The collector's own view of the selected run (select one run)",
-         "url": "${collector}/#/run/${run:percentencode}?x=time&from=${__from}&to=${__to}",
+         "url": "${collector_url}/#/run/${run:percentencode}?x=time&from=${__from}&to=${__to}",
          "keepTime": False, "includeVars": False},
         {"title": "vramwatch dashboards", "type": "dashboards", "tags": ["vramwatch"], "asDropdown": True,
          "keepTime": True, "includeVars": True},

@@ -119,28 +119,10 @@ TOKEN_COOKIE = "vramwatch_token"
 
 
 def sample_json_schema() -> dict[str, Any]:
-    """JSON Schema of one schema-1 sample, derived from the wire definition (for the OpenAPI
-    document: clients and API fuzzers see the real body). Cross-field rules (allocated <=
-    reserved <= total, ...) are enforced by validation and described there."""
+    """JSON Schema of one sample, derived from the wire field table (for the OpenAPI document)."""
     from vramwatch import wire
 
-    count = {"type": "integer", "minimum": 0, "maximum": wire.MAX_INT}
-    kinds: dict[str, dict[str, Any]] = {
-        "i": count,
-        "b": count,
-        "b?": {"anyOf": [count, {"type": "null"}]},
-        "s": {"type": "string", "minLength": 1, "maxLength": wire.MAX_NAME},
-        "ts": {"type": "number", "minimum": wire.MIN_TS},
-        "f": {"type": "number", "minimum": 0},
-        "phase": {"type": "string", "pattern": r"^[A-Za-z0-9_.:-]{1,32}$"},
-        "allocator": {"type": "string", "enum": list(wire.ALLOCATORS)},
-        "extra": {"type": "object", "maxProperties": wire.MAX_EXTRA_KEYS,
-                  "additionalProperties": {"type": "number"}},
-    }
-    properties = {name: dict(kinds[kind]) for name, kind in wire.FIELDS.items()}
-    properties["schema"] = {"type": "integer", "enum": [wire.SCHEMA_VERSION]}
-    return {"type": "object", "properties": properties, "required": list(wire.REQUIRED_NAMES),
-            "additionalProperties": False}
+    return wire.sample_json_schema()
 
 
 INGEST_OPENAPI: dict[str, Any] = {

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vramwatch.engine import TrendEngine
-from vramwatch.wire import Sample
+from vramwatch.wire import Sample, fully_measured
 
 SeriesKey = tuple[str, str, int]
 
@@ -90,6 +90,8 @@ class LiveState:
                     self._series[key] = state
                 state.samples += 1
                 state.last_seen = now
+                if not fully_measured(s):
+                    continue  # stored; the engine and /metrics judge sparse (schema 2) samples once they can
                 if not state.accepts(s):
                     state.late_samples += 1
                     continue

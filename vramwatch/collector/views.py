@@ -24,7 +24,6 @@ rebuild every ``REBUILD_S`` seconds.
 from __future__ import annotations
 
 import math
-import sqlite3
 import threading
 import time
 from collections import OrderedDict
@@ -36,7 +35,8 @@ import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 
 from vramwatch.collector.params import Bound, Points, Rank, check_range, field_list
-from vramwatch.collector.store import thread_reader
+from vramwatch.collector.store import FIELD_COLUMNS, Store
+from vramwatch.verdicts import headroom_bytes
 
 router = APIRouter()
 
@@ -75,21 +75,8 @@ class HeatmapCache:
 
     def __init__(self, db_path: str) -> None:
         self.db_path = db_path
-        self._local = threading.local()
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._lock = threading.Lock()
-
-    def _conn(self) -> sqlite3.Connection:
-        return thread_reader(self._local, self.db_path)
-
-    def _x_range(self, conn: sqlite3.Connection, sid: int, xmode: str) -> tuple[float, float] | None:
-        # Both ends through the (series, step, phase) primary key: O(log n) per series.
-        col = "step" if xmode == "step" else "ts"
-        first = conn.execute(f"SELECT {col} FROM samples WHERE series = ? ORDER BY step LIMIT 1", (sid,)).fetchone()
-        if first is None:
-            return None
-        last = conn.execute(f"SELECT {col} FROM samples WHERE series = ? ORDER BY step DESC LIMIT 1", (sid,)).fetchone()
-        return float(first[0]), float(last[0])
 
     @staticmethod
     def _width(span: float, cols: int, xmode: str) -> float:
@@ -98,15 +85,10 @@ class HeatmapCache:
         # steps are integers: a bucket is at least one step; wall time: at least 1/16 s
         return max(width, 1.0 if xmode == "step" else 1.0 / 16)
 
-    def _scan(self, conn: sqlite3.Connection, sb: _SeriesBuckets, sid: int, width: float, xmode: str) -> None:
-        col = "step" if xmode == "step" else "ts"
-        rows = conn.execute(
-            f"SELECT CAST({col} / ? AS INTEGER) AS b, MAX(reserved), MAX(COALESCE(nvml_used, 0)), MAX(peak),"
-            f" MAX(total), MAX(allocated), MAX(step) FROM samples WHERE series = ? AND step > ? GROUP BY b",
-            (width, sid, sb.scanned),
-        ).fetchall()
-        for b, res, used, peak, total, alloc, max_step in rows:
-            values = [float(res), float(used), float(peak), float(total), float(alloc)]
+    def _scan(self, store: Store, sb: _SeriesBuckets, sid: int, width: float, xmode: str) -> None:
+        for b, res, used, peak, total, alloc, max_step in store.bucket_maxima(sid, width, xmode, sb.scanned):
+            # -inf: not measured in this bucket (a max over nothing)
+            values = [_NONE if v is None else float(v) for v in (res, used, peak, total, alloc)]
             have = sb.buckets.get(b)
             if have is None:
                 sb.buckets[b] = values
@@ -131,12 +113,11 @@ class HeatmapCache:
         entry.width = width
 
     def heatmap(
-        self, run: str, series: list[tuple[int, str, int]], *, field: str, xmode: str, cols: int
+        self, store: Store, run: str, series: list[tuple[int, str, int]], *, field: str, xmode: str, cols: int
     ) -> dict[str, Any]:
-        conn = self._conn()
-        ranges = [r for r in (self._x_range(conn, sid, xmode) for sid, _, _ in series) if r is not None]
+        ranges = [r for r in (store.x_range(sid, xmode) for sid, _, _ in series) if r is not None]
         if not ranges:
-            return {"field": field, "x": [], "bucket": 1, "rows": [], "z": [], "unit": "GiB"}
+            return {"field": field, "x": [], "bucket": 1, "rows": [], "z": [], "unit": "GiB", "outside": 0}
         lo = min(r[0] for r in ranges)
         hi = max(r[1] for r in ranges)
         width = self._width(hi - lo, cols, xmode)
@@ -154,11 +135,14 @@ class HeatmapCache:
                 sb = entry.series.get(sid)
                 if sb is None:
                     sb = entry.series[sid] = _SeriesBuckets(host, rank)
-                self._scan(conn, sb, sid, entry.width, xmode)
-            return self._render(entry, field)
+                self._scan(store, sb, sid, entry.width, xmode)
+            # scattered timestamps give every sample its own bucket: coarsen until the cache is bounded
+            while entry.width < 2.0**62 and any(len(sb.buckets) > MAX_CACHED_BUCKETS for sb in entry.series.values()):
+                self._coarsen(entry, entry.width * 2)
+            return self._render(entry, field, cols)
 
     @staticmethod
-    def _render(entry: _Entry, field: str) -> dict[str, Any]:
+    def _render(entry: _Entry, field: str, cols: int) -> dict[str, Any]:
         # one row per (host, rank): incarnations of a restarted rank merge into one row
         rows: dict[tuple[str, int], dict[int, list[float]]] = {}
         for sb in entry.series.values():
@@ -169,40 +153,70 @@ class HeatmapCache:
                     merged[b] = list(values)
                 else:
                     _merge(have, values)
-        all_buckets = [b for merged in rows.values() for b in merged]
-        if not all_buckets:
-            return {"field": field, "x": [], "bucket": entry.width, "rows": [], "z": [], "unit": "GiB"}
-        b0, b1 = min(all_buckets), max(all_buckets)
         width = entry.width
+        empty = {"field": field, "x": [], "bucket": entry.width, "rows": [], "z": [], "unit": "GiB", "outside": 0}
+        if not any(rows.values()):
+            return empty
+        b0, b1, outside = _window(rows.values(), max_columns(cols))
         xs = [(b + 0.5) * width for b in range(b0, b1 + 1)]
         order = sorted(rows, key=lambda k: (k[1], k[0]))
-        z: list[list[float | None]] = []
-        for key in order:
-            merged = rows[key]
-            line: list[float | None] = []
-            for b in range(b0, b1 + 1):
-                v = merged.get(b)
-                if v is None:
-                    line.append(None)
-                    continue
-                if field == "headroom":
-                    value = v[_TOTAL] - max(v[_RES], v[_USED])
-                elif field == "reserved":
-                    value = v[_RES]
-                elif field == "peak":
-                    value = v[_PEAK]
-                else:
-                    value = v[_ALLOC]
-                line.append(round(value / GIB, 3))
-            z.append(line)
+        z = [[_cell(rows[key].get(b), field) for b in range(b0, b1 + 1)] for key in order]
         return {
-            "field": field,
+            **empty,
             "x": xs,
             "bucket": int(width) if float(width).is_integer() else width,
             "rows": [{"host": host, "rank": rank} for host, rank in order],
             "z": z,
-            "unit": "GiB",
+            "outside": outside,
         }
+
+
+_NONE = -math.inf  # an aggregate slot with nothing measured
+#: buckets cached per series at most (memory: ~200 bytes each), whatever the timestamps
+MAX_CACHED_BUCKETS = 16_384
+
+
+def max_columns(cols: int) -> int:
+    """The most columns a heatmap asked for ``cols`` may have: bucket widths are powers of two
+    (up to 2x the target), and whatever the timestamps, never more than this."""
+    return 2 * cols
+
+
+def _window(rows: Any, limit: int) -> tuple[int, int, int]:
+    """The range of at most ``limit`` bucket indices holding the most cells, and how many
+    cells fall outside it. Samples far from the rest (a clock stepped by days) would
+    otherwise stretch the axis into millions of empty columns. Cost: O(cells log cells)."""
+    weight: dict[int, int] = {}
+    for merged in rows:
+        for b in merged:
+            weight[b] = weight.get(b, 0) + 1
+    keys = sorted(weight)
+    if keys[-1] - keys[0] < limit:
+        return keys[0], keys[-1], 0
+    best, best_lo, lo, inside = -1, 0, 0, 0
+    for key in keys:  # two pointers over the occupied buckets
+        inside += weight[key]
+        while key - keys[lo] >= limit:
+            inside -= weight[keys[lo]]
+            lo += 1
+        if inside > best:
+            best, best_lo = inside, lo
+    start = keys[best_lo]
+    end = max(k for k in keys[best_lo:] if k - start < limit)
+    return start, end, sum(weight.values()) - best
+
+
+def _cell(v: list[float] | None, field: str) -> float | None:
+    if v is None:
+        return None
+    def get(i: int) -> int | None:
+        return None if v[i] == _NONE else int(v[i])
+    if field == "headroom":
+        # the one headroom formula, on the bucket's maxima (the worst moment of the bucket)
+        value = headroom_bytes(get(_TOTAL), allocated=get(_ALLOC), reserved=get(_RES), nvml_used=get(_USED))
+    else:
+        value = get({"reserved": _RES, "peak": _PEAK, "allocated": _ALLOC}[field])
+    return None if value is None else round(value / GIB, 3)
 
 
 _caches: dict[str, HeatmapCache] = {}
@@ -223,14 +237,14 @@ def heatmap_cache(db_path: str) -> HeatmapCache:
 
 
 def run_heatmap(
-    store: Any, run: str, *, field: str = "headroom", x: str = "step", cols: int = 240
+    store: Store, run: str, *, field: str = "headroom", x: str = "step", cols: int = 240
 ) -> dict[str, Any] | None:
     """The heatmap document for ``run``; ``None`` when the run has no series."""
     rows = store.series(run)
     if not rows:
         return None
     series = [(r.id, r.host, r.rank) for r in rows]
-    return heatmap_cache(store.path).heatmap(run, series, field=field, xmode=x, cols=cols)
+    return heatmap_cache(store.path).heatmap(store, run, series, field=field, xmode=x, cols=cols)
 
 
 @router.get("/api/v1/runs/{run:path}/heatmap")
@@ -258,23 +272,13 @@ def get_heatmap(
 
 # ====================================================================== chart envelope
 
-#: Wire fields the chart endpoint serves, and their store columns.
-CHART_FIELDS: dict[str, str] = {
-    "ts": "ts",
-    "allocated_bytes": "allocated",
-    "reserved_bytes": "reserved",
-    "peak_allocated_bytes": "peak",
-    "nvml_used_bytes": "nvml_used",
-    "total_bytes": "total",
-    "inactive_split_bytes": "inactive_split",
-    "alloc_retries": "alloc_retries",
-    "active_bytes": "active",
-    "process_used_bytes": "process_used",
-}
-_CHART_COLS = tuple(CHART_FIELDS.values())
-_NCOL = len(_CHART_COLS)
+#: Wire fields the chart endpoint serves, and their store columns (every numeric field but the
+#: markers and counters no chart draws).
+_NOT_CHARTED = ("seq", "oom_marked", "exit", "ooms", "tokens", "step_time_s")
+CHART_FIELDS: dict[str, str] = {name: col for name, col in FIELD_COLUMNS.items() if name not in _NOT_CHARTED}
+_CHART_NAMES = tuple(CHART_FIELDS)
+_NCOL = len(_CHART_NAMES)
 # aggregate row layout: min step, max step, then (min, max) per column, then row count
-_AGG_SQL = ", ".join(["MIN(step)", "MAX(step)", *(f"MIN({c}), MAX({c})" for c in _CHART_COLS), "COUNT(*)"])
 _WIDTH = 2 + 2 * _NCOL + 1
 _MIN_IDX = np.array([0, *range(2, 2 + 2 * _NCOL, 2)])
 _MAX_IDX = np.array([1, *range(3, 3 + 2 * _NCOL, 2)])
@@ -335,27 +339,12 @@ class EnvelopeCache:
 
     def __init__(self, db_path: str) -> None:
         self.db_path = db_path
-        self._local = threading.local()
         self._lock = threading.Lock()
         self._ranks: OrderedDict[tuple[str, str | None, int], _RankEnvelope] = OrderedDict()
 
-    def _conn(self) -> sqlite3.Connection:
-        return thread_reader(self._local, self.db_path)
-
-    def _step_range(self, conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int] | None:
-        lo = hi = None
-        for sid in ids:
-            first = conn.execute(
-                "SELECT step FROM samples WHERE series = ? AND phase = 0 ORDER BY step LIMIT 1", (sid,)).fetchone()
-            if first is None:
-                continue
-            last = conn.execute(
-                "SELECT step FROM samples WHERE series = ? AND phase = 0 ORDER BY step DESC LIMIT 1", (sid,)).fetchone()
-            lo = first[0] if lo is None else min(lo, first[0])
-            hi = last[0] if hi is None else max(hi, last[0])
-        return None if lo is None else (lo, hi)
-
-    def _envelope(self, key: tuple[str, str | None, int], ids: list[int], lo: int, hi: int) -> _RankEnvelope:
+    def _envelope(
+        self, store: Store, key: tuple[str, str | None, int], ids: list[int], lo: int, hi: int
+    ) -> _RankEnvelope:
         width = max(1, 2 ** math.ceil(math.log2(max(1, (hi - lo + 1) / CACHE_BUCKETS))))
         now = time.monotonic()
         with self._lock:
@@ -366,7 +355,6 @@ class EnvelopeCache:
             self._ranks.move_to_end(key)
             while len(self._ranks) > CACHED_RANKS:
                 self._ranks.popitem(last=False)
-        conn = self._conn()
         with env.lock:
             if width > env.width:
                 env.keys, env.agg = _combine(env.keys // (width // env.width), env.agg)
@@ -374,9 +362,7 @@ class EnvelopeCache:
             fresh_keys, fresh = [env.keys], [env.agg]
             for sid in ids:
                 seen = env.scanned.get(sid, -1)
-                rows = conn.execute(
-                    f"SELECT step / ? AS b, {_AGG_SQL} FROM samples WHERE series = ? AND phase = 0 AND step > ?"
-                    " GROUP BY b", (env.width, sid, seen)).fetchall()
+                rows = store.train_envelope(sid, env.width, seen, _CHART_NAMES)
                 if rows:
                     keys, agg = _rows_to_array(rows)
                     fresh_keys.append(keys)
@@ -387,11 +373,10 @@ class EnvelopeCache:
             return env
 
     def chart(
-        self, key: tuple[str, str | None, int], ids: list[int], fields: list[str], points: int,
+        self, store: Store, key: tuple[str, str | None, int], ids: list[int], fields: list[str], points: int,
         start: float | None, end: float | None,
     ) -> dict[str, Any]:
-        conn = self._conn()
-        span = self._step_range(conn, ids)
+        span = store.train_step_range(ids)
         out: dict[str, Any] = {"run": key[0], "host": key[1], "rank": key[2], "x_axis": "step"}
         if span is None:
             return {**out, "x": [], "series": {f: [] for f in fields}, "raw_points": 0, "downsampled": False}
@@ -401,7 +386,7 @@ class EnvelopeCache:
             return {**out, "x": [], "series": {f: [] for f in fields}, "raw_points": 0, "downsampled": False}
         groups = max(1, points // 2)  # two points (min and max) per group
         bucket = -(-(b - a + 1) // groups)  # ceil: at most `groups` buckets
-        env = self._envelope(key, ids, *span)
+        env = self._envelope(store, key, ids, *span)
         with env.lock:
             keys, agg, width = env.keys, env.agg, env.width
         starts = keys * width
@@ -410,44 +395,28 @@ class EnvelopeCache:
         estimate = int(agg[inner | partial, _COUNT].sum())
         if estimate <= points or b - a + 1 <= points:
             # the estimate counts whole edge buckets, so it is never below the true count
-            rows = self._raw(conn, ids, a, b, fields)
+            rows = store.train_rows(ids, a, b, fields)
             if len(rows) <= points:
                 return {**out, **self._raw_doc(rows, fields)}
         if width > bucket or not inner.any():
             # zoomed in finer than the cache holds: aggregate the window in SQLite
-            _, window = self._window_agg(conn, ids, a, b, bucket)
+            _, window = self._window_agg(store, ids, a, b, bucket)
             return {**out, **self._envelope_doc(window, fields)}
         # whole cached buckets inside [a, b], plus exact aggregates of the partial edges
         parts = [agg[inner]]
         first, last = int(starts[inner].min()), int(starts[inner].max()) + width - 1
         if first > a:
-            parts.append(self._window_agg(conn, ids, a, first - 1, first - a)[1])
+            parts.append(self._window_agg(store, ids, a, first - 1, first - a)[1])
         if last < b:
-            parts.append(self._window_agg(conn, ids, last + 1, b, b - last)[1])
+            parts.append(self._window_agg(store, ids, last + 1, b, b - last)[1])
         merged = np.vstack(parts)
         group_of = ((merged[:, 0] - a) * groups // (b - a + 1)).astype(np.int64)
         _, merged = _combine(group_of, merged)
         return {**out, **self._envelope_doc(merged, fields)}
 
-    def _window_agg(self, conn: sqlite3.Connection, ids: list[int], a: int, b: int, bucket: int):
-        rows: list[tuple[Any, ...]] = []
-        for sid in ids:
-            rows += conn.execute(
-                f"SELECT (step - ?) / ? AS b, {_AGG_SQL} FROM samples WHERE series = ? AND phase = 0"
-                " AND step BETWEEN ? AND ? GROUP BY b", (a, bucket, sid, a, b)).fetchall()
-        return _combine(*_rows_to_array(rows))
-
     @staticmethod
-    def _raw(conn: sqlite3.Connection, ids: list[int], a: int, b: int, fields: list[str]) -> list[tuple[Any, ...]]:
-        cols = ", ".join(CHART_FIELDS[f] for f in fields)
-        rows: list[tuple[Any, ...]] = []
-        for sid in ids:
-            rows += conn.execute(
-                f"SELECT step, {cols} FROM samples WHERE series = ? AND phase = 0 AND step BETWEEN ? AND ?"
-                " ORDER BY step", (sid, a, b)).fetchall()
-        if len(ids) > 1:
-            rows.sort(key=lambda r: r[0])
-        return rows
+    def _window_agg(store: Store, ids: list[int], a: int, b: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
+        return _combine(*_rows_to_array(store.train_window_envelope(ids, a, b, bucket, _CHART_NAMES)))
 
     @staticmethod
     def _raw_doc(rows: list[tuple[Any, ...]], fields: list[str]) -> dict[str, Any]:
@@ -472,7 +441,7 @@ class EnvelopeCache:
         x = np.where(take_max, agg[row_of, 1], agg[row_of, 0]).astype(np.int64).tolist()
         series: dict[str, list[Any]] = {}
         for f in fields:
-            j = _CHART_COLS.index(CHART_FIELDS[f])
+            j = _CHART_NAMES.index(f)
             values = np.where(take_max, agg[row_of, 3 + 2 * j], agg[row_of, 2 + 2 * j])
             if f == "ts":
                 series[f] = [None if v != v else v for v in values.tolist()]
@@ -489,7 +458,7 @@ def envelope_cache(db_path: str) -> EnvelopeCache:
 
 
 def run_chart(
-    store: Any, run: str, rank: int, *, host: str | None = None, fields: list[str], points: int = 2000,
+    store: Store, run: str, rank: int, *, host: str | None = None, fields: list[str], points: int = 2000,
     start: float | None = None, end: float | None = None,
 ) -> dict[str, Any] | None:
     """Chart series of one rank (train samples, x = step); ``None`` when the run is unknown."""
@@ -497,7 +466,7 @@ def run_chart(
     if not rows:
         return None
     ids = [r.id for r in rows if r.rank == rank and (host is None or r.host == host)]
-    return envelope_cache(store.path).chart((run, host, rank), ids, fields, points, start, end)
+    return envelope_cache(store.path).chart(store, (run, host, rank), ids, fields, points, start, end)
 
 
 @router.get("/api/v1/runs/{run:path}/chart")

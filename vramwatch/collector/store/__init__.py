@@ -1,0 +1,38 @@
+"""SQLite store: every sample, on disk, idempotent. All SQL of vramwatch lives in this package.
+
+* ``schema.py``: tables derived from ``wire.FIELD_TABLE``, versioned migrations;
+* ``core.py``: :class:`Store` (open, lock, insert, retention, checkpoints, close) and errors;
+* ``reads.py``: series, runs, export/replay, chart columns, phase markers;
+* ``aggregates.py``: bucketed reads behind the heatmap and the chart envelope.
+"""
+
+from vramwatch.collector.store.core import (
+    WAL_AUTOCHECKPOINT_PAGES,
+    WAL_SIZE_LIMIT_BYTES,
+    InsertResult,
+    RetentionResult,
+    RunFullError,
+    Store,
+    StoreBusyError,
+    StoreCloseError,
+    StoreError,
+    StoreLockedError,
+    default_db_path,
+    thread_reader,
+)
+from vramwatch.collector.store.reads import SeriesRow
+from vramwatch.collector.store.schema import (
+    FIELD_COLUMNS,
+    MIGRATIONS,
+    SAMPLE_COLUMNS,
+    SCHEMA_VERSION,
+    SERIES_OPTIONAL,
+    TRAIN_PHASE_ID,
+)
+
+__all__ = [
+    "FIELD_COLUMNS", "MIGRATIONS", "SAMPLE_COLUMNS", "SCHEMA_VERSION", "SERIES_OPTIONAL", "TRAIN_PHASE_ID",
+    "WAL_AUTOCHECKPOINT_PAGES", "WAL_SIZE_LIMIT_BYTES", "InsertResult", "RetentionResult", "RunFullError",
+    "SeriesRow", "Store", "StoreBusyError", "StoreCloseError", "StoreError", "StoreLockedError", "default_db_path",
+    "thread_reader",
+]

@@ -1,0 +1,80 @@
+"""Trace files: samples one per line (JSON Lines), optionally gzipped; read by ``vramwatch
+analyze``/``import``, written by the hook's file mode and the spool. Re-exported by ``wire``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from vramwatch.wire import Sample, WireError, encode_lines, validate
+
+
+def _open_read(path: str | os.PathLike[str]) -> IO[bytes]:
+    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller's with-block
+    if raw.peek(2)[:2] == b"\x1f\x8b":  # sniff, so a misnamed gzip still reads
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    return raw
+
+
+def iter_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
+    """Stream (line number, decoded object) from a .jsonl or .jsonl.gz trace.
+
+    Decoding errors raise :class:`WireError` with the line number; validation is the
+    caller's choice (``analyze`` and ``import`` both validate).
+    """
+    with _open_read(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise WireError(f"{path}:{lineno}", f"invalid JSON: {exc}") from None
+
+
+def iter_samples(path: str | os.PathLike[str]) -> Iterator[Sample]:
+    """Validated samples from a trace file; the first bad line raises WireError naming it."""
+    for lineno, obj in iter_file(path):
+        try:
+            yield validate(obj)
+        except WireError as exc:
+            raise WireError(f"{path}:{lineno}: {exc.field}", exc.message) from None
+
+
+class TraceWriter:
+    """Append samples to a .jsonl (or .jsonl.gz, by suffix) trace file."""
+
+    def __init__(self, path: str | os.PathLike[str], *, append: bool = True) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        mode = "ab" if append else "wb"
+        self._fh: IO[bytes] = (
+            gzip.open(self.path, mode) if self.path.suffix == ".gz" else open(self.path, mode)  # noqa: SIM115
+        )
+
+    def write(self, samples: Iterable[Sample]) -> None:
+        self._fh.write(encode_lines(samples))
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_file(path: str | os.PathLike[str], samples: Iterable[Sample]) -> None:
+    """Write a whole trace file (truncating)."""
+    with TraceWriter(path, append=False) as writer:
+        writer.write(samples)
