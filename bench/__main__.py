@@ -19,6 +19,7 @@ BENCHMARKS = {
     "dashboard": "bench.dashboard_bench",
     "load": "bench.load",
     "series": "bench.series_bench",
+    "decisions": "bench.decisions_bench",
 }
 
 

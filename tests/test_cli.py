@@ -17,7 +17,8 @@ def vw(*args: str, env_db: str | None = None) -> subprocess.CompletedProcess[str
     return subprocess.run([sys.executable, "-m", "vramwatch", *args], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("command", ["serve", "demo", "analyze", "import", "export", "report"])
+@pytest.mark.parametrize("command", ["serve", "demo", "analyze", "import", "export", "report", "advise", "compare",
+                                     "gate"])
 def test_every_command_has_help(command: str) -> None:
     result = vw(command, "--help")
     assert result.returncode == 0 and "usage: vramwatch " + command in result.stdout

@@ -49,6 +49,7 @@ REQUIRED_ALERTS = {
     "VramwatchAllocRetriesRising",
     "VramwatchGrowthOutsideAllocator",
     "VramwatchHookSilent",
+    "VramwatchTokensNearLimit",  # group vramwatch-decisions
 }
 QUIET_SCENARIOS = ("warm-up", "checkpoint spikes", "noisy plateau")
 DATASOURCE_UID = "vramwatch-prometheus"
@@ -65,7 +66,8 @@ def scrape_names(tmp_path_factory) -> set[str]:
     start = time.time() - 4000
     with BackgroundServer(str(db)) as srv:
         traces = [
-            simulate_trace("checkpoint", steps=2500, run="names", host="node-a", rank=0, start_ts=start),
+            simulate_trace("checkpoint", steps=2500, run="names", host="node-a", rank=0, start_ts=start,
+                           tokens_per_step=16384, seq_min=0.4),  # tokens: the decision families
             simulate_trace("fast_leak", steps=3000, run="names", host="node-a", rank=1, start_ts=start),
             simulate_trace("late_step", steps=3600, run="names", host="node-b", rank=2, start_ts=start),
         ]
@@ -116,7 +118,7 @@ def test_promql_name_extraction() -> None:
 def test_promtool_check_rules() -> None:
     result = run_promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 9 rules found" in result.stdout
+    assert "SUCCESS: 10 rules found" in result.stdout  # 9 + vramwatch-decisions
 
 
 def test_promtool_unit_tests_for_every_alert_pass() -> None:

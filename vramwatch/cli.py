@@ -321,6 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_db(p)
     p.add_argument("--out", metavar="FILE", required=True, help="output .html file")
     p.set_defaults(func=cmd_report)
+
+    from vramwatch.decisions.cli import register as register_decisions
+
+    register_decisions(sub, add_db)
     return parser
 
 

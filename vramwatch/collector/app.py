@@ -484,6 +484,9 @@ def create_app(settings: Settings) -> FastAPI:
         views_router = None
     if views_router is not None:
         app.include_router(views_router, dependencies=read)
+    from vramwatch.collector.routes_decisions import router as decisions_router
+
+    app.include_router(decisions_router, dependencies=read)
 
     # ------------------------------------------------------------------ dashboard
     static = dashboard_dir()

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramwatch.engine import TrendEngine
 from vramwatch.wire import Sample, fully_measured
 
 SeriesKey = tuple[str, str, int]
@@ -69,10 +68,18 @@ class SeriesState:
         self._frontier_phases.add(sample["phase"])
 
 
+def collector_engine() -> Any:
+    """The collector's per-series engine: the trend engine plus the decision figures
+    (largest tokens per step, readiness; vramwatch.decisions.live)."""
+    from vramwatch.decisions.live import DecisionEngine
+
+    return DecisionEngine()
+
+
 class LiveState:
     """Thread-safe map of series → state. ``ingest`` is called by the single writer."""
 
-    def __init__(self, engine_factory: Callable[[], Any] = TrendEngine) -> None:
+    def __init__(self, engine_factory: Callable[[], Any] = collector_engine) -> None:
         self._engine_factory = engine_factory
         self._series: dict[SeriesKey, SeriesState] = {}
         self._lock = threading.Lock()

@@ -28,6 +28,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from vramwatch.__about__ import __version__
+from vramwatch.decisions.readiness import VERDICTS as READINESS_VERDICTS
 
 #: Label names of every per-rank family, in exposition order. ``Hostname``/``UUID``/``gpu``
 #: are spelled as dcgm-exporter spells them.
@@ -44,6 +45,9 @@ Row = tuple[str, dict, dict | None, dict, Any, int, int]  # labels, last, last_t
 #: Plateau-break causes that are the training loop itself; any other cause names the phase
 #: (checkpoint, eval, ...) whose peak made the allocator keep more segments.
 _LOOP_CAUSES = frozenset({"allocated", "reserved", None})
+
+
+_READINESS = {verdict: i for i, verdict in enumerate(READINESS_VERDICTS)}  # 0 ready, 1 not_ready, 2 unsafe
 
 
 def _sample(field: str) -> Callable[[Row], Any]:
@@ -130,6 +134,15 @@ SERIES_FAMILIES: tuple[tuple[str, str, str, Callable[[Row], Any]], ...] = (
      "Peak allocated bytes of the latest checkpoint phase.", _summary("checkpoint_peak_bytes")),
     ("vramwatch_checkpoint_headroom_bytes", "gauge",
      "Headroom left at the peak of the latest checkpoint phase.", _summary("checkpoint_headroom_bytes")),
+    # decisions (vramwatch.decisions.live.DecisionEngine adds these summary keys)
+    ("vramwatch_max_tokens_per_step", "gauge",
+     "Largest tokens per step this rank can take keeping 5% of the device free at its worst phase.",
+     _summary("max_tokens_per_step")),
+    ("vramwatch_tokens_per_step_max_observed", "gauge",
+     "Largest tokens per step this rank has run.", _summary("tokens_per_step_max_observed")),
+    ("vramwatch_readiness", "gauge",
+     "Readiness of the batch setting: 0 ready, 1 not_ready, 2 unsafe.",
+     lambda row: _READINESS.get(row[3].get("readiness"))),
     ("vramwatch_step", "gauge", "Training step of the latest sample.", _sample("step")),
     ("vramwatch_last_sample_timestamp_seconds", "gauge",
      "Timestamp (rank's clock) of the latest sample.", _sample("ts")),

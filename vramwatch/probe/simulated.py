@@ -80,6 +80,12 @@ DEFAULTS: dict[str, Any] = {
     "sample_every": 1,  # trace: the hook emits every N-th step
     "stop_on_oom": True,  # trace: the process dies at its first OOM
     "world_size": 1,
+    # token-dependent activations (vramwatch.decisions.scenarios): off while tokens_per_step is 0
+    "tokens_per_step": 0,  # >0: train samples carry `tokens` = round(tokens_per_step * seq)
+    "tokens_ref": 0,  # tokens at which the activation is act_frac (0: tokens_per_step)
+    "act_fixed_frac": 0.0,  # transient part that does not scale with tokens (workspaces, buckets)
+    "act_jitter_frac": 0.0,  # batch composition: up to this share more activation at the same tokens
+    "act_quad_frac": 0.0,  # superlinear part (attention without flash): act_quad * (tokens/tokens_ref)**2
 }
 
 #: Named scenarios: description plus the parameters that differ from DEFAULTS.
@@ -205,6 +211,11 @@ class _RankModel:
             for k in range(jumps)
         ]
         self.act = p["act_frac"] * total
+        # token mode: transient = act_fixed + act * tokens / tokens_ref (known truth for the advice bench)
+        self.tokens_per_step = int(p["tokens_per_step"])
+        self.tokens_ref = int(p["tokens_ref"]) or self.tokens_per_step
+        self.act_fixed = p["act_fixed_frac"] * total
+        self.tokens: int | None = None
         self.seq_min = p["seq_min"]
         self.seq_skew = p["seq_skew"]
         self.floor_noise = p["floor_noise_frac"] * total
@@ -279,11 +290,16 @@ class _RankModel:
         if phase == "train":
             seq = self.seq_min + (1.0 - self.seq_min) * rng.random() ** self.seq_skew
             need = floor + self.act * seq
+            if self.tokens_per_step:
+                self.tokens = max(1, round(self.tokens_per_step * seq))
+                rel = self.tokens / self.tokens_ref
+                act = self.act * rel * (1.0 + p["act_jitter_frac"] * rng.random())
+                need = floor + self.act_fixed + act + p["act_quad_frac"] * self.total * rel * rel
             if p["periodic_every"] and step % p["periodic_every"] == 0 and step > 0:
                 need = floor + self.act + p["periodic_frac"] * self.total  # above any batch
             self.last_train_step = step
         elif phase == "checkpoint":
-            need = floor + self.act + p["ckpt_above_frac"] * self.total
+            need = floor + self.act_fixed + self.act + p["ckpt_above_frac"] * self.total
         else:  # eval, validation, any other named phase
             need = floor + p["eval_act_frac"] * self.total
         ok = self._demand(need, step)
@@ -300,7 +316,7 @@ class _RankModel:
         active = min(reserved, allocated + int(rng.random() * 0.0003 * self.total))
         used = int(min(self.total, reserved + self.ctx + self.outside(step)))
         self.allocated = allocated
-        return {
+        out = {
             "allocated_bytes": allocated,
             "reserved_bytes": reserved,
             "peak_allocated_bytes": peak,
@@ -312,6 +328,9 @@ class _RankModel:
             "nvml_used_bytes": used,
             "process_used_bytes": used,
         }
+        if self.tokens_per_step and phase == "train":
+            out["tokens"] = self.tokens
+        return out
 
 
 class SimulatedProbe:
@@ -538,6 +557,16 @@ def scenario_truth(
     if p["frag_onset"] is not None and p["frag_rate_frac"] > 0:
         truth["fragmentation"] = int(p["frag_onset"])
     return truth
+
+
+def rank_model(
+    scenario: str, *, rank: int = 0, seed: int = 0, total_bytes: int = H200_TOTAL_BYTES, **params: Any
+) -> _RankModel:
+    """The model ``simulate_trace`` drives for this rank and seed, unadvanced: its deterministic
+    parts (``floor(step)``, ``act``, ``ctx``, ``waste(step)``, ...) are the ground truth that
+    vramwatch.decisions.scenarios scores against."""
+    p = scenario_params(scenario, **params)
+    return _RankModel(p, total_bytes, rank, _rank_seed(seed, rank))
 
 
 def probe_from_env(**kwargs: Any) -> SimulatedProbe:

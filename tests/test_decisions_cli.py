@@ -1,0 +1,118 @@
+"""`vramwatch advise / compare / gate` as users run them: subprocess, real SQLite, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vramwatch.decisions.scenarios import regression_overrides, token_trace, token_truth
+from vramwatch.wire import encode
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def vw(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "vramwatch", *args], capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+def write_trace(path: Path, name: str, run: str, *, ranks: int = 2, seed: int = 1, steps: int = 3500,
+                **overrides) -> Path:
+    with path.open("wb") as f:
+        for r in range(ranks):
+            for s in token_trace(name, steps=steps, run=run, rank=r, seed=seed + r, world_size=ranks, **overrides):
+                f.write(encode(s) + b"\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("traces")
+    out = {
+        "base": write_trace(d / "base.jsonl", "varlen", "base"),
+        "plus1": write_trace(d / "plus1.jsonl", "varlen", "plus1", seed=11, **regression_overrides("varlen", 0.01)),
+        "plus6": write_trace(d / "plus6.jsonl", "varlen", "plus6", seed=21, **regression_overrides("varlen", 0.06)),
+    }
+    db = d / "vw.db"
+    r = vw("import", str(out["base"]), str(out["plus1"]), str(out["plus6"]), "--db", str(db))
+    assert r.returncode == 0, r.stderr
+    out["db"] = db
+    return out
+
+
+def test_advise_json_on_a_stored_run(traces) -> None:
+    r = vw("advise", "base", "--db", str(traces["db"]), "--target-tokens", "21000", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    readiness = doc["readiness"]
+    assert set(readiness) >= {"verdict", "reasons", "plateau_steps", "checkpoints_passed", "min_headroom_bytes",
+                              "worst_rank"}
+    assert readiness["verdict"] == "ready" and readiness["checkpoints_passed"] == 3
+    truth = token_truth("varlen", rank=0, seed=1)
+    assert doc["max_tokens_per_step"] == pytest.approx(truth.max_tokens(0.05), rel=0.02)
+    assert doc["max_global_tokens_per_step"] == 2 * doc["max_tokens_per_step"]
+    target = doc["target"]
+    assert set(target) >= {"tokens_per_step", "worst_peak_bytes", "headroom_bytes", "fits"}
+    assert target["tokens_per_step"] == 21000 and target["fits"] is True
+    assert target["worst_peak_bytes"] == pytest.approx(truth.worst_need(21000), rel=0.01)
+    assert doc["recommendation"].startswith("Raise to ")
+
+
+def test_advise_text_on_a_trace_file_and_a_tighter_margin(traces) -> None:
+    r = vw("advise", str(traces["base"]), "--margin", "0.3")
+    assert r.returncode == 0, r.stderr
+    assert "UNSAFE" in r.stdout and "under the 30% margin" in r.stdout
+    assert "Lower" in r.stdout.splitlines()[-1]
+
+
+def test_compare_json_names_the_growth_per_rank_and_phase(traces) -> None:
+    r = vw("compare", "base", "plus6", "--db", str(traces["db"]), "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["metrics"]
+    train = [m for m in rows if m["metric"] == "peak_bytes" and m["phase"] == "train"]
+    assert sorted(m["rank"] for m in train) == [0, 1]
+    assert all(0.05 < m["growth"] < 0.07 for m in train)
+    assert {m["phase"] for m in rows if m["metric"] == "peak_bytes"} == {"train", "checkpoint"}
+    text = vw("compare", "base", str(traces["plus1"]), "--db", str(traces["db"]))
+    assert text.returncode == 0 and "checkpoint" in text.stdout
+
+
+def test_gate_exit_codes(traces) -> None:
+    ok = vw("gate", "base", "plus1", "--db", str(traces["db"]))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.startswith("vramwatch gate: PASS")
+    bad = vw("gate", str(traces["base"]), str(traces["plus6"]))
+    assert bad.returncode == 1
+    assert len(bad.stdout.strip().splitlines()) == 1
+    line = bad.stdout
+    assert "rank " in line and "phase " in line and "grew +" in line and "tolerance 3.0%" in line
+    looser = vw("gate", "base", "plus6", "--db", str(traces["db"]), "--max-growth", "0.08")
+    assert looser.returncode == 0
+
+
+@pytest.mark.parametrize("args", [
+    ("gate", "nope", "base"),
+    ("gate", "base", "missing.jsonl,also.jsonl"),
+    ("advise", "nope"),
+    ("compare", "base", "nope"),
+    ("advise", "base", "--margin", "1.5"),
+    ("advise", "base", "--target-tokens", "-3"),
+    ("gate", "base", "plus1", "--max-growth", "x"),
+])
+def test_bad_input_exits_2_with_one_line(traces, args: tuple[str, ...]) -> None:
+    r = vw(*args, "--db", str(traces["db"]))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_bad_trace_file_exits_2_naming_the_file(tmp_path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"schema": 1}\n')
+    r = vw("gate", str(bad), str(bad), "--db", str(tmp_path / "none.db"))
+    assert r.returncode == 2 and "bad.jsonl" in r.stderr and len(r.stderr.strip().splitlines()) == 1

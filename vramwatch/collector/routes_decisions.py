@@ -1,0 +1,91 @@
+"""Decision routes: ``GET /api/v1/runs/{run}/advice`` and ``GET /api/v1/compare?a=&b=``.
+
+Both replay the run's stored samples through :mod:`vramwatch.decisions` (one engine and
+one model builder per rank: O(samples) the first time). Answers are cached per run and
+parameters, keyed by the run's sample count in the live state, so a dashboard polling
+an unchanged run costs a dict lookup; any new sample invalidates.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+
+from vramwatch.decisions.advice import advise
+from vramwatch.decisions.compare import compare as compare_runs
+from vramwatch.decisions.observe import RunObservation, observe
+from vramwatch.decisions.readiness import ReadinessConfig
+from vramwatch.verdicts import LOW_HEADROOM_FRACTION
+
+router = APIRouter()
+
+_CACHE_SIZE = 32
+_cache: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
+_lock = threading.Lock()
+
+Margin = Annotated[float, Query(ge=0.0, lt=1.0, allow_inf_nan=False)]
+Tokens = Annotated[int | None, Query(ge=1, le=2**53)]
+Steps = Annotated[int, Query(ge=0, le=2**53)]
+
+
+def _version(request: Request, run: str, field: str = "run") -> int:
+    states = request.app.state.live.for_run(run)
+    if not states:
+        raise HTTPException(404, f"{field}: no run named {run!r}")
+    return sum(s.samples for s in states)
+
+
+def _observe(request: Request, run: str) -> RunObservation:
+    runs = observe(request.app.state.store.iter_samples(run))
+    if run not in runs:
+        raise HTTPException(404, f"run: no samples stored for {run!r}")
+    return runs[run]
+
+
+def _cached(key: tuple[Any, ...], build: Any) -> dict[str, Any]:
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit
+    doc = build()
+    with _lock:
+        _cache[key] = doc
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return doc
+
+
+@router.get("/api/v1/runs/{run:path}/advice")
+def advice(
+    request: Request,
+    run: str,
+    margin: Margin = LOW_HEADROOM_FRACTION,
+    target_tokens: Tokens = None,
+    plateau_steps: Steps = 2000,
+    checkpoints: Annotated[int, Query(ge=0, le=10_000)] = 1,
+    reference: Annotated[list[str] | None, Query(max_length=8)] = None,
+) -> dict[str, Any]:
+    """Readiness, largest tokens per step that fit, a target's projection and the recommendation.
+
+    ``reference`` (repeatable): runs of the same job at other batch settings, for the token fit.
+    """
+    refs = tuple(reference or ())
+    versions = tuple(_version(request, r, "reference") for r in refs)
+    key = ("advice", id(request.app), run, _version(request, run), margin, target_tokens, plateau_steps, checkpoints,
+           refs, versions)
+    config = ReadinessConfig(plateau_steps=plateau_steps, checkpoints=checkpoints, margin=margin)
+    return _cached(key, lambda: advise(_observe(request, run), margin=margin, target_tokens=target_tokens,
+                                       readiness_config=config,
+                                       references=[_observe(request, r) for r in refs]).as_dict())
+
+
+@router.get("/api/v1/compare")
+def compare(request: Request, a: Annotated[str, Query(min_length=1)], b: Annotated[str, Query(min_length=1)]
+            ) -> dict[str, Any]:
+    """Two stored runs side by side per rank (plateau, peaks per phase, headroom, step time)."""
+    key = ("compare", id(request.app), a, _version(request, a), b, _version(request, b))
+    return _cached(key, lambda: compare_runs(_observe(request, a), _observe(request, b)).as_dict())

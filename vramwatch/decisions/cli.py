@@ -1,0 +1,143 @@
+"""``vramwatch advise``, ``compare`` and ``gate``: registered into the main CLI by :func:`register`.
+
+Exit codes: 0 done (gate: within tolerance), 1 gate failed, 2 bad input (one line on stderr,
+raised as :class:`vramwatch.cli.UsageError`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from vramwatch.verdicts import LOW_HEADROOM_FRACTION
+
+EXIT_GATE_FAILED = 1
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), got {text}")
+    return value
+
+
+def _tokens(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of tokens: {text!r}") from None
+    if value <= 0 or value > 2**53:
+        raise argparse.ArgumentTypeError(f"must be a positive number of tokens, got {text}")
+    return value
+
+
+def _resolve(source: str, args: argparse.Namespace) -> Any:
+    from vramwatch.cli import UsageError, _db_path
+
+    from .observe import SourceError, resolve
+
+    try:
+        return resolve(source, _db_path(args))
+    except SourceError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _dump(doc: dict[str, Any]) -> None:
+    import orjson
+
+    sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from .advice import advise
+    from .readiness import ReadinessConfig
+
+    obs = _resolve(args.run, args)
+    refs = [_resolve(r, args) for r in args.reference or []]
+    config = ReadinessConfig(plateau_steps=args.plateau_steps, checkpoints=args.checkpoints, margin=args.margin)
+    result = advise(obs, margin=args.margin, target_tokens=args.target_tokens, readiness_config=config,
+                    references=refs)
+    if args.json:
+        _dump(result.as_dict())
+        return 0
+    r = result.readiness
+    head = "-" if r.min_headroom_bytes is None else f"{r.min_headroom_bytes / 1e9:.1f} GB"
+    lines = [f"run {result.run}: {r.verdict.upper()} (plateau held {r.plateau_steps:,} steps, "
+             f"{r.checkpoints_passed} checkpoint(s) passed, worst headroom {head} on rank {r.worst_rank})"]
+    lines += [f"  - {reason}" for reason in r.reasons]
+    if result.max_tokens_per_step is not None:
+        cap = next(c for c in result.ranks if c.rank == result.binding_rank)
+        lines.append(f"largest tokens per step that keeps {result.margin:.0%} free: {result.max_tokens_per_step:,} "
+                     f"per rank ({result.max_global_tokens_per_step:,} global over {result.world_size} ranks); "
+                     f"binding: rank {cap.rank} at {cap.binding_phase}; fit {cap.fit_method}, "
+                     f"uncertainty {cap.uncertainty_frac:.1%}")
+    if result.target is not None:
+        t = result.target
+        lines.append(f"at {t.tokens_per_step:,} tokens per step: worst peak {t.worst_peak_bytes / 1e9:.1f} GB "
+                     f"(rank {t.rank}, {t.phase}), headroom {t.headroom_bytes / 1e9:.1f} GB: "
+                     f"{'fits' if t.fits else 'does NOT fit'}")
+    lines.append(result.recommendation)
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare, format_comparison
+
+    result = compare(_resolve(args.run_a, args), _resolve(args.run_b, args))
+    if args.json:
+        _dump(result.as_dict())
+    else:
+        sys.stdout.write(format_comparison(result))
+    return 0
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from vramwatch.cli import UsageError
+
+    from .gate import gate
+
+    result = gate(_resolve(args.baseline, args), _resolve(args.candidate, args), args.max_growth)
+    if result.worst is None:
+        raise UsageError("nothing comparable between baseline and candidate (no shared rank and phase)")
+    print(f"vramwatch gate: {result.line}")
+    return 0 if result.passed else EXIT_GATE_FAILED
+
+
+def register(sub: Any, add_db: Any) -> None:
+    """Add the three subcommands to the main parser's subparsers (``add_db`` adds ``--db``)."""
+    p = sub.add_parser("advise", help="readiness, largest batch that fits, and what to do next for a run")
+    p.add_argument("run", help="run name in the database, or trace file(s) (comma-separated)")
+    add_db(p)
+    p.add_argument("--margin", type=_fraction, default=LOW_HEADROOM_FRACTION,
+                   help=f"device share to keep free at the worst phase (default {LOW_HEADROOM_FRACTION})")
+    p.add_argument("--target-tokens", type=_tokens, metavar="N", help="project a proposed tokens per step per rank")
+    p.add_argument("--reference", action="append", metavar="RUN",
+                   help="the same job at another batch setting (fits tokens across runs); repeatable")
+    p.add_argument("--plateau-steps", type=_tokens, default=2000, metavar="N",
+                   help="steps a plateau must hold to be ready (default 2000)")
+    p.add_argument("--checkpoints", type=int, default=1, metavar="N",
+                   help="checkpoints that must be passed to be ready (default 1)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_advise)
+
+    p = sub.add_parser("compare", help="two runs side by side per rank (plateau, peaks per phase, headroom)")
+    p.add_argument("run_a", metavar="RUN_A", help="run name or trace file(s)")
+    p.add_argument("run_b", metavar="RUN_B", help="run name or trace file(s)")
+    add_db(p)
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("gate", help="CI memory regression gate: exit 1 when the candidate grew beyond tolerance")
+    p.add_argument("baseline", metavar="BASELINE", help="run name or trace file(s)")
+    p.add_argument("candidate", metavar="CANDIDATE", help="run name or trace file(s)")
+    add_db(p)
+    p.add_argument("--max-growth", type=_fraction, default=0.03, help="tolerated growth (default 0.03)")
+    p.set_defaults(func=cmd_gate)
+
+
+__all__ = ["register"]

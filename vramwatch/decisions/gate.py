@@ -1,0 +1,58 @@
+"""Memory regression gate for CI: a candidate fails when its plateau or any phase's peak grew
+beyond a tolerance over a baseline, on any rank.
+
+Judged on the allocator's own figures (plateau reserved, ``peak_allocated_bytes`` per
+phase kind), which repeat across machines and drivers. A figure the baseline has and the
+candidate lacks (a phase that never ran, a rank missing) is reported, not silently passed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .compare import MEMORY_METRICS, Metric, compare
+from .observe import RunObservation
+
+DEFAULT_MAX_GROWTH = 0.03
+
+
+@dataclass(frozen=True)
+class GateResult:
+    passed: bool
+    line: str  # one line: the verdict, and for a failure the metric, rank, phase and growth
+    worst: Metric | None  # the figure that grew most (None when nothing comparable)
+    failures: tuple[Metric, ...]
+    missing: tuple[str, ...]  # baseline figures the candidate lacks
+    added: tuple[str, ...] = ()  # candidate figures the baseline lacks (a new phase)
+
+
+def gate(baseline: RunObservation, candidate: RunObservation, max_growth: float = DEFAULT_MAX_GROWTH) -> GateResult:
+    """Compare per rank and phase; O(ranks x phases)."""
+    cmp = compare(baseline, candidate)
+    memory = [m for m in cmp.metrics if m.name in MEMORY_METRICS]
+    comparable = [m for m in memory if m.growth is not None]
+    missing = tuple(f"{m.name} rank {m.rank} phase {m.phase}" for m in memory if m.a is not None and m.b is None)
+    missing += tuple(f"rank {r}" for r in cmp.ranks_only_in_a)
+    added = tuple(f"{m.name} rank {m.rank} phase {m.phase} ({(m.b or 0) / 1e9:.2f} GB)"
+                  for m in memory if m.a is None and m.b is not None)
+    failures = tuple(sorted((m for m in comparable if (m.growth or 0) > max_growth),
+                            key=lambda m: -(m.growth or 0)))
+    worst = max(comparable, key=lambda m: m.growth or 0, default=None)
+    if failures:
+        f = failures[0]
+        more = f" (+{len(failures) - 1} more over tolerance)" if len(failures) > 1 else ""
+        line = (f"FAIL: {f.name} rank {f.rank} phase {f.phase} grew {f.growth:+.2%} "
+                f"({(f.a or 0) / 1e9:.2f} GB -> {(f.b or 0) / 1e9:.2f} GB), tolerance {max_growth:.1%}{more}")
+        return GateResult(False, line, worst, failures, missing)
+    if not comparable:
+        return GateResult(False, "FAIL: nothing comparable between baseline and candidate", None, (), missing)
+    line = (f"PASS: largest growth {worst.growth:+.2%} ({worst.name} rank {worst.rank} phase {worst.phase}) "
+            f"within {max_growth:.1%}") if worst else "PASS"
+    if missing:
+        line += f"; candidate lacks {', '.join(missing[:3])}"
+    if added:  # new memory the baseline never needed: not a growth, but worth a look
+        line += f"; candidate adds {', '.join(added[:3])}"
+    return GateResult(True, line, worst, (), missing, added)
+
+
+__all__ = ["DEFAULT_MAX_GROWTH", "GateResult", "gate"]

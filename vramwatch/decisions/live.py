@@ -1,0 +1,106 @@
+"""The collector's per-series engine with the decision figures folded in online.
+
+:class:`DecisionEngine` has the :class:`~vramwatch.engine.TrendEngine` public surface the
+collector uses (``update``, ``summary()``, ``state``, ``events``, ``samples``) and adds,
+per rank, a memory-model builder and the readiness bookkeeping
+(:class:`~vramwatch.decisions.observe.RankTrack`). ``summary()`` gains:
+
+* ``max_tokens_per_step``: largest tokens per step that keeps the default margin
+  (:data:`vramwatch.verdicts.LOW_HEADROOM_FRACTION`) at the worst phase; None when unknown;
+* ``tokens_per_step_max_observed``: largest tokens per step seen;
+* ``readiness``: ``ready`` / ``not_ready`` / ``unsafe`` with the default thresholds.
+
+Cost: per sample, the engine's update plus O(1); the model is refitted (O(buckets²),
+under a millisecond) only when a bucket maximum changed and at most once per :data:`REFIT_EVERY`
+samples; the other figures are re-judged every :data:`RECHECK_EVERY` samples or on an OOM, so a
+scrape mostly reads cached figures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramwatch.engine import TrendEngine
+from vramwatch.verdicts import LOW_HEADROOM_FRACTION
+
+from .model import TransientFit
+from .observe import RankTrack
+from .readiness import ReadinessConfig, rank_readiness
+
+#: Samples between refits of the transient (only when a bucket maximum changed).
+REFIT_EVERY = 256
+#: Samples between re-judging readiness and the largest batch on the cached fit.
+RECHECK_EVERY = 32
+
+_CONFIG = ReadinessConfig()
+
+
+class DecisionEngine:
+    """A TrendEngine plus the decision figures; a drop-in ``engine_factory`` for ``LiveState``."""
+
+    def __init__(self, engine: TrendEngine | None = None) -> None:
+        self._track = RankTrack("", "", 0, engine=engine or TrendEngine())
+        self._fit: TransientFit | None = None
+        self._fit_version = -1
+        self._fitted_at = 0
+        self._checked_at = -RECHECK_EVERY
+        self._ooms_seen = 0
+        self._figures: dict[str, Any] = {"max_tokens_per_step": None, "tokens_per_step_max_observed": None,
+                                         "readiness": None}
+
+    # the TrendEngine surface the collector reads
+    @property
+    def engine(self) -> TrendEngine:
+        return self._track.engine
+
+    @property
+    def state(self) -> str:
+        return self._track.engine.state
+
+    @property
+    def events(self) -> Any:
+        return self._track.engine.events
+
+    @property
+    def samples(self) -> int:
+        return self._track.engine.samples
+
+    def __getattr__(self, name: str) -> Any:
+        # anything else the engine offers (config, plateau_breaks, ...) reads through
+        return getattr(self._track.engine, name)
+
+    def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
+        """Engine update plus O(1) bookkeeping; returns the engine's new events."""
+        track = self._track
+        track.run, track.host, track.rank = sample["run"], sample["host"], sample["rank"]
+        return track.update(sample)
+
+    def figures(self) -> dict[str, Any]:
+        """The decision figures, O(1) amortised per call.
+
+        Recomputed when :data:`RECHECK_EVERY` samples arrived or an OOM was counted since
+        the last time (cheap: the cached fit, the current floor); the transient fit itself is
+        redone only when a bucket maximum changed and :data:`REFIT_EVERY` samples arrived.
+        """
+        track = self._track
+        builder = track.builder
+        if builder.samples - self._checked_at < RECHECK_EVERY and track.ooms == self._ooms_seen:
+            return self._figures
+        self._checked_at, self._ooms_seen = builder.samples, track.ooms
+        if self._fit is None or (builder.version != self._fit_version
+                                 and builder.samples - self._fitted_at >= REFIT_EVERY):
+            self._fit, self._fit_version, self._fitted_at = builder.fit(), builder.version, builder.samples
+        model = builder.model(self._fit, timing=False)
+        tokens, _ = model.max_tokens(LOW_HEADROOM_FRACTION)
+        self._figures = {
+            "max_tokens_per_step": tokens,
+            "tokens_per_step_max_observed": model.tokens_seen_max,
+            "readiness": rank_readiness(track, _CONFIG).verdict,
+        }
+        return self._figures
+
+    def summary(self) -> dict[str, Any]:
+        return {**self._track.engine.summary(), **self.figures()}
+
+
+__all__ = ["RECHECK_EVERY", "REFIT_EVERY", "DecisionEngine"]

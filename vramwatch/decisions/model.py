@@ -1,0 +1,438 @@
+"""Memory model of one rank: a persistent floor plus a transient that follows the batch's tokens.
+
+Per training step a rank holds its **floor** (``allocated`` at the step boundary: weights,
+gradients, optimizer and EMA state, compiled-graph pools) and, during the step, a
+**transient** on top of it (activations, logits and loss buffers): ``peak - allocated`` of
+the same sample. Checkpoint and eval phases have transients of their own. The device must
+also hold the allocator's slack (reserved beyond the largest peak: rounding, split blocks)
+and memory outside the allocator (:func:`vramwatch.verdicts.outside_allocator_bytes`).
+
+:class:`RankModelBuilder` folds samples in online, O(1) per sample and bounded memory
+(one maximum per 1 %-wide token bucket, one per phase name, a short window for the
+floor). :meth:`RankModelBuilder.model` fits the transient against tokens on the **upper
+envelope** (the peak is a maximum, so the line must sit on the bucket maxima, not
+through their middle): Theil-Sen slope over the bucket maxima, intercept raised until
+no bucket lies above the line. When tokens never varied, buckets from reference runs
+at other batch settings (:meth:`RankModelBuilder.merge_tokens`) give the spread; without
+them the transient is assumed proportional to tokens, with a wider stated uncertainty.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+from vramwatch.verdicts import outside_allocator_bytes
+
+#: Width of a token bucket (relative): per-step peaks are compared within 1 % of tokens.
+BUCKET_WIDTH = 0.01
+#: Train samples the floor and outside-allocator figures are judged over (the latest), kept as
+#: the maxima of blocks of BLOCK samples so a sample costs one comparison.
+WINDOW = 256
+BLOCK = 32
+#: Token spread (max / min) below which tokens are treated as constant.
+MIN_SPREAD = 1.05
+#: Stated relative uncertainty of the proportional assumption (docs/decisions.md).
+PROPORTIONAL_UNCERTAINTY = 0.25
+#: Smallest stated uncertainty of a fit that extrapolates (no fit is exact beyond its data).
+MIN_UNCERTAINTY = 0.02
+#: Stated uncertainty of a fit the hold-out check could not test (too few token settings, e.g.
+#: two or three runs at different batches): the line passes through them, nothing checks its shape.
+UNCHECKED_UNCERTAINTY = 0.10
+#: The hold-out check fits the lower part of the token range and predicts the top part.
+HOLDOUT_SPLIT = 0.7
+
+FIT_METHODS = ("envelope", "envelope_quadratic", "across_runs", "proportional", "none")
+
+
+@dataclass(frozen=True)
+class TransientFit:
+    """Transient bytes as ``intercept + slope * tokens`` (upper envelope of per-step peaks)."""
+
+    method: str  # one of FIT_METHODS
+    intercept_bytes: float
+    bytes_per_token: float
+    buckets: int  # token buckets the fit rests on
+    tokens_min: int | None
+    tokens_max: int | None
+    residual_frac: float | None  # RMS of bucket maxima around the line / transient at tokens_max
+    holdout_error_frac: float | None  # fit on the lower 70 % of tokens, error at the top buckets
+    uncertainty_frac: float  # stated relative uncertainty of the transient when projected
+    bytes_per_token2: float = 0.0  # curvature (bytes per token squared) when the envelope is convex
+
+    def transient(self, tokens: float) -> float:
+        """Projected transient at ``tokens`` (O(1))."""
+        return self.intercept_bytes + self.bytes_per_token * tokens + self.bytes_per_token2 * tokens * tokens
+
+    def tokens_for(self, room: float) -> int:
+        """Largest tokens whose transient stays within ``room`` bytes (0 when none; O(1))."""
+        a, b, c = self.intercept_bytes - room, self.bytes_per_token, self.bytes_per_token2
+        if a > 0:
+            return 0
+        if c <= 0:
+            return int(-a // b) if b > 0 else 0
+        return int((-b + math.sqrt(b * b - 4 * c * a)) / (2 * c))
+
+    @property
+    def usable(self) -> bool:
+        return self.method != "none" and self.bytes_per_token > 0
+
+
+@dataclass(frozen=True)
+class PhaseNeed:
+    """A non-train phase's own transient above the floor (independent of the training batch)."""
+
+    phase: str
+    transient_bytes: int
+    samples: int
+
+
+@dataclass(frozen=True)
+class RankModel:
+    """The fitted model of one rank; every projection is O(phases)."""
+
+    run: str
+    host: str
+    rank: int
+    total_bytes: int
+    floor_bytes: int
+    outside_bytes: int  # memory outside the allocator (0 when NVML is unavailable)
+    outside_measured: bool
+    slack_bytes: int  # reserved beyond the largest peak (allocator rounding, split blocks)
+    train: TransientFit
+    train_transient_bytes: int  # largest training transient observed
+    phases: tuple[PhaseNeed, ...]
+    tokens_seen_max: int | None
+    tokens_last: int | None
+    world_size: int | None
+    step: int | None
+    step_time_s: float | None  # median of recent train steps
+    oom_tokens: int | None = None  # fewest tokens of a train step that hit an OOM (a hard ceiling)
+    oom_phases: tuple[str, ...] = ()  # phases that hit an OOM (their need is unknown: above the device)
+
+    def _fixed(self) -> int:
+        return self.floor_bytes + self.slack_bytes + self.outside_bytes
+
+    def phase_needs(self, tokens: float | None = None) -> dict[str, float]:
+        """Device need per phase (bytes); ``train`` at ``tokens`` (else at the largest observed)."""
+        base = self._fixed()
+        if tokens is not None and self.train.usable:
+            train = base + self.train.transient(tokens)
+        else:
+            train = base + self.train_transient_bytes
+        needs = {"train": float(train)}
+        for p in self.phases:
+            needs[p.phase] = float(base + p.transient_bytes)
+        return needs
+
+    def worst_need(self, tokens: float | None = None) -> tuple[float, str]:
+        """(bytes, phase) of the phase that needs the most at ``tokens``."""
+        needs = self.phase_needs(tokens)
+        phase = max(needs, key=needs.__getitem__)
+        return needs[phase], phase
+
+    def max_tokens(self, margin: float) -> tuple[int | None, str]:
+        """Largest tokens per step that keeps ``margin`` x device free at every phase.
+
+        Returns (tokens, binding phase). ``None`` when the model cannot say (no usable fit);
+        0 when a phase independent of the batch already breaks the margin.
+        """
+        if not self.total_bytes:
+            return None, "train"  # device size unknown: nothing to fit into
+        if self.oom_phases:
+            return 0, self.oom_phases[0]
+        limit = self.total_bytes * (1.0 - margin)
+        for p in self.phases:
+            if self._fixed() + p.transient_bytes > limit:
+                return 0, p.phase
+        if not self.train.usable:
+            return None, "train"
+        tokens = self.train.tokens_for(limit - self._fixed())
+        if self.oom_tokens is not None and tokens >= self.oom_tokens:
+            return self.oom_tokens - 1, "train"  # what was seen to fail bounds what the fit says
+        return tokens, "train"
+
+
+@dataclass
+class _Bucket:
+    tokens: int
+    transient: int
+
+
+@dataclass
+class RankModelBuilder:
+    """Online accumulator for one series; feed samples in arrival order with :meth:`update`."""
+
+    run: str = ""
+    host: str = ""
+    rank: int = 0
+    buckets: dict[int, _Bucket] = field(default_factory=dict)
+    reference_buckets: dict[int, _Bucket] = field(default_factory=dict)
+    phase_max: dict[str, list[int]] = field(default_factory=dict)  # phase -> [transient, samples]
+    no_token_max: int = 0
+    floors: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW // BLOCK))  # block maxima
+    outsides: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW // BLOCK))
+    block_floor: int = -1  # the open block's maxima (-1: none yet)
+    block_outside: int = -1
+    block_fill: int = 0
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    incarnation: Any = None
+    inc_peak: int = 0  # largest peak of the current process (any phase)
+    reserved: int = 0
+    total: int = 0
+    world_size: int | None = None
+    step: int | None = None
+    tokens_last: int | None = None
+    tokens_max: int | None = None  # largest tokens of this run's own samples
+    train_transient_max: int = 0
+    samples: int = 0
+    version: int = 0  # bumped when a bucket or phase maximum changes: the fit is stale
+    inc_ooms: int = 0  # the process's OOM counter at the previous sample
+    oom_tokens: int | None = None
+    oom_phases: list[str] = field(default_factory=list)
+
+    def update(self, sample: dict[str, Any]) -> None:
+        """Fold one schema-1 sample in: O(1), no allocation beyond the bounded buckets."""
+        self.samples += 1
+        incarnation = sample.get("incarnation", "")
+        if incarnation != self.incarnation:
+            # a new process starts with a fresh allocator: floor and slack are its own
+            self.incarnation = incarnation
+            self.floors.clear()
+            self.outsides.clear()
+            self.block_floor = self.block_outside = -1
+            self.block_fill = 0
+            self.inc_peak = 0
+            self.inc_ooms = 0
+            self.run, self.host, self.rank = sample["run"], sample["host"], sample["rank"]
+            self.world_size = sample.get("world_size", self.world_size)
+            self.total = sample["total_bytes"] or self.total
+        self.step = sample["step"]
+        peak, allocated = sample["peak_allocated_bytes"], sample["allocated_bytes"]
+        reserved = self.reserved = sample["reserved_bytes"]
+        if peak > self.inc_peak:
+            self.inc_peak = peak
+        transient = peak - allocated if peak > allocated else 0
+        if sample["ooms"] > self.inc_ooms:
+            # the allocation failed: this peak is the device's ceiling, not the step's demand;
+            # it bounds what fits instead of joining the envelope
+            self.inc_ooms = sample["ooms"]
+            self._oom(sample)
+            return
+        if sample["phase"] != "train":
+            entry = self.phase_max.setdefault(sample["phase"], [0, 0])
+            if transient > entry[0]:
+                entry[0] = transient
+                self.version += 1
+            entry[1] += 1
+            return
+        if allocated > self.block_floor:
+            self.block_floor = allocated
+        used = sample.get("nvml_used_bytes")
+        if used is not None and used - reserved > self.block_outside:
+            self.block_outside = outside_allocator_bytes(reserved, used) or 0
+        self.block_fill += 1
+        if self.block_fill == BLOCK:
+            self.floors.append(self.block_floor)
+            if self.block_outside >= 0:
+                self.outsides.append(self.block_outside)
+            self.block_floor = self.block_outside = -1
+            self.block_fill = 0
+        step_time = sample.get("step_time_s")
+        if step_time:
+            self.step_times.append(step_time)
+        if transient > self.train_transient_max:
+            self.train_transient_max = transient
+        tokens = sample.get("tokens")
+        if tokens:
+            self.tokens_last = tokens
+            if self.tokens_max is None or tokens > self.tokens_max:
+                self.tokens_max = tokens
+            key = int(math.log(tokens) * _INV_LOG_WIDTH)  # _fold, inlined: the per-sample path
+            entry = self.buckets.get(key)
+            if entry is None:
+                self.buckets[key] = _Bucket(tokens, transient)
+                self.version += 1
+            elif transient > entry.transient:
+                entry.tokens, entry.transient = tokens, transient
+                self.version += 1
+        elif transient > self.no_token_max:
+            self.no_token_max = transient
+
+    def _oom(self, sample: dict[str, Any]) -> None:
+        phase = sample["phase"]
+        tokens = sample.get("tokens")
+        if phase != "train":
+            if phase not in self.oom_phases:
+                self.oom_phases.append(phase)
+        elif tokens:
+            if self.oom_tokens is None or tokens < self.oom_tokens:
+                self.oom_tokens = tokens
+            if self.tokens_max is None or tokens > self.tokens_max:
+                self.tokens_max = tokens  # the run did ask for this batch
+        self.version += 1
+
+    def merge_tokens(self, other: RankModelBuilder) -> None:
+        """Take ``other``'s token buckets as reference points (the same job at another batch)."""
+        for b in (*other.buckets.values(), *other.reference_buckets.values()):
+            _fold(self.reference_buckets, b.tokens, b.transient)
+
+    def fit(self) -> TransientFit:
+        """The transient fit on the current buckets: O(buckets) plus Theil-Sen on ≤ MAX_FIT_POINTS."""
+        points = list(self.buckets.values()) + list(self.reference_buckets.values())
+        return fit_transient(points, across_runs=bool(self.reference_buckets))
+
+    def model(self, fit: TransientFit | None = None, *, timing: bool = True) -> RankModel:
+        """Freeze the model; ``fit`` reuses an earlier :meth:`fit` (the floor, slack and
+        outside figures are always current). O(phases + window blocks) given a fit; ``timing``
+        adds the median step time (a sort of the latest 256)."""
+        fit = fit if fit is not None else self.fit()
+        floor = max((*self.floors, self.block_floor, 0))
+        outsides = (*self.outsides, *((self.block_outside,) if self.block_outside >= 0 else ()))
+        outside = max(outsides, default=0)
+        slack = max(0, self.reserved - self.inc_peak)
+        return RankModel(
+            run=self.run, host=self.host, rank=self.rank, total_bytes=self.total, floor_bytes=floor,
+            outside_bytes=outside, outside_measured=bool(outsides), slack_bytes=slack, train=fit,
+            train_transient_bytes=self.train_transient_max,
+            phases=tuple(PhaseNeed(name, v[0], v[1]) for name, v in sorted(self.phase_max.items())),
+            tokens_seen_max=self.tokens_max, tokens_last=self.tokens_last,
+            world_size=self.world_size, step=self.step,
+            step_time_s=median(self.step_times) if timing and self.step_times else None,
+            oom_tokens=self.oom_tokens, oom_phases=tuple(self.oom_phases),
+        )
+
+
+_INV_LOG_WIDTH = 1.0 / math.log1p(BUCKET_WIDTH)
+
+
+def _fold(buckets: dict[int, _Bucket], tokens: int, transient: int) -> None:
+    key = int(math.log(tokens) * _INV_LOG_WIDTH)
+    entry = buckets.get(key)
+    if entry is None:
+        buckets[key] = _Bucket(tokens, transient)
+    elif transient > entry.transient:
+        entry.tokens, entry.transient = tokens, transient
+
+
+#: Theil-Sen runs on at most this many bucket maxima (evenly spread over the token range):
+#: O(n²) pairs, so the fit stays well under a millisecond whatever the bucket count.
+MAX_FIT_POINTS = 48
+
+
+def _theil_sen(points: list[_Bucket]) -> float:
+    if len(points) > MAX_FIT_POINTS:
+        stride = len(points) / MAX_FIT_POINTS
+        points = [points[int(i * stride)] for i in range(MAX_FIT_POINTS)] + [points[-1]]
+    slopes = [
+        (b.transient - a.transient) / (b.tokens - a.tokens)
+        for i, a in enumerate(points)
+        for b in points[i + 1:]
+        if b.tokens != a.tokens
+    ]
+    return median(slopes) if slopes else 0.0
+
+
+def _upper_hull(points: list[_Bucket]) -> list[_Bucket]:
+    """Vertices of the upper convex hull of points sorted by tokens (monotone chain, O(n))."""
+    hull: list[_Bucket] = []
+    for p in points:
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            # drop b when it lies on or under the segment a -> p
+            rise_ab, rise_ap = b.transient - a.transient, p.transient - a.transient
+            if (b.tokens - a.tokens) * rise_ap >= (p.tokens - a.tokens) * rise_ab:
+                hull.pop()
+            else:
+                break
+        hull.append(p)
+    return hull
+
+
+def _envelope(points: list[_Bucket]) -> tuple[float, float, float]:
+    """(intercept, slope, 0) of the upper envelope, no point above the line.
+
+    The slope is Theil-Sen over the vertices of the upper convex hull: the buckets that
+    carry the worst batch composition at their token count (the cloud below them, e.g.
+    shorter sequences at equal tokens, does not pull the slope down), robust to one vertex
+    an outlier made.
+    """
+    hull = _upper_hull(points)
+    slope = max(0.0, _theil_sen(hull if len(hull) >= 2 else points))
+    intercept = max(p.transient - slope * p.tokens for p in points)
+    return intercept, slope, 0.0
+
+
+def fit_transient(points: list[_Bucket], *, across_runs: bool = False, force: str | None = None) -> TransientFit:
+    """Fit the transient against tokens on bucket maxima; states its own error.
+
+    ``force`` ("proportional" or "envelope", no convex switch) is for ablations (the benchmark).
+    """
+    points = sorted(points, key=lambda b: b.tokens)
+    if not points:
+        return TransientFit("none", 0.0, 0.0, 0, None, None, None, None, 1.0)
+    lo, hi = points[0].tokens, points[-1].tokens
+    fewest = 2 if across_runs else 3  # two batch settings determine a line; one run's buckets need more
+    if len(points) < fewest or hi < lo * MIN_SPREAD or force == "proportional":
+        # tokens never varied: the transient is assumed to scale with them
+        best = max(points, key=lambda b: b.transient)
+        return TransientFit("proportional", 0.0, best.transient / best.tokens, len(points), lo, hi,
+                            None, None, PROPORTIONAL_UNCERTAINTY)
+    method = "across_runs" if across_runs else "envelope"
+    coef = _envelope(points)
+    residual = _residual(points, coef)
+    holdout = _holdout_error(points, _envelope)
+    if holdout is not None and holdout < -0.01 and len(points) >= 6 and force is None:
+        # the line under-projects the top of the range beyond the data's own scatter (judged
+        # around a parabola, which a convex envelope does not inflate): memory grows faster
+        # than tokens (attention without flash, per-sequence buffers)
+        quad = _envelope_quadratic(points)
+        quad_residual = _residual(points, quad)
+        if quad[2] > 0 and holdout < -2 * quad_residual:
+            coef, method, residual = quad, "envelope_quadratic", quad_residual
+            holdout = _holdout_error(points, _envelope_quadratic)
+    floor = MIN_UNCERTAINTY if holdout is not None else UNCHECKED_UNCERTAINTY
+    uncertainty = max(floor, residual, abs(holdout) if holdout is not None else 0.0)
+    return TransientFit(method, coef[0], coef[1], len(points), lo, hi, round(residual, 5),
+                        None if holdout is None else round(holdout, 5), round(uncertainty, 5), coef[2])
+
+
+def _value(coef: tuple[float, float, float], tokens: float) -> float:
+    return coef[0] + coef[1] * tokens + coef[2] * tokens * tokens
+
+
+def _residual(points: list[_Bucket], coef: tuple[float, float, float]) -> float:
+    """RMS of the bucket maxima around the envelope, relative to the envelope at the top."""
+    scale = max(1.0, _value(coef, points[-1].tokens))
+    return math.sqrt(sum((_value(coef, p.tokens) - p.transient) ** 2 for p in points) / len(points)) / scale
+
+
+def _envelope_quadratic(points: list[_Bucket]) -> tuple[float, float, float]:
+    """Least-squares parabola through the bucket maxima, raised until none lies above it."""
+    import numpy as np
+
+    t = np.array([p.tokens for p in points], dtype=float)
+    y = np.array([p.transient for p in points], dtype=float)
+    c, b, _ = np.polyfit(t, y, 2)
+    a = float(np.max(y - b * t - c * t * t))
+    return a, float(b), float(c)
+
+
+def _holdout_error(points: list[_Bucket], fit: Any) -> float | None:
+    """Fit the lower part of the token range, predict the top buckets: signed relative error."""
+    lo, hi = points[0].tokens, points[-1].tokens
+    cut = lo + HOLDOUT_SPLIT * (hi - lo)
+    train = [p for p in points if p.tokens <= cut]
+    test = [p for p in points if p.tokens > cut]
+    if len(train) < 3 or not test or train[-1].tokens < train[0].tokens * MIN_SPREAD:
+        return None
+    coef = fit(train)
+    worst = max(test, key=lambda b: b.transient - _value(coef, b.tokens))
+    predicted = _value(coef, worst.tokens)
+    return (predicted - worst.transient) / max(1.0, worst.transient)
+
+
+__all__ = ["FIT_METHODS", "PhaseNeed", "RankModel", "RankModelBuilder", "TransientFit", "fit_transient"]
