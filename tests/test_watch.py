@@ -67,7 +67,10 @@ class DcgmExporter:
                 self.send_header("content-type", "text/plain; version=0.0.4")
                 self.send_header("content-length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.wfile.write(body)
+                except BrokenPipeError:
+                    pass  # Prometheus gave up on a slow scrape (its timeout): a missed point, as in life
 
             def log_message(self, *args: Any) -> None:
                 pass
