@@ -75,6 +75,38 @@ STEPS = {
 
 LEAK_SCENARIOS = ("fast_leak", "slow_leak", "noisy_leak", "leak_to_oom", "outside_leak", "multi_rank")
 
+#: Sparse variants: what other tools record. ``allocated_only``: Megatron-LM's
+#: ``mem-allocated-bytes`` scalar (fields absent); ``device_used_only``: dcgm-exporter's
+#: ``DCGM_FI_DEV_FB_USED`` / nvidia-smi ``memory.used`` (fields null, no phase marks).
+VARIANTS = ("full", "allocated_only", "device_used_only")
+_MEASUREMENTS = ("allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "inactive_split_bytes",
+                 "alloc_retries", "ooms", "nvml_used_bytes", "process_used_bytes", "active_bytes")
+_KEEP = {"allocated_only": ("allocated_bytes",), "device_used_only": ("nvml_used_bytes",)}
+
+
+def thin(sample: dict[str, Any], variant: str) -> dict[str, Any] | None:
+    """One sample as a tool that measures less would have recorded it (None: not recorded at
+    all). Nothing is invented: what is not measured is absent or null."""
+    if variant == "full":
+        return sample
+    drop = [f for f in _MEASUREMENTS if f not in _KEEP[variant]]
+    if variant == "device_used_only":
+        if sample["phase"] != "train":
+            return None  # dcgm and nvidia-smi know nothing of phases
+        out = dict(sample, schema=2)  # wire schema 2: measurements may be null
+        out.update(dict.fromkeys(drop))  # null: not measured
+        return out
+    out = {k: v for k, v in sample.items() if k not in drop}  # absent: not measured
+    out["schema"] = 2
+    return out
+
+
+def sparse(samples: Iterator[dict[str, Any]], variant: str) -> Iterator[dict[str, Any]]:
+    for sample in samples:
+        out = thin(sample, variant)
+        if out is not None:
+            yield out
+
 
 @dataclass
 class Case:
@@ -84,12 +116,17 @@ class Case:
     params: dict[str, Any]
     ranks: tuple[int, ...]
     truth: dict[int, dict[str, Any]] = field(default_factory=dict)
+    variant: str = "full"
 
     @property
     def name(self) -> str:
-        return f"{self.scenario}@{self.scale.name}"
+        suffix = "" if self.variant == "full" else f"/{self.variant}"
+        return f"{self.scenario}@{self.scale.name}{suffix}"
 
     def trace(self, rank: int) -> Iterator[dict[str, Any]]:
+        return sparse(self._full_trace(rank), self.variant)
+
+    def _full_trace(self, rank: int) -> Iterator[dict[str, Any]]:
         return simulate_trace(
             self.scenario,
             steps=self.steps,
@@ -116,12 +153,14 @@ def scaled_params(scenario: str, factor: float, warm_factor: float | None = None
     return out
 
 
-def make_case(scenario: str, scale: Scale | str, ranks: tuple[int, ...] | None = None) -> Case:
+def make_case(
+    scenario: str, scale: Scale | str, ranks: tuple[int, ...] | None = None, variant: str = "full"
+) -> Case:
     scale = SCALES[scale] if isinstance(scale, str) else scale
     params = scaled_params(scenario, scale.time_factor, scale.warm)
     if ranks is None:
         ranks = (0, 1, scenario_params(scenario)["leak_rank"]) if scenario == "multi_rank" else (1,)
-    case = Case(scenario, scale, int(STEPS[scenario] * scale.time_factor), params, ranks)
+    case = Case(scenario, scale, int(STEPS[scenario] * scale.time_factor), params, ranks, variant=variant)
     for rank in ranks:
         case.truth[rank] = scenario_truth(scenario, rank=rank, total_bytes=scale.total_bytes, **params)
     return case
@@ -154,13 +193,15 @@ def run_rank(case: Case, rank: int, keep_samples: bool = False, config: EngineCo
     kept: list[dict[str, Any]] | None = [] if keep_samples else None
     oom_step = None
     last_step = 0
-    for sample in case.trace(rank):
-        if kept is not None:
-            kept.append(sample)
-        events.extend(engine.update(sample))
-        if oom_step is None and sample["ooms"] > 0:
-            oom_step = sample["step"]
-        last_step = sample["step"]
+    for full in case._full_trace(rank):
+        if oom_step is None and full["ooms"] > 0:
+            oom_step = full["step"]  # the truth, whatever the variant measures
+        sample = thin(full, case.variant)
+        if sample is not None:
+            if kept is not None:
+                kept.append(sample)
+            events.extend(engine.update(sample))
+        last_step = full["step"]
     truth = case.truth[rank]
     if truth["leak"] is not None and oom_step is not None:
         truth["leak"]["oom_step"] = oom_step  # what actually happened beats the projection

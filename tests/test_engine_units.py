@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -176,10 +178,10 @@ def test_memory_stays_bounded_over_a_long_series() -> None:
         engine.update(_sample(step, allocated_bytes=allocated, reserved_bytes=level + 20 * GB,
                               peak_allocated_bytes=allocated + 10 * GB, nvml_used_bytes=level + 21 * GB))
     assert len(engine.events) <= 50
-    assert all(len(level.blocks) <= engine.config.ring_blocks for level in engine._levels)
-    assert all(len(level.pending) < 4 for level in engine._levels)
+    assert all(len(level.blocks) <= engine.config.ring_blocks for level in engine.ctx.pyramid.levels)
+    assert all(len(level.pending) < 4 for level in engine.ctx.pyramid.levels)
     # the coarsest level covers the whole run in at most ring_blocks summaries
-    assert engine._levels[-1].span * engine.config.ring_blocks >= 200_000
+    assert engine.ctx.pyramid.levels[-1].span * engine.config.ring_blocks >= 200_000
 
 
 def test_irregular_sampling_every_tenth_step_still_finds_a_leak() -> None:
@@ -244,11 +246,39 @@ def test_analyze_names_the_bad_line_and_field(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_bytes(orjson.dumps(good) + b"\n" + orjson.dumps(bad) + b"\n")
     with pytest.raises(wire.WireError) as info:
-        analyze_paths([path])
+        analyze_paths([path], strict=True)
     assert info.value.field == f"{path}:2: reserved_bytes"
     path.write_bytes(orjson.dumps(good) + b"\n{not json\n")
     with pytest.raises(wire.WireError, match=r"t\.jsonl:2"):
-        analyze_paths([path])
+        analyze_paths([path], strict=True)
+
+
+def test_analyze_skips_and_counts_bad_lines_by_default(tmp_path: Path) -> None:
+    samples = [dict(s, run="r") for s in simulate_trace("healthy", steps=600, seed=2)]
+    lines = [orjson.dumps(s) for s in samples]
+    lines[9] = b"{not json"
+    lines[99] = orjson.dumps(dict(samples[99], reserved_bytes=-5))
+    lines[199] = b"   "  # a blank line is no sample and no error
+    lines[299] = b"[1, 2]"
+    path = tmp_path / "messy.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    doc = analyze_paths([path])
+    assert doc["skipped_lines"] == 3
+    assert doc["bad_lines"][0].startswith(f"{path}:10: invalid JSON")
+    assert doc["bad_lines"][1] == f"{path}:100: reserved_bytes: must be between 0 and 2**53, got -5"
+    assert doc["bad_lines"][2].startswith(f"{path}:300: sample: must be a JSON object")
+    (item,) = doc["series"]
+    assert item["samples"] == len(samples) - 4
+    clean = tmp_path / "clean.jsonl"
+    clean.write_bytes(b"\n".join(orjson.dumps(s) for i, s in enumerate(samples) if i not in (9, 99, 199, 299)))
+    assert analyze_paths([clean])["series"][0]["summary"] == item["summary"]  # skipping changes nothing else
+    # the CLI: exit 0 with the count on stderr; --strict stops at the first bad line with exit 2
+    run = [sys.executable, "-m", "vramwatch", "analyze", str(path)]
+    result = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "skipped 3 bad lines" in result.stderr and f"{path}:10" in result.stderr
+    strict = subprocess.run([*run, "--strict"], capture_output=True, text=True, timeout=120)
+    assert strict.returncode == 2 and f"{path}:10" in strict.stderr and "Traceback" not in strict.stderr
+    assert len(strict.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(
@@ -280,9 +310,116 @@ def test_phase_names_map_to_spike_kinds_and_stay_out_of_the_trend() -> None:
                                          peak_allocated_bytes=38 * GB, nvml_used_bytes=42 * GB))
         kinds[phase] = event["type"]
         assert event["peak_bytes"] == 38 * GB
-        assert event["above_plateau_bytes"] == 8 * GB  # above the training peak seen so far
-        assert event["headroom_bytes"] == TOTAL - 2 * GB - 38 * GB  # capacity - outside the allocator - peak
+        # still warming up: no plateau to be above, but the training peak seen so far is known
+        assert event["above_plateau_bytes"] is None and event["plateau_bytes"] is None
+        assert event["training_peak_bytes"] == 30 * GB
+        assert event["above_training_peak_bytes"] == 8 * GB and event["below_training_peak"] is False
+        # verdicts.headroom_bytes: capacity - what the allocator holds (reserved 40) - outside it (2)
+        assert event["headroom_bytes"] == TOTAL - 40 * GB - 2 * GB
     assert kinds == {"validation": "eval_spike", "ckpt_save": "checkpoint_spike", "checkpoint": "checkpoint_spike",
                      "profile": "phase_spike"}
     assert engine.summary()["checkpoint_peak_bytes"] == 38 * GB
-    assert engine._levels[0].blocks[-1][5] == 30 * GB  # the phase peaks never entered a block
+    assert engine.ctx.pyramid.blocks[-1].peak == 30 * GB  # the phase peaks never entered a block
+
+
+# ---------------------------------------------------------------- phase ratchets, labels
+
+
+def _run(scenario: str, **kw: Any) -> tuple[TrendEngine, list[dict[str, Any]], list[str]]:
+    engine = TrendEngine()
+    events: list[dict[str, Any]] = []
+    states: list[str] = []
+    for sample in simulate_trace(scenario, **kw):
+        events += engine.update(sample)
+        states.append(engine.state)
+    return engine, events, states
+
+
+def test_checkpoint_ratchet_relevels_the_plateau_and_never_shows_rising() -> None:
+    engine, events, states = _run("checkpoint", steps=5000, seed=1)
+    assert "rising" not in states  # the old engine sat in "rising" for ~700 steps after the first save
+    (brk,) = [e for e in events if e["type"] == "plateau_break"]
+    assert brk["cause"] == "checkpoint" and brk["relevel"] is True
+    assert 1000 <= brk["step"] <= 1100
+    summary = engine.summary()
+    assert summary["state"] == "plateau" and summary["plateau_relevels"] == 1
+    assert summary["plateau_break_cause"] == "checkpoint"
+    assert brk["new_plateau_bytes"] - brk["plateau_bytes"] > 0.02 * summary["total_bytes"]  # the ratchet
+    # later small ratchets settle the level upwards, nothing more
+    assert summary["plateau_bytes"] == pytest.approx(brk["new_plateau_bytes"], rel=0.001)
+    assert not any(e["type"] in ("leak", "fragmentation") for e in events)
+    doc = {"series": [{"run": "r", "host": "h", "rank": 0, "state": "plateau", "events": events,
+                       "samples": engine.samples, "summary": summary}]}
+    assert f"step {brk['step']}: plateau re-levelled (checkpoint ratcheted reserved once)" in format_table(doc)
+
+
+@pytest.mark.parametrize("onset", [1010, 1100, 1500])
+def test_leak_after_a_checkpoint_is_found_as_fast_as_without_one(onset: int) -> None:
+    found = {}
+    for every in (1000, 0):
+        _engine, events, _ = _run("checkpoint", steps=4000, seed=1, leak_onset=onset, leak_rate_frac=2e-5,
+                                 ckpt_every=every)
+        leak = next(e for e in events if e["type"] == "leak")
+        assert leak["leak_onset_step"] == leak["onset_step"] >= onset - 32
+        found[every] = leak["step"]
+    assert found[1000] - found[0] <= 32  # at most one block later than with no checkpoint at all
+
+
+def test_a_leaking_rank_reports_the_plateau_it_grew_from_and_the_onset() -> None:
+    healthy, _, _ = _run("demo", steps=2400, seed=0, rank=1)
+    leaking, events, _ = _run("demo", steps=2400, seed=0, rank=5)
+    h, s = healthy.summary(), leaking.summary()
+    # identical ranks: the leaking one's plateau is not stale (it was 4 GB lower before)
+    assert s["plateau_bytes"] == pytest.approx(h["plateau_bytes"], rel=0.002)
+    assert s["state"] == "leak"
+    assert 700 <= s["leak_onset_step"] < s["leak_detected_step"] <= 1100
+    assert s["plateau_since_step"] < s["plateau_until_step"] == s["leak_onset_step"]
+    leak = next(e for e in events if e["type"] == "leak")
+    assert leak["step"] == s["leak_detected_step"] and leak["leak_onset_step"] == s["leak_onset_step"]
+    assert leak["plateau_bytes"] == s["plateau_bytes"] and leak["plateau_since_step"] == s["plateau_since_step"]
+    assert h["plateau_until_step"] is None and h["leak_onset_step"] is None
+    doc = {"series": [{"run": "r", "host": "h", "rank": 5, "state": "leak", "events": events,
+                       "samples": leaking.samples, "summary": s}]}
+    assert f"step {leak['step']}: LEAK (allocator) since step {leak['leak_onset_step']}," in format_table(doc)
+    # one headroom formula: worst is the lower of step boundary and checkpoint peak
+    assert s["worst_headroom_bytes"] == min(s["headroom_bytes"], s["checkpoint_headroom_bytes"])
+    assert s["checkpoint_peak_max_bytes"] >= s["checkpoint_peak_bytes"]
+
+
+def test_a_phase_below_the_training_peak_is_a_non_event_in_words() -> None:
+    engine = TrendEngine()
+    for step in range(1, 40):
+        engine.update(_sample(step, reserved_bytes=40 * GB, allocated_bytes=20 * GB, peak_allocated_bytes=30 * GB,
+                              nvml_used_bytes=42 * GB))
+    (event,) = engine.update(_sample(39, phase="checkpoint", reserved_bytes=40 * GB, allocated_bytes=20 * GB,
+                                     peak_allocated_bytes=25 * GB, nvml_used_bytes=42 * GB))
+    assert event["below_training_peak"] is True and event["above_training_peak_bytes"] == -5 * GB
+    doc = {"series": [{"run": "r", "host": "h", "rank": 0, "state": "warmup", "events": [event], "samples": 40,
+                       "summary": engine.summary()}]}
+    text = format_table(doc)
+    assert "below the training peak (30.0 GB)" in text
+    assert "+-" not in text and "above plateau" not in text
+    # a phase sample that measured no peak is still a phase: an event with nulls, and words to match
+    (unmeasured,) = engine.update({k: v for k, v in _sample(40, phase="eval", allocated_bytes=20 * GB).items()
+                                   if k not in ("peak_allocated_bytes", "reserved_bytes", "nvml_used_bytes")})
+    assert unmeasured["peak_bytes"] is None and unmeasured["above_training_peak_bytes"] is None
+    doc["series"][0]["events"] = [unmeasured, event]
+    assert "tightest: step 39" in format_table(doc)
+
+
+@pytest.mark.parametrize("variant", ["allocated_only", "device_used_only"])
+def test_analyze_judges_sparse_trace_files_and_says_which_signal(tmp_path: Path, variant: str) -> None:
+    from corpus import make_case
+
+    case = make_case("fast_leak", "h200", variant=variant)
+    path = tmp_path / f"{variant}.jsonl.gz"
+    wire.write_file(path, case.trace(1))
+    doc = analyze_paths([path])
+    assert doc["skipped_lines"] == 0, doc["bad_lines"]  # schema 2 samples validate as they are
+    (item,) = doc["series"]
+    summary = item["summary"]
+    assert summary["signal"] == ("allocated" if variant == "allocated_only" else "device_used")
+    assert "fragmentation" in summary["detectors_off"]
+    leak = next(e for e in item["events"] if e["type"] == "leak")
+    assert leak["step"] >= case.truth[1]["leak"]["onset"]
+    assert "LEAK" in format_table(doc)

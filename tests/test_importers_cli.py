@@ -103,8 +103,11 @@ def test_analyze_skips_bad_rows_by_default_and_says_so(tmp_path, capsys) -> None
     code, out, err = run_cli(capsys, "analyze", "--from", "nvidia-smi", str(DATA / "nvidia_smi_bad.csv"), "--json")
     assert code == 0
     doc = orjson.loads(out)
-    assert doc["skipped"] == 2 and len(doc["series"]) == 2
-    assert "skipped 2 invalid rows of 6" in err and "nvidia_smi_bad.csv:4" in err
+    assert doc["skipped_lines"] == 2 and len(doc["series"]) == 2  # the same keys as a JSON Lines analyze
+    assert "nvidia_smi_bad.csv:4: column 4 (memory.used)" in doc["bad_lines"][0]
+    assert "skipped 2 bad lines" in err and "nvidia_smi_bad.csv:4" in err
+    code, _, err = run_cli(capsys, "analyze", "--from", "nvidia-smi", str(DATA / "nvidia_smi_bad.csv"), "--strict")
+    assert code == 2 and "nvidia_smi_bad.csv:4: column 4 (memory.used)" in err
 
 
 def test_analyze_judges_nvidia_smi_logs_of_a_leak_and_a_healthy_gpu(tmp_path, capsys) -> None:

@@ -146,11 +146,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     else:
         paths = _existing_files(args.paths)
         try:
-            doc = analyze_paths([str(p) for p in paths])
+            doc = analyze_paths([str(p) for p in paths], strict=args.strict)
         except WireError as exc:
             raise UsageError(str(exc)) from None
         except (OSError, EOFError) as exc:
             raise UsageError(f"cannot read trace: {exc}") from None
+    if doc["skipped_lines"]:
+        print(f"skipped {doc['skipped_lines']} bad lines (--strict stops at the first): "
+              + "; ".join(doc["bad_lines"][:3]), file=sys.stderr)
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
     else:
@@ -297,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("analyze", help="trend verdicts per rank from trace files (.jsonl, .jsonl.gz)")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout (stable contract)")
+    p.add_argument("--strict", action="store_true", help="stop at the first bad line (exit 2) instead of skipping it")
     add_import_arguments(p, skip_default=True)
     p.set_defaults(func=cmd_analyze)
 

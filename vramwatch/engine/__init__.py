@@ -1,5 +1,8 @@
 """Trend engine: online plateau / plateau-break / leak / fragmentation verdicts per series."""
 
-from .core import FRAGMENTATION_ADVICE, STATES, EngineConfig, TrendEngine
+from .config import EngineConfig
+from .core import STATES, TrendEngine
+from .events import FRAGMENTATION_ADVICE
+from .summary import Summary
 
-__all__ = ["FRAGMENTATION_ADVICE", "STATES", "EngineConfig", "TrendEngine"]
+__all__ = ["FRAGMENTATION_ADVICE", "STATES", "EngineConfig", "Summary", "TrendEngine"]

@@ -1,22 +1,36 @@
 """`vramwatch analyze`: stream trace files through one TrendEngine per series.
 
 Memory is bounded by the number of series (and the events they raise), never by the
-number of samples: files are read line by line, validated, and folded in.
+number of samples: files are read in chunks of lines (about 1 MiB), each line decoded,
+validated and folded in.
+
+Messy files: by default a bad line (invalid JSON, a sample that fails validation) is
+counted, named (``file:line: field: message``, the first :data:`MAX_BAD_LINES` kept) and
+skipped; ``strict=True`` raises :class:`~vramwatch.wire.WireError` on the first one. A
+file that cannot be read at all (missing, a directory, broken gzip) always raises.
 """
 
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import zlib
 from collections.abc import Iterable
-from typing import Any
+from typing import IO, Any
 
-from ..wire import Sample, WireError, iter_samples
-from .core import EngineConfig, TrendEngine
+import orjson
+
+from ..wire import Sample, WireError, validate
+from .config import EngineConfig
+from .core import TrendEngine
 
 #: Events kept per series in the document; beyond it only a count is kept.
 MAX_EVENTS_PER_SERIES = 10_000
+#: Bad lines named in the document (all are counted).
+MAX_BAD_LINES = 20
+#: Bytes of lines read per chunk.
+CHUNK_BYTES = 1 << 20
 
 
 class _Series:
@@ -28,18 +42,91 @@ class _Series:
         self.events: list[dict[str, Any]] = []
         self.dropped_events = 0
 
+    def keep(self, new: list[dict[str, Any]]) -> None:
+        """Keep new events up to :data:`MAX_EVENTS_PER_SERIES`, count the rest (called only when
+        a sample raised events, which is rare: the per-sample cost stays the bound update)."""
+        room = MAX_EVENTS_PER_SERIES - len(self.events)
+        self.events.extend(new[:room])
+        self.dropped_events += max(0, len(new) - room)
 
-def analyze_paths(paths: Iterable[str | os.PathLike[str]], config: EngineConfig | None = None) -> dict[str, Any]:
+
+class _BadLines:
+    """Counts bad lines and keeps the first few, named; raises at once when strict."""
+
+    __slots__ = ("count", "named", "strict")
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.count = 0
+        self.named: list[str] = []
+
+    def add(self, where: str, field: str, message: str) -> None:
+        if self.strict:
+            raise WireError(f"{where}: {field}" if field else where, message)
+        self.count += 1
+        if len(self.named) < MAX_BAD_LINES:
+            self.named.append(f"{where}: {field}: {message}" if field else f"{where}: {message}")
+
+
+def _open(path: str) -> IO[bytes]:
+    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller's with-block
+    if raw.peek(2)[:2] == b"\x1f\x8b":  # sniff, so a misnamed gzip still reads
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    return raw
+
+
+def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: EngineConfig | None,
+          bad: _BadLines) -> None:
+    """The per-sample loop: decode, validate, find the series, fold in.
+
+    Kept flat because it is the hot path. Lines are read in ~1 MiB chunks but each is
+    decoded and folded in at once, while its dict is still in cache (decoding a whole chunk
+    first and folding afterwards measured ~30 % slower). Each line is its own JSON document.
+    """
+    loads = orjson.loads
+    entry: Any = None
+    key: tuple[str, str, int] | None = None
+    number = 0
+    with _open(name) as fh:
+        while lines := fh.readlines(CHUNK_BYTES):
+            for line in lines:
+                number += 1
+                try:
+                    sample = validate(loads(line))
+                except orjson.JSONDecodeError as exc:
+                    if line.strip():  # a blank line is no sample and no error
+                        bad.add(f"{name}:{number}", "", f"invalid JSON: {exc}")
+                    continue
+                except WireError as exc:
+                    bad.add(f"{name}:{number}", exc.field, exc.message)
+                    continue
+                run, host, rank = sample["run"], sample["host"], sample["rank"]
+                if key is None or key[2] != rank or key[0] != run or key[1] != host:  # runs of one series
+                    key = (run, host, rank)
+                    entry = series.get(key)
+                    if entry is None:
+                        entry = series[key] = _Series(config)
+                new = entry.update(sample)
+                if new:
+                    entry.keep(new)
+
+
+def analyze_paths(
+    paths: Iterable[str | os.PathLike[str]], config: EngineConfig | None = None, *, strict: bool = False
+) -> dict[str, Any]:
     """The `vramwatch analyze --json` document for trace files (.jsonl / .jsonl.gz).
 
-    Samples are fed in file order, files in the given order. Raises
-    :class:`~vramwatch.wire.WireError` naming the file (and line) that cannot be read.
+    Samples are fed in file order, files in the given order. ``skipped_lines`` counts the
+    bad lines skipped, ``bad_lines`` names the first :data:`MAX_BAD_LINES`. Raises
+    :class:`~vramwatch.wire.WireError` naming the file that cannot be read, or with
+    ``strict`` the first bad line (file, line and field).
     """
     series: dict[tuple[str, str, int], _Series] = {}
+    bad = _BadLines(strict)
     for path in paths:
         name = os.fspath(path)
         try:
-            _fold(series, iter_samples(name), config)
+            _feed(name, series, config, bad)
         except WireError:
             raise
         except FileNotFoundError:
@@ -48,19 +135,13 @@ def analyze_paths(paths: Iterable[str | os.PathLike[str]], config: EngineConfig 
             raise WireError(name, "is a directory, not a trace file") from None
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
             raise WireError(name, f"cannot read: {exc}") from None
-        except UnicodeDecodeError as exc:
-            raise WireError(name, f"not a JSON Lines trace: {exc}") from None
-    return _document(series)
+    return _document(series, bad)
 
 
 def analyze_samples(samples: Iterable[Sample], config: EngineConfig | None = None) -> dict[str, Any]:
-    """The same document for validated samples from any source (``--from FORMAT`` importers)."""
+    """The same document for validated samples from any source (``--from FORMAT`` importers,
+    which count their own bad rows: ``skipped_lines`` is 0 here, the caller fills it in)."""
     series: dict[tuple[str, str, int], _Series] = {}
-    _fold(series, samples, config)
-    return _document(series)
-
-
-def _fold(series: dict[tuple[str, str, int], _Series], samples: Iterable[Sample], config: EngineConfig | None) -> None:
     for sample in samples:
         key = (sample["run"], sample["host"], sample["rank"])
         entry = series.get(key)
@@ -68,12 +149,11 @@ def _fold(series: dict[tuple[str, str, int], _Series], samples: Iterable[Sample]
             entry = series[key] = _Series(config)
         new = entry.update(sample)
         if new:
-            room = MAX_EVENTS_PER_SERIES - len(entry.events)
-            entry.events.extend(new[:room])
-            entry.dropped_events += max(0, len(new) - room)
+            entry.keep(new)
+    return _document(series, _BadLines(strict=False))
 
 
-def _document(series: dict[tuple[str, str, int], _Series]) -> dict[str, Any]:
+def _document(series: dict[tuple[str, str, int], _Series], bad: _BadLines) -> dict[str, Any]:
     out = []
     for (run, host, rank), entry in sorted(series.items()):
         engine = entry.engine
@@ -89,7 +169,7 @@ def _document(series: dict[tuple[str, str, int], _Series]) -> dict[str, Any]:
         if entry.dropped_events:
             item["events_dropped"] = entry.dropped_events
         out.append(item)
-    return {"series": out}
+    return {"series": out, "skipped_lines": bad.count, "bad_lines": bad.named}
 
 
 def _gb(value: float | None) -> str:
@@ -110,12 +190,26 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _spike_words(event: dict[str, Any]) -> str:
+    """How a spike compares with the training peak, in words that match the numbers: a phase
+    that stays below the training peak is a non-event and is called that."""
+    headroom = f"headroom {_gb(event.get('headroom_bytes'))}"
+    above = event.get("above_training_peak_bytes")
+    train = event.get("training_peak_bytes")
+    if above is None:
+        return headroom
+    if above <= 0:
+        return f"below the training peak ({_gb(train)}), {headroom}"
+    return f"{_gb(above)} above the training peak ({_gb(train)}), {headroom}"
+
+
 def _describe(event: dict[str, Any]) -> str:
     kind = event["type"]
     step = event["step"]
     if kind == "leak":
         return (
-            f"step {step}: LEAK ({event.get('source')}) {event['slope_bytes_per_step'] / 1e6:.2f} MB/step, "
+            f"step {step}: LEAK ({event.get('source')}) since step {event.get('onset_step')}, "
+            f"{event['slope_bytes_per_step'] / 1e6:.2f} MB/step, "
             f"OOM in {_steps(event.get('steps_to_oom'))} steps ({_duration(event.get('seconds_to_oom'))})"
         )
     if kind == "fragmentation":
@@ -125,19 +219,26 @@ def _describe(event: dict[str, Any]) -> str:
             f"{event.get('recommendation')}"
         )
     if kind in ("checkpoint_spike", "eval_spike", "phase_spike", "periodic_spike"):
-        return (
-            f"step {step}: {kind} peak {_gb(event.get('peak_bytes'))}, "
-            f"+{_gb(event.get('above_plateau_bytes'))} above plateau, headroom {_gb(event.get('headroom_bytes'))}"
-        )
+        return f"step {step}: {kind} peak {_gb(event.get('peak_bytes'))}, " + _spike_words(event)
     if kind == "plateau":
         return f"step {step}: plateau at {_gb(event.get('plateau_bytes'))} reserved"
     if kind == "plateau_break":
+        if event.get("relevel"):
+            return (
+                f"step {step}: plateau re-levelled ({event.get('cause')} ratcheted reserved once) "
+                f"{_gb(event.get('plateau_bytes'))} -> {_gb(event.get('new_plateau_bytes'))}"
+            )
         return f"step {step}: plateau break ({event.get('cause')}) from {_gb(event.get('plateau_bytes'))}"
     if kind == "restart":
         return f"step {step}: restart (was at step {event.get('from_step')})"
     if kind == "oom":
         return f"step {step}: OOM (count {event.get('ooms')})"
     return f"step {step}: {kind}"
+
+
+def _headroom_key(event: dict[str, Any]) -> float:
+    headroom = event.get("headroom_bytes")
+    return math.inf if headroom is None else headroom
 
 
 def format_table(doc: dict[str, Any], max_events: int = 12) -> str:
@@ -177,9 +278,9 @@ def format_table(doc: dict[str, Any], max_events: int = 12) -> str:
         for event in notable[-max_events:]:
             lines.append("  " + _describe(event))
         if spikes:
-            worst = min(spikes, key=lambda e: e.get("headroom_bytes", 0))
+            worst = min(spikes, key=_headroom_key)
             lines.append(f"  {len(spikes)} phase spikes; tightest: " + _describe(worst))
     return "\n".join(lines).rstrip() + "\n"
 
 
-__all__ = ["MAX_EVENTS_PER_SERIES", "analyze_paths", "analyze_samples", "format_table"]
+__all__ = ["MAX_BAD_LINES", "MAX_EVENTS_PER_SERIES", "analyze_paths", "analyze_samples", "format_table"]

@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser, *, skip_default: bool = False) -> 
                    help=f"input format: {', '.join(CHOICES)} (default {NATIVE}; docs/integrations.md)")
     p.add_argument("--skip-invalid", action="store_true", default=skip_default,
                    help="count and skip bad rows instead of stopping at the first"
-                        + (" (analyze: the default)" if skip_default else ""))
+                        + (" (analyze: the default; --strict stops)" if skip_default else ""))
     p.add_argument("--run", help="run name (default: from the file: its name, W&B's run, 'dcgm')")
     p.add_argument("--host", help="host name when the file does not say (default 'unknown')")
     p.add_argument("--rank", type=_rank, help="rank of a single-rank source (TensorBoard; default 0)")
@@ -58,7 +58,8 @@ def _report(stats: ImportStats, what: str) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace, usage_error: type[Exception]) -> dict:
-    """The analyze document of imported files (the caller prints it)."""
+    """The analyze document of imported files (the caller prints it); bad rows are skipped unless
+    ``--strict``, counted in ``skipped_lines`` and named (the first 20) in ``bad_lines``."""
     from vramwatch.engine.analyze import analyze_samples
 
     stats = ImportStats()
@@ -71,8 +72,8 @@ def cmd_analyze(args: argparse.Namespace, usage_error: type[Exception]) -> dict:
         raise usage_error(f"{exc} (use --skip-invalid to skip bad rows)") from None
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise usage_error(f"cannot read {args.source} input: {exc}") from None
-    _report(stats, "analyze")
-    doc["skipped"] = stats.skipped
+    # the same keys as a JSON Lines analyze: the CLI reports them (vramwatch/cli.py)
+    doc["skipped_lines"], doc["bad_lines"] = stats.skipped, stats.errors
     return doc
 
 

@@ -1,0 +1,312 @@
+"""The block pyramid: bounded per-series memory from which every window is read.
+
+Every ``block_steps`` train steps the open block (a handful of minima and maxima the
+engine folds each sample into) is closed as a :class:`Block` and pushed into level 0.
+Level *k* holds the last ``ring_blocks`` blocks of ``block_steps * 4**k`` steps, each
+made by merging four blocks of level *k-1*. Memory per series is ``levels * ring_blocks``
+blocks whatever the run length; a push costs O(levels) amortised O(1).
+
+Reads (:meth:`Pyramid.window`, :meth:`Pyramid.trend`, :meth:`Pyramid.flat`) choose the
+finest level that still reaches back to the window's start and group its blocks to at
+most ``fit_points`` points, so every estimator runs on <= 16 numbers: tens of
+microseconds, once per block, never per sample.
+
+A signal that was not measured in a block is ``None`` there (sparse samples: a trace
+with allocated only, or device-used only); a window over such blocks is empty, so a
+detector that needs the signal sees nothing and says nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from itertools import pairwise
+from typing import Literal, NamedTuple
+
+from .config import EngineConfig
+from .stats import mann_kendall_z, rolling_min, theil_sen
+
+#: Signals a block carries. ``floor``: minimum of the judged level (allocated, or reserved,
+#: or device used: see ``TrendEngine.signal``); ``reserved``/``peak``/``peak2``: maxima;
+#: ``outside`` (device used - reserved), ``slack`` (reserved - allocated), ``split``
+#: (inactive split bytes): minima; ``retries``: the counter at the block's end.
+Signal = Literal["floor", "reserved", "peak", "peak2", "outside", "slack", "split", "retries"]
+
+
+class Block:
+    """One closed block of train steps ``start..end`` (inclusive); see :data:`Signal`."""
+
+    __slots__ = ("end", "floor", "outside", "peak", "peak2", "reserved", "retries", "slack", "split", "start", "ts")
+
+    def __init__(
+        self,
+        start: int,
+        end: int,
+        ts: float,
+        floor: float,
+        reserved: float | None,
+        peak: float | None,
+        peak2: float | None,
+        outside: float | None,
+        slack: float | None,
+        split: float | None,
+        retries: int | None,
+    ) -> None:
+        self.start = start
+        self.end = end
+        self.ts = ts
+        self.floor = floor
+        self.reserved = reserved
+        self.peak = peak
+        self.peak2 = peak2
+        self.outside = outside
+        self.slack = slack
+        self.split = split
+        self.retries = retries
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"Block({self.start}..{self.end}, floor={self.floor}, reserved={self.reserved}, peak={self.peak})"
+
+
+def _lowest(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+def _highest(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def merge(children: list[Block]) -> Block:
+    """Four blocks of one level as one block of the next (minima stay minima, maxima maxima)."""
+    return Block(
+        children[0].start,
+        children[-1].end,
+        children[-1].ts,
+        min(c.floor for c in children),
+        _highest([c.reserved for c in children]),
+        _highest([c.peak for c in children]),
+        _highest([c.peak2 for c in children]),
+        _lowest([c.outside for c in children]),
+        _lowest([c.slack for c in children]),
+        _lowest([c.split for c in children]),
+        children[-1].retries,
+    )
+
+
+class Level:
+    """One ring of the pyramid: ``span`` steps per block, at most ``ring`` blocks kept."""
+
+    __slots__ = ("blocks", "pending", "span")
+
+    def __init__(self, span: int, ring: int) -> None:
+        self.span = span
+        self.blocks: deque[Block] = deque(maxlen=ring)
+        self.pending: list[Block] = []
+
+
+class Trend(NamedTuple):
+    """A significant, material, linear, gradual rise found by :meth:`Pyramid.trend`."""
+
+    slope: float  # bytes per step (Theil-Sen over the window)
+    span: float  # steps the window covers
+    n: int  # points the verdict rests on
+    last: float  # the window's last value
+
+
+class Pyramid:
+    """The rings of one process (reset on restart) plus the sawtooth it has shown."""
+
+    __slots__ = ("config", "levels", "ratchet_floor", "saw_drops", "saw_period", "start")
+
+    def __init__(self, config: EngineConfig, start: int, ratchet_floor: bool = False) -> None:
+        self.config = config
+        self.start = start  # first step of the process
+        # the floor is a caching allocator's reserved (or device used, which holds it): it
+        # grows in ratchets, and a staircase of rare ratchets has a Theil-Sen slope of zero
+        self.ratchet_floor = ratchet_floor
+        self.levels = [Level(config.block_steps * 4**k, config.ring_blocks) for k in range(config.levels)]
+        self.saw_drops: deque[int] = deque(maxlen=6)  # block starts where the floor fell back
+        self.saw_period = 0  # longest gap between clears (0: no sawtooth seen)
+
+    @property
+    def blocks(self) -> deque[Block]:
+        """Level 0, the finest ring (the latest ``ring_blocks`` blocks)."""
+        return self.levels[0].blocks
+
+    @property
+    def last(self) -> Block | None:
+        ring = self.levels[0].blocks
+        return ring[-1] if ring else None
+
+    @property
+    def coarse_pending(self) -> bool:
+        """True except on every fourth block (when level 1 just closed one): the slow checks'
+        cadence."""
+        return bool(self.levels[1].pending)
+
+    def push(self, block: Block, tol: float) -> None:
+        """Add a closed block to level 0 and merge upwards; note a sawtooth clear."""
+        levels = self.levels
+        previous = levels[0].blocks[-1] if levels[0].blocks else None
+        levels[0].blocks.append(block)
+        child = block
+        for level in levels[1:]:
+            pending = level.pending
+            pending.append(child)
+            if len(pending) < 4:
+                break
+            child = merge(pending)
+            level.blocks.append(child)
+            pending.clear()
+        if previous is not None and previous.floor - block.floor > 2 * tol:
+            # a sawtooth: the floor falls back by more than the material size, repeatedly;
+            # until a second drop, the time since the process started bounds the period
+            drops = self.saw_drops
+            drops.append(block.start)
+            marks = [self.start, *drops] if len(drops) == 1 else list(drops)
+            self.saw_period = int(max(b - a for a, b in pairwise(marks)))
+
+    # ------------------------------------------------------------------ reads
+    def recent_peak(self, blocks: int = 4) -> float | None:
+        """Highest block peak of the last ``blocks`` blocks (None without peaks)."""
+        ring = self.levels[0].blocks
+        return _highest([b.peak for b in list(ring)[-blocks:]]) if ring else None
+
+    def value_at(self, signal: Signal, at: float) -> float | None:
+        """Signal of the latest level-0 block starting at or before ``at``."""
+        ring = self.levels[0].blocks
+        for b in reversed(ring):
+            if b.start <= at:
+                return getattr(b, signal)
+        return getattr(ring[0], signal)
+
+    def min_since(self, signal: Signal, since: float) -> float:
+        """Lowest value over blocks wholly inside ``[since, now]`` at any level (the floor after
+        collection); a coarse block starting earlier would drag in older (warm-up) values.
+        Falls back to the latest block."""
+        best = math.inf
+        for level in self.levels:
+            for b in reversed(level.blocks):
+                if b.start < since:
+                    break
+                value = getattr(b, signal)
+                if value is not None and value < best:
+                    best = value
+        if best == math.inf and self.levels[0].blocks:
+            best = getattr(self.levels[0].blocks[-1], signal)
+        return best
+
+    def seconds_per_step(self) -> float | None:
+        """Observed wall seconds per step over the level-0 ring (phases and stalls included)."""
+        ring = self.levels[0].blocks
+        if len(ring) >= 2:
+            first, last = ring[0], ring[-1]
+            if last.end > first.end and last.ts > first.ts:
+                return (last.ts - first.ts) / (last.end - first.end)
+        return None
+
+    def window(self, signal: Signal, s0: float) -> tuple[list[float], list[float], int]:
+        """(x, y, block span) of ``signal`` for blocks starting at or after ``s0``.
+
+        Uses the finest level that still holds ``s0``; a known sawtooth period turns the
+        signal into its trailing minimum over >1 period (the floor after collection); more
+        than ``fit_points`` points are grouped by their minimum (every trended signal is a
+        floor-like minimum). Empty when the signal is missing from any block of the level.
+        """
+        cfg = self.config
+        chosen = None
+        for level in self.levels:
+            ring = level.blocks
+            if not ring:
+                break
+            width = 1
+            if self.saw_period and signal != "reserved":
+                width = math.ceil(1.2 * self.saw_period / level.span) + 1
+                if width * 3 > cfg.ring_blocks:
+                    continue
+            chosen = (level, width)
+            if len(ring) < (ring.maxlen or 0) or ring[0].start <= s0 - (width - 1) * level.span:
+                break
+        if chosen is None:
+            return [], [], 0
+        level, width = chosen
+        ring_list = list(level.blocks)
+        values = [getattr(b, signal) for b in ring_list]
+        if any(v is None for v in values):
+            return [], [], level.span
+        if width > 1:
+            values = rolling_min(values, width)
+        xs: list[float] = []
+        ys: list[float] = []
+        for b, v in zip(ring_list, values, strict=True):
+            if b.start >= s0:
+                xs.append(0.5 * (b.start + b.end))
+                ys.append(v)
+        n = len(xs)
+        if n > cfg.fit_points:
+            group = math.ceil(n / cfg.fit_points)
+            gx, gy = [], []
+            for i in range(0, n, group):
+                chunk = xs[i : i + group]
+                gx.append(sum(chunk) / len(chunk))
+                gy.append(min(ys[i : i + group]))
+            xs, ys = gx, gy
+        return xs, ys, level.span
+
+    def trend(
+        self,
+        signal: Signal,
+        s0: float,
+        min_span: float,
+        ratio: float,
+        tol: float,
+        max_jump: float = 0.5,
+        parts: int = 2,
+    ) -> Trend | None:
+        """A significant, material, linear, gradual rise of ``signal`` since ``s0``, or None.
+
+        ``ratio``: the Theil-Sen slopes of the ``parts`` (halves) must agree within it (a step
+        or a settling curve has a flat part). ``max_jump``: no single point-to-point increase may
+        carry more than this share of the rise (a staircase of one-time jumps is warm-up, a
+        leak creeps). ``tol``: the material size.
+        """
+        xs, ys, block_span = self.window(signal, s0)
+        n = len(xs)
+        if n < self.config.min_blocks:
+            return None
+        span = xs[-1] - xs[0] + block_span
+        if span < min_span - block_span:  # blocks start on their own grid, not at s0
+            return None
+        if max(ys) - min(ys) < 0.5 * tol:
+            return None  # cannot hold a material rise: skip the O(n^2) estimators
+        slope = theil_sen(xs, ys)
+        if slope <= 0 or slope * span < tol:
+            return None
+        cuts = [round(i * (n - 1) / parts) for i in range(parts + 1)]
+        slopes = [theil_sen(xs[a : b + 1], ys[a : b + 1]) for a, b in pairwise(cuts)]
+        if min(slopes) <= 0 or min(slopes) < ratio * max(slopes):
+            return None  # a step, a settling curve or a burst: not a steady rise
+        biggest = max(b - a for a, b in pairwise(ys))
+        if biggest > max_jump * slope * span:
+            return None
+        if mann_kendall_z(ys) < self.config.mk_z:
+            return None
+        return Trend(slope, span, n, ys[-1])
+
+    def flat(self, signal: Signal, s0: float, min_span: float, tol: float, stretch: float = 0.0) -> bool:
+        """``signal`` moved less than ``tol`` since ``s0`` (its Theil-Sen slope over the window,
+        or over ``stretch`` steps when longer). False when the window is too short or empty."""
+        xs, ys, block_span = self.window(signal, s0)
+        if len(xs) < self.config.min_blocks:
+            return False
+        span = xs[-1] - xs[0] + block_span
+        if span < min_span - block_span:
+            return False
+        moved = abs(theil_sen(xs, ys)) * max(span, stretch)
+        if self.ratchet_floor and signal == "floor":
+            # a ratcheting level is flat only if it did not step up either: its net rise,
+            # stretched like the slope
+            moved = max(moved, (ys[-1] - ys[0]) * max(1.0, stretch / span))
+        return moved <= tol

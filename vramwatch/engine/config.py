@@ -1,0 +1,26 @@
+"""EngineConfig: the engine's knobs; every size is relative to the device or the noise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    """Knobs of the engine; every size threshold is relative to the device or the noise."""
+
+    block_steps: int = 32  # level-0 block length in steps
+    ring_blocks: int = 48  # blocks kept per level
+    levels: int = 8  # level k blocks are block_steps * 4**k steps (32 .. 524288)
+    fit_points: int = 16  # estimators see at most this many (grouped) points
+    min_blocks: int = 8  # fewest points a verdict rests on
+    tol_frac: float = 0.001  # smallest material change: this fraction of the device ...
+    noise_k: float = 4.0  # ... or this many noise sigmas of the block floor, whichever is larger
+    reserved_break_frac: float = 0.01  # a reserved ratchet this large is a plateau break
+    mk_z: float = 2.6  # Mann-Kendall significance for a trend
+    half_ratio: float = 0.5  # slopes of the two halves must agree within this ratio (linearity)
+    warmup_half_ratio: float = 0.8  # stricter while the series never settled (thirds, not halves)
+    warmup_span_frac: float = 0.4  # a plateau must be flat over this fraction of the process age
+    warmup_leak_min_blocks: int = 128  # a never-settled series is not called a leak before this
+    spike_margin_frac: float = 0.015  # an unmarked spike is this far above the training peak
+    max_events: int = 256  # events kept (most recent)

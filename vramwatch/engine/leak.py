@@ -1,0 +1,170 @@
+"""Leak detector (the judged floor), its runway to OOM, and following a leak until it ends.
+
+A leak is a significant, material, linear, gradual rise of the block floor over a window
+long enough (``Pyramid.trend``). It is looked for in a rise after a plateau break, over the
+earliest recent break onsets on the coarse levels (leaks slower than the noise), and, for a
+series that never settled, over the last three quarters of its life. The outside-allocator
+leak (``outside.py``) shares :class:`LeakState` and :meth:`LeakDetector.follow`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .. import verdicts
+from .blocks import Block, Signal, Trend
+from .context import Context
+from .events import LeakEvent
+from .plateau import PlateauDetector
+from .stats import theil_sen
+
+ALLOCATOR = "allocator"
+OUTSIDE = "outside_allocator"
+DEVICE = "device"  # device-used only: the leak's side of the allocator is not measured
+
+
+@dataclass(slots=True)
+class LeakState:
+    """The leak being followed."""
+
+    source: str  # allocator | outside_allocator | device
+    slope: float  # bytes per step, re-fitted by Theil-Sen since the onset every fourth block
+    onset: int
+    detected_step: int
+    steps: int | None = None  # projected steps to OOM
+    seconds: float | None = None
+
+    @property
+    def signal(self) -> Signal:
+        """The block signal this leak rises in."""
+        return "outside" if self.source == OUTSIDE else "floor"
+
+
+class Ended(NamedTuple):
+    window: float  # the flat window the new plateau is judged on
+    judged: bool  # the rise is over and judged (not a sawtooth clear): forget its break onsets
+
+
+@dataclass(slots=True)
+class LeakDetector:
+    current: LeakState | None = None
+
+    @staticmethod
+    def source_for(ctx: Context) -> str:
+        return DEVICE if ctx.signal == "device_used" else ALLOCATOR
+
+    # ------------------------------------------------------------------ finding
+    def in_rise(self, ctx: Context, plateau: PlateauDetector, block: Block) -> Trend | None:
+        """A leak in the rise after a break; moves ``plateau.rising_since`` to the window found."""
+        ratio, parts = ctx.leak_shape
+        for s0 in plateau.rise_starts(ctx, block):
+            trend = ctx.pyramid.trend("floor", s0, ctx.min_span(), ratio, ctx.tol, parts=parts)
+            if trend:
+                plateau.rising_since = s0
+                return trend
+        return None
+
+    def slow(self, ctx: Context, plateau: PlateauDetector) -> Trend | None:
+        """A leak slower than the noise shows up as breaks followed by "plateaus" that are only
+        short flat-looking stretches: judge the floor since the earliest recent break, on the
+        coarse levels, every fourth block."""
+        if ctx.pyramid.coarse_pending or not plateau.break_onsets:
+            return None
+        ratio, parts = ctx.leak_shape
+        for s0 in sorted(plateau.break_onsets):
+            trend = ctx.pyramid.trend("floor", s0, 4 * ctx.min_span(), ratio, ctx.tol, max_jump=0.35, parts=parts)
+            if trend:
+                plateau.rising_since = s0
+                return trend
+        return None
+
+    @staticmethod
+    def never_settled(ctx: Context, age: int) -> Trend | None:
+        """A series that never settled leaks only if the last three quarters of its life rise in
+        a straight line (three equal slopes); a warm-up, however long, keeps decelerating."""
+        cfg = ctx.config
+        if age < cfg.warmup_leak_min_blocks * cfg.block_steps:
+            return None
+        start = ctx.pyramid.start + age // 4
+        return ctx.pyramid.trend("floor", start, 0.75 * age, cfg.warmup_half_ratio, ctx.tol, max_jump=0.25, parts=3)
+
+    # ------------------------------------------------------------------ runway
+    @staticmethod
+    def runway(ctx: Context, source: str, slope: float) -> tuple[int | None, float | None]:
+        """Steps and seconds until the highest demand to come meets the device's capacity.
+
+        Allocator leak: room = capacity - memory outside the allocator - the highest demand,
+        the recent training peak or, when higher, the floor plus how far a marked phase reached
+        above it last time (a checkpoint needing more than any batch is where a leaking rank
+        dies). Without a measured peak the demand is the floor itself. Outside leak: room =
+        capacity - device used.
+        """
+        last = ctx.last
+        if slope <= 0 or last is None:
+            return None, None
+        total = last["total_bytes"]
+        latest = ctx.pyramid.last
+        if source == OUTSIDE:
+            # what is left of the device (nvidia-smi's free): the step-boundary headroom
+            room = verdicts.headroom_bytes(
+                total, reserved=last.get("reserved_bytes"), nvml_used=last.get("nvml_used_bytes")
+            ) or 0
+        else:
+            # not the headroom: cached-but-free reserved memory is handed back before an OOM, so
+            # the demand (peak) meets capacity - outside, whatever reserved holds
+            peaks = [p for p in (ctx.pyramid.recent_peak(), last.get("peak_allocated_bytes")) if p is not None]
+            floor = latest.floor if latest is not None else 0.0
+            need = max(peaks) if peaks else floor
+            if ctx.phase_reach is not None and latest is not None:
+                need = max(need, floor + ctx.phase_reach)
+            room = total - ctx.outside_now() - need
+        steps = max(0, int(room / slope))
+        per_step = ctx.pyramid.seconds_per_step()
+        if per_step is None:
+            per_step = float(last.get("step_time_s") or 0.0)
+        return steps, steps * per_step
+
+    # ------------------------------------------------------------------ start / follow
+    def start(self, ctx: Context, step: int, source: str, trend: Trend, onset: int) -> LeakEvent:
+        steps, seconds = self.runway(ctx, source, trend.slope)
+        self.current = LeakState(source, trend.slope, onset, step, steps, seconds)
+        plateau = ctx.plateau
+        if plateau is not None and plateau.until_step is None:
+            plateau.until_step = onset  # the plateau the leak grew from ends where it began
+        return LeakEvent(
+            step=step,
+            onset_step=onset,
+            slope_bytes_per_step=round(trend.slope, 1),
+            steps_to_oom=steps,
+            seconds_to_oom=None if seconds is None else round(seconds, 1),
+            source=source,
+            leak_onset_step=onset,
+            plateau_bytes=ctx.plateau_bytes(),
+            plateau_since_step=None if plateau is None else plateau.since_step,
+            signal=ctx.signal,
+        )
+
+    def follow(self, ctx: Context, block: Block) -> Ended | None:
+        """Update slope and runway; the settling window when the leak has ended, else None.
+
+        A sawtooth's clear ends a leak called on its first ramp (that memory was a cache); a
+        leak ends when the floor is flat over a window long enough to have seen its own rise.
+        """
+        leak = self.current
+        assert leak is not None
+        pyramid = ctx.pyramid
+        min_span = ctx.min_span()
+        if pyramid.saw_drops and pyramid.saw_drops[-1] == block.start and leak.source != OUTSIDE:
+            return Ended(min_span, judged=False)
+        if pyramid.coarse_pending:
+            leak.steps, leak.seconds = self.runway(ctx, leak.source, leak.slope)
+            return None  # the slope moves slowly: re-fit every fourth block
+        xs, ys, _ = pyramid.window(leak.signal, leak.onset)
+        if len(xs) >= 4:
+            leak.slope = theil_sen(xs, ys)
+        window = max(min_span, 2 * ctx.tol / leak.slope if leak.slope > 0 else min_span)
+        if block.end - leak.onset >= 2 * window and pyramid.flat(leak.signal, block.end - window, window, ctx.tol):
+            return Ended(window, judged=True)
+        leak.steps, leak.seconds = self.runway(ctx, leak.source, leak.slope)
+        return None
