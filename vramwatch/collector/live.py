@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vramwatch.wire import Sample, fully_measured
+from vramwatch.wire import Sample
 
 SeriesKey = tuple[str, str, int]
 
@@ -97,8 +97,6 @@ class LiveState:
                     self._series[key] = state
                 state.samples += 1
                 state.last_seen = now
-                if not fully_measured(s):
-                    continue  # stored; the engine and /metrics judge sparse (schema 2) samples once they can
                 if not state.accepts(s):
                     state.late_samples += 1
                     continue

@@ -18,6 +18,7 @@ from typing import Any
 
 from vramwatch.engine import TrendEngine
 from vramwatch.verdicts import headroom_bytes
+from vramwatch.wire import fully_measured
 
 from .model import RankModelBuilder
 
@@ -103,6 +104,8 @@ class RankTrack:
         for event in new:
             self.events.append(event)
             self.plateau.feed(event)
+        if not fully_measured(sample):
+            return new  # sparse (schema 2: dcgm, nvidia-smi, imports): the engine judges it, the model needs all
         self.builder.update(sample)
         incarnation = sample.get("incarnation", "")
         if incarnation != self._incarnation:
