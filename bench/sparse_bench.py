@@ -1,23 +1,21 @@
-"""The trend engine on sparse data (what other tools record) vs `predict_linear` on the same data.
+"""The trend engine on what dcgm-exporter gives `vramwatch watch`, vs `predict_linear` on the same data.
 
     .venv/bin/python -m bench.sparse_bench            # writes docs/benchmarks.md "## Sparse samples"
     .venv/bin/python -m bench.sparse_bench --quick    # two scales, no file written
 
-Every corpus trace (tests/corpus.py) is cut down to what a source without the hook sees,
-exactly as the importers and ``vramwatch watch`` produce it (schema 2, nothing invented):
+Every corpus trace (tests/corpus.py) is also judged as a source without the hook records it:
 
-* **allocated-only**: allocated + capacity at every training step (Megatron-LM's
-  ``mem-allocated-bytes`` with ``--device-memory``; the process's incarnation survives,
-  as the importer names each event file);
-* **device-used-only**: NVML used + capacity at every training step (``nvidia-smi -l 1``,
-  W&B), no incarnation (a restart is only a drop);
-* **dcgm 15 s**: NVML used + capacity as a 15 s dcgm-exporter scrape sees it, step = the
-  unix second (``vramwatch watch`` / ``import --from prometheus``).
+* **allocated_only**, **device_used_only** (every training step): the corpus's own variants
+  (``corpus.thin``), as in "Trend engine";
+* **dcgm 15 s**: one NVML reading per 15 s dcgm-exporter scrape in whole MiB, turned into a
+  sample by the Prometheus importer's own conversion (``importers.prometheus.sample_of``:
+  FB_USED + FB_FREE + FB_RESERVED, step = the unix second, no incarnation, no phases): exactly
+  what ``vramwatch watch`` and ``import --from prometheus`` feed the engine.
 
 The operator rules (``predict_linear(used[10m], 4h) > total`` and ``used > 95 %``) are
-bench/engine_bench.py's, evaluated on the dcgm 15 s series: the same data the engine gets.
-Scoring (recall, false alarms on non-leaking ranks, alarms before onset, runway left) is
-engine_bench's ``score``.
+bench/engine_bench.py's, evaluated on the same 15 s scrapes. Scoring (recall, false alarms on
+non-leaking ranks, alarms before onset, runway left) is engine_bench's ``score``; alarms of the
+dcgm engine (steps in seconds) map back to the training step of the scrape.
 """
 
 from __future__ import annotations
@@ -38,24 +36,25 @@ from bench.engine_bench import SCRAPE_S, PredictLinearRule, RankOutcome, Thresho
 from bench.report import table, write_section
 from vramwatch import wire
 from vramwatch.engine import TrendEngine
+from vramwatch.importers.common import MiB
+from vramwatch.importers.prometheus import STEP_S, Gpu, sample_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from corpus import SCALES, STEPS, make_case
+from corpus import SCALES, STEPS, make_case, thin
 
-IDENTITY = ("run", "host", "rank", "uuid", "gpu")
-VARIANTS = ("allocated-only", "device-used-only", "dcgm 15 s")
+VARIANTS = ("allocated_only", "device_used_only", "dcgm 15 s")
 RULES = ("predict_linear", "threshold 95%")
+#: dcgm-exporter's FB_RESERVED on an 80 GB A100 (driver reserve, MiB): USED + FREE + RESERVED = total
+FB_RESERVED_MIB = 537
 
 
-def sparse(sample: dict[str, Any], level: str, incarnation: bool, step: int | None = None) -> dict[str, Any]:
-    """A training sample cut down to one memory level and the capacity (schema 2)."""
-    out = {name: sample[name] for name in IDENTITY if name in sample}
-    out.update(schema=wire.SCHEMA_VERSION, step=sample["step"] if step is None else step, ts=sample["ts"],
-               phase="train", total_bytes=sample["total_bytes"])
-    out[level] = sample[level]
-    if incarnation and "incarnation" in sample:
-        out["incarnation"] = sample["incarnation"]
-    return out
+def dcgm_sample(sample: dict[str, Any]) -> dict[str, Any]:
+    """One scrape of a rank's GPU as dcgm-exporter reports it (whole MiB), converted as watch does."""
+    total = sample["total_bytes"] // MiB
+    used = min(sample["nvml_used_bytes"] // MiB, total - FB_RESERVED_MIB)  # FB_USED excludes the reserve
+    values = {"used": float(used), "free": float(total - used - FB_RESERVED_MIB), "reserved": float(FB_RESERVED_MIB)}
+    gpu = Gpu(sample["host"], sample.get("uuid") or f"GPU-{sample['rank']}", sample.get("gpu") or 0)
+    return wire.validate(sample_of(gpu, sample["ts"], values, sample["run"], STEP_S))
 
 
 class _Mapped:
@@ -77,8 +76,8 @@ class _Mapped:
 
 
 def run_rank(case: Any, rank: int) -> dict[str, RankOutcome]:
-    """One corpus rank through an engine per variant and the rules on the dcgm series."""
-    engines = {"allocated-only": _Mapped(), "device-used-only": _Mapped(), "dcgm 15 s": _Mapped()}
+    """One corpus rank through an engine per variant and the rules on the 15 s scrapes."""
+    engines = {name: _Mapped() for name in VARIANTS}
     rules = {"predict_linear": PredictLinearRule(), "threshold 95%": ThresholdRule()}
     alarms: dict[str, list[int]] = {name: [] for name in (*VARIANTS, *RULES)}
     samples = {name: 0 for name in alarms}
@@ -87,21 +86,20 @@ def run_rank(case: Any, rank: int) -> dict[str, RankOutcome]:
     for sample in case.trace(rank):
         if oom_step is None and sample["ooms"]:
             oom_step = sample["step"]
-        if sample["phase"] != "train":
-            continue  # no source without the hook marks checkpoint or eval phases
         last_step = step = sample["step"]
-        fed = [("allocated-only", sparse(sample, "allocated_bytes", True))]
-        if sample["nvml_used_bytes"] is not None:
-            fed.append(("device-used-only", sparse(sample, "nvml_used_bytes", False)))
+        fed = [(name, thin(sample, name)) for name in ("allocated_only", "device_used_only")]
+        if sample["phase"] == "train" and sample["nvml_used_bytes"] is not None:
             ts = sample["ts"]
             if next_scrape is None or ts >= next_scrape:
                 next_scrape = ts + SCRAPE_S
-                fed.append(("dcgm 15 s", sparse(sample, "nvml_used_bytes", False, step=round(ts))))
+                fed.append(("dcgm 15 s", dcgm_sample(sample)))
                 for name, rule in rules.items():
                     samples[name] += 1
                     if rule.fires(ts, sample["nvml_used_bytes"], sample["total_bytes"]):
                         alarms[name].append(step)
         for name, s in fed:
+            if s is None:
+                continue
             samples[name] += 1
             mapped = engines[name]
             for event in mapped.update(s, step):
@@ -140,7 +138,7 @@ def per_scenario(outcomes: dict[str, list[RankOutcome]]) -> list[tuple[str, ...]
     rows = []
     for scenario in STEPS:
         row = [scenario]
-        for variant, detector in (("allocated-only", "engine"), ("device-used-only", "engine"),
+        for variant, detector in (("allocated_only", "engine"), ("device_used_only", "engine"),
                                   ("dcgm 15 s", "engine"), ("dcgm 15 s", "predict_linear")):
             group = [o for o in outcomes[variant] if o.scenario == scenario]
             leaking = [o for o in group if o.truth["leak"] is not None]
@@ -237,26 +235,26 @@ def main(argv: list[str]) -> None:
     started = time.perf_counter()
     outcomes = collect(scales)
     took = time.perf_counter() - started
-    rows = [_row(f"engine, {name}", score(outcomes[name])["engine"]) for name in VARIANTS]
     dcgm = score(outcomes["dcgm 15 s"])
-    rows += [_row(f"{rule}, dcgm 15 s", dcgm[rule]) for rule in RULES]
+    rows = [_row("engine", dcgm["engine"])] + [_row(rule, dcgm[rule]) for rule in RULES]
     n = {name: sum(o.samples for o in outcomes[name]) for name in VARIANTS}
     speed = import_throughput(steps=2_000 if args.quick else 10_000, repeats=2 if args.quick else 5)
     body = f"""
-Corpus: `tests/corpus.py` (16 scenarios, multi_rank with 8 ranks), scales {", ".join(scales)}, one seed;
-{len(outcomes["dcgm 15 s"])} ranks; samples per variant: {", ".join(f"{k} {v:,}" for k, v in n.items())};
-took {took:.0f} s. Variants as the importers produce them (schema 2, only what the source measured; no
-checkpoint/eval phase markers): allocated-only (Megatron-style TensorBoard), device-used-only at every step
-(nvidia-smi / W&B), dcgm 15 s (one NVML reading per 15 s scrape, step = unix second: `vramwatch watch`).
-The operator rules run on the dcgm 15 s series. Scoring as in "Trend engine" below: runway left = (OOM step -
-detection) / (OOM step - onset), a miss counts 0 %.
+What `vramwatch watch` sees: every corpus rank (`tests/corpus.py`, 16 scenarios, multi_rank with 8 ranks;
+scales {", ".join(scales)}, one seed; {len(outcomes["dcgm 15 s"])} ranks) scraped every 15 s as dcgm-exporter
+reports it (whole MiB, FB_USED + FB_FREE + FB_RESERVED) and converted by the Prometheus importer (device used +
+capacity only, step = unix second, no incarnation, no phases); {n["dcgm 15 s"]:,} samples; took {took:.0f} s.
+The operator rules run on the same scrapes. Runway left = (OOM step - detection) / (OOM step - onset), a miss
+counts 0 %; fragmentation (device growth too) is scored apart, as in "Trend engine".
 
-{table(("detector, data", "leak recall", "false alarms (non-leaking ranks)", "fired before onset (leaking ranks)",
-        "runway left (mean)", "(worst)"), rows)}
+{table(("detector, dcgm 15 s", "leak recall", "false alarms (non-leaking ranks)",
+        "fired before onset (leaking ranks)", "runway left (mean)", "(worst)"), rows)}
 
-Per scenario (all scales; "found" = a leak alarm between onset and OOM):
+Per scenario (all scales; "found" = a leak alarm between onset and OOM), next to the engine on the corpus's
+every-step variants (allocated_only: Megatron's scalar; device_used_only: nvidia-smi -l 1 / W&B; their
+corpus-wide figures are in "Trend engine"):
 
-{table(("scenario", "engine, allocated-only", "engine, device-used-only", "engine, dcgm 15 s",
+{table(("scenario", "engine, allocated_only", "engine, device_used_only", "engine, dcgm 15 s",
         "predict_linear, dcgm 15 s"), per_scenario(outcomes))}
 
 **Importer throughput** (one core; 8 GPUs of the demo scenario recorded as each tool would have, TensorBoard
