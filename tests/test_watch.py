@@ -111,8 +111,9 @@ def _ranks(url: str, run: str) -> dict[int, dict[str, Any]]:
 
 
 def test_watch_judges_dcgm_series_from_a_real_prometheus(tmp_path) -> None:
-    # GPU 0 trains healthily, GPU 1 leaks from step 1000; 20 training steps per scrape
-    gpus = [SimulatedGpu(0, "healthy", 20), SimulatedGpu(1, "fast_leak", 20, leak_onset=1000)]
+    # GPU 0 trains healthily, GPU 1 leaks from step 1000 (about 2 minutes from OOM at this pace, so the
+    # leak is still running when the test looks); 20 training steps per scrape
+    gpus = [SimulatedGpu(0, "healthy", 20), SimulatedGpu(1, "fast_leak", 20, leak_onset=1000, leak_rate_frac=6e-6)]
     exporter = DcgmExporter(gpus)
     config = {"global": {"scrape_interval": "100ms", "scrape_timeout": "90ms"},
               "scrape_configs": [{"job_name": "dcgm-exporter", "static_configs": [{"targets": [exporter.target]}]}]}
