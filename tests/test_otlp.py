@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from test_prometheus_helpers import post_samples
+from prometheus_helpers import post_samples
 
 from vramwatch.cli import main
 from vramwatch.collector.server import BackgroundServer

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_prometheus_helpers import PrometheusServer, exposed_samples, scrape
+from prometheus_helpers import PrometheusServer, exposed_samples, scrape
 
 from vramwatch.cli import main
 from vramwatch.collector.server import BackgroundServer
