@@ -136,6 +136,11 @@ def test_watch_judges_dcgm_series_from_a_real_prometheus(tmp_path) -> None:
                 assert {r: v["verdict"].get("state") for r, v in ranks.items()} == {0: "plateau", 1: "leak"}, ranks
                 poller: Poller = server.app.state.watch
                 text = scrape(server.url).text
+                # the dashboard serves those GPUs: the runs list and the chart it polls
+                runs = httpx.get(f"{server.url}/api/v1/runs", timeout=10).json()
+                chart = httpx.get(f"{server.url}/api/v1/runs/fleet/chart", timeout=10,
+                                  params={"rank": 1, "host": HOST, "fields": "nvml_used_bytes,total_bytes"})
+                page = httpx.get(f"{server.url}/", timeout=10)
     finally:
         exporter.close()
     # what dcgm-exporter said is what was stored: device-level used memory and capacity only
@@ -148,6 +153,10 @@ def test_watch_judges_dcgm_series_from_a_real_prometheus(tmp_path) -> None:
     states = {(labels["gpu"], labels["state"]): value for name, labels, value in exposed_samples(text)
               if name == "vramwatch_trend_state" and labels.get("run") == "fleet"}
     assert states[("1", "leak")] == 1 and states[("0", "leak")] == 0 and states[("0", "plateau")] == 1
+    assert "fleet" in [r["run"] for r in runs] and page.status_code == 200
+    assert chart.status_code == 200, chart.text
+    used = [v for v in chart.json()["series"]["nvml_used_bytes"] if v is not None]
+    assert len(used) > 20 and max(used) <= last["total_bytes"]
     # no false alarm on the healthy GPU, before or after
     assert not [e for e in ranks[0]["events"] if e["type"] == "leak"]
     leak = ranks[1]["verdict"]
