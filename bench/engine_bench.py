@@ -214,6 +214,13 @@ def throughput(repeats: int = 3) -> dict[str, float]:
             for _ in wire.iter_samples(path):
                 pass
 
+        def orjson_validate() -> None:
+            # the pure-Python path (no msgspec; what ingest's validate costs per sample)
+            loads, validate = orjson.loads, wire.validate
+            with open(path, "rb") as fh:
+                while lines := fh.readlines(1 << 20):
+                    [validate(loads(line)) for line in lines]
+
         def engine_only() -> None:
             engines: dict[Any, TrendEngine] = {}
             for s in validated:
@@ -226,7 +233,8 @@ def throughput(repeats: int = 3) -> dict[str, float]:
         def analyze() -> None:
             analyze_paths([path])
 
-        stages = {"decode": decode, "decode+validate": decode_validate, "engine only": engine_only, "analyze": analyze}
+        stages = {"decode": decode, "decode+validate": decode_validate, "orjson + wire.validate": orjson_validate,
+                  "engine only": engine_only, "analyze": analyze}
         times: dict[str, list[float]] = {name: [] for name in stages}
         for _ in range(repeats):  # round-robin, so a noisy neighbour hits every stage alike
             for name, fn in stages.items():

@@ -1,0 +1,64 @@
+"""The one-pass trace decoder (msgspec, server extra) changes nothing but speed: analyze and
+import give the same documents, counts and errors with it and without it."""
+
+from __future__ import annotations
+
+import os
+
+import orjson
+import pytest
+from helpers import GiB, make_sample
+
+from vramwatch import wire, wire_decode
+from vramwatch.engine import analyze
+from vramwatch.probe.simulated import simulate_trace
+
+
+def require_msgspec() -> None:
+    if wire_decode.decode_line_fast is None:
+        assert not os.environ.get("CI"), "msgspec (server extra) must be installed in CI"
+        pytest.skip("msgspec not installed")
+
+
+def messy_trace(path) -> None:
+    """Canonical, sparse, cudaMallocAsync, normalisable and bad lines, two series."""
+    lines = [orjson.dumps(s) for s in simulate_trace("slow_leak", steps=1500, run="a", rank=0, seed=1)]
+    lines += [orjson.dumps(s) for s in simulate_trace("checkpoint", steps=800, run="a", rank=1, seed=2)]
+    extra = [
+        make_sample(9000, run="b", allocator="cudaMallocAsync", allocated_bytes=121 * GiB,
+                    peak_allocated_bytes=122 * GiB),
+        {**make_sample(9001, run="b"), "step": 9001.0},  # normalised by the slow path
+        {"schema": 2, "run": "b", "host": "node-1", "rank": 0, "step": 9002, "ts": 1_760_009_002.0,
+         "phase": "train", "nvml_used_bytes": 50 * GiB, "total_bytes": 140 * GiB},
+        make_sample(9003, run="b", ooms=-1),  # bad: named
+        make_sample(9004, run="b", host="x\u202ey"),  # bad: named
+        make_sample(9005, run="b", bogus=1),  # bad: unknown field
+    ]
+    lines += [orjson.dumps(s) for s in extra] + [b"", b"{not json", b"[1, 2]"]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def test_analyze_is_the_same_with_and_without_the_one_pass_decoder(tmp_path, monkeypatch) -> None:
+    require_msgspec()
+    path = tmp_path / "messy.jsonl"
+    messy_trace(path)
+    fast = analyze.analyze_paths([path])
+    monkeypatch.setattr(analyze, "decode_line_fast", None)
+    slow = analyze.analyze_paths([path])
+    assert orjson.dumps(fast) == orjson.dumps(slow)
+    assert fast["skipped_lines"] == 5 and len(fast["series"]) == 3
+    assert any(": ooms: must be between 0" in line for line in fast["bad_lines"])
+    assert any("bogus: unknown field" in line for line in fast["bad_lines"])
+
+
+def test_iter_samples_is_the_same_with_and_without_the_one_pass_decoder(tmp_path, monkeypatch) -> None:
+    require_msgspec()
+    path = tmp_path / "clean.jsonl"
+    samples = list(simulate_trace("fragmentation", steps=400, run="r", rank=2, seed=5))
+    samples.append({**make_sample(500), "step": 500.0})
+    path.write_bytes(wire.encode_lines(samples))
+    fast = list(wire.iter_samples(path))
+    monkeypatch.setattr(wire_decode, "decode_line_fast", None)
+    slow = list(wire.iter_samples(path))
+    assert fast == slow and len(fast) == len(samples) and fast[-1]["step"] == 500
+    assert [{k: type(v) for k, v in s.items()} for s in fast] == [{k: type(v) for k, v in s.items()} for s in slow]
