@@ -358,3 +358,24 @@ def test_docs_field_table_is_up_to_date() -> None:
 
     doc = Path(__file__).resolve().parents[1] / "docs" / "fields.md"
     assert doc.read_text(encoding="utf-8") == wire.fields_markdown(), f"docs/fields.md is stale: run {REGENERATE}"
+
+
+def test_fast_path_shape_cache_is_bounded_and_still_decides_right() -> None:
+    """Shapes (schema, key order, value types) are cached up to a bound; past it every sample is
+    still judged, just without caching: a client varying its key order cannot grow memory."""
+    import random
+
+    from vramwatch.wire import _SHAPES, _plainly_valid
+
+    rng = random.Random(3)
+    base = make_sample(5, uuid="GPU-1", incarnation="i-1", host_rss_bytes=7, exit=False, extra={"loss": 0.5})
+    keys = list(base)
+    for i in range(1200):
+        rng.shuffle(keys)
+        sample = {k: base[k] for k in keys}
+        assert _plainly_valid(sample) and validate(sample) is sample
+        bad = dict(sample, ooms=-1) if i % 2 else dict(sample, reserved_bytes=H200_TOTAL + 1)
+        assert not _plainly_valid(bad)
+        with pytest.raises(WireError):
+            validate(bad)
+    assert len(_SHAPES) <= 1024
