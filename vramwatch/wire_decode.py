@@ -76,7 +76,7 @@ def _struct(version: int) -> type:
             # an explicit null of a non-nullable optional is dropped by the slow path: not plain here
             fields.append((f.name, kind | msgspec.UnsetType, msgspec.UNSET))
     return msgspec.defstruct(f"Schema{version}Sample", fields, tag_field="schema", tag=version,
-                             forbid_unknown_fields=True, kw_only=True)
+                             forbid_unknown_fields=True, kw_only=True, gc=False)  # numbers and names only: no cycles
 
 
 #: (run, host, uuid, incarnation, phase) tuples already checked: they repeat on every sample of a
