@@ -62,3 +62,56 @@ def test_iter_samples_is_the_same_with_and_without_the_one_pass_decoder(tmp_path
     slow = list(wire.iter_samples(path))
     assert fast == slow and len(fast) == len(samples) and fast[-1]["step"] == 500
     assert [{k: type(v) for k, v in s.items()} for s in fast] == [{k: type(v) for k, v in s.items()} for s in slow]
+
+
+def slow_body(body: bytes, now: float | None = None) -> list | None:
+    try:
+        return [wire.validate(x, now=now) for x in wire.parse_body(body)]
+    except wire.WireError:
+        return None
+
+
+def test_body_fast_path_returns_what_parse_body_and_validate_return() -> None:
+    """Batches of mutated samples (the agreement corpus of test_wire) as NDJSON and as arrays:
+    the one-pass body decoder accepts only what the slow path accepts, with the same samples."""
+    import random
+
+    from test_wire import MUTATIONS, agreement_corpus
+
+    require_msgspec()
+    rng = random.Random(11)
+    corpus = agreement_corpus()
+    accepted = refused = 0
+    for _ in range(300):
+        batch = []
+        for s in rng.sample(corpus, 4):
+            candidate = dict(s)
+            if rng.random() < 0.1:
+                name, value = rng.choice(MUTATIONS)
+                candidate[name] = value
+            batch.append(candidate)
+        for body in (wire.encode_lines(batch), orjson.dumps(batch), wire.encode_lines(batch).replace(b"\n", b"\r\n")):
+            expected = slow_body(body)
+            got = wire_decode.decode_body_fast(body)
+            if got is None:
+                refused += 1
+                continue
+            accepted += 1
+            assert expected is not None, body
+            assert orjson.dumps(got, option=orjson.OPT_SORT_KEYS) == orjson.dumps(expected, option=orjson.OPT_SORT_KEYS)
+    assert accepted > 100 and refused > 50
+
+
+def test_body_fast_path_leaves_odd_bodies_to_the_slow_path() -> None:
+    require_msgspec()
+    decode = wire_decode.decode_body_fast
+    ok = [make_sample(i) for i in range(3)]
+    assert decode(wire.encode_lines(ok)) == ok
+    assert decode(orjson.dumps(ok[0])) == ok[:1]
+    for body in (b"", b"  \n", b"[]", wire.encode_lines(ok).replace(b"\n", b"\n\n"), b"[1]\n[2]"):
+        assert decode(body) is None, body
+    # the clock: a sample 10 minutes ahead is refused only against one
+    ahead = wire.encode_lines([make_sample(0, ts=2_000_000_600.0)])
+    assert decode(ahead) is not None
+    assert decode(ahead, now=2_000_000_000.0) is None and slow_body(ahead, now=2_000_000_000.0) is None
+    assert decode(ahead, now=2_000_000_400.0) == slow_body(ahead, now=2_000_000_400.0)

@@ -99,47 +99,85 @@ def _extra_ok(extra: dict[str, Any]) -> bool:
         _plain_name(key, 64) and -MAX_INT <= number <= MAX_INT for key, number in extra.items())
 
 
-def _make() -> Callable[[bytes], Sample | None] | None:
+def _struct_ok(s: Any) -> bool | None:
+    """What the Struct cannot say about one decoded sample: names (cached per tuple), the extra
+    object, the common cross-field check. None: sparse, foreign memory or cudaMallocAsync, the
+    general rules (:func:`wire._consistent`) are to run on its dict."""
+    names = (s.run, s.host, s.uuid, s.incarnation, s.phase)
+    if names not in _known_names:
+        if not _names_ok(s):
+            return False
+        if len(_known_names) < 4096:
+            _known_names.add(names)
+    unset = msgspec.UNSET
+    if s.extra is not unset and not _extra_ok(s.extra):
+        return False
+    allocated, reserved, peak, total = s.allocated_bytes, s.reserved_bytes, s.peak_allocated_bytes, s.total_bytes
+    if (type(allocated) is int and type(reserved) is int and type(peak) is int
+            and s.foreign_used_bytes is unset and s.allocator != "cudaMallocAsync"):
+        used = s.nvml_used_bytes
+        return (allocated <= reserved <= total and peak >= allocated and total > 0
+                and (used is None or used is unset or used <= total))
+    return None
+
+
+def _make() -> tuple[Callable[[bytes], Sample | None], Callable[..., list[Sample] | None]] | None:
     if msgspec is None:
         return None
     structs = tuple(_struct(v) for v in SCHEMA_VERSIONS)
     decode = msgspec.json.Decoder(Union[structs]).decode  # type: ignore[arg-type]  # noqa: UP007
-    to_builtins, unset, known = msgspec.to_builtins, msgspec.UNSET, _known_names
+    decode_list = msgspec.json.Decoder(list[Union[structs]]).decode  # type: ignore[index]  # noqa: UP007
+    to_builtins = msgspec.to_builtins
     errors = (msgspec.ValidationError, msgspec.DecodeError)
 
     def decode_line_fast(line: bytes) -> Sample | None:
         """The validated sample of one JSON line, or None: "take orjson + wire.validate".
 
-        Kept flat: it is analyze's per-line call. JSON numbers are finite here (msgspec refuses
-        out-of-range ones, as orjson does), so only the bounds need checking.
+        JSON numbers are finite here (msgspec refuses out-of-range ones, as orjson does), so
+        only the bounds need checking.
         """
         try:
             s = decode(line)
         except errors:
             return None
-        names = (s.run, s.host, s.uuid, s.incarnation, s.phase)
-        if names not in known:
-            if not _names_ok(s):
-                return None
-            if len(known) < 4096:
-                known.add(names)
-        if s.extra is not unset and not _extra_ok(s.extra):
+        ok = _struct_ok(s)
+        if ok is False:
             return None
-        allocated, reserved, peak, total = s.allocated_bytes, s.reserved_bytes, s.peak_allocated_bytes, s.total_bytes
-        if (type(allocated) is int and type(reserved) is int and type(peak) is int
-                and s.foreign_used_bytes is unset and s.allocator != "cudaMallocAsync"):
-            used = s.nvml_used_bytes
-            if not (allocated <= reserved <= total and peak >= allocated and total > 0
-                    and (used is None or used is unset or used <= total)):
-                return None
-            return to_builtins(s)  # type: ignore[no-any-return]
-        sample = to_builtins(s)  # sparse, foreign memory or cudaMallocAsync: the general rules
-        return None if _consistent(sample) is not None else sample
+        sample = to_builtins(s)
+        return None if ok is None and _consistent(sample) is not None else sample
 
-    return decode_line_fast
+    def decode_body_fast(body: bytes, now: float | None = None, max_future_s: float = 300.0) -> list[Sample] | None:
+        """A whole request body (JSON array, one object or NDJSON, already inflated) validated in
+        one pass, or None: "take ``wire.parse_body`` + ``wire.validate``", which name the bad line
+        and field. Same samples as ``[validate(x, now=now, max_future_s=max_future_s) for x in
+        parse_body(body)]`` (values and types; keys in table order). Cost: about 0.8 of an orjson
+        parse of the body plus ~0.5 µs per sample."""
+        text = body.strip()
+        if text[:1] != b"[":
+            text = b"[" + text.replace(b"\n", b",") + b"]"  # NDJSON as an array: one C call
+        try:
+            decoded = decode_list(text)
+        except errors:
+            return None
+        if not decoded:
+            return None  # an empty body is an error the slow path names
+        checks = [_struct_ok(s) for s in decoded]
+        if False in checks or (now is not None and max(s.ts for s in decoded) > now + max_future_s):
+            return None
+        samples: list[Sample] = to_builtins(decoded)
+        if None in checks and any(ok is None and _consistent(x) is not None
+                                  for ok, x in zip(checks, samples, strict=True)):
+            return None
+        return samples
+
+    return decode_line_fast, decode_body_fast
 
 
+_made = _make()
 #: ``decode_line_fast(line) -> Sample | None``; None itself when msgspec is not installed.
-decode_line_fast: Callable[[bytes], Sample | None] | None = _make()
+decode_line_fast: Callable[[bytes], Sample | None] | None = None if _made is None else _made[0]
+#: ``decode_body_fast(body, now=None, max_future_s=300.0) -> list[Sample] | None`` (ingest); None
+#: itself when msgspec is not installed.
+decode_body_fast: Callable[..., list[Sample] | None] | None = None if _made is None else _made[1]
 
-__all__ = ["decode_line_fast"]
+__all__ = ["decode_body_fast", "decode_line_fast"]
