@@ -315,3 +315,18 @@ def test_every_simulator_scenario_gets_a_sentence_with_numbers(scenario: str) ->
     assert doc["readiness"]["verdict"] in ("ready", "not_ready", "unsafe")
     if doc["max_tokens_per_step"] is not None:
         assert doc["max_tokens_per_step"] >= 0 and doc["target"] is not None
+
+
+@pytest.mark.parametrize("keep", [("nvml_used_bytes",), ("allocated_bytes",)])
+def test_sparse_runs_get_advice_without_guessing(keep):
+    """Device-used-only (dcgm, nvidia-smi) and allocated-only runs: no crash, no invented fit."""
+    measured = {"allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "inactive_split_bytes",
+                "alloc_retries", "ooms", "nvml_used_bytes", "process_used_bytes", "active_bytes"}
+    samples = []
+    for s in simulate_trace("healthy", steps=600, run="sparse", host="h", rank=0, start_ts=1_760_000_000.0):
+        samples.append({k: v for k, v in s.items() if k not in measured or k in keep} | {"schema": 2})
+    obs = observe(samples)["sparse"]
+    doc = advise(obs).as_dict()
+    assert doc["max_tokens_per_step"] is None
+    assert doc["readiness"]["verdict"] in ("not_ready", "unsafe", "ready")
+    assert isinstance(doc["recommendation"], str) and doc["recommendation"]

@@ -193,6 +193,8 @@ class RankModelBuilder:
     inc_ooms: int = 0  # the process's OOM counter at the previous sample
     oom_tokens: int | None = None
     oom_phases: list[str] = field(default_factory=list)
+    #: samples without allocated and per-step peak (sparse sources): not used by the fit
+    unmeasured: int = 0
 
     def update(self, sample: dict[str, Any]) -> None:
         """Fold one schema-1 sample in: O(1), no allocation beyond the bounded buckets."""
@@ -211,15 +213,22 @@ class RankModelBuilder:
             self.world_size = sample.get("world_size", self.world_size)
             self.total = sample["total_bytes"] or self.total
         self.step = sample["step"]
-        peak, allocated = sample["peak_allocated_bytes"], sample["allocated_bytes"]
-        reserved = self.reserved = sample["reserved_bytes"]
+        peak, allocated = sample.get("peak_allocated_bytes"), sample.get("allocated_bytes")
+        if peak is None or allocated is None:
+            # the model splits floor from transient: without both it learns nothing (sparse
+            # sources such as nvidia-smi or dcgm); the advice then says the fit is unknown
+            self.unmeasured += 1
+            return
+        reserved = sample.get("reserved_bytes")
+        reserved = self.reserved = max(peak, allocated) if reserved is None else reserved
         if peak > self.inc_peak:
             self.inc_peak = peak
         transient = peak - allocated if peak > allocated else 0
-        if sample["ooms"] > self.inc_ooms:
+        ooms = sample.get("ooms")
+        if ooms is not None and ooms > self.inc_ooms:
             # the allocation failed: this peak is the device's ceiling, not the step's demand;
             # it bounds what fits instead of joining the envelope
-            self.inc_ooms = sample["ooms"]
+            self.inc_ooms = ooms
             self._oom(sample)
             return
         if sample["phase"] != "train":

@@ -110,11 +110,12 @@ class RankTrack:
             self._incarnation, self._last_ooms = incarnation, 0
             self.min_headroom_bytes = self.min_headroom_phase = None
             self._pending_checkpoint = False
-        ooms = sample["ooms"]
-        if ooms > self._last_ooms:
-            self.ooms += ooms - self._last_ooms
-            self._pending_checkpoint = False
-        self._last_ooms = ooms
+        ooms = sample.get("ooms")  # None: not measured (sparse sources), never an OOM
+        if ooms is not None:
+            if ooms > self._last_ooms:
+                self.ooms += ooms - self._last_ooms
+                self._pending_checkpoint = False
+            self._last_ooms = ooms
         phase = sample["phase"]
         kind = "train" if phase == "train" else phase_kind(phase)
         if kind == "train":
@@ -126,10 +127,13 @@ class RankTrack:
         self.last_step = sample["step"]
         total = sample["total_bytes"]
         self.total_bytes = total or self.total_bytes
-        peak, allocated = sample["peak_allocated_bytes"], sample["allocated_bytes"]
-        reserved, used = sample["reserved_bytes"], sample.get("nvml_used_bytes")
+        peak, allocated = sample.get("peak_allocated_bytes"), sample.get("allocated_bytes")
+        reserved, used = sample.get("reserved_bytes"), sample.get("nvml_used_bytes")
         key = (kind, reserved, used, total)
-        if key == self._need_key and peak <= self._need_peak and allocated <= self._need_alloc:
+        if peak is None or allocated is None:
+            # a sparse sample (device used only, or no per-step peak): judge what it measured
+            headroom = headroom_bytes(total, allocated=allocated, reserved=reserved, peak=peak, nvml_used=used)
+        elif key == self._need_key and peak <= self._need_peak and allocated <= self._need_alloc:
             # the device need is monotone in peak and allocated at equal reserved/used: this
             # sample cannot be the new worst (skips most samples of a plateau)
             headroom = None
@@ -145,7 +149,7 @@ class RankTrack:
             need = total - headroom  # what the device held (verdicts.device_need_bytes)
             if need > self.need_by_phase.get(kind, -1):
                 self.need_by_phase[kind] = need
-        if peak > self.peak_by_phase.get(kind, -1):
+        if peak is not None and peak > self.peak_by_phase.get(kind, -1):
             self.peak_by_phase[kind] = peak
         return new
 
