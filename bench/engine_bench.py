@@ -311,8 +311,9 @@ def main(argv: list[str]) -> None:
     ]
     n_samples = sum(o.samples for o in outcomes)
     per_case = first_alarms(outcomes)
-    stages = [(k, f"{v:,.0f}") for k, v in speed.items() if k not in ("samples", "bytes_per_sample")]
-    speed_table = table(("stage", "samples/s"), stages)
+    stages = [(k, f"{v:,.0f}", f"{v / speed['decode']:.2f}") for k, v in speed.items()
+              if k not in ("samples", "bytes_per_sample")]
+    speed_table = table(("stage", "samples/s", "measured / limit (decode)"), stages)
     ratio = speed["analyze"] / speed["decode"]
     body = f"""
 Variants: *full* (schema 1), *allocated_only* (allocated and capacity only, other fields absent:
@@ -359,8 +360,12 @@ one {speed["bytes_per_sample"]:.0f}-byte-per-line JSONL file, median of repeats)
 
 **analyze / bare orjson parse of the same file: {speed["analyze"]:,.0f} / {speed["decode"]:,.0f} samples/s =
 {ratio:.2f}** (goal >= 0.5, issue 12). `decode` (the limit) is bare orjson, one `loads` per line, lines read
-in 1 MiB chunks; `decode+validate` is `wire.iter_samples` (decode and `wire.validate`, owned by wire);
-`engine only` feeds pre-validated dicts to one `TrendEngine` per series.
+in 1 MiB chunks; `decode+validate` is `wire.iter_samples`, what analyze does per line: one msgspec pass into
+structs generated from the field table plus the checks a struct cannot express (`vramwatch/wire_decode.py`,
+msgspec from the `server` extra); `orjson + wire.validate` is the pure-Python path (analyze without msgspec,
+and the per-sample validation ingest runs); `engine only` feeds pre-validated dicts to one `TrendEngine`
+per series. Per sample, analyze ≈ decode+validate + engine, in parses of the same line: decode+validate
+{speed["decode"] / speed["decode+validate"]:.2f}, the engine alone {speed["decode"] / speed["engine only"]:.2f}.
 """
     print(body)
     if not args.quick:
