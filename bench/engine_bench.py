@@ -236,11 +236,14 @@ def throughput(repeats: int = 3) -> dict[str, float]:
         stages = {"decode": decode, "decode+validate": decode_validate, "orjson + wire.validate": orjson_validate,
                   "engine only": engine_only, "analyze": analyze}
         times: dict[str, list[float]] = {name: [] for name in stages}
-        for _ in range(repeats):  # round-robin, so a noisy neighbour hits every stage alike
+        # round-robin, so a noisy neighbour hits every stage alike; CPU time of this process, not
+        # wall time: every stage is single-threaded, and on the shared cores wall time mostly
+        # measures how long the others held the CPU (ratios moved 0.37-0.54 between two runs)
+        for _ in range(repeats):
             for name, fn in stages.items():
-                started = time.perf_counter()
+                started = time.process_time()
                 fn()
-                times[name].append(time.perf_counter() - started)
+                times[name].append(time.process_time() - started)
         result = {"samples": float(n), "bytes_per_sample": os.path.getsize(path) / n}
         result.update({name: n / statistics.median(t) for name, t in times.items()})
         return result
@@ -354,7 +357,7 @@ one-time step that moment is the step itself): {len(found)}/{len(latencies)} fou
 </details>
 
 **`vramwatch analyze` throughput** (one core, {int(speed["samples"]):,} samples of the 8-rank demo scenario in
-one {speed["bytes_per_sample"]:.0f}-byte-per-line JSONL file, median of repeats):
+one {speed["bytes_per_sample"]:.0f}-byte-per-line JSONL file, CPU time of the process, median of repeats):
 
 {speed_table}
 
