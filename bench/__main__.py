@@ -16,7 +16,9 @@ BENCHMARKS = {
     "hook": "bench.hook_bench",
     "metrics": "bench.metrics_bench",
     "dashboard": "bench.dashboard_bench",
+    "dashboard_polling": "bench.dashboard_polling",
     "load": "bench.load",
+    "front": "bench.front_bench",
     "series": "bench.series_bench",
     "decisions": "bench.decisions_bench",
 }

@@ -316,8 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     if wide_rows:
         body += (f"\n\n**Wide run**: {args.wide_ranks} ranks x {args.wide_steps:,} steps ({wide_stored:,} samples), "
                  "the same collector and browser set-up:\n\n" + table(["what", "median", "size", "body"], wide_rows)
-                 + "\n\nThe verdict table draws the worst 256 rows (sorting and the filter reach the rest); the "
-                 "heatmap has one row per rank and a click on a row opens that rank.")
+                 + "\n\nThe verdict table is virtual (only the rows in view are in the DOM; scrolling, sorting and "
+                 "the filter reach every rank); the heatmap has one row per rank and a click on a row opens that rank.")
     print(body)
     if not args.no_write:
         write_section("Dashboard", body, "python -m bench.dashboard_bench")

@@ -7,9 +7,11 @@ What runs
 ---------
 * The collector is ``vramwatch serve`` in its own process (uvicorn + SQLite WAL on disk).
 * Ranks are real :class:`vramwatch.hook.Monitor` objects with the simulated probe, each with
-  its own :class:`~vramwatch.delivery.BatchSender` (own queue, worker thread, HTTP
-  keep-alive connection, disk spool), sending gzipped NDJSON once per second (the default
-  ``flush_interval_s``): 10 samples per POST at 10 samples/s.
+  its own :class:`~vramwatch.delivery.BatchSender` (own queue, HTTP keep-alive connection,
+  disk spool, and a worker thread -- or, with ``--ranks-per-thread N``, one
+  :class:`~vramwatch.delivery.SharedWorker` thread per N ranks running the same processor code,
+  so 4,096 ranks fit on 2 cores), sending gzipped NDJSON once per flush interval (1 s by
+  default, longer when the collector is slow or hints so): 10 samples per POST at 10 samples/s.
 * 512 interpreters do not fit a 2-core machine, so ranks run as threads: ``--procs``
   worker processes (default 8), each holding ``ranks / procs`` monitors and one driver
   thread that calls ``step()`` on each of them every ``1 / rate`` seconds, the way the
@@ -20,7 +22,7 @@ What is measured
 * **lost** = samples recorded by ``step()`` (``Monitor.stats()["samples"]``) minus rows in
   the database after every monitor closed; duplicates are counted by the collector.
 * **ingest latency**: wall time of each POST as the hook sees it (gzip of the batch,
-  request, validation, SQLite commit, response), timed around the transport's ``send``.
+  request, validation, SQLite commit, response), timed around the exporter's ``export``.
 * the collector's RSS and CPU from ``/proc/<pid>`` once a second.
 * ``step()`` cost on the driver thread (the training-thread cost under load).
 """
@@ -279,10 +281,17 @@ def percentile(values: list[float], q: float) -> float:
 # ------------------------------------------------------------------ simulated ranks
 
 
+RANKS_PER_THREAD = 1  # default: each rank's sender owns its thread, as in a real job
+
+
 def _rank_group(ranks: list[int], world: int, url: str, run: str, rate: float, duration: float,
-                start_at: float, spool_dir: str, token: str | None, out_path: str) -> None:
-    """One worker process: a monitor per rank, one driver thread stepping all of them."""
+                start_at: float, spool_dir: str, token: str | None, out_path: str,
+                ranks_per_thread: int = RANKS_PER_THREAD) -> None:
+    """One worker process: a monitor per rank, one driver thread stepping all of them, and one
+    delivery thread per ``ranks_per_thread`` monitors (a :class:`SharedWorker` running each
+    monitor's own processor, exporter and spool; 1: a thread per rank, as in a real job)."""
     import vramwatch
+    from vramwatch.delivery import SharedWorker
 
     # The generator runs at lower priority: on a cluster the ranks do not share cores with
     # the collector; here they must, and should not starve it (or the latency canary).
@@ -292,28 +301,29 @@ def _rank_group(ranks: list[int], world: int, url: str, run: str, rate: float, d
     monitors = []
     latencies: list[float] = []
     failures = [0]
-    for rank in ranks:
+    shared: list[Any] = []
+    for i, rank in enumerate(ranks):
         # ranks of a real job start within about a second of each other (torchrun, SLURM), so
         # their senders' 1 s flush timers are spread over that second, not in lockstep
         time.sleep(1.0 / len(ranks))
+        if ranks_per_thread > 1 and i % ranks_per_thread == 0:
+            shared.append(SharedWorker())
         vw = vramwatch.init(url=url, run=run, rank=rank, world_size=world, host=f"node-{rank // 8:03d}",
                             local_rank=rank % 8, probe="simulated", spool_dir=spool_dir, token=token,
-                            flush_interval_s=1.0, backoff_max_s=5.0)
+                            flush_interval_s=1.0, backoff_max_s=5.0,
+                            delivery_worker=shared[-1] if ranks_per_thread > 1 else None)
         sender = vw.sender
-        if sender is not None:  # time each POST as the hook sees it (measurement only)
-            send = sender.transport.send
+        if sender is not None:  # time each export (one POST, more on a split) as the hook sees it
+            export = sender.transport.export
 
-            def timed(body: bytes, count: int, timeout: float | None = None, _send: Any = send) -> Any:
+            def timed(lines: Any, timeout: float | None = None, _export: Any = export) -> Any:
                 t0 = time.perf_counter()
-                try:
-                    return _send(body, count, timeout)
-                except Exception:
-                    failures[0] += 1
-                    raise
-                finally:
-                    latencies.append(time.perf_counter() - t0)
+                result = _export(lines, timeout)
+                latencies.append(time.perf_counter() - t0)
+                failures[0] += result.failures
+                return result
 
-            sender.transport.send = timed  # type: ignore[method-assign]
+            sender.transport.export = timed  # type: ignore[method-assign]
         monitors.append(vw)
     step_costs: list[float] = []
     lateness: list[float] = []
@@ -382,12 +392,10 @@ def _canary(url: str, rate: float, duration: float, start_at: float, token: str 
             sample["step"] = i * 10 + j
         body = encode_lines(batch)
         c0 = time.perf_counter()
-        try:
-            transport.send(body, len(batch))
-        except Exception:
-            failures += 1
+        result = transport.export(body.splitlines(keepends=True))
+        failures += result.failures
         latencies.append(time.perf_counter() - c0)
-    transport.close()
+    transport.shutdown()
     Path(out_path).write_text(json.dumps({"latencies": latencies, "failures": failures,
                                           "cpu_s": time.process_time() - cpu0}))
 
@@ -407,7 +415,8 @@ def _server_quantile(metrics_text: str, q: float) -> float:
 
 def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: int = 8,
              workdir: str | os.PathLike[str] | None = None, token: str | None = None,
-             collector_args: tuple[str, ...] = (), measure_restart: bool = False) -> dict[str, Any]:
+             collector_args: tuple[str, ...] = (), measure_restart: bool = False,
+             ranks_per_thread: int = 1) -> dict[str, Any]:
     """One load run against a fresh collector; returns the figures (see module docstring)."""
     owned = None
     if workdir is None:
@@ -430,7 +439,7 @@ def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: i
             for i, group in enumerate(groups):
                 p = ctx.Process(target=_rank_group, args=(
                     group, ranks, collector.url, run, rate, duration, start_at, str(work / "spool"), token,
-                    str(work / f"result-{i}.json")))
+                    str(work / f"result-{i}.json"), ranks_per_thread))
                 p.start()
                 workers.append(p)
             rss: list[int] = []
@@ -473,7 +482,7 @@ def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: i
         latencies = [x for r in results for x in r["latencies"]]
         totals = {k: sum(r["totals"][k] for r in results) for k in results[0]["totals"]}
         return {
-            "ranks": ranks, "rate": rate, "duration": duration, "procs": procs,
+            "ranks": ranks, "rate": rate, "duration": duration, "procs": procs, "ranks_per_thread": ranks_per_thread,
             "produced": produced, "stored": stored, "lost": produced - stored,
             "duplicates": totals["duplicates"], "posts": len(latencies),
             "post_failures": sum(r["post_failures"] for r in results),
@@ -606,6 +615,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=10.0, help="samples per second per rank")
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--procs", type=int, default=8, help="worker processes holding the ranks")
+    parser.add_argument("--ranks-per-thread", type=int, default=1,
+                        help="ranks whose senders share one delivery thread (1: a thread per rank, as in a real "
+                             "job; 64 lets 4,096 ranks fit on 2 cores)")
     parser.add_argument("--sweep", default="128,256,512,768,1024,1536",
                         help="rank counts for the knee sweep (comma separated)")
     parser.add_argument("--sweep-duration", type=float, default=20.0)
@@ -618,14 +630,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     main_run = run_load(ranks=args.ranks, rate=args.rate, duration=args.duration, procs=args.procs,
-                        measure_restart=True)
+                        measure_restart=True, ranks_per_thread=args.ranks_per_thread)
     print(json.dumps({k: v for k, v in main_run.items() if k != "totals"}, indent=1), flush=True)
     sweep = []
     if not args.no_sweep:
         for n in [int(x) for x in args.sweep.split(",") if x.strip()]:
             tries = []
             for _ in range(max(1, args.repeats)):
-                r = run_load(ranks=n, rate=args.rate, duration=args.sweep_duration, procs=args.procs)
+                r = run_load(ranks=n, rate=args.rate, duration=args.sweep_duration, procs=args.procs,
+                             ranks_per_thread=args.ranks_per_thread)
                 print(json.dumps({k: v for k, v in r.items() if k not in ("totals",)}), flush=True)
                 tries.append(r)
             best = min(tries, key=lambda r: r["p99_ms"])
@@ -640,8 +653,11 @@ def main(argv: list[str] | None = None) -> int:
     m = main_run
     body = [
         f"{m['ranks']} simulated ranks x {m['rate']:g} samples/s x {m['duration']:g} s through the real hook and "
-        "delivery (one `Monitor` + `BatchSender` per rank: own queue, worker thread, keep-alive connection and "
-        "spool; a gzipped POST per rank per second, ~10 samples each) against `vramwatch serve` in its own "
+        "delivery (one `Monitor` + `BatchSender` per rank: own queue, keep-alive connection and spool, "
+        + ("a worker thread each" if m.get("ranks_per_thread", 1) <= 1 else
+           f"one delivery thread per {m['ranks_per_thread']} ranks (`SharedWorker`)")
+        + "; a gzipped POST per rank per flush interval, which adapts to the collector's latency) against "
+        "`vramwatch serve` in its own "
         f"process. The ranks run as threads in {m['procs']} worker processes (one driver thread per process "
         f"calls `step()` on its {m['ranks'] // m['procs']} monitors every {1000 / m['rate']:g} ms), because 512 "
         "interpreters do not fit this 2-core machine, which the generator, the collector and the other "

@@ -1,11 +1,8 @@
-import sys
-from pathlib import Path
+"""Shared fixtures. Test helpers (``helpers``, ``fakes``, ``prometheus_helpers``) import as
+top-level modules: pytest's default ``prepend`` import mode puts this directory on
+``sys.path`` (there is no ``tests/__init__.py``), so nothing here edits ``sys.path``."""
 
 import pytest
-
-# tests import their helpers as top-level modules
-sys.path.insert(0, str(Path(__file__).parent))
-
 
 
 @pytest.fixture(scope="module")

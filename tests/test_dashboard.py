@@ -67,7 +67,7 @@ class DemoFeed:
         for i in range(0, len(body), 5000):
             chunk = body[i:i + 5000]
             resp = httpx.post(self.url + "/api/v1/samples", content=b"".join(orjson.dumps(s) + b"\n" for s in chunk),
-                              timeout=60)
+                              timeout=60, headers={"content-type": "application/x-ndjson"})
             assert resp.status_code == 200, resp.text
         self.last_step = target
         return len(body)
@@ -411,7 +411,7 @@ def test_thousand_ranks_stay_usable(browser: Any, tmp_path: Path) -> None:
                 for s in simulate_trace("healthy", steps=12, run="wide", host=f"node-{r // 8:03d}", rank=r,
                                         start_ts=time.time() - 60, seed=r)]
         resp = httpx.post(server.url + "/api/v1/samples", content=b"".join(orjson.dumps(s) + b"\n" for s in body),
-                          timeout=120)
+                          timeout=120, headers={"content-type": "application/x-ndjson"})
         assert resp.status_code == 200, resp.text
         page = Page(browser)
         try:

@@ -4,8 +4,12 @@ end-to-end paths against the real collector are in test_hook.py."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import os
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -13,7 +17,19 @@ import pytest
 from fakes.ingest_server import ScriptedIngest, dead_url
 from helpers import make_sample
 
-from vramwatch.delivery import BatchSender, HttpTransport
+from vramwatch.delivery import (
+    MAX_REPLY_BYTES,
+    Backoff,
+    BatchProcessor,
+    BatchSender,
+    ExportResult,
+    Failure,
+    HttpExporter,
+    HttpTransport,
+    InMemoryExporter,
+    Outcome,
+)
+from vramwatch.delivery.exporters import reply_hints
 
 
 def samples(n: int, start: int = 0, **overrides) -> list[dict]:
@@ -97,21 +113,22 @@ def test_transient_failures_spool_then_replay_oldest_first_exactly_once(ingest, 
     assert not (tmp_path / "spool.jsonl").exists()  # an empty spool is removed at close
 
 
-def test_backoff_is_exponential_capped_and_jittered(tmp_path):
-    sender = sender_for(dead_url(), tmp_path, backoff_initial_s=0.1, backoff_max_s=0.8)
+def test_backoff_is_exponential_capped_and_jittered():
+    backoff = Backoff(0.1, 0.8)
     delays = []
     for _ in range(6):
-        sender._failed("refused")
-        delays.append(sender._backoff_s)
+        backoff.failed()
+        delays.append(backoff.delay_s)
     assert delays == [0.1, 0.2, 0.4, 0.8, 0.8, 0.8]
     waits = set()
     for _ in range(20):
-        sender._failed("refused")
-        wait = sender._retry_at - time.monotonic()
+        backoff.failed()
+        wait = backoff.retry_at - time.monotonic()
         assert 0.35 <= wait <= 0.81
         waits.add(round(wait, 3))
     assert len(waits) > 5  # jitter: ranks do not retry in lockstep
-    sender.close(0.5)
+    backoff.succeeded()
+    assert not backoff.waiting()
 
 
 def test_422_drops_the_invalid_samples_counts_them_and_resends_the_rest_once(ingest, tmp_path):
@@ -272,3 +289,239 @@ def test_gzip_body_is_smaller_than_the_json(ingest, tmp_path):
 def test_bad_url_names_the_argument(url):
     with pytest.raises(ValueError, match=r"^url: must be http"):
         HttpTransport(url)
+
+
+# ---------------------------------------------------------------- issue 10: bounded replies, warn once, back off
+
+
+def _raw_server(reply: bytes) -> tuple[str, threading.Thread]:
+    """One-request HTTP server that sends a prebuilt reply (nothing allocated while it runs)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def serve() -> None:
+        conn, _addr = listener.accept()
+        with conn, listener:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            while len(body) < length:
+                body += conn.recv(65536)
+            with contextlib.suppress(OSError):
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", thread
+
+
+@pytest.mark.parametrize("with_length", [True, False])
+def test_a_huge_reply_is_never_read_into_memory(with_length):
+    import tracemalloc
+
+    answer = b'{"accepted": 20, "padding": "' + b"x" * 40_000_000 + b'"}'  # a 40 MB "200" reply
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+    head += b"Content-Length: %d\r\n\r\n" % len(answer) if with_length else b"Connection: close\r\n\r\n"
+    url, thread = _raw_server(head + answer)
+    exporter = HttpExporter(url)
+    lines = [json.dumps(s).encode() + b"\n" for s in samples(20)]
+    tracemalloc.start()
+    try:
+        result = exporter.export(lines)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    exporter.shutdown()
+    thread.join(10)
+    assert result.outcome is Outcome.SUCCESS and result.delivered == 20
+    assert result.failure is Failure.REPLY_TOO_LARGE
+    assert peak < 4 * MAX_REPLY_BYTES + 1_000_000, f"read {peak} bytes of a 40 MB reply"
+
+
+@pytest.mark.parametrize("status", [301, 308])
+def test_a_redirect_is_never_dropped_warns_once_and_backs_off(ingest, tmp_path, status):
+    ingest.script = [status] * 1000
+    ingest.location = "http://elsewhere.example/api/v1/samples"
+    sender = sender_for(ingest.url, tmp_path, interval_s=0.02, backoff_max_s=30.0)
+    with pytest.warns(RuntimeWarning) as caught:
+        for chunk in range(10):
+            for s in samples(10, start=chunk * 10):
+                sender.submit(s)
+            time.sleep(0.1)
+        assert not sender.flush(0.3)
+    stats = sender.stats()
+    sender.close(0.5)
+    assert len(ingest.requests) <= 3, "a redirecting collector must not be hammered"
+    assert stats["redirects"] >= 1 and stats["rejected"] == 0 and stats["dropped_spool_full"] == 0
+    assert "elsewhere.example" in stats["last_error"]
+    kept = [json.loads(line)["step"] for line in (tmp_path / "spool.jsonl").read_bytes().splitlines()]
+    assert kept == list(range(100))  # every sample kept, in order, for when the URL is fixed
+    assert sum("redirects" in str(w.message) for w in caught) == 1
+
+
+def test_an_always_413_collector_costs_log2_requests_and_keeps_the_samples(ingest, tmp_path):
+    ingest.script = [413] * 1000
+    sender = sender_for(ingest.url, tmp_path, batch_size=256, backoff_max_s=30.0)
+    with pytest.warns(RuntimeWarning, match="413 even for one sample"):
+        for s in samples(256):
+            sender.submit(s)
+        assert not sender.flush(1.0)
+    stats = sender.stats()
+    sender.close(0.5)
+    assert len(ingest.requests) <= 8 + 1 + 1  # halving down to one sample, once; then backoff
+    assert stats["rejected"] == 0
+    assert len((tmp_path / "spool.jsonl").read_bytes().splitlines()) == 256
+
+
+def test_the_spool_cap_holds_per_rank_across_restarts(tmp_path):
+    """A crash-looping rank adopts its earlier spools: all of them together stay under one cap."""
+    cap = 30_000
+    line = json.dumps(samples(1)[0]).encode() + b"\n"
+    for restart in range(4):  # four earlier incarnations, each left ~cap/2 behind
+        old = tmp_path / f"run.rank0.old{restart}.jsonl"
+        old.write_bytes(line * (cap // 2 // len(line)))
+        os.utime(old, (1000 + restart, 1000 + restart))
+    files = sorted(tmp_path.glob("run.rank0.*.jsonl"))
+    sender = BatchSender(HttpTransport(dead_url()), spool_path=tmp_path / "run.rank0.new.jsonl",
+                         adopt_spools=files, max_spool_bytes=cap, interval_s=0.02)
+    for s in samples(100, start=1000):
+        sender.submit(s)
+    sender.close(1.0)
+    on_disk = sum(p.stat().st_size for p in tmp_path.glob("run.rank0.*.jsonl"))
+    assert on_disk <= cap
+    stats = sender.stats()
+    assert stats["dropped_spool_full"] > 0  # the oldest files and what did not fit, counted
+    assert not (tmp_path / "run.rank0.old0.jsonl").exists()  # oldest discarded first
+    assert (tmp_path / "run.rank0.old3.jsonl").exists()  # newest kept for replay
+
+
+# ---------------------------------------------------------------- issue 12: adaptive flush, hints, directives
+
+
+def test_the_collectors_interval_hint_is_honoured_and_directives_parsed_safely(ingest, tmp_path):
+    ingest.reply_extra = {"flush_interval_s": 0.4,
+                          "directives": [{"type": "snapshot", "steps": 5}, {"type": "from-the-future"}, "garbage", 7]}
+    sender = sender_for(ingest.url, tmp_path, interval_s=0.02)
+    for s in samples(2):
+        sender.submit(s)
+    assert sender.flush(5)
+    assert sender.stats()["flush_interval_s"] == 0.4
+    before = len(ingest.requests)
+    for s in samples(30, start=2):  # a slow trickle for 1.2 s
+        sender.submit(s)
+        time.sleep(0.04)
+    requests = len(ingest.requests) - before
+    assert requests <= 5, f"{requests} POSTs in 1.2 s with a 0.4 s hint (the 0.02 s default would make ~50)"
+    assert sender.flush(5)
+    stats = sender.stats()
+    sender.close(2)
+    assert [d.type for d in list(sender.directives)[:2]] == ["snapshot", "from-the-future"]
+    assert sender.directives[0].args == {"steps": 5}
+    assert stats["worker_errors"] == 0 and ingest.steps() == list(range(32))
+
+
+@pytest.mark.parametrize("hint", [-1, 0, "soon", float("inf"), True, 10_000])
+def test_a_bad_interval_hint_is_ignored_or_clamped(hint):
+    interval, directives = reply_hints({"flush_interval_s": hint, "directives": {"not": "a list"}})
+    assert directives == ()
+    assert interval is None or 0.05 <= interval <= 60.0
+
+
+def test_the_in_memory_exporter_behind_the_processor():
+    exporter = InMemoryExporter()
+    exporter.script = [ExportResult(Outcome.RETRY, failures=1, failure=Failure.SERVER)]
+    processor = BatchProcessor(exporter, interval_s=0.02)
+    for s in samples(5):
+        processor.submit(s)
+    assert processor.force_flush(5)
+    processor.shutdown(2)
+    assert [s["step"] for s in exporter.samples] == [] or exporter.shut
+    # without a spool a failed batch is counted, not kept
+    assert processor.stats()["dropped_unsendable"] == 5 and processor.stats()["send_failures"] == 1
+
+
+def test_one_shared_worker_drives_many_processors_each_with_its_own_queue_and_interval(ingest, tmp_path):
+    """A load generator's many ranks in one process: one thread, the real processor code per rank."""
+    from vramwatch.delivery import SharedWorker
+
+    worker = SharedWorker()
+    threads_before = threading.active_count()
+    senders = [BatchSender(HttpTransport(ingest.url), spool_path=tmp_path / f"r{rank}.jsonl", interval_s=0.05,
+                           worker=worker) for rank in range(40)]
+    assert threading.active_count() == threads_before  # no thread per sender
+    for rank, sender in enumerate(senders):
+        for s in samples(5, rank=rank):
+            sender.submit(s)
+    assert wait_for(lambda: len(ingest.stored) == 200, 10)  # timed cycles, no flush asked
+    for rank, sender in enumerate(senders):
+        for s in samples(5, start=5, rank=rank):
+            sender.submit(s)
+    assert all(sender.flush(5) for sender in senders)
+    assert all(sender.close(5) for sender in senders)
+    assert len(ingest.stored) == 400
+    assert sum(sender.stats()["delivered"] for sender in senders) == 400
+
+
+def test_a_keep_alive_connection_the_server_closed_is_replaced_at_once_not_backed_off():
+    """Servers close idle keep-alive connections; reusing one must cost a reconnect, not a failure."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    served = []
+
+    def serve() -> None:
+        with listener:
+            for _ in range(3):
+                conn, _addr = listener.accept()
+                with conn:
+                    data = b""
+                    while b"\r\n\r\n" not in data:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                    if not data:
+                        continue
+                    head, _, body = data.partition(b"\r\n\r\n")
+                    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                      if line.lower().startswith(b"content-length")))
+                    while len(body) < length:
+                        body += conn.recv(65536)
+                    served.append(len(body))
+                    reply = b'{"accepted": 3, "duplicates": 0}'
+                    # no "Connection: close": the client keeps the socket, which we close right away
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(reply), reply))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    exporter = HttpExporter(f"http://127.0.0.1:{listener.getsockname()[1]}")
+    lines = [json.dumps(s).encode() + b"\n" for s in samples(3)]
+    first = exporter.export(lines)
+    time.sleep(0.1)  # the server has closed its end by now
+    second = exporter.export(lines)
+    exporter.shutdown()
+    assert first.outcome is second.outcome is Outcome.SUCCESS
+    assert (first.failures, second.failures, second.accepted) == (0, 0, 3)
+    assert len(served) == 2
+
+
+def test_requests_are_bounded_by_bytes_as_well_as_by_count(ingest, tmp_path):
+    big = {f"metric_{i}": float(i) for i in range(60)}  # samples with many extra numbers: ~2 KB each
+    sender = BatchSender(HttpTransport(ingest.url), spool_path=tmp_path / "s.jsonl", interval_s=30,
+                         batch_size=512)
+    sender.max_batch_bytes = 20_000
+    for s in samples(100, extra=big):
+        sender.submit(s)
+    assert sender.flush(10)
+    sender.close(2)
+    import orjson
+
+    sizes = [len(r["samples"]) for r in ingest.requests]
+    body_bytes = [sum(len(orjson.dumps(s)) + 1 for s in r["samples"]) for r in ingest.requests]
+    assert sum(sizes) == 100 and len(sizes) >= 5  # > 1 KB x 100 in requests of <= 20 KB
+    assert max(body_bytes) <= 20_000 and min(body_bytes[:-1]) > 20_000 - 2_000  # full, never over
+    assert ingest.steps() == list(range(100))

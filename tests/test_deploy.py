@@ -12,7 +12,7 @@ import time
 
 import pytest
 import yaml
-from test_grafana_helpers import (
+from grafana_helpers import (
     DCGM_METRICS,
     check_dashboard,
     dashboard_panels,
@@ -21,7 +21,7 @@ from test_grafana_helpers import (
     outer_grouping,
     panel_links,
 )
-from test_prometheus_helpers import (
+from prometheus_helpers import (
     DASHBOARD,
     DEPLOY,
     GRAFANA_ALERTS,

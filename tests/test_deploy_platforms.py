@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import yaml
-from test_prometheus_helpers import (
+from prometheus_helpers import (
     ALERTMANAGER,
     DEPLOY,
     ROOT,

@@ -33,12 +33,25 @@ from vramwatch.probe.simulated import simulate_trace
 
 
 def rows(db: str | Path, run: str) -> list[tuple[int, int, str]]:
-    """(rank, step, phase) of every stored sample of ``run``."""
+    """(rank, step, phase) of every stored sample of ``run`` recorded by ``step()``/``phase()``.
+
+    Left out: the exit marker a clean ``close()`` sends when the last sample had already left
+    (one more reading of the last step, ``seq`` 1; see :func:`exit_marks`)."""
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
         return conn.execute(
             "SELECT s.rank, x.step, p.name FROM samples x JOIN series s ON s.id = x.series"
-            " JOIN phases p ON p.id = x.phase WHERE s.run = ? ORDER BY s.rank, x.step, p.name", (run,)
+            " JOIN phases p ON p.id = x.phase WHERE s.run = ? AND NOT (x.seq > 0 AND x.exited)"
+            " ORDER BY s.rank, x.step, p.name", (run,)
         ).fetchall()
+
+
+def exit_marks(db: str | Path, run: str) -> dict[int, int]:
+    """rank -> number of stored samples marked ``exit`` (a clean close marks exactly one)."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return dict(conn.execute(
+            "SELECT s.rank, count(*) FROM samples x JOIN series s ON s.id = x.series"
+            " WHERE s.run = ? AND x.exited GROUP BY s.rank", (run,)
+        ).fetchall())
 
 
 def integrity(db: str | Path) -> str:
@@ -171,6 +184,7 @@ def test_collector_killed_twice_under_multi_rank_load_every_sample_arrives_exact
     got = rows(db, "kill-twice")
     assert len(got) == len(set(got))  # the primary key would refuse a second copy anyway
     assert got == expected_rows(12, steps)  # every step and checkpoint of every rank
+    assert exit_marks(db, "kill-twice") == dict.fromkeys(range(12), 1)  # each close marked once
     assert integrity(db) == "ok"
 
 

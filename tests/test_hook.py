@@ -69,7 +69,7 @@ def test_plain_loop_feeds_the_collector_steps_phases_and_numbers(collector, tmp_
     assert [r[1] for r in rows if r[2] == "train"] == list(range(30))
     assert [r[1] for r in rows if r[2] == "checkpoint"] == [10, 20]
     stats = vw.stats()
-    assert stats["samples"] == 32 and stats["accepted"] == 32
+    assert stats["samples"] == 33 and stats["accepted"] == 33  # 30 steps, 2 checkpoints, the exit marker
     assert stats["probe_errors"] == stats["hook_errors"] == stats["send_failures"] == 0
     ranks = get_json(f"{collector.url}/api/v1/runs/plain-loop/ranks")
     assert len(ranks) == 1 and ranks[0]["last_step"] == 29
@@ -130,7 +130,8 @@ def test_context_manager_and_no_url_writes_jsonl_trace_files(tmp_path, monkeypat
         path = vw.trace_path
     samples = list(wire.iter_samples(path))  # validates every line
     assert [(s["step"], s["phase"]) for s in samples] == [(i, "train") for i in range(6)] + [(5, "checkpoint")] + [
-        (6, "train"), (7, "train")]
+        (6, "train"), (7, "train"), (7, "train")]
+    assert samples[-1]["exit"] is True and samples[-1]["seq"] == 1  # the clean close's marker
     assert path.parent == tmp_path / "traces" / "local-files"
 
 
@@ -238,7 +239,8 @@ def test_forked_workers_neither_send_nor_corrupt_the_parent(collector, tmp_path,
         rows = stored(collector.db, "fork-test")
     else:
         (trace,) = (tmp_path / "fork-test").glob("*.jsonl")
-        rows = [(s["rank"], s["step"], s["phase"], s["incarnation"]) for s in wire.iter_samples(trace)]
+        rows = [(s["rank"], s["step"], s["phase"], s["incarnation"]) for s in wire.iter_samples(trace)
+                if not s.get("exit")]  # the close's marker (checked in test_a_clean_close_...)
     assert [r[1] for r in rows] == list(range(20))
     assert {r[2] for r in rows} == {"train"} and len({r[3] for r in rows}) == 1
 
@@ -280,7 +282,7 @@ def test_samples_left_in_the_spool_by_a_dead_collector_are_replayed_by_the_next_
     started = time.monotonic()
     assert not first.close(timeout=1.0)  # bounded, even with the collector down
     assert time.monotonic() - started < 2.0
-    assert first.stats()["spooled"] == 25
+    assert first.stats()["spooled"] == 25 + 1  # and the close's exit marker
     # the rank restarts (new incarnation) and the collector is reachable again
     second = monitor(collector.url, "spool-handover", tmp_path)
     for step in range(25, 30):
@@ -306,3 +308,205 @@ def test_a_bad_collector_url_is_refused_before_training_starts(monkeypatch):
     monkeypatch.setenv("VRAMWATCH_URL", "collector:notaport:x")
     with pytest.raises(ValueError, match=r"^VRAMWATCH_URL: must be http"):
         hook.init(probe="simulated")
+
+
+# ---------------------------------------------------------------- one config (issue 11 item 5)
+
+
+def test_every_vramwatch_variable_is_in_the_config_table_and_the_readme():
+    import re
+
+    from vramwatch.config import ENV, env_table
+
+    root = Path(hook.__file__).resolve().parent
+    read = set()
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        # a JS global in the report (window.VRAMWATCH_STATIC) is not an environment variable
+        read |= {m.group(1) for m in re.finditer(r"(?<!window\.)\b(VRAMWATCH_[A-Z_]+)\b", text)}
+    names = {var.name for var in ENV}
+    assert read <= names, f"read but not in vramwatch.config.ENV: {sorted(read - names)}"
+    readme = (root.parent / "README.md").read_text()
+    assert env_table() in readme, "README's variable table is stale: regenerate it from vramwatch.config.env_table()"
+    # outside config.py only the collector's settings and the launcher-facing identity are read
+    outside = set()
+    for path in root.rglob("*.py"):
+        if path.name != "config.py":
+            outside |= set(re.findall(r"environ(?:\.get)?\(?\[?\"(VRAMWATCH_[A-Z_]+)", path.read_text()))
+    assert outside <= {"VRAMWATCH_DB", "VRAMWATCH_TOKEN"}, sorted(outside)
+
+
+def test_config_from_env_arguments_win_values_are_checked_and_named():
+    from vramwatch.config import Config
+
+    env = {"VRAMWATCH_URL": "http://c:1", "VRAMWATCH_TOKEN": " s3cret \n", "VRAMWATCH_PROBE": "Simulated",
+           "VRAMWATCH_DISABLE": "yes", "VRAMWATCH_EXIT_TIMEOUT": "2.5", "VRAMWATCH_SPOOL_DIR": "/tmp/sp",
+           "VRAMWATCH_HOST": "node-9", "VRAMWATCH_SIM_SEED": "7"}
+    config = Config.from_env(env)
+    assert (config.url, config.token, config.probe, config.enabled) == ("http://c:1", "s3cret", "simulated", False)
+    assert (config.exit_timeout_s, config.spool_root(), config.host, config.sim_seed) == (2.5, Path("/tmp/sp"),
+                                                                                          "node-9", 7)
+    assert Config.from_env(env, url="http://d:2", enabled=True).url == "http://d:2"
+    with pytest.raises(ValueError, match=r"^VRAMWATCH_EXIT_TIMEOUT: must be a number"):
+        Config.from_env({"VRAMWATCH_EXIT_TIMEOUT": "soon"})
+    with pytest.raises(ValueError, match=r"^VRAMWATCH_SIM_SEED"):
+        Config.from_env({"VRAMWATCH_SIM_SEED": "x"})
+    with pytest.raises(ValueError, match=r"^flush_interval_s"):
+        Config.from_env({}, flush_interval_s=0)
+    with pytest.raises(TypeError, match="nvml_interval"):
+        Config.from_env({}, nvml_intervall_s=1)
+
+
+def test_monitor_takes_a_config_and_its_constructor_is_small(tmp_path):
+    import inspect
+
+    from vramwatch.config import Config
+
+    config = Config.from_env({}, probe="simulated", run="cfg", out_dir=tmp_path)
+    vw = hook.Monitor(config)
+    vw.step(1)
+    assert vw.close(5) and vw.stats()["samples"] == 2 and vw.config is config  # the step and the exit marker
+    lines = inspect.getsource(hook.Monitor.__init__).count("\n")
+    assert lines <= 40, f"Monitor.__init__ is {lines} lines"
+
+
+# ---------------------------------------------------------------- host memory (issue 14 item 5)
+
+
+def test_host_memory_of_the_real_process_and_its_children():
+    from vramwatch.probe import host
+
+    child = subprocess.Popen([sys.executable, "-c", "x = bytearray(80 * 2**20); import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        reading = host.read_host(os.getpid())
+        while reading["host_children_rss_bytes"] < 80 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            reading = host.read_host(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert 10 * 2**20 < reading["host_rss_bytes"] <= peak + 2**20  # torch is imported: tens of MiB at least
+    assert reading["host_children_rss_bytes"] >= 80 * 2**20  # the child's 80 MiB bytearray is resident
+    assert 0 < reading["host_available_bytes"] < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert reading["host_pinned_bytes"] is None  # no framework asked
+
+
+def test_host_fields_are_sent_exactly_when_the_wire_knows_them(tmp_path):
+    from vramwatch.probe.host import HOST_FIELDS
+
+    vw = hook.init(None, run="host-fields", probe="simulated", out_dir=tmp_path, host_interval_s=0.05)
+    vw.step(1)
+    with vw.phase("checkpoint"):
+        pass
+    assert vw.close(5)
+    stored = [json.loads(line) for line in vw.trace_path.read_text().splitlines()]
+    assert len(stored) == 3  # step, phase, the close's exit marker
+    known = all(name in wire.FIELDS for name in HOST_FIELDS)
+    for sample in stored:
+        if known:
+            assert sample["host_rss_bytes"] > 10 * 2**20 and sample["host_available_bytes"] > 0
+        else:  # until the collector's schema has them, they are not sent (it would reject the sample)
+            assert not set(HOST_FIELDS) & set(sample)
+
+
+def test_feature_seams_step_hooks_directive_listeners_and_close_hooks(tmp_path):
+    """What the snapshot-capture agent plugs into: directives from replies, each step, close."""
+    from fakes.ingest_server import ScriptedIngest
+
+    with ScriptedIngest() as ingest:
+        ingest.reply_extra = {"directives": [{"type": "capture", "steps": 3}]}
+        vw = hook.init(ingest.url, run="seams", probe="simulated", spool_dir=tmp_path, flush_interval_s=0.05)
+        seen, steps, closed = [], [], []
+        vw.sender.add_directive_listener(seen.extend)
+        vw.add_step_hook(steps.append)
+        vw.add_step_hook(lambda step: 1 / 0 if step == 2 else None)  # a failing feature never reaches training
+        vw.add_close_hook(closed.append)
+        for step in range(4):
+            vw.step(step)
+        assert vw.flush(5)
+        assert vw.close(5)
+    assert steps == [0, 1, 2, 3]
+    assert seen and seen[0].type == "capture" and seen[0].args == {"steps": 3}
+    assert len(closed) == 1 and 0 < closed[0] <= 5
+    assert vw.stats()["hook_errors"] == 1
+
+
+def test_two_phases_of_one_name_at_one_step_are_numbered_when_the_wire_knows_seq(tmp_path):
+    vw = hook.init(None, run="seq", probe="simulated", out_dir=tmp_path)
+    vw.step(5)
+    for _ in range(2):  # two checkpoint callbacks saving at the same step
+        with vw.phase("checkpoint"):
+            pass
+    vw.step(6)
+    with vw.phase("checkpoint"):
+        pass
+    assert vw.close(5)
+    phases = [json.loads(line) for line in vw.trace_path.read_text().splitlines() if '"checkpoint"' in line]
+    assert [p["step"] for p in phases] == [5, 5, 6]
+    if "seq" in wire.FIELDS:
+        assert [p.get("seq", 0) for p in phases] == [0, 1, 0]  # distinct idempotency keys
+    else:  # the current collector would reject an unknown field: not sent yet
+        assert all("seq" not in p for p in phases)
+
+
+# ---------------------------------------------------------------- end markers for the post-mortem (issue 14)
+
+
+def _trace(vw) -> list[dict]:
+    return [json.loads(line) for line in vw.trace_path.read_text().splitlines()]
+
+
+def test_a_clean_close_sends_one_copy_of_the_last_train_sample_marked_exit(tmp_path):
+    vw = hook.init(None, run="exit", probe="simulated", out_dir=tmp_path)
+    for step in range(3):
+        vw.step(step)
+    with vw.phase("checkpoint"):  # the copy is of the last *train* sample, not of this phase
+        pass
+    assert vw.close(5)
+    samples = _trace(vw)
+    assert len(samples) == 5 and vw.stats()["samples"] == 5
+    last = samples[-1]
+    assert (last["step"], last["phase"], last["seq"], last["exit"]) == (2, "train", 1, True)
+    assert last["allocated_bytes"] == samples[2]["allocated_bytes"] and last["ts"] >= samples[3]["ts"]
+    assert not any(s.get("exit") for s in samples[:-1])
+    assert len({(s["step"], s["phase"], s.get("seq", 0)) for s in samples}) == 5  # distinct idempotency keys
+    never = hook.init(None, run="never-stepped", probe="simulated", out_dir=tmp_path / "never")
+    assert never.close(5) and never.stats()["samples"] == 0  # nothing recorded: nothing to mark
+
+
+def test_mark_oom_sends_a_fresh_marked_sample_and_a_monitor_that_never_started_marks_nothing(tmp_path):
+    vw = hook.init(None, run="oom-mark", probe="simulated", out_dir=tmp_path)
+    vw.step(0)
+    vw.step(1)
+    vw.mark_oom()
+    assert vw.close(5)
+    samples = _trace(vw)
+    marked = [s for s in samples if s.get("oom_marked")]
+    assert len(marked) == 1 and marked[0]["step"] == 1 and marked[0]["seq"] == 1
+    assert (samples[-1]["seq"], samples[-1]["exit"]) == (2, True) and "oom_marked" not in samples[-1]
+    off = hook.init(None, run="off", probe="none", out_dir=tmp_path / "off")
+    off.mark_oom()
+    assert off.close(1) and off.stats()["samples"] == 0
+
+
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+def test_the_exit_handler_marks_a_clean_end_but_not_a_death_by_exception(tmp_path, ending):
+    script = textwrap.dedent(f"""
+        import vramwatch
+        vw = vramwatch.init(None, run="atexit-{ending}", probe="simulated", out_dir={str(tmp_path)!r})
+        for step in range(3):
+            vw.step(step)
+        if {ending == "raises"!r}:
+            raise RuntimeError("NaN loss")  # unhandled: the exit handler still flushes
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert result.returncode == (1 if ending == "raises" else 0), result.stderr
+    (trace,) = (tmp_path / f"atexit-{ending}").glob("*.jsonl")
+    samples = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [s["step"] for s in samples if not s.get("exit")] == [0, 1, 2]  # flushed either way
+    assert sum(bool(s.get("exit")) for s in samples) == (1 if ending == "returns" else 0)

@@ -61,3 +61,22 @@ def test_the_checks_catch_impossible_samples():
     assert counts["allocated<=reserved"][1] == 1
     assert counts["peak>=allocated"][1] == 2  # the first (peak 11 < allocated 13) and the second
     assert counts["nvml_used<=total"][1] == 1
+
+
+def test_the_device_cost_rows_run_through_torchs_own_code(monkeypatch, tmp_path):
+    """gpu_check's probe-cost rows on CPU, over the fake C++ entry points (the GPU run uses the same code)."""
+    import torch
+    from fakes.fake_cuda import FakeCuda
+
+    import vramwatch.hook as hook
+
+    module = runpy.run_path(str(SCRIPT), run_name="gpu_check_module")
+    fake = FakeCuda()
+    fake.install(monkeypatch)
+    fake.alloc(GiB)
+    vw = hook.init(None, run="cost", probe="torch", out_dir=tmp_path, spool_dir=tmp_path / "spool")
+    assert vw.stats()["probe"] == "torch"
+    cost = module["probe_cost"](torch, vw, calls=200, rounds=2)
+    assert vw.close(10) and vw.stats()["samples"] == 200 + 1  # 2 rounds of 100, the exit marker
+    assert set(cost) == {"floor", "memory_stats()", "probe.read()", "vw.step()"}
+    assert cost["memory_stats()"] > cost["floor"] > 0  # flatten + sort costs more than the nested read

@@ -11,7 +11,7 @@ import time
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
-from test_prometheus_helpers import exposed_names, exposed_samples, post_samples, run_promtool, scrape
+from prometheus_helpers import exposed_names, exposed_samples, post_samples, run_promtool, scrape
 
 from vramwatch.__about__ import __version__
 from vramwatch.collector.live import LiveState

@@ -32,8 +32,10 @@ def machine(pid: int | None = None) -> list[FakeGpu]:
     ]
 
 
-def probe_with(cuda: FakeCuda, *, peak: str = "reset", nvml=None, env=None) -> TorchCudaProbe:
-    return TorchCudaProbe(0, peak=peak, cuda=cuda, pynvml=nvml, nvml=nvml is not None, env=env or {},
+def probe_with(monkeypatch, cuda: FakeCuda, *, peak: str = "reset", nvml=None, env=None) -> TorchCudaProbe:
+    """The real probe over torch's own ``torch.cuda`` code; only the C++ entry points are the fake's."""
+    torch_cuda = cuda.install(monkeypatch)
+    return TorchCudaProbe(0, peak=peak, cuda=torch_cuda, pynvml=nvml, nvml=nvml is not None, env=env or {},
                           nvml_interval_s=0.05)
 
 
@@ -46,9 +48,9 @@ def as_wire(reading: dict, step: int = 0, phase: str = "train") -> dict:
 # ---------------------------------------------------------------- torch probe
 
 
-def test_one_memory_stats_call_per_step_and_fields_picked_from_it():
+def test_one_memory_stats_call_per_step_and_fields_picked_from_it(monkeypatch):
     cuda = FakeCuda()
-    probe = probe_with(cuda)
+    probe = probe_with(monkeypatch, cuda)
     cuda.alloc(10 * GiB)
     cuda.reserved = 12 * GiB
     cuda.inactive_split = GiB // 2
@@ -70,9 +72,9 @@ def test_one_memory_stats_call_per_step_and_fields_picked_from_it():
     as_wire(reading)
 
 
-def test_reset_policy_gives_exact_per_step_peaks_and_keeps_the_run_long_max():
+def test_reset_policy_gives_exact_per_step_peaks_and_keeps_the_run_long_max(monkeypatch):
     cuda = FakeCuda()
-    probe = probe_with(cuda, peak="reset")
+    probe = probe_with(monkeypatch, cuda, peak="reset")
     cuda.alloc(4 * GiB)  # weights
     peaks = []
     for activations in (6, 2, 9, 3):
@@ -86,10 +88,10 @@ def test_reset_policy_gives_exact_per_step_peaks_and_keeps_the_run_long_max():
     assert cuda.peak == 4 * GiB
 
 
-def test_never_policy_does_not_touch_the_counter_and_reports_new_highs_exactly():
+def test_never_policy_does_not_touch_the_counter_and_reports_new_highs_exactly(monkeypatch):
     cuda = FakeCuda()
     cuda.alloc(4 * GiB)
-    probe = probe_with(cuda, peak="never")
+    probe = probe_with(monkeypatch, cuda, peak="never")
     cuda.alloc(6 * GiB)
     cuda.free(6 * GiB)
     first = probe.read(1, "train")
@@ -108,10 +110,10 @@ def test_never_policy_does_not_touch_the_counter_and_reports_new_highs_exactly()
 
 
 @pytest.mark.parametrize("policy", ["reset", "never"])
-def test_phase_sample_carries_the_peak_during_the_phase(policy):
+def test_phase_sample_carries_the_peak_during_the_phase(policy, monkeypatch):
     cuda = FakeCuda()
     cuda.alloc(4 * GiB)
-    probe = probe_with(cuda, peak=policy)
+    probe = probe_with(monkeypatch, cuda, peak=policy)
     cuda.alloc(3 * GiB)  # activations of step 1
     cuda.free(3 * GiB)
     probe.read(1, "train")
@@ -129,10 +131,10 @@ def test_phase_sample_carries_the_peak_during_the_phase(policy):
     as_wire(phase, step=1, phase="checkpoint")
 
 
-def test_nested_phases_each_get_their_own_peak():
+def test_nested_phases_each_get_their_own_peak(monkeypatch):
     cuda = FakeCuda()
     cuda.alloc(GiB)
-    probe = probe_with(cuda)
+    probe = probe_with(monkeypatch, cuda)
     probe.begin_phase("eval")
     cuda.alloc(2 * GiB)
     cuda.free(2 * GiB)
@@ -146,9 +148,9 @@ def test_nested_phases_each_get_their_own_peak():
     assert probe.read(1)["peak_allocated_bytes"] == GiB
 
 
-def test_bad_peak_policy_names_the_argument():
+def test_bad_peak_policy_names_the_argument(monkeypatch):
     with pytest.raises(ValueError, match="peak"):
-        probe_with(FakeCuda(), peak="sometimes")
+        probe_with(monkeypatch, FakeCuda(), peak="sometimes")
 
 
 def test_no_cuda_here_is_one_clear_warning_and_no_probe(monkeypatch):
@@ -231,17 +233,17 @@ def test_nvml_missing_or_not_loading_means_null_not_zero(monkeypatch):
     assert open_device(0, env={}, pynvml=make_pynvml(machine(), init_fails=True)) is None
     cuda = FakeCuda()
     cuda.alloc(GiB)
-    probe = TorchCudaProbe(0, cuda=cuda, env={})  # nvml=True, but none to be had
+    probe = TorchCudaProbe(0, cuda=cuda.install(monkeypatch), env={})  # nvml=True, but none to be had
     reading = probe.read(1)
     assert probe.poller is None and reading["nvml_used_bytes"] is None
     assert "process_used_bytes" not in reading
 
 
-def test_nvml_poller_runs_off_the_training_thread_and_reading_is_attached():
+def test_nvml_poller_runs_off_the_training_thread_and_reading_is_attached(monkeypatch):
     nv = make_pynvml(machine())
     cuda = FakeCuda(uuid=UUID1)
     cuda.alloc(20 * GiB)
-    probe = probe_with(cuda, nvml=nv)
+    probe = probe_with(monkeypatch, cuda, nvml=nv)
     try:
         deadline = time.monotonic() + 5
         while probe.poller.latest is None and time.monotonic() < deadline:
@@ -254,6 +256,9 @@ def test_nvml_poller_runs_off_the_training_thread_and_reading_is_attached():
         assert nv.callers[("nvmlDeviceGetMemoryInfo", "vramwatch-nvml")] >= 1
         assert reading["nvml_used_bytes"] == 30 * GiB
         assert reading["process_used_bytes"] == 24 * GiB
+        stats = probe.stats()  # the process list itself: in stats, polled, never per step
+        assert sorted(p["pid"] for p in stats["gpu_processes"]) == sorted([os.getpid(), 4242])
+        assert stats["foreign_used_bytes"] == 3 * GiB
         assert probe.device_info()["uuid"] == f"GPU-{UUID1}"
         time.sleep(0.2)
         assert probe.poller.polls >= 3  # ...the poller thread did, every 50 ms
@@ -276,7 +281,7 @@ def test_gpu_lost_publishes_none_counts_the_error_and_stops_polling():
         while not poller.lost and time.monotonic() < deadline:
             time.sleep(0.01)
         assert poller.lost and poller.latest is None
-        assert poller.stats()["nvml_errors"] == 1 and "GPUIsLost" in poller.stats()["nvml_last_error"]
+        assert poller.stats()["nvml_errors"] == 1 and "GpuIsLost" in poller.stats()["nvml_last_error"]
         polls = nv.calls["nvmlDeviceGetMemoryInfo"]
         time.sleep(0.1)
         assert nv.calls["nvmlDeviceGetMemoryInfo"] == polls  # stopped
@@ -284,7 +289,7 @@ def test_gpu_lost_publishes_none_counts_the_error_and_stops_polling():
         poller.close()
 
 
-def test_torch_uuid_in_its_various_shapes():
+def test_torch_uuid_in_its_various_shapes(monkeypatch):
     class CUuuid:  # torch's _CUuuid: str() may or may not be the uuid, .bytes are the 16 raw bytes
         bytes = bytes(range(16))
 
@@ -296,4 +301,229 @@ def test_torch_uuid_in_its_various_shapes():
     assert uuid_text(f"MIG-{UUID2}") == f"MIG-{UUID2}"
     assert uuid_text("garbage") is None and uuid_text(None) is None
     cuda = FakeCuda(uuid=UUID1)
-    assert probe_with(cuda).device_info()["uuid"] == f"GPU-{UUID1}"  # no NVML: torch's own uuid
+    assert probe_with(monkeypatch, cuda).device_info()["uuid"] == f"GPU-{UUID1}"  # no NVML: torch's own uuid
+
+
+# ---------------------------------------------------------------- the nested-stats read (issue 12)
+
+
+def test_the_probe_reads_the_nested_dict_and_never_falls_back_to_memory_stats(monkeypatch):
+    """memory_stats() flattens and sorts in Python on every call (~8x the nested read)."""
+    import torch
+
+    cuda = FakeCuda()
+    probe = probe_with(monkeypatch, cuda)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the probe called torch.cuda.memory_stats(): flatten + sort on every step")
+
+    for target in (torch.cuda, torch.cuda.memory):
+        for name in ("memory_stats", "memory_allocated", "memory_reserved", "max_memory_allocated"):
+            monkeypatch.setattr(target, name, forbidden)
+    cuda.alloc(3 * GiB)
+    before = cuda.stats_calls
+    readings = [probe.read(step) for step in range(5)]
+    with probe_phase(probe, "checkpoint"):
+        cuda.alloc(GiB)
+    assert cuda.stats_calls - before == 5 + 2  # one C++ stats call per read, two per phase
+    assert readings[-1]["allocated_bytes"] == 3 * GiB and probe.stats()["max_allocated_bytes"] == 4 * GiB
+
+
+class probe_phase:
+    def __init__(self, probe, name):
+        self.probe, self.name = probe, name
+
+    def __enter__(self):
+        self.probe.begin_phase(self.name)
+
+    def __exit__(self, *exc):
+        self.reading = self.probe.end_phase(0, self.name)
+
+
+def test_the_probe_agrees_with_torchs_own_flattened_memory_stats(monkeypatch):
+    import torch
+
+    cuda = FakeCuda()
+    probe = probe_with(monkeypatch, cuda, peak="never")
+    cuda.alloc(7 * GiB)
+    cuda.reserved = 9 * GiB
+    cuda.inactive_split = 123 * 2**20
+    cuda.retries, cuda.ooms = 2, 1
+    reading = probe.read(1)
+    flat = torch.cuda.memory_stats(0)  # torch's real flatten + sort over the same C++ entry point
+    assert reading["allocated_bytes"] == flat["allocated_bytes.all.current"]
+    assert reading["reserved_bytes"] == flat["reserved_bytes.all.current"]
+    assert reading["active_bytes"] == flat["active_bytes.all.current"]
+    assert reading["inactive_split_bytes"] == flat["inactive_split_bytes.all.current"]
+    assert (reading["alloc_retries"], reading["ooms"]) == (flat["num_alloc_retries"], flat["num_ooms"])
+    assert torch.cuda.max_memory_allocated(0) == 7 * GiB  # torch's own API sees the fake's peak
+
+
+def test_the_stats_fixture_has_the_real_shape():
+    """Every key torch's memory_stats() docstring promises is in the fixture, with its pools."""
+    import torch
+    from fakes.fake_cuda import load_fixture
+
+    nested = load_fixture()
+    documented = torch.cuda.memory_stats.__doc__
+    for stat in ("allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes", "segment",
+                 "active", "inactive_split", "requested_bytes"):
+        assert f'"{stat}.{{all,large_pool,small_pool}}' in documented
+        assert set(nested[stat]) == {"all", "small_pool", "large_pool"}
+        for pool in nested[stat].values():
+            assert set(pool) == {"current", "peak", "allocated", "freed"}
+            assert pool["peak"] >= pool["current"] >= 0
+    for counter in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free"):
+        assert f'"{counter}"' in documented and isinstance(nested[counter], int)
+    all_alloc = nested["allocated_bytes"]["all"]
+    assert all_alloc["current"] == sum(nested["allocated_bytes"][p]["current"] for p in ("small_pool", "large_pool"))
+
+
+def test_before_cuda_initialisation_the_probe_reports_true_zeros(monkeypatch):
+    import torch
+
+    cuda = FakeCuda()
+    probe = probe_with(monkeypatch, cuda)
+    monkeypatch.setattr(torch.cuda.memory, "is_initialized", lambda: False)  # nested dict is {} then
+    reading = probe.read(1)
+    assert reading["allocated_bytes"] == reading["reserved_bytes"] == reading["peak_allocated_bytes"] == 0
+    as_wire(reading)
+
+
+# ---------------------------------------------------------------- honest fakes (issue 11)
+
+
+def test_every_pynvml_name_the_fake_defines_exists_in_nvidia_ml_py_with_a_compatible_signature():
+    import inspect
+
+    import pynvml as real  # nvidia-ml-py
+
+    fake = make_pynvml(machine())
+    names = [n for n in vars(fake) if n.startswith(("nvml", "NVML"))]
+    assert len(names) > 15
+    for name in names:
+        assert hasattr(real, name), f"the fake defines pynvml.{name}, which nvidia-ml-py does not have"
+        ours, theirs = getattr(fake, name), getattr(real, name)
+        if inspect.isfunction(theirs):
+            real_params = list(inspect.signature(theirs).parameters.values())
+            fake_params = list(inspect.signature(ours).parameters.values())
+            assert [p.name for p in fake_params] == [p.name for p in real_params], name
+            assert [p.default is p.empty for p in fake_params] == [p.default is p.empty for p in real_params], name
+        elif isinstance(theirs, int):
+            assert ours == theirs, name
+        elif isinstance(theirs, type):
+            assert issubclass(ours, Exception) and ours.__name__ == theirs.__name__
+    # errors behave alike: NVMLError(value) is the registered subclass and carries .value
+    lost_real, lost_fake = real.NVMLError(real.NVML_ERROR_GPU_IS_LOST), fake.NVMLError(fake.NVML_ERROR_GPU_IS_LOST)
+    assert type(lost_real).__name__ == type(lost_fake).__name__ == "NVMLError_GpuIsLost"
+    assert lost_real.value == lost_fake.value == 15
+
+
+def test_the_process_list_splits_this_process_from_foreign_ones():
+    gpus = machine()
+    nv = make_pynvml(gpus)
+    device = open_device(0, torch_uuid=UUID1, env={}, pynvml=nv)
+    reading = device.read()
+    assert reading.process_used_bytes == 24 * GiB
+    assert reading.foreign_used_bytes == 3 * GiB  # pid 4242: a stale notebook kernel, say
+    assert {p.pid for p in reading.processes} == {os.getpid(), 4242}
+    # another PID namespace (a container): our pid is not listed, so nothing can be called foreign
+    gpus[1].processes = {1: 20 * GiB, 7: GiB}
+    other = device.read()
+    assert other.process_used_bytes is None and other.foreign_used_bytes is None
+    gpus[1].process_list_supported = False
+    assert device.read().foreign_used_bytes is None
+
+
+def test_mig_instance_memory_is_the_instance_not_the_whole_gpu():
+    gpus = machine()
+    gpus[0].mig = [FakeGpu("MIG-66666666-0000-0000-0000-000000000001", total=18 * GiB, used=5 * GiB,
+                           processes={os.getpid(): 4 * GiB, 99: GiB})]
+    nv = make_pynvml(gpus)
+    device = open_device(0, env={"CUDA_VISIBLE_DEVICES": "MIG-66666666"}, pynvml=nv)
+    reading = device.read()
+    assert device.is_mig
+    assert (reading.used_bytes, reading.total_bytes) == (5 * GiB, 18 * GiB)
+    assert (reading.process_used_bytes, reading.foreign_used_bytes) == (4 * GiB, GiB)
+
+
+def test_one_host_poller_per_process_shared_by_every_monitor(monkeypatch):
+    from vramwatch.probe import host
+
+    monkeypatch.setattr(host, "FIELDS", {name: "i" for name in host.HOST_FIELDS})
+    before = sum(t.name == "vramwatch-host" for t in threading.enumerate())
+    first = host.HostPoller.start(0.05, pinned=lambda: 4096)
+    second = host.HostPoller.start(0.05)
+    try:
+        assert first is second and first.users == 2
+        assert sum(t.name == "vramwatch-host" for t in threading.enumerate()) == before + 1
+        deadline = time.monotonic() + 5
+        while first.polls < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert first.polls >= 3 and first.latest["host_pinned_bytes"] == 4096
+        assert first.latest["host_rss_bytes"] > 0
+    finally:
+        first.release()
+        assert first.users == 1 and first._thread.is_alive()  # the other monitor still uses it
+        second.release()
+    first._thread.join(2)
+    assert not first._thread.is_alive() and first.users == 0
+
+
+def test_every_test_module_holds_tests():
+    """A helper named test_*.py is collected as a test module that tests nothing: name it plainly."""
+    import ast
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    empty = [path.name for path in sorted(here.glob("test_*.py"))
+             if not any(isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test")
+                        for node in ast.walk(ast.parse(path.read_text())))]
+    assert not empty, f"test modules without tests: {empty}"
+
+
+def test_a_phase_sample_carries_the_host_peak_of_the_phase_even_when_freed_before_it_ends(monkeypatch):
+    """A checkpoint that materialises a state dict on the host and frees it: the phase's RSS peak."""
+    from vramwatch.probe import host
+
+    monkeypatch.setattr(host, "FIELDS", {name: "i" for name in host.HOST_FIELDS})
+    poller = host.HostPoller.start(60.0)
+    try:
+        baseline = poller.poll_once()["host_rss_bytes"]
+        poller.begin_phase()
+        blob = bytearray(300 * 2**20)  # touched pages: resident
+        blob[:: 4096] = b"x" * len(blob[:: 4096])
+        del blob  # freed (unmapped) before the phase ends
+        after = poller.poll_once()["host_rss_bytes"]
+        phase = poller.end_phase()
+    finally:
+        poller.release()
+    assert after < baseline + 100 * 2**20  # the current RSS no longer shows it...
+    assert phase["host_rss_bytes"] >= baseline + 250 * 2**20  # ...the phase's peak does
+    assert poller.stats()["host_rss_max_bytes"] >= phase["host_rss_bytes"]
+
+
+def test_a_users_probe_gets_the_whole_protocol_and_keeps_its_own_attributes():
+    from vramwatch.probe import BaseProbe, as_probe
+
+    class Minimal:  # only what a user must write
+        name = "mine"
+        max_allocated_bytes = 7
+
+        def device_info(self):
+            return {"gpu": 0}
+
+        def read(self, step, phase="train"):
+            return {"allocated_bytes": step}
+
+        def special(self):
+            return "kept"
+
+    probe = as_probe(Minimal())
+    assert isinstance(probe, BaseProbe) and probe.name == "mine"
+    probe.begin_phase("checkpoint")  # no-op default
+    assert probe.end_phase(3, "checkpoint") == {"allocated_bytes": 3}  # default: one more read
+    assert (probe.stats(), probe.pinned_host_bytes(), probe.max_allocated_bytes) == ({}, None, 7)
+    assert probe.special() == "kept"
+    with pytest.raises(ValueError, match="probe: must be one of"):
+        as_probe(object())

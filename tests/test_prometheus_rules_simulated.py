@@ -15,7 +15,7 @@ import re
 
 import pytest
 import yaml
-from test_prometheus_helpers import (
+from prometheus_helpers import (
     DASHBOARD,
     RULES,
     alert_rules,

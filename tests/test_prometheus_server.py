@@ -19,13 +19,13 @@ import time
 import httpx
 import pytest
 import yaml
-from test_grafana_helpers import (
+from grafana_helpers import (
     dashboard_panels,
     interpolate_link,
     merged_rows,
     panel_links,
 )
-from test_prometheus_helpers import (
+from prometheus_helpers import (
     ALERTMANAGER,
     DASHBOARD,
     DEPLOY,

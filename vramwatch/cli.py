@@ -90,7 +90,37 @@ def _db_path(args: argparse.Namespace) -> str:
 
 # ---------------------------------------------------------------- commands
 
+def cmd_front(args: argparse.Namespace) -> int:
+    """``serve --peers``: the federating front over node-local collectors (stores nothing)."""
+    from vramwatch.front import FrontSettings, PeerError, PeerSource, parse_peers
+    from vramwatch.front.server import serve_front
+
+    try:
+        source = PeerSource(static=parse_peers(args.peers.split(",")) if args.peers else None,
+                            file=args.peers_file, prometheus=args.peers_prometheus, job=args.peers_job)
+    except PeerError as exc:
+        raise UsageError(str(exc)) from None
+    if not source.current() and not args.peers_prometheus:
+        raise UsageError("--peers: no peer given")
+    peer_token = None
+    if args.peer_token_file:
+        try:
+            peer_token = Path(args.peer_token_file).read_text().strip() or None
+        except OSError as exc:
+            raise UsageError(f"cannot read --peer-token-file {args.peer_token_file}: {exc.strerror}") from None
+    settings = FrontSettings(peers=source, token=_read_token(args) if args.auth_read else None,
+                             peer_token=peer_token or _read_token(args), timeout_s=args.peer_timeout)
+    print(f"vramwatch front: http://{args.host}:{args.port}/  shards={len(source.current())}", file=sys.stderr)
+    try:
+        serve_front(settings, host=args.host, port=args.port, log_level=args.log_level)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.peers or args.peers_file or args.peers_prometheus:
+        return cmd_front(args)
     from vramwatch.collector.app import Settings
     from vramwatch.collector.server import serve
     from vramwatch.collector.store import StoreError
@@ -263,6 +293,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse ingest (507: hooks spool and retry) while the database's disk has less "
                         "free space (default 256)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    front = p.add_argument_group("federating front (stores nothing; see docs/deploy.md)")
+    front.add_argument("--peers", metavar="URL[,URL...]", help="serve one dashboard/API over these collectors")
+    front.add_argument("--peers-file", metavar="FILE", help="peer URLs (one per line, name=URL allowed); "
+                       "re-read when it changes")
+    front.add_argument("--peers-prometheus", metavar="URL", help="discover peers from this Prometheus's targets")
+    front.add_argument("--peers-job", default="vramwatch", help="the scrape job of the collectors (default vramwatch)")
+    front.add_argument("--peer-token-file", metavar="FILE", help="token sent to the peers (default: the front's token)")
+    front.add_argument("--peer-timeout", type=_positive(float), default=2.0, metavar="SECONDS",
+                       help="a shard that does not answer within this is shown as unreachable (default 2)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="collector + a simulated 8-rank run through the real hook")
@@ -298,9 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", required=True, help="output .html file")
     p.set_defaults(func=cmd_report)
 
+    from vramwatch.cli_evidence import register as register_evidence
     from vramwatch.decisions.cli import register as register_decisions
 
     register_decisions(sub, add_db)
+    register_evidence(sub, add_db, _positive)
     return parser
 
 
@@ -320,4 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # run the imported module's main, so `python -m vramwatch.cli` and subcommand modules
+    # that import vramwatch.cli share one UsageError class
+    from vramwatch.cli import main as _main
+
+    sys.exit(_main())

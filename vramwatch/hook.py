@@ -13,8 +13,9 @@
 
 What it costs and what it never does
 ------------------------------------
-``step()`` runs on the training thread: one probe read (one ``torch.cuda.memory_stats()``
-on GPU; NVML numbers come from a background poller), one dict, one deque append. No
+``step()`` runs on the training thread: one probe read (one
+``torch.cuda.memory_stats_as_nested_dict()`` on GPU; NVML and host-memory numbers come from
+background pollers), one dict, one deque append. No
 lock, no I/O, no network: a daemon worker (:mod:`vramwatch.delivery`) batches, gzips and
 POSTs, spooling to disk while the collector is away. Nothing raises into the training
 loop: a failing probe or sender is counted in :meth:`Monitor.stats` and warned about once.
@@ -32,14 +33,19 @@ reached, otherwise the lower bound ``max(previous allocated, allocated)``. A pha
 (``with vw.phase("checkpoint")``) carries the peak *during* the phase; the time between the
 previous step and the phase start is folded into the next train sample.
 
-Configuration by environment (arguments win): ``VRAMWATCH_URL``, ``VRAMWATCH_TOKEN``,
-``VRAMWATCH_RUN``, ``VRAMWATCH_PROBE`` (auto/torch/simulated/none), ``VRAMWATCH_DIR``
-(trace files without url), ``VRAMWATCH_SPOOL_DIR``, ``VRAMWATCH_DISABLE=1``.
+End markers (for ``vramwatch postmortem``): a clean :meth:`Monitor.close` sends one more
+sample, a copy of the last train sample (same step, next ``seq``, ``ts`` now) with ``exit:
+true`` -- not when the exit handler closes it after an unhandled exception, which is no clean
+end; :meth:`Monitor.mark_oom` (for torch's out-of-memory observer) sends a fresh reading with
+``oom_marked: true``. A rank that stops without either died silently.
+
+Configuration: one :class:`~vramwatch.config.Config` (every field, every ``VRAMWATCH_*``
+variable; arguments win over the environment). ``init(**kwargs)`` is
+``Monitor(Config.from_env(**kwargs))``.
 """
 
 from __future__ import annotations
 
-import atexit
 import math
 import numbers as _numbers
 import os
@@ -47,17 +53,21 @@ import re
 import threading
 import time
 import warnings
-import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from vramwatch import identity as _identity
-from vramwatch.delivery import BatchSender, FileTransport, HttpTransport, default_spool_dir, spool_prefix
-from vramwatch.probe import Probe, make_probe
-from vramwatch.probe.torch_cuda import PEAK_POLICIES
-from vramwatch.wire import MAX_INT, PHASE_RE, SCHEMA_VERSION
+from vramwatch.capture import CaptureAgent, attach_capture
+from vramwatch.config import Config
+from vramwatch.delivery import BatchSender, FileExporter, HttpExporter, leftover_spools, lifecycle, spool_prefix
+from vramwatch.probe import BaseProbe, make_probe
+from vramwatch.probe.host import HostPoller
+from vramwatch.wire import FIELDS, MAX_INT, PHASE_RE, SCHEMA_VERSION
 
+_SEQ_ON_WIRE = "seq" in FIELDS  # until the collector's schema has it, a repeated phase is not numbered
+_FLAGS_ON_WIRE = _SEQ_ON_WIRE and "exit" in FIELDS and "oom_marked" in FIELDS
 _EXTRA_KEY_RE = re.compile(r"[^\x00-\x1f\x7f]{1,64}\Z")
 
 
@@ -65,7 +75,6 @@ class HookWarning(UserWarning):
     """Something in the hook failed; training goes on, the failure is counted in stats()."""
 
 
-_live_monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
 _current: Monitor | None = None
 
 
@@ -103,80 +112,69 @@ class _Phase:
 
 
 class Monitor:
-    """One rank's monitor. Build it with :func:`vramwatch.init` (same arguments)."""
+    """One rank's monitor. Build it with :func:`vramwatch.init` (same arguments as :class:`Config`).
 
-    def __init__(
-        self,
-        url: str | None = None,
-        *,
-        run: str | None = None,
-        host: str | None = None,
-        rank: int | None = None,
-        local_rank: int | None = None,
-        world_size: int | None = None,
-        probe: str | Probe | None = None,
-        device: int | None = None,
-        token: str | None = None,
-        peak: str = "reset",
-        nvml_interval_s: float = 1.0,
-        flush_interval_s: float = 1.0,
-        batch_size: int = 512,
-        max_queue: int = 8192,
-        out_dir: str | os.PathLike[str] | None = None,
-        spool_dir: str | os.PathLike[str] | None = None,
-        backoff_max_s: float = 30.0,
-        scenario: str | None = None,
-        enabled: bool | None = None,
-    ) -> None:
-        if peak not in PEAK_POLICIES:
-            raise ValueError(f"peak: must be one of {', '.join(PEAK_POLICIES)}, got {peak!r}")
-        if flush_interval_s <= 0 or nvml_interval_s <= 0:
-            raise ValueError("flush_interval_s/nvml_interval_s: must be positive")
-        env = os.environ
-        if enabled is None:
-            enabled = env.get("VRAMWATCH_DISABLE", "").strip().lower() not in ("1", "true", "yes")
-        self.identity = _identity.resolve(run=run, host=host, rank=rank, local_rank=local_rank,
-                                          world_size=world_size)
-        ident = self.identity
-        self.url = url if url is not None else (env.get("VRAMWATCH_URL") or None)
-        token = token if token is not None else (env.get("VRAMWATCH_TOKEN") or None)
-        transport: HttpTransport | FileTransport | None = None
-        if self.url:
-            try:
-                transport = HttpTransport(self.url, token=token)
-            except ValueError as exc:  # name where the bad value came from
-                raise ValueError(str(exc) if url is not None else "VRAMWATCH_URL" + str(exc)[3:]) from None
-        self._active = False
-        self._closed = False
+    ``Monitor(config)`` takes a :class:`Config`; ``Monitor(url, **fields)`` is
+    ``Monitor(Config.from_env(url=url, **fields))``.
+    """
+
+    def __init__(self, config: Config | str | None = None, /, **overrides: Any) -> None:
+        if not isinstance(config, Config):
+            config = Config.from_env(url=config, **overrides)
+        elif overrides:
+            raise TypeError("Monitor(config): pass either a Config or keyword arguments, not both")
+        self.config = config
+        self.identity = _identity.resolve(run=config.run, host=config.host, rank=config.rank,
+                                          local_rank=config.local_rank, world_size=config.world_size)
+        self.url = config.url
+        exporter = HttpExporter(config.url, token=config.token) if config.url else None  # ValueError: bad url
+        self._active = self._closed = False
         self._lock = threading.Lock()  # close() vs. atexit; never taken by step()
         self._pid = os.getpid()
-        self._samples = 0
-        self._probe_errors = 0
-        self._hook_errors = 0
-        self._ignored_numbers = 0
+        self._samples = self._probe_errors = self._hook_errors = self._ignored_numbers = 0
         self._last_error: str | None = None
         self._warned: set[str] = set()
         self._last_step = 0
         self._last_t: float | None = None
-        self.probe: Probe | None = None
+        self._seq_step = -1
+        self._seq_counts: dict[str, int] = {}
+        self._last_sample: dict[str, Any] | None = None
+        self._last_train: dict[str, Any] | None = None
+        self.probe: BaseProbe | None = None
         self.sender: BatchSender | None = None
+        self.host: HostPoller | None = None
         self.trace_path: Path | None = None
-        _live_monitors.add(self)
-        if not enabled:
-            return
+        self._step_hooks: tuple[Callable[[int], None], ...] = ()
+        self._close_hooks: tuple[Callable[[float], object], ...] = ()
+        self.capture: CaptureAgent | None = None
+        lifecycle.on_fork_in_child(self, "_after_fork_in_child")
+        if config.enabled and self._start_probe():
+            self._base = self._base_sample()
+            self.sender = self._make_sender(exporter)
+            self.host = HostPoller.start(config.host_interval_s, pinned=self.probe.pinned_host_bytes)  # type: ignore[union-attr]
+            self._active = True
+            self.capture = attach_capture(self)  # None unless CUDA, a collector URL and snapshots on
+        lifecycle.register(self)  # after its sender: the exit handler closes newest first, so this one first
+
+    def _start_probe(self) -> bool:
+        config, ident = self.config, self.identity
+        spec = config.probe
         try:
-            self.probe = make_probe(probe, device=device, rank=ident["rank"], local_rank=ident["local_rank"],
-                                    peak=peak, nvml_interval_s=nvml_interval_s, scenario=scenario)
+            self.probe = make_probe(spec, device=config.device, rank=ident["rank"], local_rank=ident["local_rank"],
+                                    peak=config.peak, nvml_interval_s=config.nvml_interval_s,
+                                    scenario=config.scenario)
         except ValueError:
             raise  # a wrong probe name is the caller's error: say so before training starts
         except Exception as exc:
-            self._warn("probe-start", f"vramwatch: the {probe or 'auto'} probe failed to start "
-                                      f"({type(exc).__name__}: {exc}); monitoring is off")
+            self._warn("probe-start", f"vramwatch: the {spec if isinstance(spec, str) else 'given'} probe failed to "
+                                      f"start ({type(exc).__name__}: {exc}); monitoring is off")
             self.probe = None
-        if self.probe is None:
-            return
+        return self.probe is not None
+
+    def _base_sample(self) -> dict[str, Any]:
+        ident = self.identity
         try:
-            info = self.probe.device_info()
+            info = self.probe.device_info()  # type: ignore[union-attr]
         except Exception as exc:
             info = {}
             self._probe_error(exc)
@@ -187,25 +185,22 @@ class Monitor:
         for key in ("uuid", "gpu", "allocator"):
             if info.get(key) is not None:
                 base[key] = info[key]
-        self._base = base
-        if transport is None:
-            trace_dir = Path(out_dir or env.get("VRAMWATCH_DIR") or "vramwatch-traces")
-            self.trace_path = trace_dir / ident["run"] / (
+        return base
+
+    def _make_sender(self, exporter: HttpExporter | None) -> BatchSender:
+        config, ident = self.config, self.identity
+        common = {"batch_size": config.batch_size, "interval_s": config.flush_interval_s,
+                  "max_queue": config.max_queue, "worker": config.delivery_worker}
+        if exporter is None:
+            self.trace_path = config.trace_root() / ident["run"] / (
                 f"{ident['host']}-rank{ident['rank']}-{ident['incarnation']}.jsonl")
-            self.sender = BatchSender(FileTransport(self.trace_path), batch_size=batch_size,
-                                      interval_s=flush_interval_s, max_queue=max_queue)
-        else:
-            spool_root = Path(spool_dir) if spool_dir is not None else default_spool_dir()
-            prefix = spool_prefix(ident["run"], ident["rank"])
-            try:  # earlier incarnations of this rank left samples behind: replay them first
-                leftovers = sorted(spool_root.glob(prefix + "*.jsonl"), key=lambda p: p.stat().st_mtime)
-            except OSError:
-                leftovers = []
-            self.sender = BatchSender(transport, batch_size=batch_size, interval_s=flush_interval_s,
-                                      max_queue=max_queue, backoff_max_s=backoff_max_s,
-                                      spool_path=spool_root / f"{prefix}{ident['incarnation']}.jsonl",
-                                      adopt_spools=leftovers)
-        self._active = True
+            return BatchSender(FileExporter(self.trace_path), **common)
+        root = config.spool_root()
+        # earlier incarnations of this rank left samples behind: replay them first (one cap for all)
+        return BatchSender(exporter, **common, backoff_max_s=config.backoff_max_s,
+                           spool_path=root / f"{spool_prefix(ident['run'], ident['rank'])}{ident['incarnation']}.jsonl",
+                           adopt_spools=leftover_spools(root, ident["run"], ident["rank"]),
+                           max_spool_bytes=config.max_spool_bytes)
 
     # ------------------------------------------------------------------ hot path
 
@@ -225,22 +220,50 @@ class Monitor:
             except Exception as exc:
                 self._probe_error(exc)
                 return
-            sample = self._base.copy()
-            sample.update(reading)
-            sample["step"] = step
-            sample["ts"] = time.time()
-            sample["phase"] = "train"
             now = time.perf_counter()
-            if self._last_t is not None:
-                sample["step_time_s"] = now - self._last_t
-            self._last_t = now
-            if numbers:
-                self._add_numbers(sample, numbers)
-            self.sender.submit(sample)  # type: ignore[union-attr]
-            self._samples += 1
+            last, self._last_t = self._last_t, now
+            self._emit(reading, step, "train", None if last is None else now - last, numbers)
             self._last_step = step
+            for hook in self._step_hooks:  # empty unless a feature (snapshot capture) asked
+                hook(step)
         except Exception as exc:
             self._hook_error(exc)
+
+    def add_step_hook(self, hook: Callable[[int], None]) -> None:
+        """Run ``hook(step)`` on the training thread after each recorded step (keep it O(1) when idle;
+        what it raises is counted in ``stats()['hook_errors']``, never raised into training)."""
+        self._step_hooks += (hook,)
+
+    def add_close_hook(self, hook: Callable[[float], object]) -> None:
+        """Run ``hook(timeout_s)`` at :meth:`close` before the sender flushes (e.g. a pending upload)."""
+        self._close_hooks += (hook,)
+
+    def _emit(self, reading: dict[str, Any], step: int, phase: str, step_time_s: float | None,
+              numbers: dict[str, Any] | None = None, host: dict[str, Any] | None = None, seq: int = 0,
+              flag: str | None = None) -> None:
+        """Build the one sample shape every path sends, and queue it."""
+        sample = self._base.copy()
+        sample.update(reading)
+        sample["step"] = step
+        sample["ts"] = time.time()
+        sample["phase"] = phase
+        if seq:
+            sample["seq"] = seq
+        if flag is not None:
+            sample[flag] = True
+        if step_time_s is not None:
+            sample["step_time_s"] = step_time_s
+        if host is None and self.host is not None:
+            host = self.host.latest
+        if host:
+            sample.update(host)
+        if numbers:
+            self._add_numbers(sample, numbers)
+        self._last_sample = sample
+        if phase == "train":
+            self._last_train = sample
+        self.sender.submit(sample)  # type: ignore[union-attr]
+        self._samples += 1
 
     def _add_numbers(self, sample: dict[str, Any], numbers: dict[str, Any]) -> None:
         extra: dict[str, float] = {}
@@ -283,11 +306,10 @@ class Monitor:
         return phase
 
     def _begin_phase(self, name: str) -> bool:
-        begin = getattr(self.probe, "begin_phase", None)
-        if begin is None:
-            return True
         try:
-            begin(name)
+            self.probe.begin_phase(name)  # type: ignore[union-attr]
+            if self.host is not None:
+                self.host.begin_phase()
         except Exception as exc:
             self._probe_error(exc)
             return False
@@ -298,24 +320,28 @@ class Monitor:
             return
         try:
             step = self._last_step
-            end = getattr(self.probe, "end_phase", None) if opened else None
+            probe = self.probe
             try:
-                reading = end(step, name) if end is not None else self.probe.read(step, name)  # type: ignore[union-attr]
+                reading = probe.end_phase(step, name) if opened else probe.read(step, name)  # type: ignore[union-attr]
             except Exception as exc:
                 self._probe_error(exc)
                 return
             now = time.perf_counter()
-            sample = self._base.copy()
-            sample.update(reading)
-            sample["step"] = step
-            sample["ts"] = time.time()
-            sample["phase"] = name
-            sample["step_time_s"] = now - t0  # a phase sample's time is the phase's duration
+            # phases are rare and checkpoints peak on the host too: the phase's peak RSS, read afresh
+            host = self.host.end_phase() if self.host is not None and opened else None
+            self._emit(reading, step, name, now - t0, host=host, seq=self._phase_seq(step, name))
             self._last_t = now  # the next step's time excludes the phase
-            self.sender.submit(sample)  # type: ignore[union-attr]
-            self._samples += 1
         except Exception as exc:
             self._hook_error(exc)
+
+    def _phase_seq(self, step: int, name: str) -> int:
+        """0 for the first phase of this name after ``step``, 1 for a second one (two checkpoint
+        callbacks at one step), ...: part of the idempotency key, so neither is a duplicate."""
+        if step != self._seq_step:
+            self._seq_step, self._seq_counts = step, {}
+        n = self._seq_counts.get(name, 0)
+        self._seq_counts[name] = n + 1
+        return n if _SEQ_ON_WIRE else 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -336,23 +362,72 @@ class Monitor:
             if self._closed:
                 return True
             self._closed = True
-            self._active = False
+            was_active, self._active = self._active, False
         if self._pid != os.getpid():
             return True
+        if was_active and _FLAGS_ON_WIRE and not lifecycle.dying_of_an_exception():
+            self._mark_exit()  # a clean close: the post-mortem tells it from a silent death
         delivered = True
+        deadline = time.monotonic() + timeout  # one budget for the close hooks and the sender
+        for hook in self._close_hooks:
+            try:
+                hook(max(0.0, deadline - time.monotonic()))
+            except Exception as exc:
+                self._hook_error(exc)
         try:
             if self.sender is not None:
-                delivered = self.sender.close(timeout)
+                delivered = self.sender.close(max(0.1, deadline - time.monotonic()))
         except Exception as exc:
             self._hook_error(exc)
             delivered = False
         try:
+            if self.host is not None:
+                self.host.release()
             if self.probe is not None:
                 self.probe.close()
         except Exception as exc:
             self._probe_error(exc)
-        _live_monitors.discard(self)
+        lifecycle.unregister(self)
         return delivered
+
+    def mark_oom(self) -> None:
+        """Send a fresh sample marked ``oom_marked`` now (call it from torch's out-of-memory observer,
+        on the training thread, before the error unwinds: the reading shows the risen ``ooms``).
+        Never raises."""
+        if not (self._active and _FLAGS_ON_WIRE):
+            return
+        try:
+            step = self._last_step
+            reading = self.probe.read(step, "train")  # type: ignore[union-attr]
+            self._emit(reading, step, "train", None, seq=self._next_seq(step, "train"), flag="oom_marked")
+        except Exception as exc:
+            self._hook_error(exc)
+
+    def _mark_exit(self) -> None:
+        """A clean close: one more copy of the last train sample (now, next ``seq``) with ``exit: true``,
+        so the post-mortem tells a clean end from a silent death. A copy, not a probe read: no side
+        effects (peak resets), and always exactly one extra sample."""
+        last = self._last_train if self._last_train is not None else self._last_sample
+        if last is None:
+            return
+        try:
+            sample = dict(last)
+            sample.pop("step_time_s", None)
+            sample.pop("oom_marked", None)
+            sample["ts"] = time.time()
+            sample["seq"] = self._next_seq(sample["step"], sample["phase"])
+            sample["exit"] = True
+            self._last_sample = sample
+            self.sender.submit(sample)  # type: ignore[union-attr]
+            self._samples += 1
+        except Exception as exc:
+            self._hook_error(exc)
+
+    def _next_seq(self, step: int, phase: str) -> int:
+        """The next free ``seq`` of ``phase`` at ``step`` (train samples hold 0; markers follow)."""
+        if phase == "train" and (step != self._seq_step or "train" not in self._seq_counts):
+            self._phase_seq(step, "train")  # the train sample itself holds seq 0
+        return self._phase_seq(step, phase)
 
     def __enter__(self) -> Monitor:
         return self
@@ -375,13 +450,13 @@ class Monitor:
     def max_memory_allocated(self) -> int | None:
         """Run-long peak of allocated bytes (what ``torch.cuda.max_memory_allocated()`` would say
         had the probe not reset it); None when the probe cannot tell."""
-        return getattr(self.probe, "max_allocated_bytes", None)
+        return self.probe.max_allocated_bytes if self.probe is not None else None
 
     def stats(self) -> dict[str, Any]:
         """Counters: samples, errors, delivery (sent, spooled, dropped ...). Never raises."""
         out: dict[str, Any] = {
             "active": self._active,
-            "probe": getattr(self.probe, "name", None),
+            "probe": self.probe.name if self.probe is not None else None,
             "run": self.identity["run"],
             "rank": self.identity["rank"],
             "incarnation": self.identity["incarnation"],
@@ -392,9 +467,10 @@ class Monitor:
             "last_error": self._last_error,
         }
         try:
-            probe_stats = getattr(self.probe, "stats", None)
-            if probe_stats is not None:
-                out.update(probe_stats())
+            if self.probe is not None:
+                out.update(self.probe.stats())
+            if self.host is not None:
+                out.update(self.host.stats())
             if self.sender is not None:
                 sender_stats = self.sender.stats()
                 out["last_delivery_error"] = sender_stats.pop("last_error")
@@ -436,14 +512,15 @@ class Monitor:
 
 
 def init(url: str | None = None, **kwargs: Any) -> Monitor:
-    """Start monitoring this rank; see :class:`Monitor` for the arguments.
+    """Start monitoring this rank: ``Monitor(Config.from_env(url=url, **kwargs))``.
 
-    Identity (run, rank, ...) comes from torchrun/SLURM environment variables when not
-    given. Wrong arguments raise ``ValueError`` naming the argument; a missing GPU or a
-    failing probe only warns (the monitor is then a no-op).
+    Every keyword is a :class:`~vramwatch.config.Config` field. Identity (run, rank, ...)
+    comes from torchrun/SLURM environment variables when not given. Wrong arguments raise
+    ``ValueError`` naming the argument; a missing GPU or a failing probe only warns (the
+    monitor is then a no-op).
     """
     global _current
-    monitor = Monitor(url, **kwargs)
+    monitor = Monitor(Config.from_env(url=url, **kwargs))
     _current = monitor
     return monitor
 
@@ -453,29 +530,11 @@ def current() -> Monitor | None:
     return _current
 
 
-def _after_fork_in_child() -> None:
+def _forget_current_in_child() -> None:
     global _current
-    for monitor in list(_live_monitors):
-        try:
-            monitor._after_fork_in_child()
-        except Exception:
-            pass
-    _live_monitors.clear()
     _current = None
 
 
-def _close_all_at_exit() -> None:
-    timeout = float(os.environ.get("VRAMWATCH_EXIT_TIMEOUT", "5") or 5)
-    deadline = time.monotonic() + timeout
-    for monitor in list(_live_monitors):
-        if monitor._pid == os.getpid():
-            try:
-                monitor.close(max(0.1, deadline - time.monotonic()))
-            except Exception:
-                pass
+os.register_at_fork(after_in_child=_forget_current_in_child)
 
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(_close_all_at_exit)
-
-__all__ = ["HookWarning", "Monitor", "current", "init"]
+__all__ = ["Config", "HookWarning", "Monitor", "current", "init"]

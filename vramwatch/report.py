@@ -24,7 +24,9 @@ from typing import Any
 
 import orjson
 
+from vramwatch import verdicts
 from vramwatch.collector.app import dashboard_dir, plotly_js_path
+from vramwatch.collector.bundle import BundleError, bundle
 from vramwatch.collector.live import STATE_SEVERITY, LiveState, SeriesState
 from vramwatch.collector.store import Store
 from vramwatch.collector.views import run_chart, run_heatmap
@@ -143,18 +145,18 @@ def build_report(db_path: str, run: str) -> str:
     try:
         page = (static / "index.html").read_text(encoding="utf-8")
         css = (static / "style.css").read_text(encoding="utf-8")
-        app_js = (static / "app.js").read_text(encoding="utf-8")
+        app_js = bundle(static)  # the ES modules as one inline module script
         plotly_js = plotly_js_path().read_text(encoding="utf-8")
-    except OSError as exc:
+    except (OSError, BundleError) as exc:
         raise ReportError(f"dashboard: front-end files missing from this installation ({exc})") from None
     page = _replace_once(page, "<title>vramwatch</title>", f"<title>vramwatch report · {html.escape(run)}</title>")
     css = css.replace("</style", "<\\/style")
     page = _replace_once(page, '<link rel="stylesheet" href="static/style.css">', f"<style>\n{css}\n</style>")
     plotly_tag = f"<script>{_script_safe(plotly_js)}</script>"
     page = _replace_once(page, '<script id="plotly-js" src="vendor/plotly.min.js" async></script>', plotly_tag)
-    data_tag = f"<script>window.VRAMWATCH_STATIC = {_json_for_script(data)};</script>"
-    app_tag = f"{data_tag}\n<script>{_script_safe(app_js)}</script>"
-    page = _replace_once(page, '<script src="static/app.js"></script>', app_tag)
+    data_tag = f"<script>window.VRAMWATCH_STATIC = {_json_for_script({**data, 'meta': verdicts.meta()})};</script>"
+    app_tag = f"{data_tag}\n<script type=\"module\">{_script_safe(app_js)}</script>"
+    page = _replace_once(page, '<script type="module" src="static/app.js"></script>', app_tag)
     return page
 
 

@@ -65,13 +65,14 @@ class CollectorProcess:
 
 
 def stored(db: Path | str, run: str) -> list[tuple[int, int, str, str]]:
-    """(rank, step, phase, incarnation) of every stored sample of ``run``, sorted."""
+    """(rank, step, phase, incarnation) of every stored sample of ``run`` recorded by ``step()`` or
+    ``phase()``, sorted (without the copy a clean ``close()`` sends marked ``exit``)."""
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
     try:
         rows = con.execute(
             "SELECT se.rank, s.step, p.name, se.incarnation FROM samples s "
             "JOIN series se ON s.series = se.id JOIN phases p ON s.phase = p.id WHERE se.run = ? "
-            "ORDER BY se.rank, s.step, p.name", (run,)).fetchall()
+            "AND NOT (s.seq > 0 AND s.exited) ORDER BY se.rank, s.step, p.name", (run,)).fetchall()
     finally:
         con.close()
     return [tuple(r) for r in rows]

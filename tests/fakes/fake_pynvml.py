@@ -2,10 +2,16 @@
 
 Build one with :func:`make_pynvml` and hand it to ``open_device(..., pynvml=fake)`` or put
 it in ``sys.modules["pynvml"]``. Every call is counted in ``fake.calls``.
+
+Honesty: every public name defined here exists in the real ``nvidia-ml-py`` with a
+compatible signature, and errors behave like its ``NVMLError`` (``NVMLError(15)`` *is* an
+``NVMLError_GpuIsLost`` with ``.value == 15``); ``tests/test_probes.py`` checks both
+against the installed package. Strings come back as ``str`` (the real bindings decode).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import types
 from collections import Counter
@@ -15,20 +21,40 @@ from typing import Any
 GiB = 1024**3
 
 
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNKNOWN = 999
+NVML_DEVICE_MIG_ENABLE = 1
+
+
 class NVMLError(Exception):
-    def __init__(self, value: int = 999) -> None:
-        super().__init__(f"NVML error {value}")
-        self.value = value
+    """Like nvidia-ml-py's: ``NVMLError(value)`` returns the subclass registered for ``value``."""
+
+    _valClassMapping: dict[int, type] = {}
+
+    def __new__(cls, value: int) -> NVMLError:
+        if cls is NVMLError:
+            cls = NVMLError._valClassMapping.get(value, cls)
+        obj = Exception.__new__(cls)
+        obj.value = value
+        return obj
+
+    def __str__(self) -> str:
+        return f"NVML error {self.value}"
 
 
-class NVMLError_GPUIsLost(NVMLError):
-    def __init__(self) -> None:
-        super().__init__(15)
+def _subclass(name: str, value: int) -> type:
+    cls = type(name, (NVMLError,), {"__new__": lambda c, v=value: NVMLError.__new__(c, v)})
+    NVMLError._valClassMapping[value] = cls
+    return cls
 
 
-class NVMLError_NotSupported(NVMLError):
-    def __init__(self) -> None:
-        super().__init__(3)
+NVMLError_NotSupported = _subclass("NVMLError_NotSupported", NVML_ERROR_NOT_SUPPORTED)
+NVMLError_NotFound = _subclass("NVMLError_NotFound", NVML_ERROR_NOT_FOUND)
+NVMLError_DriverNotLoaded = _subclass("NVMLError_DriverNotLoaded", NVML_ERROR_DRIVER_NOT_LOADED)
+NVMLError_GpuIsLost = _subclass("NVMLError_GpuIsLost", NVML_ERROR_GPU_IS_LOST)
 
 
 @dataclass
@@ -48,31 +74,28 @@ def make_pynvml(gpus: list[FakeGpu], *, init_fails: bool = False) -> types.Modul
     nv.calls = Counter()  # type: ignore[attr-defined]
     nv.callers = Counter()  # type: ignore[attr-defined]  # (function, thread name)
     nv.gpus = gpus  # type: ignore[attr-defined]
-    nv.NVMLError = NVMLError  # type: ignore[attr-defined]
-    nv.NVMLError_GPUIsLost = NVMLError_GPUIsLost  # type: ignore[attr-defined]
-    nv.NVMLError_NotSupported = NVMLError_NotSupported  # type: ignore[attr-defined]
-    nv.NVML_ERROR_GPU_IS_LOST = 15  # type: ignore[attr-defined]
-    nv.NVML_DEVICE_MIG_ENABLE = 1  # type: ignore[attr-defined]
+    for name in PUBLIC_CONSTANTS:
+        setattr(nv, name, globals()[name])
 
     def counted(fn: Any) -> Any:
-        def wrapper(*args: Any) -> Any:
+        @functools.wraps(fn)  # keeps the signature: the contract test compares it with nvidia-ml-py's
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             nv.calls[fn.__name__] += 1  # type: ignore[attr-defined]
             nv.callers[(fn.__name__, threading.current_thread().name)] += 1  # type: ignore[attr-defined]
-            return fn(*args)
+            return fn(*args, **kwargs)
 
-        wrapper.__name__ = fn.__name__
         setattr(nv, fn.__name__, wrapper)
         return wrapper
 
     def check(gpu: FakeGpu) -> FakeGpu:
         if gpu.lost:
-            raise NVMLError_GPUIsLost()
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         return gpu
 
     @counted
     def nvmlInit() -> None:
         if init_fails:
-            raise NVMLError(9)  # NVML_ERROR_DRIVER_NOT_LOADED
+            raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED)
 
     @counted
     def nvmlShutdown() -> None:
@@ -85,7 +108,7 @@ def make_pynvml(gpus: list[FakeGpu], *, init_fails: bool = False) -> types.Modul
     @counted
     def nvmlDeviceGetHandleByIndex(index: int) -> FakeGpu:
         if not 0 <= index < len(gpus):
-            raise NVMLError(2)
+            raise NVMLError(2)  # NVML_ERROR_INVALID_ARGUMENT
         return gpus[index]
 
     @counted
@@ -93,11 +116,11 @@ def make_pynvml(gpus: list[FakeGpu], *, init_fails: bool = False) -> types.Modul
         return check(handle).uuid
 
     @counted
-    def nvmlDeviceGetName(handle: FakeGpu) -> bytes:
-        return check(handle).name.encode()  # older bindings return bytes
+    def nvmlDeviceGetName(handle: FakeGpu) -> str:
+        return check(handle).name
 
     @counted
-    def nvmlDeviceGetMemoryInfo(handle: FakeGpu) -> Any:
+    def nvmlDeviceGetMemoryInfo(handle: FakeGpu, version: int | None = None) -> Any:
         gpu = check(handle)
         return types.SimpleNamespace(total=gpu.total, used=gpu.used, free=gpu.total - gpu.used)
 
@@ -105,23 +128,31 @@ def make_pynvml(gpus: list[FakeGpu], *, init_fails: bool = False) -> types.Modul
     def nvmlDeviceGetComputeRunningProcesses(handle: FakeGpu) -> list[Any]:
         gpu = check(handle)
         if not gpu.process_list_supported:
-            raise NVMLError_NotSupported()
-        return [types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes.items()]
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        # nvidia-ml-py returns friendly objects with these attributes (usedGpuMemory None under WDDM)
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF,
+                                      computeInstanceId=0xFFFFFFFF) for pid, used in gpu.processes.items()]
 
     @counted
-    def nvmlDeviceGetMigMode(handle: FakeGpu) -> tuple[int, int]:
-        if not handle.mig:
-            raise NVMLError_NotSupported()
-        return (1, 1)
+    def nvmlDeviceGetMigMode(device: FakeGpu) -> list[int]:
+        if not device.mig:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return [NVML_DEVICE_MIG_ENABLE, NVML_DEVICE_MIG_ENABLE]
 
     @counted
-    def nvmlDeviceGetMaxMigDeviceCount(handle: FakeGpu) -> int:
+    def nvmlDeviceGetMaxMigDeviceCount(device: FakeGpu) -> int:
         return 7
 
     @counted
-    def nvmlDeviceGetMigDeviceHandleByIndex(handle: FakeGpu, index: int) -> FakeGpu:
-        if index >= len(handle.mig):
-            raise NVMLError(13)  # NVML_ERROR_NOT_FOUND: empty slot
-        return handle.mig[index]
+    def nvmlDeviceGetMigDeviceHandleByIndex(device: FakeGpu, index: int) -> FakeGpu:
+        if index >= len(device.mig):
+            raise NVMLError(NVML_ERROR_NOT_FOUND)  # an empty slot
+        return device.mig[index]
 
     return nv
+
+
+PUBLIC_CONSTANTS = ("NVMLError", "NVMLError_NotSupported", "NVMLError_NotFound", "NVMLError_DriverNotLoaded",
+                    "NVMLError_GpuIsLost", "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NOT_FOUND",
+                    "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_UNKNOWN",
+                    "NVML_DEVICE_MIG_ENABLE")

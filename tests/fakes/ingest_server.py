@@ -23,6 +23,8 @@ class ScriptedIngest:
         self.order: list[tuple] = []  # keys in arrival order (first arrival only)
         self.script: list[Any] = []  # per request: int status, or callable(samples) -> (status, body)
         self.delay_s = 0.0
+        self.reply_extra: dict[str, Any] = {}  # merged into every 200 answer (hints, directives, padding)
+        self.location: str | None = None  # sent as Location with 3xx answers
         self.lock = threading.Lock()
         owner = self
 
@@ -39,6 +41,8 @@ class ScriptedIngest:
                 if owner.delay_s:
                     time.sleep(owner.delay_s)
                 self.send_response(status)
+                if owner.location is not None and 300 <= status < 400:
+                    self.send_header("Location", owner.location)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -72,7 +76,7 @@ class ScriptedIngest:
                     self.stored[key] = s
                     self.order.append(key)
                     accepted += 1
-        return 200, {"accepted": accepted, "duplicates": duplicates, "rejected": 0}
+        return 200, {"accepted": accepted, "duplicates": duplicates, "rejected": 0, **self.reply_extra}
 
     def steps(self, phase: str = "train") -> list[int]:
         with self.lock:

@@ -29,6 +29,9 @@ from vramwatch import __about__
 from vramwatch.collector.downsample import downsample
 from vramwatch.collector.live import LiveState, SeriesState
 from vramwatch.collector.params import OptionalRank, Rank, check_range, field_list
+from vramwatch.collector.routes_evidence import make_router as evidence_router
+from vramwatch.collector.routes_evidence import reply_directives
+from vramwatch.collector.snapshots import DirectiveBoard, SnapshotStore
 from vramwatch.collector.store import FIELD_COLUMNS, RunFullError, Store, StoreBusyError, StoreError
 from vramwatch.wire import WireError, gunzip_limited, parse_body, validate
 
@@ -92,9 +95,17 @@ def dashboard_dir() -> Path:
 
 
 def plotly_js_path() -> Path:
+    """The full plotly.js bundle of the plotly package (4.8 MB, every trace type)."""
     import plotly
 
     return Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+
+
+def dashboard_plotly_js_path() -> Path:
+    """plotly.js as the dashboard loads it: the partial (cartesian) bundle vendored in the
+    dashboard (1.5 MB, every trace the dashboard draws), else the full one."""
+    partial = dashboard_dir() / "vendor" / "plotly-cartesian.min.js"
+    return partial if partial.is_file() else plotly_js_path()
 
 
 class JSONBytes(Response):
@@ -229,6 +240,8 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.store, app.state.live = store, live
         app.state.registry, app.state.ingest_metrics = registry, ingest_metrics
         app.state.disk = _DiskGuard(settings.db_path, settings.min_free_bytes)
+        app.state.snapshots = SnapshotStore.beside(settings.db_path)
+        app.state.directives = DirectiveBoard()
         maintenance = asyncio.create_task(_maintenance(app, settings))
         try:
             yield
@@ -299,6 +312,7 @@ def create_app(settings: Settings) -> FastAPI:
             raise _refuse(request)
 
     read = [Depends(require_read_auth)]
+    app.include_router(evidence_router(require_ingest_auth, require_read_auth))
 
     # ------------------------------------------------------------------ ingest
     # One writer at a time, and the live engines fed in commit order. Normally a commit takes
@@ -311,7 +325,9 @@ def create_app(settings: Settings) -> FastAPI:
     def _commit(state: Any, valid: list[Any], now: float, busy_timeout_s: float | None) -> Any:
         result = state.store.insert(valid, max_samples_per_run=settings.max_samples_per_run,
                                     busy_timeout_s=busy_timeout_s)
-        state.live.ingest(valid, received_at=now)
+        raised = state.live.ingest(valid, received_at=now)
+        if raised:
+            state.directives.on_events(raised, lambda run: [x.key for x in state.live.for_run(run)], now)
         return result
 
     def _commit_waiting(state: Any, valid: list[Any], now: float) -> Any:
@@ -392,7 +408,11 @@ def create_app(settings: Settings) -> FastAPI:
         metrics.observe(
             accepted=result.accepted, duplicates=result.duplicates, rejected=0, seconds=time.perf_counter() - started
         )
-        return JSONBytes({"accepted": result.accepted, "duplicates": result.duplicates, "rejected": 0})
+        reply: dict[str, Any] = {"accepted": result.accepted, "duplicates": result.duplicates, "rejected": 0}
+        directives = reply_directives(request.app.state, valid)
+        if directives:
+            reply["directives"] = directives
+        return JSONBytes(reply)
 
     # ------------------------------------------------------------------ health + metrics
     @app.get("/healthz")
@@ -411,6 +431,12 @@ def create_app(settings: Settings) -> FastAPI:
         if not states:
             raise HTTPException(404, f"run: no run named {run!r}")
         return states
+
+    @app.get("/api/v1/meta", dependencies=read)
+    def meta() -> dict[str, Any]:
+        from vramwatch import verdicts
+
+        return verdicts.meta()
 
     @app.get("/api/v1/runs", dependencies=read)
     def runs(request: Request) -> list[dict[str, Any]]:
@@ -485,7 +511,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/vendor/plotly.min.js", dependencies=read, include_in_schema=False)
     def plotly_js() -> Response:
-        return FileResponse(plotly_js_path(), media_type="application/javascript")
+        return FileResponse(dashboard_plotly_js_path(), media_type="application/javascript")
 
     @app.get("/", dependencies=read, include_in_schema=False)
     def index(request: Request) -> Response:

@@ -1,21 +1,24 @@
 """Probes: where a sample's memory numbers come from.
 
 * ``torch``: :class:`~vramwatch.probe.torch_cuda.TorchCudaProbe`, one
-  ``torch.cuda.memory_stats()`` per step, NVML polled on a background thread;
+  ``torch.cuda.memory_stats_as_nested_dict()`` per step plus NVML numbers from a background
+  poller (real GPUs);
 * ``simulated``: :class:`~vramwatch.probe.simulated.SimulatedProbe`, a scenario-driven
   allocator simulator for the demo, tests and benchmarks;
 * ``none``: no probe, the monitor is a no-op;
 * ``auto`` (default): ``torch`` when a CUDA device is visible, else one clear warning and
   ``none``; never zeros reported as if they were measurements.
 
-``VRAMWATCH_PROBE`` (``auto``/``torch``/``simulated``/``none``) chooses when ``init()``
-is not given ``probe=``; ``VRAMWATCH_SIM_SCENARIO`` / ``VRAMWATCH_SIM_SEED`` configure the
-simulator.
+Every probe is a :class:`BaseProbe` (the complete protocol, with no-op defaults), so the
+hook calls its methods directly. An object that only has ``read``/``device_info`` (a
+user's own probe) is wrapped once by :func:`as_probe`.
+
+:class:`vramwatch.config.Config` chooses the probe (``VRAMWATCH_PROBE``) and the simulator's
+scenario (``VRAMWATCH_SIM_SCENARIO`` / ``VRAMWATCH_SIM_SEED``).
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,19 +27,110 @@ PROBE_NAMES = ("auto", "torch", "simulated", "none")
 
 @runtime_checkable
 class Probe(Protocol):
+    """What the hook needs from a probe. :class:`BaseProbe` implements it with no-op defaults."""
+
     name: str
 
     def device_info(self) -> dict[str, Any]:
-        """uuid, gpu, total_bytes, name, allocator (those that are known)."""
+        """uuid, gpu, total_bytes, name, allocator (those that are known). Called once."""
         ...
 
     def read(self, step: int, phase: str) -> dict[str, Any]:
         """allocated_bytes, reserved_bytes, peak_allocated_bytes (since the previous read),
         active_bytes, inactive_split_bytes, alloc_retries, ooms, total_bytes,
-        nvml_used_bytes (int | None), process_used_bytes (optional)."""
+        nvml_used_bytes (int | None), process_used_bytes (optional). Hot path: every step."""
+        ...
+
+    def begin_phase(self, name: str) -> None:
+        """A phase (checkpoint, eval) starts: close the interval before it."""
+        ...
+
+    def end_phase(self, step: int, name: str) -> dict[str, Any]:
+        """The phase ended: a reading whose peak is the phase's."""
+        ...
+
+    @property
+    def max_allocated_bytes(self) -> int | None:
+        """Run-long peak of allocated bytes, or None when the probe cannot tell."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """The probe's own counters (merged into ``Monitor.stats()``)."""
+        ...
+
+    def pinned_host_bytes(self) -> int | None:
+        """Host memory pinned by the framework (None: unknown). Called off the training thread."""
         ...
 
     def close(self) -> None: ...
+
+
+class BaseProbe:
+    """The :class:`Probe` protocol with no-op defaults: subclasses override what they know."""
+
+    name = "base"
+
+    def device_info(self) -> dict[str, Any]:
+        return {}
+
+    def read(self, step: int, phase: str = "train") -> dict[str, Any]:
+        raise NotImplementedError
+
+    def begin_phase(self, name: str) -> None:
+        return None
+
+    def end_phase(self, step: int, name: str) -> dict[str, Any]:
+        return self.read(step, name)  # without windows: the phase sample is one more read
+
+    @property
+    def max_allocated_bytes(self) -> int | None:
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def pinned_host_bytes(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class _Adapted(BaseProbe):
+    """A user's probe object with only some of the protocol: the rest are the defaults."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = str(getattr(inner, "name", type(inner).__name__))
+        self.read = inner.read  # type: ignore[method-assign]  # bound once: no lookups per step
+        self.device_info = inner.device_info  # type: ignore[method-assign]
+        for method in ("begin_phase", "end_phase", "stats", "close"):
+            own = getattr(inner, method, None)
+            if callable(own):
+                setattr(self, method, own)
+
+    @property
+    def max_allocated_bytes(self) -> int | None:
+        value = getattr(self.inner, "max_allocated_bytes", None)
+        return int(value) if isinstance(value, int) else None
+
+    def __getattr__(self, name: str) -> Any:
+        # anything else is the user's probe's own (monitor.probe.whatever keeps working)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def as_probe(obj: Any) -> BaseProbe:
+    """``obj`` itself when it is a :class:`BaseProbe`, else wrapped so every method exists.
+
+    Raises ``ValueError`` when ``obj`` has no ``read``/``device_info``.
+    """
+    if isinstance(obj, BaseProbe):
+        return obj
+    if not all(callable(getattr(obj, attr, None)) for attr in ("read", "device_info")):
+        raise ValueError(f"probe: must be one of {', '.join(PROBE_NAMES)} or a Probe, got {obj!r}")
+    return _Adapted(obj)
 
 
 class NoProbeWarning(UserWarning):
@@ -62,18 +156,19 @@ def make_probe(
     nvml_interval_s: float = 1.0,
     scenario: str | None = None,
     **simulated_params: Any,
-) -> Probe | None:
-    """Build the probe named by ``spec`` (or return a Probe instance unchanged).
+) -> BaseProbe | None:
+    """Build the probe named by ``spec`` (or adopt a Probe instance via :func:`as_probe`).
 
-    Returns ``None`` (and warns once) when no real measurement is possible: the caller
-    becomes a no-op rather than inventing numbers. Raises ``ValueError`` for an unknown name.
+    ``None`` means the configured default (``VRAMWATCH_PROBE``, else ``auto``). Returns
+    ``None`` (and warns once) when no real measurement is possible: the caller becomes a
+    no-op rather than inventing numbers. Raises ``ValueError`` for an unknown name.
     """
     if spec is None:
-        spec = os.environ.get("VRAMWATCH_PROBE", "").strip().lower() or "auto"
+        from vramwatch.config import Config
+
+        spec = Config.from_env().probe
     if not isinstance(spec, str):
-        if not all(hasattr(spec, attr) for attr in ("read", "device_info")):
-            raise ValueError(f"probe: must be one of {', '.join(PROBE_NAMES)} or a Probe, got {spec!r}")
-        return spec
+        return as_probe(spec)
     name = spec.strip().lower()
     if name not in PROBE_NAMES:
         raise ValueError(f"probe: must be one of {', '.join(PROBE_NAMES)} or a Probe, got {spec!r}")
@@ -96,4 +191,4 @@ def make_probe(
         return None
 
 
-__all__ = ["PROBE_NAMES", "NoProbeWarning", "Probe", "make_probe", "warn_once"]
+__all__ = ["PROBE_NAMES", "BaseProbe", "NoProbeWarning", "Probe", "as_probe", "make_probe", "warn_once"]

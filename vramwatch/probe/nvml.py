@@ -13,7 +13,7 @@ is resolved by hand.
 
 Failure modes are values, not exceptions: NVML missing or failing to initialise →
 :func:`open_device` returns ``None`` and samples carry ``nvml_used_bytes: null``; a GPU
-that falls off the bus (``NVMLError_GPUIsLost``) → the poller publishes ``None``, counts
+that falls off the bus (``NVMLError_GpuIsLost``, value 15) → the poller publishes ``None``, counts
 the error and stops polling that handle.
 """
 
@@ -27,11 +27,22 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 
+class GpuProcess(NamedTuple):
+    """One entry of NVML's compute-process list (``usedGpuMemory`` None: NVML does not say)."""
+
+    pid: int
+    used_bytes: int | None
+
+
 class NvmlReading(NamedTuple):
     used_bytes: int
     total_bytes: int
     process_used_bytes: int | None  # None: NVML does not say (MIG without privileges, container PIDs)
     ts: float
+    # memory other processes hold on this GPU (a stale notebook kernel, another job); None when
+    # NVML gives no process list or this process is not in it (another PID namespace: cannot tell)
+    foreign_used_bytes: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
 
 
 def load_pynvml() -> ModuleType | None:
@@ -73,29 +84,48 @@ class NvmlDevice:
         self.is_mig = self.uuid.upper().startswith("MIG-")
 
     def read(self) -> NvmlReading:
+        """Device memory and the compute-process list: milliseconds, so only on the poller thread."""
         nv = self.pynvml
         info = nv.nvmlDeviceGetMemoryInfo(self.handle)
-        return NvmlReading(int(info.used), int(info.total), self._process_used(), time.time())
+        processes = self._processes()
+        own, foreign = _split_processes(processes, self.pid)
+        return NvmlReading(int(info.used), int(info.total), own, time.time(), foreign, processes or ())
 
-    def _process_used(self) -> int | None:
+    def _processes(self) -> tuple[GpuProcess, ...] | None:
         nv = self.pynvml
         try:
-            processes = nv.nvmlDeviceGetComputeRunningProcesses(self.handle)
+            listed = nv.nvmlDeviceGetComputeRunningProcesses(self.handle)
         except Exception as exc:
             if _is_gpu_lost(nv, exc):
                 raise
             return None  # not supported here (e.g. MIG without privileges): unknown, not zero
-        total = None
-        for proc in processes:
-            if proc.pid == self.pid:
-                used = getattr(proc, "usedGpuMemory", None)
-                if used is not None:
-                    total = (total or 0) + int(used)
-        return total
+        out = []
+        for proc in listed:
+            used = getattr(proc, "usedGpuMemory", None)
+            out.append(GpuProcess(int(proc.pid), None if used is None else int(used)))
+        return tuple(out)
+
+
+def _split_processes(processes: tuple[GpuProcess, ...] | None, pid: int) -> tuple[int | None, int | None]:
+    """(bytes this process uses, bytes the other processes use); None where NVML cannot tell."""
+    if processes is None:
+        return None, None
+    own: int | None = None
+    foreign = 0
+    found = False
+    for proc in processes:
+        if proc.pid == pid:
+            found = True
+            if proc.used_bytes is not None:
+                own = (own or 0) + proc.used_bytes
+        elif proc.used_bytes is not None:
+            foreign += proc.used_bytes
+    # not listed: NVML's PIDs are another namespace's (a container), so "others" would include us
+    return own, (foreign if found else None)
 
 
 def _is_gpu_lost(pynvml: ModuleType, exc: BaseException) -> bool:
-    lost = getattr(pynvml, "NVMLError_GPUIsLost", None)
+    lost = getattr(pynvml, "NVMLError_GpuIsLost", None)
     if lost is not None and isinstance(exc, lost):
         return True
     return getattr(exc, "value", None) == getattr(pynvml, "NVML_ERROR_GPU_IS_LOST", 15)
@@ -230,4 +260,4 @@ class NvmlPoller:
             self._thread.join(timeout)
 
 
-__all__ = ["NvmlDevice", "NvmlPoller", "NvmlReading", "load_pynvml", "normalize_uuid", "open_device"]
+__all__ = ["GpuProcess", "NvmlDevice", "NvmlPoller", "NvmlReading", "load_pynvml", "normalize_uuid", "open_device"]

@@ -27,10 +27,11 @@ against. Everything is deterministic given ``seed``.
 from __future__ import annotations
 
 import math
-import os
 import random
 from collections.abc import Iterator
 from typing import Any
+
+from vramwatch.probe import BaseProbe
 
 H200_TOTAL_BYTES = 143_771_009_024
 _SEGMENT = 2 * 1024 * 1024  # the caching allocator maps memory in 2 MiB multiples
@@ -333,7 +334,7 @@ class _RankModel:
         return out
 
 
-class SimulatedProbe:
+class SimulatedProbe(BaseProbe):
     """The Probe contract (docs/architecture.md) over a simulated allocator.
 
     ``scenario`` names an entry of :data:`SCENARIOS`; keyword ``params`` override its
@@ -436,19 +437,7 @@ def simulate_trace(
     every = max(1, int(p["sample_every"]))
     nominal = float(p["step_time_s"])
     jitter = float(p["step_time_jitter"])
-    identity = {
-        "schema": 1,
-        "run": run,
-        "host": host,
-        "rank": rank,
-    }
-    extra_identity = {
-        "local_rank": rank % 8,
-        "world_size": world,
-        "uuid": f"GPU-sim-{rank_seed & 0xFFFFFFFF:08x}-{rank:04d}",
-        "gpu": rank % 8,
-        "allocator": "native",
-    }
+    identity, extra_identity = _trace_identity(run, host, rank, rank_seed, world)
     gap_at, gap_len = p["gap_at"], int(p["gap_len"])
     crash_at, resume_from = p["crash_at"], p["resume_from"]
     step = 0
@@ -456,9 +445,7 @@ def simulate_trace(
     while emitted_steps < steps:
         step += 1
         emitted_steps += 1
-        dt = nominal * max(0.05, 1.0 + jitter * rng.gauss(0.0, 1.0))
-        if p["stall_prob"] and rng.random() < p["stall_prob"]:
-            dt *= p["stall_factor"]
+        dt = _step_dt(p, rng, nominal, jitter)
         ts += dt
         if step % every:
             model.read(step, "train")  # the process still runs the step
@@ -489,6 +476,23 @@ def simulate_trace(
             ts += p["restart_delay_s"]
             step = int(resume_from if resume_from is not None else 0)
             model = _RankModel(p, total_bytes, rank, rank_seed + 1, start_step=step)
+
+
+def _trace_identity(run: str, host: str, rank: int, rank_seed: int,
+                    world: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the series key fields, the identity fields a hook adds) of one simulated rank."""
+    identity = {"schema": 1, "run": run, "host": host, "rank": rank}
+    extra = {"local_rank": rank % 8, "world_size": world, "uuid": f"GPU-sim-{rank_seed & 0xFFFFFFFF:08x}-{rank:04d}",
+             "gpu": rank % 8, "allocator": "native"}
+    return identity, extra
+
+
+def _step_dt(p: dict[str, Any], rng: random.Random, nominal: float, jitter: float) -> float:
+    """One step's wall time: jittered, sometimes stalled (irregular step times)."""
+    dt = nominal * max(0.05, 1.0 + jitter * rng.gauss(0.0, 1.0))
+    if p["stall_prob"] and rng.random() < p["stall_prob"]:
+        dt *= p["stall_factor"]
+    return dt
 
 
 def _sample(
@@ -570,11 +574,15 @@ def rank_model(
 
 
 def probe_from_env(**kwargs: Any) -> SimulatedProbe:
-    """A probe configured by VRAMWATCH_SIM_SCENARIO / VRAMWATCH_SIM_SEED when set."""
-    scenario = os.environ.get("VRAMWATCH_SIM_SCENARIO", kwargs.pop("scenario", "healthy"))
-    seed_text = os.environ.get("VRAMWATCH_SIM_SEED")
-    if seed_text is not None and "seed" not in kwargs:
-        kwargs["seed"] = int(seed_text)
+    """A probe configured by VRAMWATCH_SIM_SCENARIO / VRAMWATCH_SIM_SEED when set
+    (read through :class:`vramwatch.config.Config`)."""
+    from vramwatch.config import Config
+
+    config = Config.from_env()
+    scenario = config.sim_scenario or kwargs.pop("scenario", "healthy")
+    kwargs.pop("scenario", None)
+    if config.sim_seed is not None and "seed" not in kwargs:
+        kwargs["seed"] = config.sim_seed
     return SimulatedProbe(scenario, **kwargs)
 
 

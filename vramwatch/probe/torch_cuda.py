@@ -1,10 +1,14 @@
-"""Torch CUDA probe: one ``torch.cuda.memory_stats(device)`` call per step.
+"""Torch CUDA probe: one ``torch.cuda.memory_stats_as_nested_dict(device)`` call per step.
 
-``memory_allocated()``, ``memory_reserved()`` and ``max_memory_allocated()`` each rebuild
-the allocator's whole stats dict, so the probe makes exactly one ``memory_stats()`` call
-per sample and picks allocated, reserved, active, inactive split, ``num_alloc_retries``
-and ``num_ooms`` out of it. NVML numbers come from a background :class:`NvmlPoller`;
-the training thread only reads its latest tuple.
+``torch.cuda.memory_stats()`` is that nested dict flattened into dotted keys and sorted, in
+Python, on every call: about 8x the cost of the nested read (bench/hook_bench.py measures
+both through torch's own code). ``memory_allocated()``, ``memory_reserved()`` and
+``max_memory_allocated()`` each go through ``memory_stats()``. So the probe makes exactly
+one ``memory_stats_as_nested_dict()`` call per sample (a public API: the allocator's
+``DeviceStats`` as dicts built in C++) and picks allocated, reserved, active, inactive
+split, ``num_alloc_retries`` and ``num_ooms`` out of it. It never calls ``memory_stats()``
+(a test fails if it does). NVML numbers come from a background :class:`NvmlPoller`; the
+training thread only reads its latest tuple.
 
 Per-step peak policy (``peak=``)
 --------------------------------
@@ -27,6 +31,9 @@ what ``torch.cuda.max_memory_allocated()`` returns), so there are two honest opt
 Phases: :meth:`begin_phase` reads once (closing the interval before the phase, whose
 peak is carried into the next train sample) and opens a window; :meth:`end_phase` reads
 once more and returns a sample whose peak is the peak *during the phase*. Windows nest.
+
+Before CUDA is initialised ``memory_stats_as_nested_dict()`` returns ``{}``: the allocator
+holds nothing yet, so every byte count is a true 0.
 """
 
 from __future__ import annotations
@@ -38,15 +45,14 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
+from vramwatch.probe import BaseProbe
+from vramwatch.wire import FIELDS
+
 from .nvml import NvmlPoller, open_device
 
 PEAK_POLICIES = ("reset", "never")
 
-_ALLOCATED = "allocated_bytes.all.current"
-_ALLOCATED_PEAK = "allocated_bytes.all.peak"
-_RESERVED = "reserved_bytes.all.current"
-_ACTIVE = "active_bytes.all.current"
-_INACTIVE_SPLIT = "inactive_split_bytes.all.current"
+_NO_POOLS = {"all": {"current": 0, "peak": 0}}
 
 
 _UUID_RE = re.compile(r"(?:GPU-|MIG-)?[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\Z")
@@ -97,7 +103,7 @@ class _Window:
         self.saved_carry = saved_carry
 
 
-class TorchCudaProbe:
+class TorchCudaProbe(BaseProbe):
     name = "torch"
 
     def __init__(
@@ -124,8 +130,9 @@ class TorchCudaProbe:
         self.device = int(device)
         self.peak_policy = peak
         self._reset = peak == "reset"
-        self._memory_stats = self.cuda.memory_stats
+        self._nested_stats = self.cuda.memory_stats_as_nested_dict  # never memory_stats(): see above
         self._reset_peak = self.cuda.reset_peak_memory_stats
+        self._host_stats = getattr(self.cuda, "host_memory_stats_as_nested_dict", None)  # torch >= 2.6
         props = self.cuda.get_device_properties(self.device)
         self._uuid = uuid_text(getattr(props, "uuid", None))
         self._total = int(props.total_memory)
@@ -141,10 +148,10 @@ class TorchCudaProbe:
             if self.nvml_device is not None:
                 self.poller = NvmlPoller(self.nvml_device, interval_s=nvml_interval_s)
         # peak bookkeeping (see module docstring)
-        stats = self._memory_stats(self.device)
-        allocated = int(stats.get(_ALLOCATED, 0))
-        self.max_allocated_bytes = int(stats.get(_ALLOCATED_PEAK, allocated))  # run-long, never reset
-        self._last_global_peak = self.max_allocated_bytes
+        allocated_stat = self._nested_stats(self.device).get("allocated_bytes", _NO_POOLS)["all"]
+        allocated = int(allocated_stat["current"])
+        self._max_allocated = int(allocated_stat["peak"])  # run-long, never reset
+        self._last_global_peak = self._max_allocated
         self._last_allocated = allocated
         self._carry = allocated  # peak since the previous sample
         self._windows: list[_Window] = []
@@ -152,6 +159,10 @@ class TorchCudaProbe:
             self._reset_peak(self.device)
 
     # ------------------------------------------------------------ Probe protocol
+
+    @property
+    def max_allocated_bytes(self) -> int:
+        return self._max_allocated
 
     def device_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"gpu": self.device, "total_bytes": self._total, "name": self._name,
@@ -163,35 +174,40 @@ class TorchCudaProbe:
             info["uuid"] = self._uuid if self._uuid[:4] in ("GPU-", "MIG-") else "GPU-" + self._uuid
         return info
 
-    def _interval_peak(self, stats: Mapping[str, Any]) -> tuple[int, int]:
-        """(allocated now, peak of allocated since the previous memory_stats() read)."""
-        allocated = int(stats.get(_ALLOCATED, 0))
-        global_peak = int(stats.get(_ALLOCATED_PEAK, allocated))
+    def _interval_peak(self, allocated: int, global_peak: int) -> int:
+        """The peak of allocated since the previous read (resets torch's counter under "reset")."""
         if self._reset:
             self._reset_peak(self.device)
-            interval = max(global_peak, allocated)
+            interval = global_peak if global_peak > allocated else allocated
         elif global_peak > self._last_global_peak:
             interval = global_peak  # a new all-time high happened in this interval: exact
         else:
             interval = max(self._last_allocated, allocated)  # lower bound; the true peak is unknown
-        self._last_global_peak = max(self._last_global_peak, global_peak)
+        if global_peak > self._last_global_peak:
+            self._last_global_peak = global_peak
         self._last_allocated = allocated
-        if interval > self.max_allocated_bytes:
-            self.max_allocated_bytes = interval
+        if interval > self._max_allocated:
+            self._max_allocated = interval
         for window in self._windows:
             if interval > window.peak:
                 window.peak = interval
-        return allocated, interval
+        return interval
 
-    def _sample(self, stats: Mapping[str, Any], allocated: int, peak: int) -> dict[str, Any]:
+    def _read(self) -> tuple[dict[str, Any], int, int]:
+        """One nested-stats read: (sample without its peak, allocated, interval peak)."""
+        stats = self._nested_stats(self.device)
+        if not stats:  # CUDA not initialised yet: the allocator holds nothing
+            stats = _EMPTY_STATS
+        allocated_stat = stats["allocated_bytes"]["all"]
+        allocated = allocated_stat["current"]
         sample: dict[str, Any] = {
             "allocated_bytes": allocated,
-            "reserved_bytes": int(stats.get(_RESERVED, 0)),
-            "peak_allocated_bytes": peak,
-            "active_bytes": int(stats.get(_ACTIVE, 0)),
-            "inactive_split_bytes": int(stats.get(_INACTIVE_SPLIT, 0)),
-            "alloc_retries": int(stats.get("num_alloc_retries", 0)),
-            "ooms": int(stats.get("num_ooms", 0)),
+            "reserved_bytes": stats["reserved_bytes"]["all"]["current"],
+            "peak_allocated_bytes": 0,
+            "active_bytes": stats["active_bytes"]["all"]["current"],
+            "inactive_split_bytes": stats["inactive_split_bytes"]["all"]["current"],
+            "alloc_retries": stats["num_alloc_retries"],
+            "ooms": stats["num_ooms"],
             "total_bytes": self._total,
             "nvml_used_bytes": None,
         }
@@ -200,35 +216,55 @@ class TorchCudaProbe:
         if reading is not None:
             sample["nvml_used_bytes"] = reading.used_bytes
             # NVML's total is the device capacity it also measures "used" against
-            sample["total_bytes"] = max(reading.total_bytes, self._total)
+            if reading.total_bytes > self._total:
+                sample["total_bytes"] = reading.total_bytes
             if reading.process_used_bytes is not None:
                 sample["process_used_bytes"] = reading.process_used_bytes
-        return sample
+            if reading.foreign_used_bytes is not None and _FOREIGN_ON_WIRE:
+                sample["foreign_used_bytes"] = reading.foreign_used_bytes
+        return sample, allocated, self._interval_peak(allocated, allocated_stat["peak"])
 
     def read(self, step: int, phase: str = "train") -> dict[str, Any]:
-        stats = self._memory_stats(self.device)
-        allocated, interval = self._interval_peak(stats)
-        peak = max(self._carry, interval)
+        sample, allocated, interval = self._read()
+        carry = self._carry
+        sample["peak_allocated_bytes"] = carry if carry > interval else interval
         self._carry = allocated
-        return self._sample(stats, allocated, peak)
+        return sample
 
     def begin_phase(self, name: str) -> None:
-        stats = self._memory_stats(self.device)
-        allocated, interval = self._interval_peak(stats)
+        _sample, allocated, interval = self._read()
         saved = max(self._carry, interval)  # the gap before the phase goes to the next train sample
         self._windows.append(_Window(allocated, saved))
         self._carry = allocated
 
     def end_phase(self, step: int, name: str) -> dict[str, Any]:
-        stats = self._memory_stats(self.device)
-        allocated, _interval = self._interval_peak(stats)
+        sample, allocated, interval = self._read()
         if not self._windows:  # end without begin: the phase covers the time since the previous sample
-            peak = max(self._carry, _interval)
+            sample["peak_allocated_bytes"] = max(self._carry, interval)
             self._carry = allocated
-            return self._sample(stats, allocated, peak)
+            return sample
         window = self._windows.pop()
         self._carry = max(window.saved_carry, allocated)
-        return self._sample(stats, allocated, window.peak)
+        sample["peak_allocated_bytes"] = window.peak
+        return sample
+
+    def pinned_host_bytes(self) -> int | None:
+        """Bytes held by torch's pinned host allocator (cached + in use), None when torch cannot say.
+
+        Called off the training thread (the host poller) and at phase ends.
+        """
+        if self._host_stats is None:
+            return None
+        try:
+            stats = self._host_stats()
+        except Exception:
+            return None
+        if not stats:
+            return 0  # CUDA not initialised: nothing pinned through torch
+        try:
+            return int(stats["allocated_bytes"]["current"])
+        except (KeyError, TypeError, ValueError):
+            return None
 
     def close(self) -> None:
         if self.poller is not None:
@@ -236,10 +272,26 @@ class TorchCudaProbe:
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"nvml": self.poller is not None, "peak_policy": self.peak_policy,
-                               "max_allocated_bytes": self.max_allocated_bytes}
+                               "max_allocated_bytes": self._max_allocated}
         if self.poller is not None:
             out.update(self.poller.stats())
+            latest = self.poller.latest
+            if latest is not None:  # who holds this GPU: this process, others (a stale kernel), by PID
+                out["gpu_processes"] = [{"pid": p.pid, "used_bytes": p.used_bytes} for p in latest.processes]
+                out["foreign_used_bytes"] = latest.foreign_used_bytes
         return out
+
+
+def _empty_stats() -> dict[str, Any]:
+    pools = {"all": {"current": 0, "peak": 0, "allocated": 0, "freed": 0}}
+    out: dict[str, Any] = {name: pools for name in ("allocated_bytes", "reserved_bytes", "active_bytes",
+                                                    "inactive_split_bytes")}
+    out["num_alloc_retries"] = out["num_ooms"] = 0
+    return out
+
+
+_EMPTY_STATS = _empty_stats()
+_FOREIGN_ON_WIRE = "foreign_used_bytes" in FIELDS  # until the collector's schema has it, do not send it
 
 
 __all__ = ["PEAK_POLICIES", "NoCudaError", "TorchCudaProbe", "load_torch_cuda"]

@@ -4,7 +4,7 @@ the run, unknown metrics, panels off ``$datasource``, links to undefined variabl
 fields), plus Grafana's merge transformation and data-link rendering simulated for the tests
 that run the dashboard's queries on a real Prometheus.
 
-(Named test_* so it stays with the files it serves; it holds no tests itself.)
+(Not named test_*: it holds no tests; the deploy and Prometheus tests import it.)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from typing import Any
 from urllib.parse import quote
 
-from test_prometheus_helpers import promql_metric_names
+from prometheus_helpers import promql_metric_names
 
 #: dcgm-exporter's families the dashboard reads (its default-counters.csv names, metrics in MiB, %, W, C).
 DCGM_METRICS = {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP"}

@@ -1,7 +1,7 @@
 """Helpers for the Prometheus/deploy tests: binaries, a real Prometheus server, feeding a
 real collector with simulated traces, and pulling metric names out of PromQL.
 
-(Named test_* so it stays with the files it serves; it holds no tests itself.)
+(Not named test_*: it holds no tests; the deploy, metrics and Prometheus tests import it.)
 """
 
 from __future__ import annotations

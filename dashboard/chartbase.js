@@ -1,0 +1,117 @@
+/* What every plotly chart shares: the theme (read back from the CSS variables), axes,
+ * the plot config, and the step <-> wall-time mapping of the selected rank. */
+
+import { rankKey } from "./format.js";
+import { cssVar } from "./dom.js";
+import { S } from "./state.js";
+
+// Read back once per theme: getComputedStyle on every redraw costs a few ms each time.
+let themeCache = { key: null, value: null };
+
+export function chartTheme() {
+  const key = document.documentElement.dataset.theme || "";
+  if (themeCache.key === key && themeCache.value) return themeCache.value;
+  const v = (name) => cssVar(name);
+  themeCache = { key, value: {
+    text: v("--text"), muted: v("--muted"), grid: v("--grid"), panel: v("--panel"), border: v("--border"),
+    nodata: v("--nodata"), heatNeutral: v("--heat-neutral"),
+    allocated: v("--c-allocated"), reserved: v("--c-reserved"), peak: v("--c-peak"), nvml: v("--c-nvml"),
+    total: v("--c-total"), gap: v("--c-gap"), plateau: v("--c-plateau"), proj: v("--c-proj"), ckpt: v("--c-ckpt"),
+    ckptLine: v("--c-ckpt-line"), evalFill: v("--c-eval"), evalLine: v("--c-eval-line"), leak: v("--s-leak"),
+    frag: v("--s-fragmentation"), rising: v("--s-rising"), ratchet: v("--s-ratchet"), warmup: v("--s-warmup"),
+  } };
+  return themeCache.value;
+}
+
+export function baseLayout(t, extra) {
+  return {
+    paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+    font: { color: t.text, size: 12, family: "system-ui, -apple-system, Segoe UI, Roboto, sans-serif" },
+    margin: { l: 64, r: 14, t: 10, b: 40 },
+    hovermode: "x unified",
+    hoverlabel: { bgcolor: t.panel, bordercolor: t.border, font: { color: t.text } },
+    legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", bgcolor: "rgba(0,0,0,0)" },
+    showlegend: true,
+    ...extra,
+  };
+}
+
+export function xAxis(t, extra) {
+  const time = S.x === "time";
+  return {
+    gridcolor: t.grid, zerolinecolor: t.grid, linecolor: t.border, tickfont: { color: t.muted },
+    title: { text: time ? "" : "step", font: { color: t.muted, size: 11 }, standoff: 4 },
+    type: time ? "date" : "linear", hoverformat: time ? "%H:%M:%S" : ",d", tickformat: time ? "" : "~s",
+    ...extra,
+  };
+}
+
+export function yAxis(t, extra) {
+  return { gridcolor: t.grid, zerolinecolor: t.grid, linecolor: t.border, tickfont: { color: t.muted }, ticksuffix: " GiB",
+    rangemode: "tozero", ...extra };
+}
+
+// The mode bar shows on hover, top right, over the plot's margin (never over heatmap rows:
+// the heatmap has none, a click there opens a rank).
+export const PLOT_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d", "autoScale2d"] };
+
+export function uirev(which) {
+  const r = S.selected;
+  return which + "|" + S.run + "|" + (r ? rankKey(r.host, r.rank) : "") + "|" + S.x;
+}
+
+/** Linear interpolation of ys at v over sorted xs (extrapolating from the end segments). */
+export function interp(xs, ys, v) {
+  const n = xs.length;
+  if (!n) return null;
+  if (v <= xs[0]) return ys[0] + (n > 1 && xs[1] !== xs[0] ? (v - xs[0]) * (ys[1] - ys[0]) / (xs[1] - xs[0]) : 0);
+  if (v >= xs[n - 1]) {
+    const slope = n > 1 && xs[n - 1] !== xs[n - 2] ? (ys[n - 1] - ys[n - 2]) / (xs[n - 1] - xs[n - 2]) : 0;
+    return ys[n - 1] + (v - xs[n - 1]) * slope;
+  }
+  let lo = 0, hi = n - 1;
+  while (hi - lo > 1) { const mid = (lo + hi) >> 1; if (xs[mid] <= v) lo = mid; else hi = mid; }
+  const span = xs[hi] - xs[lo];
+  return span ? ys[lo] + (v - xs[lo]) * (ys[hi] - ys[lo]) / span : ys[lo];
+}
+
+/** A step as the chart's x value (the step, or epoch milliseconds on the wall-time axis). */
+export function stepToX(step, ts) {
+  if (S.x !== "time") return step;
+  if (typeof ts === "number" && isFinite(ts)) return ts * 1000;
+  const m = S.stepTs;
+  return m ? interp(m.steps, m.ts, step) * 1000 : null;
+}
+
+export function xToStep(x) {
+  if (S.x !== "time") return Number(x);
+  const text = String(x);
+  const ms = typeof x === "number" ? x : Date.parse(text.replace(" ", "T") + (/[zZ]|[+-]\d\d:?\d\d$/.test(text) ? "" : "Z"));
+  const m = S.stepTs;
+  return m ? interp(m.ts, m.steps, ms / 1000) : null;
+}
+
+export function medianStepSeconds() {
+  const m = S.stepTs;
+  if (!m || m.steps.length < 2) return 1;
+  const n = m.steps.length;
+  const dt = (m.ts[n - 1] - m.ts[0]) / Math.max(1, m.steps[n - 1] - m.steps[0]);
+  return dt > 0 ? dt : 1;
+}
+
+/**
+ * Stack labels that would overlap: each label gets the lowest row whose previous label ends
+ * far enough to its left (``minGap`` in x units). Returns the row per label, in input order.
+ */
+export function labelRows(xs, minGap, maxRows) {
+  const order = xs.map((x, i) => i).sort((a, b) => xs[a] - xs[b]);
+  const rowEnds = [];
+  const rows = new Array(xs.length);
+  for (const i of order) {
+    let row = rowEnds.findIndex((end) => xs[i] - end >= minGap);
+    if (row < 0) row = rowEnds.length < maxRows ? rowEnds.length : rowEnds.indexOf(Math.min(...rowEnds));
+    rowEnds[row] = xs[i];
+    rows[i] = row;
+  }
+  return rows;
+}

@@ -1,0 +1,72 @@
+/* Number and text formatting shared by every panel. Pure functions, no DOM, no state. */
+
+export const GIB = 1073741824;
+export const MIB = 1048576;
+
+export function isNum(v) { return typeof v === "number" && isFinite(v); }
+
+export function gib(bytes, digits) {
+  if (!isNum(bytes)) return "—";
+  const g = bytes / GIB;
+  if (digits === undefined) digits = Math.abs(g) >= 10 ? 1 : 2;
+  return g.toFixed(digits) + " GiB";
+}
+
+export function slopeText(bytesPerStep) {
+  if (!isNum(bytesPerStep)) return "—";
+  const sign = bytesPerStep > 0 ? "+" : "";
+  if (Math.abs(bytesPerStep) >= MIB) return sign + (bytesPerStep / MIB).toFixed(1) + " MiB/step";
+  return sign + (bytesPerStep / 1024).toFixed(1) + " KiB/step";
+}
+
+export function duration(seconds) {
+  if (!isNum(seconds)) return "—";
+  if (seconds < 0) seconds = 0;
+  if (seconds < 90) return Math.round(seconds) + " s";
+  if (seconds < 90 * 60) return Math.round(seconds / 60) + " min";
+  if (seconds < 48 * 3600) {
+    const h = Math.floor(seconds / 3600);
+    return h + " h " + Math.round((seconds - h * 3600) / 60) + " min";
+  }
+  return (seconds / 86400).toFixed(1) + " days";
+}
+
+export function age(ts) {
+  if (!isNum(ts)) return "—";
+  const s = Date.now() / 1000 - ts;
+  if (s < 1.5) return "just now";
+  return duration(s) + " ago";
+}
+
+/** Wall-clock time of an epoch timestamp, "HH:MM:SS" (with the date when not today). */
+export function clock(ts) {
+  if (!isNum(ts)) return "—";
+  const d = new Date(ts * 1000);
+  const time = d.toLocaleTimeString("en-GB", { hour12: false });
+  return d.toDateString() === new Date().toDateString() ? time : d.toISOString().slice(0, 10) + " " + time;
+}
+
+export function intText(n) { return isNum(n) ? Math.round(n).toLocaleString("en-US") : "—"; }
+
+export function toGiB(arr) {
+  const out = new Array(arr.length);
+  for (let i = 0; i < arr.length; i++) out[i] = isNum(arr[i]) ? arr[i] / GIB : null;
+  return out;
+}
+
+export function rankKey(host, rank) { return host + "\u0000" + rank; }
+export function rankLabel(r) { return "rank " + r.rank + " · " + r.host; }
+
+/** "#rrggbb" -> "rgba(r,g,b,a)" for translucent fills (other colour forms pass through). */
+export function alpha(color, a) {
+  const m = /^#([0-9a-f]{2})([0-9a-f]{2})([0-9a-f]{2})$/i.exec(color);
+  return m ? "rgba(" + parseInt(m[1], 16) + "," + parseInt(m[2], 16) + "," + parseInt(m[3], 16) + "," + a + ")" : color;
+}
+
+/** Entity-escape a data string for plotly labels (plotly renders a small HTML subset). */
+export function plotlyText(value) {
+  // No tag can form without "<"; plotly shows quotes literally (and "&quot;" too), so only these three.
+  return String(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
+export function plural(n, word) { return intText(n) + " " + word + (n === 1 ? "" : "s"); }

@@ -1,0 +1,160 @@
+/* Ranks × steps: the worst value of each bucket per rank. By default a cell is coloured by
+ * its headroom's deviation from the run's median in that bucket, so one bad rank stands out
+ * among 512 healthy ones, and cells under the low-headroom threshold (from /api/v1/meta) are
+ * coloured danger whatever their peers do. A click on a row opens that rank. */
+
+import { GIB, intText, isNum } from "./format.js";
+import { $, markOnce, timed } from "./dom.js";
+import { plotlyReady, source } from "./api.js";
+import { S, vocab } from "./state.js";
+import { totalOf } from "./verdict.js";
+import { baseLayout, chartTheme, xAxis } from "./chartbase.js";
+
+export const HEAT_MODES = [
+  ["deviation", "vs run median"], ["headroom", "headroom"], ["reserved", "reserved"],
+];
+const DANGER = "#67000d";
+// deviation: red below the median (less headroom than the peers), neutral at it, blue above
+// (zmin is the danger value, -span sits at 0.1 and the median, 0, at 0.55 of the scale)
+function deviationScale(neutral) {
+  // a narrow neutral band around the median (±0.16 of the span): rank-to-rank noise stays calm
+  return [[0, DANGER], [0.09, DANGER], [0.1, "#d73027"], [0.3, "#fc8d59"], [0.48, neutral], [0.62, neutral], [0.8, "#91bfdb"],
+    [1, "#4575b4"]];
+}
+const HEADROOM_SCALE = [[0, DANGER], [0.09, DANGER], [0.1, "#e66101"], [0.3, "#fdb863"], [0.6, "#80cdc1"], [1, "#1b7f79"]];
+const RESERVED_SCALE = [[0, "#0d0887"], [0.5, "#9c179e"], [0.8, "#ed7953"], [1, "#f0f921"]];
+
+export function refreshHeatmap(onRowClick) {
+  const gen = S.gen, mode = S.heatMode, x = S.x;
+  const field = mode === "reserved" ? "reserved" : "headroom";
+  return Promise.all([source.heatmap(S.run, field, x), plotlyReady]).then(([h]) => {
+    if (gen !== S.gen || mode !== S.heatMode || x !== S.x) return;
+    timed("heatmap", () => drawHeatmap(h, mode, onRowClick));
+  }, (err) => {
+    if (gen !== S.gen) return;
+    $("heatmap-note").textContent = "heatmap unavailable: " + (err.message || err);
+  });
+}
+
+function median(values) {
+  if (!values.length) return null;
+  values.sort((a, b) => a - b);
+  const m = values.length >> 1;
+  return values.length % 2 ? values[m] : (values[m - 1] + values[m]) / 2;
+}
+
+/**
+ * Colour values. Deviation mode: the cell's headroom minus its bucket's median over ranks,
+ * squashed by span·tanh(d/span) into (−span, span) (order kept, so the most deviant cell is
+ * still the lowest; hover shows the real numbers), with span set by the deviations of the
+ * latest quarter of the run, what the ranks do now. A cell under the low-headroom threshold
+ * gets zmin, below every other value: the danger colour, whatever its peers do.
+ */
+function colourGrid(h, mode, dangerGiB) {
+  const rows = h.z.length, cols = h.x.length;
+  if (mode === "reserved") return { z: h.z, zmin: undefined, zmax: undefined, dev: null };
+  const dev = h.z.map(() => new Array(cols).fill(null));
+  let recent = 0;
+  const from = Math.floor(cols * 0.75);
+  for (let j = 0; j < cols; j++) {
+    const column = [];
+    for (let i = 0; i < rows; i++) if (isNum(h.z[i][j])) column.push(h.z[i][j]);
+    const med = median(column);
+    for (let i = 0; i < rows; i++) {
+      const v = h.z[i][j];
+      if (!isNum(v) || med === null) continue;
+      dev[i][j] = v - med;
+      if (j >= from) recent = Math.max(recent, Math.abs(v - med));
+    }
+  }
+  const span = Math.max(0.5, recent / 2);
+  let zmin, zmax;
+  if (mode === "deviation") { zmax = span; zmin = -span - (2 * span) / 9; } else {
+    zmax = 0;
+    for (const row of h.z) for (const v of row) if (isNum(v) && v > zmax) zmax = v;
+    zmax = Math.max(zmax, 1);
+    zmin = -zmax / 9;
+  }
+  const z = h.z.map((row, i) => row.map((v, j) => {
+    if (!isNum(v)) return null;
+    if (isNum(dangerGiB[i]) && v < dangerGiB[i]) return zmin;
+    return mode === "deviation" ? span * Math.tanh(dev[i][j] / span) : Math.max(v, 0);
+  }));
+  return { z, zmin, zmax, dev };
+}
+
+function drawHeatmap(h, mode, onRowClick) {
+  const gd = $("chart-heatmap");
+  if (!gd) return;
+  const t = chartTheme();
+  const rowsByRank = {};
+  const uniqueRanks = new Set(h.rows.map((r) => r.rank)).size === h.rows.length;
+  // y is the rank number (ranks are unique within a run); duplicates fall back to row index
+  const ys = h.rows.map((r, i) => { const y = uniqueRanks ? r.rank : i; rowsByRank[y] = r; return y; });
+  S.heat = { rowsByRank };
+  const xs = h.x.map((x) => (S.x === "time" ? x * 1000 : x));
+  const totals = {};
+  for (const r of S.ranks || []) totals[r.host + "\u0000" + r.rank] = totalOf(r);
+  const fraction = vocab.low_headroom_fraction;
+  const dangerGiB = h.rows.map((r) => {
+    const total = totals[r.host + "\u0000" + r.rank];
+    return isNum(fraction) && isNum(total) ? (fraction * total) / GIB : null;
+  });
+  const grid = colourGrid(h, mode, dangerGiB);
+  const custom = h.z.map((row, i) => row.map((v, j) => [v, grid.dev ? grid.dev[i][j] : null]));
+  const isHeadroom = mode !== "reserved";
+  const colorbar = { title: { text: mode === "deviation" ? "vs median GiB" : mode + " GiB", side: "right", font: { color: t.muted, size: 11 } },
+    tickfont: { color: t.muted }, thickness: 12, outlinewidth: 0 };
+  if (isHeadroom) {
+    const s = grid.zmax;
+    colorbar.tickvals = mode === "deviation" ? [grid.zmin, -0.76 * s, 0, 0.76 * s] : [grid.zmin, s / 2, s];
+    colorbar.ticktext = mode === "deviation" ? ["danger", "−" + s.toFixed(1), "median", "+" + s.toFixed(1)]
+      : ["danger", (s / 2).toFixed(0), s.toFixed(0)];
+  }
+  const trace = {
+    type: "heatmap", x: xs, y: ys, z: grid.z, customdata: custom, zmin: grid.zmin, zmax: grid.zmax,
+    colorscale: mode === "deviation" ? deviationScale(t.heatNeutral || "#e6f0e9") : mode === "headroom" ? HEADROOM_SCALE : RESERVED_SCALE,
+    hoverongaps: false, xgap: 0, ygap: h.rows.length <= 64 ? 1 : 0, colorbar,
+    hovertemplate: (uniqueRanks ? "rank %{y}" : "row %{y}") + "<br>" + (S.x === "time" ? "%{x|%H:%M:%S}" : "step %{x:,d}") + "<br>" +
+      (isHeadroom ? "min headroom %{customdata[0]:.2f} GiB<br>%{customdata[1]:+.2f} GiB vs the run's median" : "max reserved %{customdata[0]:.2f} GiB") +
+      "<extra></extra>",
+  };
+  const tall = Math.min(720, Math.max(300, 90 + h.rows.length * 14));
+  if (gd.style.height !== tall + "px") gd.style.height = tall + "px";
+  const layout = baseLayout(t, {
+    uirevision: "heat|" + S.run + "|" + S.x + "|" + mode,
+    hovermode: "closest", showlegend: false,
+    plot_bgcolor: t.nodata, // gaps (no sample in that bucket) show as this, explained in the note
+    xaxis: xAxis(t, { showgrid: false }),
+    yaxis: { autorange: "reversed", tickfont: { color: t.muted }, title: { text: "rank", font: { color: t.muted, size: 11 }, standoff: 2 },
+      tickformat: "d", gridcolor: "rgba(0,0,0,0)", zeroline: false, nticks: Math.min(h.rows.length, 20),
+      tickvals: h.rows.length <= 40 ? ys : undefined }, // few rows: label every one; many: plotly thins them
+    margin: { l: 52, r: 8, t: 8, b: 40 },
+  });
+  if (S.selected && uniqueRanks) {
+    const sy = S.selected.rank;
+    layout.shapes = [{ type: "rect", xref: "paper", x0: 0, x1: 1, yref: "y", y0: sy - 0.5, y1: sy + 0.5, line: { color: t.text, width: 1.5 }, name: "selected rank" }];
+  }
+  // no mode bar: it would sit over the first rows, where a click means "open this rank"
+  window.Plotly.react(gd, [trace], layout, { displaylogo: false, responsive: true, displayModeBar: false });
+  wireClicks(gd, onRowClick);
+  markOnce("vramwatch:heatmap");
+  const unit = intText(h.bucket) + (S.x === "time" ? " s" : " steps");
+  const threshold = isNum(fraction) ? "dark red: headroom under " + Math.round(fraction * 100) + " % of the device (the low-headroom threshold)" : "";
+  const what = mode === "deviation"
+    ? "Worst headroom per bucket of " + unit + ", as its difference from the run's median in that bucket: red rows have less headroom than their peers, blue more; " + threshold + "."
+    : mode === "headroom" ? "Worst headroom per bucket of " + unit + "; " + threshold + "."
+      : "Highest reserved per bucket of " + unit + ".";
+  $("heatmap-note").textContent = what + " Grey cells: no sample from that rank in that bucket (not started yet, a gap, or the rank went silent).";
+}
+
+function wireClicks(gd, onRowClick) {
+  if (gd.__vwWired) return;
+  gd.__vwWired = true;
+  gd.on("plotly_click", (ev) => {
+    const p = ev && ev.points && ev.points[0];
+    if (!p || !S.heat) return;
+    const row = S.heat.rowsByRank[p.y];
+    if (row && onRowClick) onRowClick(row);
+  });
+}

@@ -1,0 +1,203 @@
+/* One rank's verdict as the page shows it: state, liveness, deaths (OOM / restart / crash),
+ * severity order and the headroom figures. The vocabulary (state list, severity, the
+ * low-headroom threshold) comes from GET /api/v1/meta (state.js `vocab`), never retyped.
+ * Fields the collector or engine may not send yet are derived here as a fallback only. */
+
+import { isNum } from "./format.js";
+import { vocab } from "./state.js";
+
+// Fallback only, when /ranks rows carry no `liveness`: a rank whose last sample is this much
+// older than its run's newest, and behind it in steps, is shown silent.
+const SILENT_FALLBACK_S = 60;
+const PHASE_CAUSE = /ckpt|checkpoint|save|eval|val/i;
+
+export function verdictOf(r) { return (r && r.verdict) || {}; }
+
+/** When the collector last heard from a rank: its receive time, else the sample's own time. */
+export function lastHeard(r) { return Math.max(isNum(r.last_seen) ? r.last_seen : 0, isNum(r.last_ts) ? r.last_ts : 0); }
+export function stateOf(r) { return verdictOf(r).state || "unknown"; }
+
+function eventsOf(r, type) { return (r.events || []).filter((e) => e.type === type); }
+function lastEvent(r, type) {
+  const evs = eventsOf(r, type);
+  return evs.length ? evs[evs.length - 1] : null;
+}
+
+/** Newest sample time and step of a run: what "silent" is measured against. */
+export function runClock(rows) {
+  let newest = 0, maxStep = 0;
+  for (const r of rows) {
+    if (isNum(r.last_ts) && r.last_ts > newest) newest = r.last_ts;
+    if (isNum(r.last_step) && r.last_step > maxStep) maxStep = r.last_step;
+  }
+  return { newest, maxStep };
+}
+
+/**
+ * Everything the table, cards and charts say about a rank's life, computed once per poll
+ * and kept on the row as ``r.vw``: liveness, OOM and restart counts, how and when it died,
+ * severity (sort key: higher is worse) and the state as displayed.
+ */
+export function annotate(rows) {
+  const run = runClock(rows);
+  for (const r of rows) r.vw = describe(r, run);
+  return run;
+}
+
+function describe(r, run) {
+  const v = verdictOf(r);
+  let liveness = r.liveness;
+  if (!liveness) {
+    const behind = isNum(r.last_ts) && run.newest - r.last_ts > SILENT_FALLBACK_S && r.last_step < run.maxStep;
+    liveness = behind ? "silent" : "live";
+  }
+  const events = r.events || [];
+  const oomEvent = lastEvent(r, "oom");
+  const ooms = isNum(r.ooms) ? r.ooms : Math.max(eventsOf(r, "oom").length, (r.last && r.last.ooms) || 0);
+  const restarts = isNum(r.restarts) ? r.restarts : eventsOf(r, "restart").length;
+  // An OOM with no restart after it: the process died there (a restart is a new process).
+  const oomIsLast = !!oomEvent && events.lastIndexOf(oomEvent) > events.lastIndexOf(lastEvent(r, "restart"));
+  let death = null;
+  if (r.died !== undefined) {
+    // the collector's word: how and when the rank stopped (null: it did not)
+    const d = r.died;
+    death = d ? { how: d.how === "oom" ? "out of memory" : d.how, step: d.step, ts: isNum(d.ts) ? d.ts : r.last_ts } : null;
+  } else if (oomIsLast || (ooms > 0 && !restarts && liveness !== "live")) {
+    death = { how: "out of memory", step: oomEvent ? oomEvent.step : r.last_step,
+      ts: oomEvent && isNum(oomEvent.ts) ? oomEvent.ts : r.last_ts };
+  } else if (liveness === "silent") {
+    death = { how: "silent", step: r.last_step, ts: r.last_ts };
+  } else if (liveness === "exited") {
+    death = { how: "exited", step: r.last_step, ts: r.last_ts };
+  }
+  const shown = shownState(r, v);
+  return { liveness, ooms, restarts, death, severity: severityOf(r, liveness, ooms), ...shown };
+}
+
+/** Sort key, higher is worse: the collector's when it sends one, else the same rule from
+ * the meta vocabulary (a silent rank, then one that hit an OOM, outranks any state). */
+export function severityOf(r, liveness, ooms) {
+  if (isNum(r.severity)) return r.severity;
+  const sev = vocab.severity || {};
+  const n = (vocab.states || []).length;
+  const base = sev[stateOf(r)] !== undefined ? sev[stateOf(r)] : -1;
+  if (liveness === "silent") return base + 2 * n + 1;
+  if (ooms) return base + n;
+  return base;
+}
+
+/** A checkpoint's one-time ratchet is not a growing problem: show its cause instead of "rising". */
+function shownState(r, v) {
+  const state = stateOf(r);
+  const brk = lastEvent(r, "plateau_break");
+  const cause = v.plateau_break_cause ? String(v.plateau_break_cause) : brk && brk.cause ? String(brk.cause) : null;
+  const phaseCause = (!!brk && brk.relevel === true) || (cause !== null && PHASE_CAUSE.test(cause));
+  if (state === "rising" && phaseCause) {
+    return { shown: "ratchet", cause: cause, title: "reserved stepped up once at a " + (cause || "marked phase") +
+      " (the allocator keeps that phase's buffers): the plateau re-levels, this is not a growing problem" };
+  }
+  if (state === "plateau" && phaseCause && ((brk && brk.relevel === true) || v.plateau_relevels > 0)) {
+    return { shown: state, cause: cause, title: "plateau re-levelled after a " + cause + " ratchet" };
+  }
+  return { shown: state, cause: null, title: null };
+}
+
+/** The smallest headroom of a rank: at the training step boundary or at the checkpoint peak. */
+export function worstHeadroom(r) {
+  const v = verdictOf(r);
+  if (isNum(v.worst_headroom_bytes)) return v.worst_headroom_bytes;
+  const values = [v.headroom_bytes, v.checkpoint_headroom_bytes].filter(isNum);
+  return values.length ? Math.min(...values) : null;
+}
+
+/** Checkpoint peak as the engine reports it: the highest when it says so, else the latest. */
+export function checkpointPeak(r) {
+  const v = verdictOf(r);
+  if (isNum(v.checkpoint_peak_max_bytes)) return { bytes: v.checkpoint_peak_max_bytes, which: "highest" };
+  return { bytes: isNum(v.checkpoint_peak_bytes) ? v.checkpoint_peak_bytes : null, which: "latest" };
+}
+
+export function totalOf(r) {
+  const v = verdictOf(r);
+  return v.total_bytes || (r.last && r.last.total_bytes) || null;
+}
+
+/** The one low-headroom rule (vramwatch.verdicts.is_low_headroom): under the meta fraction of the device. */
+export function isLowHeadroom(headroom, total) {
+  const f = vocab.low_headroom_fraction;
+  return isNum(headroom) && isNum(total) && total > 0 && isNum(f) && headroom < f * total;
+}
+
+export function lowHeadroomText() {
+  return isNum(vocab.low_headroom_fraction) ? "under " + Math.round(vocab.low_headroom_fraction * 100) + " % of the device" : "";
+}
+
+/** Worst first: severity, then earliest projected OOM, then least headroom, then rank. */
+export function severityCompare(a, b) {
+  const sa = a.vw.severity, sb = b.vw.severity;
+  if (sa !== sb) return sb - sa;
+  const oa = oomEta(a), ob = oomEta(b);
+  if (isNum(oa) !== isNum(ob)) return isNum(oa) ? -1 : 1;
+  if (isNum(oa) && oa !== ob) return oa - ob;
+  const ha = worstHeadroom(a), hb = worstHeadroom(b);
+  if (isNum(ha) !== isNum(hb)) return isNum(ha) ? -1 : 1;
+  if (isNum(ha) && ha !== hb) return ha - hb;
+  return a.rank - b.rank || (a.host < b.host ? -1 : a.host > b.host ? 1 : 0);
+}
+
+/** Projected time (or steps) to OOM; null for a rank already dead (it has nothing left to project). */
+export function oomEta(r) {
+  if (r.vw && r.vw.death) return null;
+  const v = verdictOf(r);
+  return isNum(v.seconds_to_oom) ? v.seconds_to_oom : isNum(v.steps_to_oom) ? v.steps_to_oom : null;
+}
+
+export function sortValue(r, key) {
+  const v = verdictOf(r);
+  switch (key) {
+    case "rank": return r.rank;
+    case "host": return r.host;
+    case "state": return r.vw.severity;
+    case "plateau": return v.plateau_bytes;
+    case "headroom": return v.headroom_bytes;
+    case "ckpt": return checkpointPeak(r).bytes;
+    case "ckpt_headroom": return v.checkpoint_headroom_bytes;
+    case "slope": return v.slope_bytes_per_step;
+    case "oom": return oomEta(r);
+    case "outside": return v.outside_allocator_bytes;
+    case "step": return r.last_step;
+    default: return null;
+  }
+}
+
+export function sortRanks(ranks, key, dir) {
+  const copy = ranks.slice();
+  if (key === "severity" || key === "state") {
+    copy.sort((a, b) => (dir < 0 ? severityCompare(a, b) : severityCompare(b, a)));
+    return copy;
+  }
+  copy.sort((a, b) => {
+    const va = sortValue(a, key), vb = sortValue(b, key);
+    const na = va === null || va === undefined, nb = vb === null || vb === undefined;
+    if (na !== nb) return na ? 1 : -1; // blanks last either way
+    if (!na && va !== vb) return (va < vb ? -1 : 1) * dir;
+    return severityCompare(a, b);
+  });
+  return copy;
+}
+
+/** Words a filter matches: rank, host, state, liveness and the death flags. */
+export function filterWords(r) {
+  const w = [stateOf(r), r.vw.shown, r.vw.liveness];
+  if (r.vw.ooms) w.push("oom");
+  if (r.vw.restarts) w.push("restart");
+  if (r.vw.death) w.push("dead", "died", r.vw.death.how);
+  if (r.vw.cause) w.push(r.vw.cause);
+  return w.join(" ").toLowerCase();
+}
+
+/** States in the meta's order, most severe first (for counts in cards and the table foot). */
+export function statesBySeverity(keys) {
+  const sev = vocab.severity || {};
+  return keys.slice().sort((a, b) => (sev[b] !== undefined ? sev[b] : -1) - (sev[a] !== undefined ? sev[a] : -1));
+}

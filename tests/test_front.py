@@ -1,0 +1,206 @@
+"""The federating front over node-local collectors: merging rules, peer lists, and a
+three-shard run with a real Prometheus (peer discovery), a killed and restarted shard, and
+the real hook spooling and replaying."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import make_sample, ndjson
+
+from vramwatch import hook
+from vramwatch.collector.server import BackgroundServer
+from vramwatch.collector.store import Store
+from vramwatch.front import FrontSettings, PeerError, PeerSource, parse_peers
+from vramwatch.front.merge import ShardAnswer, merge_advice, merge_postmortem, merge_ranks, merge_runs
+from vramwatch.front.server import BackgroundFront
+
+
+# ---------------------------------------------------------------- merging rules (pure)
+def test_merge_runs_sums_counts_and_keeps_the_worst():
+    a = ShardAnswer("a", [{"run": "r", "ranks": 8, "hosts": 1, "samples": 80, "ooms": 0, "last_ts": 10.0,
+                           "last_step": 9, "worst_state": "plateau", "worst_rank": 0, "min_headroom_bytes": 5,
+                           "seconds_to_oom": None, "status": "running"}])
+    b = ShardAnswer("b", [{"run": "r", "ranks": 8, "hosts": 1, "samples": 70, "ooms": 1, "last_ts": 12.0,
+                           "last_step": 11, "worst_state": "leak", "worst_rank": 9, "min_headroom_bytes": 3,
+                           "seconds_to_oom": 60.0, "status": "crashed"}, {"run": "other", "ranks": 1}],
+                     stale=True)
+    runs = {r["run"]: r for r in merge_runs([a, b])}
+    r = runs["r"]
+    assert (r["ranks"], r["hosts"], r["samples"], r["ooms"]) == (16, 2, 150, 1)
+    assert (r["last_ts"], r["last_step"], r["min_headroom_bytes"], r["seconds_to_oom"]) == (12.0, 11, 3, 60.0)
+    assert (r["worst_state"], r["worst_rank"], r["status"]) == ("leak", 9, "crashed")
+    assert r["shards"] == ["a", "b"] and r["unreachable_shards"] == ["b"]
+
+
+def test_merge_ranks_tags_shards_and_marks_stale_rows():
+    rows = merge_ranks([ShardAnswer("a", [{"rank": 1, "host": "x"}]),
+                        ShardAnswer("b", [{"rank": 0, "host": "y", "liveness": "live"}], "ConnectError", stale=True),
+                        ShardAnswer("c", None, "ConnectError")])
+    assert [(r["rank"], r["shard"], r.get("liveness")) for r in rows] == [(0, "b", "unreachable"), (1, "a", None)]
+    assert rows[0]["unreachable"] is True
+
+
+def test_merge_postmortem_and_advice():
+    pm = merge_postmortem("r", [
+        ShardAnswer("a", {"status": "crashed", "first_failure": {"rank": 3, "ts": 20.0, "cause": "silent"},
+                          "ranks": [{"rank": 3}], "snapshots": []}),
+        ShardAnswer("b", {"status": "crashed", "first_failure": {"rank": 9, "ts": 20.0, "cause": "oom"},
+                          "ranks": [{"rank": 9}], "snapshots": [{"rank": 9}]}),
+    ])
+    assert pm["first_failure"]["rank"] == 9 and pm["first_failure"]["shard"] == "b"  # the OOM wins the tie
+    assert [r["rank"] for r in pm["ranks"]] == [3, 9] and pm["status"] == "crashed"
+    advice = merge_advice([
+        ShardAnswer("a", {"max_tokens_per_step": 20000, "ranks": 8, "readiness": {"verdict": "ready"}}),
+        ShardAnswer("b", {"max_tokens_per_step": 16000, "ranks": 8, "readiness": {"verdict": "not_ready"}}),
+    ])
+    assert advice["binding_shard"] == "b" and advice["max_global_tokens_per_step"] == 16000 * 16
+    assert advice["readiness"]["verdict"] == "not_ready"
+
+
+def test_peer_lists(tmp_path: Path):
+    assert [p.name for p in parse_peers(["http://a:1", "b=http://b:2/x/", "# comment", ""])] == ["a:1", "b"]
+    for bad in (["ftp://a"], ["http://a:1", "http://a:1"], ["nonsense"]):
+        with pytest.raises(PeerError):
+            parse_peers(bad)
+    path = tmp_path / "peers.txt"
+    path.write_text("http://a:1\n")
+    source = PeerSource(file=str(path))
+    assert [p.url for p in source.current()] == ["http://a:1"]
+    path.write_text("http://a:1\nhttp://b:2\n")
+    os.utime(path, (time.time() + 5, time.time() + 5))
+    assert [p.url for p in source.current()] == ["http://a:1", "http://b:2"]
+    path.write_text("garbage\n")
+    os.utime(path, (time.time() + 10, time.time() + 10))
+    assert len(source.current()) == 2  # a bad edit keeps the last good list
+    with pytest.raises(PeerError):
+        PeerSource(file=str(tmp_path / "missing.txt"))
+
+
+# ---------------------------------------------------------------- a front over real collectors
+def test_front_routes_rank_requests_to_the_owning_shard(tmp_path: Path):
+    t0 = time.time() - 50
+    with BackgroundServer(str(tmp_path / "a.db")) as a, BackgroundServer(str(tmp_path / "b.db")) as b:
+        for shard, ranks in ((a, (0, 1)), (b, (2, 3))):
+            samples = [make_sample(s, rank=r, host=f"h{r // 2}", ts=t0 + s) for r in ranks for s in range(20)]
+            assert httpx.post(shard.url + "/api/v1/samples", content=ndjson(samples),
+                              headers={"Content-Type": "application/x-ndjson"}).status_code == 200
+        settings = FrontSettings(peers=PeerSource(static=parse_peers([a.url, "B=" + b.url])), timeout_s=1.0)
+        with BackgroundFront(settings) as front, httpx.Client(base_url=front.url, timeout=10) as client:
+            ranks = client.get("/api/v1/runs/run-a/ranks").json()
+            assert [(r["rank"], r["shard"]) for r in ranks] == [(0, a.url[7:]), (1, a.url[7:]), (2, "B"), (3, "B")]
+            series = client.get("/api/v1/runs/run-a/series", params={"rank": 3, "fields": "allocated_bytes"})
+            assert series.status_code == 200 and series.json()["raw_points"] == 20
+            direct = httpx.get(b.url + "/api/v1/runs/run-a/series", params={"rank": 3, "fields": "allocated_bytes"})
+            assert series.json()["series"] == direct.json()["series"]
+            assert client.get("/api/v1/runs/run-a/series", params={"rank": 9}).status_code == 404
+            assert client.get("/api/v1/runs/run-a/series", params={"rank": "x"}).status_code == 422
+            assert client.get("/api/v1/runs/nope/ranks").status_code == 404
+            assert client.get("/api/v1/runs").json()[0]["ranks"] == 4
+            assert "vramwatch_front_peer_requests_total" in client.get("/metrics").text
+            assert client.get("/").status_code == 200
+
+
+@pytest.mark.prometheus
+def test_three_shards_prometheus_discovery_kill_and_replay(tmp_path: Path):
+    from prometheus_helpers import PrometheusServer, free_port, need_binary
+
+    need_binary("prometheus")
+    ports = [free_port() for _ in range(3)]
+    shards = [BackgroundServer(str(tmp_path / f"s{i}.db"), port=ports[i]).start() for i in range(3)]
+    monitors = []
+    try:
+        for i in range(3):
+            for j in range(8):
+                monitors.append(hook.init(shards[i].url, run="fed", host=f"node-{i}", rank=8 * i + j,
+                                          probe="simulated", spool_dir=tmp_path / f"spool{i}-{j}",
+                                          flush_interval_s=0.2))
+
+        def run_steps(steps: range) -> None:
+            for step in steps:
+                for vw in monitors:
+                    vw.step(step)
+
+        run_steps(range(0, 50))
+        for vw in monitors:
+            assert vw.flush(10)
+        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+                  "scrape_configs": [{"job_name": "vramwatch", "honor_labels": True,
+                                      "static_configs": [{"targets": [s.url[7:] for s in shards]}]}]}
+        with PrometheusServer(tmp_path / "prom", config, {}) as prom:
+            prom.wait_for('count(vramwatch_step{run="fed"})', lambda r: r and r[0]["value"][1] == "24")
+            source = PeerSource(prometheus=prom.url, refresh_s=1.0)
+            settings = FrontSettings(peers=source, timeout_s=1.0, cache_ttl_s=0.2)
+            with BackgroundFront(settings) as front, httpx.Client(base_url=front.url, timeout=10) as client:
+                union = set()
+                for s in shards:
+                    union |= {(r["host"], r["rank"], s.url[7:]) for r in httpx.get(
+                        s.url + "/api/v1/runs/fed/ranks").json()}
+                rows = client.get("/api/v1/runs/fed/ranks").json()
+                assert {(r["host"], r["rank"], r["shard"]) for r in rows} == union and len(union) == 24
+
+                shards[2].stop()  # one shard dies mid-run
+                run_steps(range(50, 100))
+                started = time.monotonic()
+                time.sleep(0.3)
+                rows = client.get("/api/v1/runs/fed/ranks").json()
+                assert time.monotonic() - started < 0.3 + settings.timeout_s + 1.0
+                dead = [r for r in rows if r["shard"] == shards[2].url[7:]]
+                assert len(dead) == 8 and all(r["liveness"] == "unreachable" for r in dead)
+                assert all(r["verdict"]["state"] for r in dead)  # last known verdict kept
+                for vw in monitors[:16]:
+                    assert vw.flush(10)
+                time.sleep(0.3)
+                live = [r for r in client.get("/api/v1/runs/fed/ranks").json() if r["shard"] != shards[2].url[7:]]
+                assert len(live) == 16 and all(r["last_step"] == 99 for r in live)
+                assert client.get("/healthz").json()["unreachable"] == [shards[2].url[7:]]
+
+                shards[2] = BackgroundServer(str(tmp_path / "s2.db"), port=ports[2]).start()
+                for vw in monitors:
+                    vw.close()
+                time.sleep(0.3)
+                rows = client.get("/api/v1/runs/fed/ranks").json()
+                assert not any(r.get("unreachable") for r in rows) and all(r["last_step"] == 99 for r in rows)
+        shards[2].stop()
+        store = Store(str(tmp_path / "s2.db"), readonly=True)
+        try:
+            # nothing lost: the spool replayed every step, plus the one exit-marked sample of each close()
+            assert store.count("fed") == 8 * 100 + 8
+        finally:
+            store.close()
+    finally:
+        for vw in monitors:
+            vw.close()
+        for s in shards:
+            s.stop()
+
+
+def test_postmortem_through_the_front(tmp_path: Path):
+    import subprocess
+    import sys
+
+    t0 = time.time() - 4000
+    with BackgroundServer(str(tmp_path / "a.db")) as a, BackgroundServer(str(tmp_path / "b.db")) as b:
+        for shard, rank, steps in ((a, 0, 1000), (b, 1, 300)):
+            samples = [make_sample(s, rank=rank, host=f"h{rank}", ts=t0 + s) for s in range(steps)]
+            httpx.post(shard.url + "/api/v1/samples", content=ndjson(samples),
+                       headers={"Content-Type": "application/x-ndjson"}).raise_for_status()
+        settings = FrontSettings(peers=PeerSource(static=parse_peers([a.url, b.url])), timeout_s=1.0)
+        with BackgroundFront(settings) as front:
+            proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", "postmortem", "run-a", "--url", front.url,
+                                   "--json"], capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0, proc.stderr
+            import json
+
+            doc = json.loads(proc.stdout)
+            assert doc["first_failure"]["rank"] == 1 and doc["first_failure"]["shard"] == b.url[7:]
+            proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", "postmortem", "run-a", "--url", front.url],
+                                  capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0 and "first failure: rank 1" in proc.stdout, proc.stderr
+            proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", "postmortem", "nope", "--url", front.url],
+                                  capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 2 and "404" in proc.stderr

@@ -1,0 +1,126 @@
+"""Routes for evidence: capture requests, snapshot upload/list/download, the post-mortem.
+
+``make_router(ingest_auth, read_auth)`` takes the app's two auth dependencies, so this
+module knows nothing about tokens. State it reads from ``app.state``: ``snapshots``
+(:class:`SnapshotStore`), ``directives`` (:class:`DirectiveBoard`), ``live`` and ``store``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import time
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, Field
+
+from vramwatch import postmortem as _postmortem
+from vramwatch.collector.snapshots import DEFAULT_STEPS, MAX_STEPS, SnapshotError
+from vramwatch.wire import MAX_INT, MAX_NAME, series_key
+
+_CHUNK = 1 << 20
+
+
+class CaptureRequest(BaseModel):
+    rank: int | None = Field(None, ge=0, le=MAX_INT, description="one rank; all ranks of the run when omitted")
+    host: str | None = Field(None, max_length=MAX_NAME)
+    steps: int = Field(DEFAULT_STEPS, ge=1, le=MAX_STEPS, description="steps of allocator history to record")
+
+
+def _name(field_name: str, value: str) -> str:
+    if not value or len(value) > MAX_NAME or not value.isprintable():
+        raise HTTPException(422, f"{field_name}: must be 1..{MAX_NAME} printable characters")
+    return value
+
+
+def _error(exc: SnapshotError) -> JSONResponse:
+    return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=exc.status)
+
+
+def run_keys(request: Request) -> Callable[[str], list[tuple[str, str, int]]]:
+    live = request.app.state.live
+    return lambda run: [s.key for s in live.for_run(run)]
+
+
+def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) -> APIRouter:
+    router = APIRouter()
+    write = [Depends(ingest_auth)]
+    read = [Depends(read_auth)]
+
+    @router.post("/api/v1/runs/{run:path}/capture", dependencies=write)
+    def capture(request: Request, run: str, body: CaptureRequest) -> dict[str, Any]:
+        keys = [k for k in run_keys(request)(run)
+                if (body.rank is None or k[2] == body.rank) and (body.host is None or k[1] == body.host)]
+        if not keys:
+            what = f"rank {body.rank} of run {run!r}" if body.rank is not None else f"run {run!r}"
+            raise HTTPException(404, f"rank: no {what} is known to this collector")
+        ids = request.app.state.directives.request(keys, steps=body.steps, trigger="manual")
+        return {"run": run, "directives": len(ids), "ranks": sorted({k[2] for k in keys})}
+
+    @router.post("/api/v1/snapshots", dependencies=write, status_code=201)
+    async def upload(
+        request: Request,
+        run: Annotated[str, Query(max_length=MAX_NAME)],
+        host: Annotated[str, Query(max_length=MAX_NAME)],
+        rank: Annotated[int, Query(ge=0, le=MAX_INT)],
+        step: Annotated[int, Query(ge=0, le=MAX_INT)],
+        trigger: Annotated[str, Query(max_length=64)] = "manual",
+        directive: Annotated[str | None, Query(max_length=64)] = None,
+    ) -> Response:
+        store = request.app.state.snapshots
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > store.max_snapshot_bytes:
+                return _error(SnapshotError("body", f"larger than {store.max_snapshot_bytes} bytes", 413))
+            chunks.append(chunk)
+        try:
+            info = store.save(run=_name("run", run), host=_name("host", host), rank=rank, step=step,
+                              trigger=_name("trigger", trigger), directive=directive, gz=b"".join(chunks))
+        except SnapshotError as exc:
+            return _error(exc)
+        return JSONResponse(info.to_dict(), status_code=201)
+
+    @router.get("/api/v1/runs/{run:path}/snapshots", dependencies=read)
+    def snapshots(request: Request, run: str) -> list[dict[str, Any]]:
+        return [i.to_dict() for i in request.app.state.snapshots.list(run)]
+
+    @router.get("/api/v1/snapshots/{snapshot_id}", dependencies=read)
+    def download(request: Request, snapshot_id: str) -> Response:
+        try:
+            info, path = request.app.state.snapshots.open(snapshot_id)
+        except SnapshotError as exc:
+            return _error(exc)
+        name = f"{info.run}-rank{info.rank}-step{info.step}.pickle".replace("/", "_").replace('"', "_")
+
+        def stream() -> Iterator[bytes]:
+            # gunzip while sending: memory_viz opens the plain pickle; memory stays O(chunk)
+            with gzip.open(path, "rb") as fh:
+                while chunk := fh.read(_CHUNK):
+                    yield chunk
+
+        return StreamingResponse(stream(), media_type="application/octet-stream",
+                                 headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+    @router.get("/api/v1/runs/{run:path}/postmortem", dependencies=read)
+    def postmortem(request: Request, run: str, silent_after_s: Annotated[float, Query(gt=0, le=86400)] = 300.0
+                   ) -> dict[str, Any]:
+        store = request.app.state.store
+        if run not in store.runs():
+            raise HTTPException(404, f"run: no run {run!r}")
+        pm = _postmortem.build(run, lambda: store.iter_samples(run), now=time.time(), silent_after_s=silent_after_s)
+        pm.snapshots = [i.to_dict() for i in request.app.state.snapshots.list(run)]
+        return pm.to_dict()
+
+    return router
+
+
+def reply_directives(state: Any, samples: list[Any]) -> list[dict[str, Any]]:
+    """Directives for the series in this ingest batch (empty almost always: one dict look-up each)."""
+    board = getattr(state, "directives", None)
+    if board is None or not board.pending():
+        return []
+    keys = {series_key(s) for s in samples}
+    return [d.to_dict() for d in board.take(keys)]

@@ -1,0 +1,174 @@
+"""Merging the answers of several collectors (shards) into one, as the front serves them.
+
+Pure functions over the shards' JSON documents (no I/O). Rules, each defined once here:
+
+* a rank row is tagged with the ``shard`` that owns it; a shard that did not answer keeps
+  its last known rows, marked ``unreachable: true`` and ``liveness: "unreachable"``;
+* a run row sums counts (ranks, hosts, samples, OOMs), keeps the latest time and step, the
+  minimum headroom and the soonest OOM, the worst state by :func:`verdicts.severity`, and the
+  worst status (``crashed`` > ``running`` > ``finished``);
+* events are concatenated and ordered as a collector orders them (step, rank);
+* a post-mortem's first failure is the earliest across shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vramwatch.verdicts import RUN_STATUSES, SEVERITY, severity
+
+#: worst last: the merged status of a run is the worst any shard reports
+_STATUS_ORDER = {"finished": 0, "running": 1, "crashed": 2}
+assert set(_STATUS_ORDER) == set(RUN_STATUSES)
+
+
+@dataclass(frozen=True)
+class ShardAnswer:
+    """One shard's answer to one request: ``data`` is None when it did not answer in time."""
+
+    shard: str
+    data: Any
+    error: str | None = None
+    stale: bool = False  # data is the last known answer, the shard did not answer now
+
+
+def _min(a: Any, b: Any) -> Any:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def _max(a: Any, b: Any) -> Any:
+    if a is None:
+        return b
+    return a if b is None else max(a, b)
+
+
+def _merge_run_row(into: dict[str, Any], row: dict[str, Any], shard: str) -> None:
+    for key in ("ranks", "hosts", "samples", "ooms"):
+        if isinstance(row.get(key), int):
+            into[key] = (into.get(key) or 0) + row[key]
+    for key in ("last_ts", "last_step", "last_seen"):
+        into[key] = _max(into.get(key), row.get(key))
+    for key in ("first_ts",):
+        into[key] = _min(into.get(key), row.get(key))
+    for key in ("min_headroom_bytes", "seconds_to_oom"):
+        into[key] = _min(into.get(key), row.get(key))
+    state = row.get("worst_state")
+    if state is not None and SEVERITY.get(state, -1) > SEVERITY.get(into.get("worst_state") or "", -1):
+        into["worst_state"], into["worst_rank"] = state, row.get("worst_rank")
+    status = row.get("status")
+    if status in _STATUS_ORDER and _STATUS_ORDER[status] >= _STATUS_ORDER.get(into.get("status") or "", -1):
+        into["status"] = status
+    into.setdefault("shards", []).append(shard)
+
+
+def merge_runs(answers: Sequence[ShardAnswer]) -> list[dict[str, Any]]:
+    runs: dict[str, dict[str, Any]] = {}
+    for answer in answers:
+        for row in answer.data or []:
+            merged = runs.setdefault(row["run"], {"run": row["run"], "worst_state": None, "status": None})
+            _merge_run_row(merged, row, answer.shard)
+            if answer.stale:
+                merged.setdefault("unreachable_shards", []).append(answer.shard)
+    return sorted(runs.values(), key=lambda r: -(r.get("last_seen") or r.get("last_ts") or 0))
+
+
+def _rank_sort_key(row: dict[str, Any]) -> tuple[int, str]:
+    return (row.get("rank", 0), str(row.get("host", "")))
+
+
+def merge_ranks(answers: Sequence[ShardAnswer]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for answer in answers:
+        for row in answer.data or []:
+            tagged = {**row, "shard": answer.shard}
+            if answer.stale:
+                tagged["unreachable"] = True
+                tagged["liveness"] = "unreachable"
+            out.append(tagged)
+    out.sort(key=_rank_sort_key)
+    return out
+
+
+def merge_lists(answers: Sequence[ShardAnswer], *, order: Sequence[str] = ("step", "rank")) -> list[dict[str, Any]]:
+    """Events, phases, snapshots: concatenated, tagged with the shard, in the collectors' order."""
+    out = [{**item, "shard": a.shard} for a in answers for item in (a.data or []) if isinstance(item, dict)]
+    out.sort(key=lambda e: tuple(e.get(k) if e.get(k) is not None else -1 for k in order))
+    return out
+
+
+def merge_heatmap(answers: Sequence[ShardAnswer]) -> dict[str, Any] | None:
+    """Rows (ranks) of every shard's heatmap on the union of their columns (same x buckets)."""
+    docs = [a for a in answers if isinstance(a.data, dict) and a.data.get("z") is not None]
+    if not docs:
+        return None
+    base = dict(docs[0].data)
+    ys: list[Any] = []
+    zs: list[Any] = []
+    shards: list[str] = []
+    for answer in docs:
+        doc = answer.data
+        if doc.get("x") != base.get("x"):
+            continue  # a shard with other buckets cannot share the grid; its own page has it
+        ys.extend(doc.get("y", []))
+        zs.extend(doc.get("z", []))
+        shards.extend([answer.shard] * len(doc.get("y", [])))
+    base.update(y=ys, z=zs, shards=shards)
+    return base
+
+
+def merge_postmortem(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any]:
+    ranks: list[dict[str, Any]] = []
+    snapshots: list[dict[str, Any]] = []
+    first: dict[str, Any] | None = None
+    status = None
+    for answer in answers:
+        doc = answer.data
+        if not isinstance(doc, dict):
+            continue
+        ranks.extend({**r, "shard": answer.shard} for r in doc.get("ranks", []))
+        snapshots.extend({**s, "shard": answer.shard} for s in doc.get("snapshots", []))
+        f = doc.get("first_failure")
+        if f and (first is None or (f["ts"], f["cause"] != "oom") < (first["ts"], first["cause"] != "oom")):
+            first = {**f, "shard": answer.shard}
+        if _STATUS_ORDER.get(doc.get("status"), -1) > _STATUS_ORDER.get(status or "", -1):
+            status = doc.get("status")
+    ranks.sort(key=lambda r: (r.get("rank", 0), str(r.get("host", ""))))
+    return {"run": run, "status": status, "first_failure": first, "ranks": ranks, "snapshots": snapshots}
+
+
+def merge_advice(answers: Sequence[ShardAnswer]) -> dict[str, Any] | None:
+    """The binding shard's advice (least room), with run-wide readiness and global tokens.
+
+    Readiness is the worst shard's (``unsafe`` > ``not_ready`` > ``ready``); the largest batch
+    per rank is the minimum over shards, and the global batch that many tokens times every rank.
+    """
+    docs = [(a.shard, a.data) for a in answers if isinstance(a.data, dict)]
+    if not docs:
+        return None
+    order = {"ready": 0, "not_ready": 1, "unsafe": 2}
+
+    def room(doc: dict[str, Any]) -> float:
+        value = doc.get("max_tokens_per_step")
+        return float("inf") if value is None else value
+
+    shard, binding = min(docs, key=lambda d: room(d[1]))
+    worst = max(docs, key=lambda d: order.get((d[1].get("readiness") or {}).get("verdict"), -1))
+    merged = {**binding, "readiness": worst[1].get("readiness"), "binding_shard": shard}
+    per_rank = binding.get("max_tokens_per_step")
+    ranks = sum(int(d.get("ranks") or 0) for _, d in docs)
+    if per_rank is not None and ranks:
+        merged["max_global_tokens_per_step"] = per_rank * ranks
+    return merged
+
+
+def worst_first(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rank rows ordered worst first by the one severity rule (for the front's own views)."""
+    def key(row: dict[str, Any]) -> int:
+        verdict = row.get("verdict") or {}
+        return -severity(verdict.get("state"), row.get("liveness", "live"), row.get("ooms") or 0)
+
+    return sorted(rows, key=key)

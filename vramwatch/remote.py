@@ -1,0 +1,74 @@
+"""Reading a collector's or a front's API from the command line (``--url``).
+
+One bounded GET: the reply is read up to ``max_bytes`` and decoded as JSON. Errors are
+typed: :class:`RemoteError` carries the HTTP status (None when the server was unreachable)
+and the server's ``detail`` message, so a CLI can exit 2 on a 4xx and 1 on an outage.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+MAX_REPLY_BYTES = 256 * 2**20
+
+
+class RemoteError(Exception):
+    def __init__(self, status: int | None, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+def base_url(url: str | None) -> str:
+    """The URL given, else ``$VRAMWATCH_URL``, else the local default; checked to be http(s)."""
+    from vramwatch.config import client_env
+
+    value = (url or client_env()[0] or "http://127.0.0.1:8765").rstrip("/")
+    if urllib.parse.urlsplit(value).scheme not in ("http", "https"):
+        raise ValueError(f"--url: not an http(s) URL: {value!r}")
+    return value
+
+
+def run_path(run: str, what: str) -> str:
+    return "/api/v1/runs/" + urllib.parse.quote(run, safe="") + "/" + what
+
+
+def post_json(url: str, path: str, body: Any, *, timeout: float = 30.0) -> Any:
+    """POST a JSON body; the same bounded read and typed errors as :func:`get_json`."""
+    return _call(url, path, "", timeout, 64 * 1024, data=json.dumps(body).encode())
+
+
+def get_json(url: str, path: str, params: dict[str, Any] | None = None, *, timeout: float = 30.0,
+             max_bytes: int = MAX_REPLY_BYTES) -> Any:
+    query = ("?" + urllib.parse.urlencode({k: v for k, v in (params or {}).items() if v is not None})) if params else ""
+    return _call(url, path, query, timeout, max_bytes)
+
+
+def _call(url: str, path: str, query: str, timeout: float, max_bytes: int, data: bytes | None = None) -> Any:
+    from vramwatch.config import client_env
+
+    token = client_env()[1]
+    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    if data is not None:
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url + path + query, data=data, headers=headers,
+                                     method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            body = reply.read(max_bytes + 1)
+    except urllib.error.HTTPError as exc:
+        text = exc.read(64 * 1024).decode("utf-8", "replace")
+        try:
+            text = json.loads(text).get("detail", text)
+        except (ValueError, AttributeError):
+            pass
+        raise RemoteError(exc.code, f"{url} answered {exc.code}: {text}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise RemoteError(None, f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
+    if len(body) > max_bytes:
+        raise RemoteError(None, f"{url}: reply larger than {max_bytes} bytes")
+    return json.loads(body)
