@@ -201,6 +201,9 @@ def test_endpoint_url_defaults_to_the_otlp_metrics_path() -> None:
 
 
 def test_serve_refuses_a_bad_endpoint_in_one_line(capsys) -> None:
-    assert main(["serve", "--otlp-endpoint", "grpc://otel:4317", "--db", "/nonexistent/x.db"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--otlp-endpoint must be an http(s) URL" in err[0]
+    for argv, message in ((["--otlp-endpoint", "grpc://otel:4317"], "--otlp-endpoint must be an http(s) URL"),
+                          (["--otlp-endpoint", "http://otel:4318", "--peers", "http://a:8765"],
+                           "a federating front holds no ranks")):
+        assert main(["serve", *argv, "--db", "/nonexistent/x.db"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err

@@ -120,6 +120,8 @@ def cmd_front(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.peers or args.peers_file or args.peers_prometheus:
+        if args.otlp_endpoint:
+            raise UsageError("--otlp-endpoint: a federating front holds no ranks; set it on each collector")
         return cmd_front(args)
     from vramwatch.collector.app import Settings
     from vramwatch.collector.server import serve
