@@ -18,7 +18,6 @@ from typing import Any
 
 from vramwatch.engine import TrendEngine
 from vramwatch.verdicts import headroom_bytes
-from vramwatch.wire import fully_measured
 
 from .model import RankModelBuilder
 
@@ -104,8 +103,8 @@ class RankTrack:
         for event in new:
             self.events.append(event)
             self.plateau.feed(event)
-        if not fully_measured(sample):
-            return new  # sparse (schema 2: dcgm, nvidia-smi, imports): the engine judges it, the model needs all
+        # sparse samples (schema 2: dcgm, nvidia-smi, imports) fold in too: the builder skips what
+        # it cannot split (no allocated/peak), headroom is judged on whatever level was measured
         self.builder.update(sample)
         incarnation = sample.get("incarnation", "")
         if incarnation != self._incarnation:
