@@ -20,6 +20,7 @@ from test_dashboard_operator import post
 
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.probe.simulated import simulate_trace
+from vramwatch.report import report_data, write_report
 
 pytestmark = pytest.mark.browser
 __all__ = ["browser"]
@@ -62,7 +63,7 @@ def evidence(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         up = httpx.post(f"{server.url}/api/v1/snapshots", content=snap, timeout=10,
                         params={"run": RUN, "host": "node-0", "rank": DEAD, "step": 200, "trigger": "oom"})
         assert up.status_code == 201, up.text
-        yield {"url": server.url, "samples": samples, "snapshot": up.json()}
+        yield {"url": server.url, "db": db, "samples": samples, "snapshot": up.json()}
 
 
 @pytest.fixture
@@ -167,3 +168,30 @@ def test_panels_without_data_stay_hidden(browser: Any, tmp_path: Any) -> None:
             assert page.errors == []
         finally:
             page.close()
+
+
+def test_report_has_the_postmortem_and_snapshots(evidence: dict[str, Any], browser: Any, tmp_path: Any) -> None:
+    data = report_data(evidence["db"], RUN)
+    pm = data["postmortem"]
+    assert (pm["first_failure"]["rank"], pm["first_failure"]["cause"]) == (DEAD, "silent")
+    assert [s["id"] for s in pm["snapshots"]] == [evidence["snapshot"]["id"]] == [s["id"] for s in data["snapshots"]]
+    assert all("last_sample" not in r for r in pm["ranks"])
+    out = tmp_path / "evidence.html"
+    write_report(evidence["db"], RUN, out)
+    page = Page(browser)
+    try:
+        p = page.page
+        p.goto(out.as_uri())
+        page.ready()
+        p.wait_for_selector("#postmortem:not([hidden]) #pm-ranks tbody tr")
+        assert f"First failure: rank {DEAD} on node-0" in p.text_content("#pm-first")
+        assert p.eval_on_selector_all("#pm-ranks tbody tr", "trs => trs.map(t => t.dataset.end)").count("silent") >= 1
+        # the snapshot is listed; offline there is no link to follow, the cell names where it lives
+        p.wait_for_selector("#snapshot-table tbody tr")
+        assert p.query_selector("#snapshot-table a") is None
+        assert p.query_selector("#capture-btn") is None  # a report asks no rank for anything
+        p.wait_for_selector("#mem-panel:not([hidden]) #chart-host .main-svg")
+        assert [u for u in page.requests if not u.startswith(("file:", "data:"))] == []
+        assert page.errors == []
+    finally:
+        page.close()
