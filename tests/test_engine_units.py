@@ -397,7 +397,7 @@ def test_a_phase_below_the_training_peak_is_a_non_event_in_words() -> None:
     doc = {"series": [{"run": "r", "host": "h", "rank": 0, "state": "warmup", "events": [event], "samples": 40,
                        "summary": engine.summary()}]}
     text = format_table(doc)
-    assert "below the training peak (30.0 GB)" in text
+    assert "below the training peak (27.9 GiB)" in text  # 30e9 bytes, in GiB like the dashboard
     assert "+-" not in text and "above plateau" not in text
     # a phase sample that measured no peak is still a phase: an event with nulls, and words to match
     (unmeasured,) = engine.update({k: v for k, v in _sample(40, phase="eval", allocated_bytes=20 * GB).items()

@@ -21,6 +21,8 @@ from typing import IO, Any
 
 import orjson
 
+from vramwatch.units import gib
+
 from ..wire import WireError, validate
 from .config import EngineConfig
 from .core import TrendEngine
@@ -149,7 +151,7 @@ def analyze_paths(
 
 
 def _gb(value: float | None) -> str:
-    return "-" if value is None else f"{value / 1e9:.1f} GB"
+    return gib(value)
 
 
 def _steps(value: float | None) -> str:
