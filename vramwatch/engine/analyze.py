@@ -21,6 +21,8 @@ from typing import IO, Any
 
 import orjson
 
+from vramwatch.units import gib
+
 from ..wire import Sample, WireError, validate
 from ..wire_decode import decode_line_fast
 from .config import EngineConfig
@@ -182,7 +184,7 @@ def _document(series: dict[tuple[str, str, int], _Series], bad: _BadLines) -> di
 
 
 def _gb(value: float | None) -> str:
-    return "-" if value is None else f"{value / 1e9:.1f} GB"
+    return gib(value)
 
 
 def _steps(value: float | None) -> str:
