@@ -133,6 +133,43 @@ def stage_costs(total: int, ranks: int, batch: int) -> list[tuple[str, float]]:
     return out
 
 
+def server_cpu_vs_limit(total: int, ranks: int, batch: int) -> dict[str, float]:
+    """The whole HTTP ingest path against the machine's limit, in CPU time (robust on a
+    shared machine where wall-clock throughput moves 2x between runs).
+
+    Measured: CPU seconds of the ``vramwatch serve`` process per 1000 samples while one
+    client posts the gzip NDJSON batches. Limit: :func:`store_limit`'s (orjson decode of the
+    same NDJSON plus one bare ``executemany`` of the same rows into the store's own table),
+    in the same run. Ratio = limit / measured (1.0: ingest costs no more than decoding and
+    inserting)."""
+    from bench.load import CollectorProcess
+
+    bodies = make_bodies(min(total, 64_000), ranks, batch)
+    headers = {"content-type": "application/x-ndjson", "content-encoding": "gzip"}
+    with tempfile.TemporaryDirectory() as tmp, CollectorProcess(os.path.join(tmp, "cpu.db")) as srv, \
+            httpx.Client(base_url=srv.url, timeout=60) as client:
+        client.post("/api/v1/samples", content=bodies[0], headers=headers).raise_for_status()
+        cpu0 = srv.cpu_seconds()
+        for body in bodies[1:]:
+            client.post("/api/v1/samples", content=body, headers=headers).raise_for_status()
+        sent = sum(gzip.decompress(b).count(b"\n") for b in bodies[1:])
+        server_ms = (srv.cpu_seconds() - cpu0) * 1000 / (sent / 1000)
+    _insert_ms, limit_ms = store_limit(total, ranks, batch)
+    return {"server_ms": server_ms, "limit_ms": limit_ms, "ratio": limit_ms / server_ms}
+
+
+def write_cpu_section(res: dict[str, float], args: argparse.Namespace) -> None:
+    body = table(["", "CPU ms / 1000 samples"], [
+        ("collector process, whole HTTP path (server CPU)", f"{res['server_ms']:.2f}"),
+        ("limit: orjson decode + one executemany of the same rows", f"{res['limit_ms']:.2f}"),
+        ("limit / measured", f"{res['ratio']:.2f}"),
+    ])
+    body += ("\n\nBatches of 1000 samples, gzip NDJSON, one client connection, live engines running. "
+             "Goal (issue 12): ≥ 0.7.")
+    write_section("Ingest against its limit (CPU)", body,
+                  f"python -m bench.ingest_bench --samples {args.samples} --ranks {args.ranks}")
+
+
 def store_limit(total: int, ranks: int, batch: int) -> tuple[float, float]:
     """CPU ms per 1000 samples of the store's insert and of its limit on the same data: one
     orjson decode of the NDJSON plus one bare ``executemany`` of the same rows into a table of
@@ -173,6 +210,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--batch", type=int, default=1000)
     args = parser.parse_args(argv)
+    cpu = server_cpu_vs_limit(args.samples, args.ranks, args.batch)
+    print(f"CPU against the limit: {cpu}")
+    write_cpu_section(cpu, args)
     rows = []
     for concurrency in (1, 2):
         res = run(args.samples, args.ranks, args.batch, concurrency)

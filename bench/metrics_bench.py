@@ -91,7 +91,8 @@ def http_scrape(ranks: int, steps: int, repeat: int) -> dict:
                 batch += simulate_trace("checkpoint", steps=steps, run="bench-run", host=f"node-{rank // 8:04d}",
                                         rank=rank, start_ts=start, ckpt_every=steps // 2)
                 if len(batch) >= 5000 or rank == ranks - 1:
-                    response = client.post("/api/v1/samples", content=encode_lines(batch))
+                    response = client.post("/api/v1/samples", content=encode_lines(batch),
+                                           headers={"content-type": "application/x-ndjson"})
                     response.raise_for_status()
                     batch = []
             times = []

@@ -45,3 +45,7 @@ def gz(data: bytes) -> bytes:
 
 def now() -> float:
     return time.time()
+
+
+#: the ingest route requires a JSON content type (a browser's cross-site POST has none)
+NDJSON_HEADERS = {"content-type": "application/x-ndjson"}

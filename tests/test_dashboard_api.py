@@ -48,7 +48,8 @@ class Feed:
 
     def post(self, samples: list[dict[str, Any]]) -> None:
         for i in range(0, len(samples), 10000):
-            r = httpx.post(self.url + "/api/v1/samples", content=ndjson(samples[i:i + 10000]), timeout=60)
+            r = httpx.post(self.url + "/api/v1/samples", content=ndjson(samples[i:i + 10000]), timeout=60,
+                           headers={"content-type": "application/x-ndjson"})
             assert r.status_code == 200, r.text
         self.sent += samples
 

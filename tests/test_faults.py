@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import ndjson
+from helpers import NDJSON_HEADERS, ndjson
 
 import vramwatch
 from bench.load import CollectorProcess, FaultRelay, percentile
@@ -133,7 +133,7 @@ def test_kill_9_during_heavy_ingest_leaves_an_intact_database_with_every_acknowl
                 batch = [{**s, "ts": now} for s in simulate_trace("healthy", steps=2000, run="hammer",
                                                                    rank=step // 2000)]
                 try:
-                    r = client.post("/api/v1/samples", content=ndjson(batch))
+                    r = client.post("/api/v1/samples", content=ndjson(batch), headers=NDJSON_HEADERS)
                 except httpx.HTTPError:
                     return
                 if r.status_code == 200:
@@ -207,7 +207,7 @@ def test_restart_rebuilds_engine_state_from_the_database_without_spurious_events
     def feed(client: httpx.Client, start: int, end: int) -> None:
         for trace in traces.values():
             part = [s for s in trace if start <= s["step"] < end]
-            assert client.post("/api/v1/samples", content=ndjson(part)).status_code == 200
+            assert client.post("/api/v1/samples", content=ndjson(part), headers=NDJSON_HEADERS).status_code == 200
 
     with BackgroundServer(str(tmp_path / "reference.db")) as srv, httpx.Client(base_url=srv.url) as client:
         feed(client, 0, 1600)
@@ -524,7 +524,7 @@ def test_wal_is_checkpointed_periodically_and_removed_at_clean_shutdown(tmp_path
         now = time.time()
         for rank in range(8):
             batch = [{**s, "ts": now} for s in simulate_trace("healthy", steps=5000, run="wal", rank=rank)]
-            assert client.post("/api/v1/samples", content=ndjson(batch)).status_code == 200
+            assert client.post("/api/v1/samples", content=ndjson(batch), headers=NDJSON_HEADERS).status_code == 200
         time.sleep(1.0)  # a maintenance pass has run since the last write
         with contextlib.closing(sqlite3.connect(db)) as conn:
             busy, frames, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()

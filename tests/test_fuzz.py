@@ -16,7 +16,7 @@ import httpx
 import orjson
 import pytest
 import schemathesis
-from helpers import H200_TOTAL, GiB, make_sample, ndjson
+from helpers import H200_TOTAL, NDJSON_HEADERS, GiB, make_sample, ndjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
@@ -38,7 +38,7 @@ def server(tmp_path_factory):
         for rank, scenario in enumerate(("healthy", "checkpoint", "slow_leak")):
             trace = [{**s, "ts": now - 3000 + i} for i, s in
                      enumerate(simulate_trace(scenario, steps=1500, run="fuzz", rank=rank))]
-            assert client.post("/api/v1/samples", content=ndjson(trace)).status_code == 200
+            assert client.post("/api/v1/samples", content=ndjson(trace), headers=NDJSON_HEADERS).status_code == 200
         srv.client = client  # type: ignore[attr-defined]
         yield srv
 
@@ -243,7 +243,7 @@ def test_engine_takes_any_sequence_of_valid_samples(stream, config) -> None:
 
 
 def _post(srv, body: bytes, headers: dict | None = None) -> httpx.Response:
-    return srv.client.post("/api/v1/samples", content=body, headers=headers or {})
+    return srv.client.post("/api/v1/samples", content=body, headers={**NDJSON_HEADERS, **(headers or {})})
 
 
 AWKWARD = [
@@ -325,7 +325,7 @@ def test_a_gzip_bomb_split_over_members_is_still_caught(tmp_path) -> None:
     with BackgroundServer(str(tmp_path / "vw.db"), max_decompressed_bytes=1024 * 1024) as srv, \
             httpx.Client(base_url=srv.url) as client:
         member = gzip.compress(b" " * (600 * 1024))  # each alone is under the limit
-        r = client.post("/api/v1/samples", content=member * 3, headers={"content-encoding": "gzip"})
+        r = client.post("/api/v1/samples", content=member * 3, headers={"content-encoding": "gzip", **NDJSON_HEADERS})
         assert r.status_code == 413 and "exceeds" in r.json()["detail"]
 
 

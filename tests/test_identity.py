@@ -11,7 +11,7 @@ import time
 
 import httpx
 import orjson
-from helpers import GiB, make_sample, ndjson
+from helpers import NDJSON_HEADERS, GiB, make_sample, ndjson
 
 from vramwatch import wire
 from vramwatch.collector.server import BackgroundServer
@@ -29,8 +29,8 @@ def test_the_same_rank_on_two_hosts_is_two_series_in_every_view(tmp_path) -> Non
     a = [make_sample(i, host="node-a", ts=now - 20 + i) for i in range(10)]
     b = [make_sample(i, host="node-b", ts=now - 20 + i, allocated_bytes=50 * GiB) for i in range(10)]
     with BackgroundServer(db) as srv, httpx.Client(base_url=srv.url) as client:
-        r = client.post("/api/v1/samples", content=ndjson(a + b))
-        assert r.json() == {"accepted": 20, "duplicates": 0, "rejected": 0}
+        r = client.post("/api/v1/samples", content=ndjson(a + b), headers=NDJSON_HEADERS)
+        assert r.json().items() >= {"accepted": 20, "duplicates": 0, "rejected": 0}.items()
         ranks = client.get("/api/v1/runs/run-a/ranks").json()
         assert [(x["host"], x["rank"], x["samples"]) for x in ranks] == [("node-a", 0, 10), ("node-b", 0, 10)]
         metrics = client.get("/metrics").text
@@ -52,13 +52,15 @@ def test_import_into_a_running_collector_leaves_its_ingest_working(tmp_path) -> 
     trace = tmp_path / "rank1.jsonl"
     wire.write_file(trace, [make_sample(i, rank=1) for i in range(20)])
     with BackgroundServer(db) as srv, httpx.Client(base_url=srv.url) as client:
-        assert client.post("/api/v1/samples", content=ndjson([make_sample(i) for i in range(5)])).status_code == 200
+        assert client.post("/api/v1/samples", content=ndjson([make_sample(i) for i in range(5)]),
+                           headers=NDJSON_HEADERS).status_code == 200
         imported = _cli("import", str(trace), "--db", db)
         assert imported.returncode == 0, imported.stderr
         # the collector never saw rank 1; the importer created its series under it
-        r = client.post("/api/v1/samples", content=ndjson([make_sample(i, rank=1) for i in range(15, 25)]))
+        r = client.post("/api/v1/samples", content=ndjson([make_sample(i, rank=1) for i in range(15, 25)]),
+                        headers=NDJSON_HEADERS)
         assert r.status_code == 200, r.text
-        assert r.json() == {"accepted": 5, "duplicates": 5, "rejected": 0}
+        assert r.json().items() >= {"accepted": 5, "duplicates": 5, "rejected": 0}.items()
 
 
 def test_sparse_samples_import_and_export_exactly_as_written(tmp_path) -> None:

@@ -79,7 +79,12 @@ def _read_token(args: argparse.Namespace) -> str | None:
         if not token:
             raise UsageError(f"--token-file {args.token_file} is empty")
         return token
-    return os.environ.get("VRAMWATCH_TOKEN") or None
+    raw = os.environ.get("VRAMWATCH_TOKEN")
+    token = raw.strip() if raw else None
+    if raw and token != raw:
+        logging.getLogger("vramwatch").warning(
+            "VRAMWATCH_TOKEN has leading or trailing whitespace; using it stripped")
+    return token or None
 
 
 def _db_path(args: argparse.Namespace) -> str:
@@ -124,7 +129,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise UsageError("--otlp-endpoint: a federating front holds no ranks; set it on each collector")
         return cmd_front(args)
     from vramwatch.collector.app import Settings
-    from vramwatch.collector.server import serve
+    from vramwatch.collector.server import ShutdownError, serve
     from vramwatch.collector.store import StoreError
 
     token = _read_token(args)
@@ -140,7 +145,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         finished_after_s=args.finished_after,
                         max_samples_per_run=args.max_samples_per_run or None,
                         retention_days=args.retention_days or None,
-                        min_free_bytes=int(args.min_free_mb * 1024 * 1024))
+                        min_free_bytes=int(args.min_free_mb * 1024 * 1024),
+                        max_series=args.max_series, max_ranks_per_run=args.max_ranks_per_run,
+                        max_connections=args.max_connections, header_timeout_s=args.header_timeout,
+                        body_timeout_s=args.body_timeout, shutdown_timeout_s=args.shutdown_timeout,
+                        allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None)
     if args.auth_read and not token:
         raise UsageError("--auth-read needs a token (VRAMWATCH_TOKEN or --token-file)")
     if args.host in ("0.0.0.0", "::") and not token:
@@ -150,6 +159,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"vramwatch collector: http://{args.host}:{args.port}/  db={settings.db_path}", file=sys.stderr)
     try:
         serve(settings, host=args.host, port=args.port, log_level=args.log_level)
+    except ShutdownError as exc:
+        print(f"vramwatch serve: {exc}", file=sys.stderr)
+        return 1
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
@@ -312,6 +324,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-free-mb", type=_non_negative(float), default=256.0, metavar="MB",
                    help="refuse ingest (507: hooks spool and retry) while the database's disk has less "
                         "free space (default 256)")
+    p.add_argument("--max-series", type=_positive(int), default=20_000, metavar="N",
+                   help="live series (run, host, rank) held at once; past it batches get 422 (default 20000)")
+    p.add_argument("--max-ranks-per-run", type=_positive(int), default=16_384, metavar="N",
+                   help="series of one run; past it batches get 422 (default 16384)")
+    p.add_argument("--max-connections", type=_positive(int), default=8192, metavar="N",
+                   help="open connections; past it new ones get 503, /healthz still answers (default 8192)")
+    p.add_argument("--header-timeout", type=_positive(float), default=10.0, metavar="SECONDS",
+                   help="a request's headers must arrive within this (default 10)")
+    p.add_argument("--body-timeout", type=_positive(float), default=10.0, metavar="SECONDS",
+                   help="a request's body must arrive within this after its headers (default 10)")
+    p.add_argument("--shutdown-timeout", type=_positive(float), default=10.0, metavar="SECONDS",
+                   help="on SIGTERM, wait this long for running requests (default 10)")
+    p.add_argument("--allowed-host", action="append", metavar="NAME",
+                   help="a Host header name to serve (repeat; default: loopback names on a loopback bind, "
+                        "any name otherwise); others get 421")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--otlp-endpoint", metavar="URL",
                    help="push per-rank memory and verdict metrics to this OTLP/HTTP endpoint (e.g. http://otel:4318)")

@@ -29,7 +29,8 @@ import orjson
 from vramwatch import postmortem, verdicts
 from vramwatch.collector.app import dashboard_dir, dashboard_plotly_js_path
 from vramwatch.collector.bundle import BundleError, bundle
-from vramwatch.collector.live import STATE_SEVERITY, LiveState, SeriesState
+from vramwatch.collector.live import LiveState, SeriesState
+from vramwatch.collector.rows import rank_rows
 from vramwatch.collector.snapshots import SnapshotStore
 from vramwatch.collector.store import Store
 from vramwatch.collector.views import run_chart, run_heatmap
@@ -53,21 +54,12 @@ class ReportError(ValueError):
     """The report cannot be built (unknown run, missing database or front-end files)."""
 
 
-def _rank_doc(s: SeriesState) -> dict[str, Any]:
-    # the same shape as GET /api/v1/runs/{run}/ranks
-    return {
-        "run": s.run, "host": s.host, "rank": s.rank, "local_rank": s.local_rank, "uuid": s.uuid,
-        "gpu": s.gpu, "incarnation": s.incarnation, "samples": s.samples, "last_seen": s.last_seen,
-        "last_step": s.last["step"] if s.last else None, "last_ts": s.last["ts"] if s.last else None,
-        "last": s.last_train or s.last, "verdict": s.engine.summary(), "events": list(s.events)[-50:],
-    }
-
-
 def _worst_first(states: list[SeriesState]) -> list[SeriesState]:
     def key(s: SeriesState) -> tuple[int, float, int]:
         summary = s.engine.summary()
         headroom = summary.get("checkpoint_headroom_bytes") or summary.get("headroom_bytes")
-        return (-STATE_SEVERITY.get(summary.get("state") or "", -1), headroom if headroom is not None else 1e30, s.rank)
+        return (-verdicts.severity(summary.get("state"), "live", s.ooms), headroom if headroom is not None else 1e30,
+                s.rank)
 
     return sorted(states, key=key)
 
@@ -116,7 +108,7 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             "generated_at": time.time(),
             "db": os.path.basename(db_path),
             "runs": [r for r in live.run_summaries() if r["run"] == run],
-            "ranks": [_rank_doc(s) for s in states],
+            "ranks": rank_rows(states, now=time.time()),
             "series": series,
             "phases": phases,
             "events": events,

@@ -115,6 +115,8 @@ def meta() -> dict[str, object]:
         "liveness": list(LIVENESS),
         "run_statuses": list(RUN_STATUSES),
         "low_headroom_fraction": LOW_HEADROOM_FRACTION,
+        "silent_after_s": SILENT_AFTER_S,
+        "run_active_s": RUN_ACTIVE_S,
         "headroom": {
             "headroom_bytes": "capacity minus what the device holds at the latest training step boundary "
             "(allocator's max(reserved, peak) plus memory outside the allocator)",
@@ -122,3 +124,31 @@ def meta() -> dict[str, object]:
             "worst_headroom_bytes": "the lower of the two",
         },
     }
+
+
+# ---------------------------------------------------------------- liveness and run status
+# The same numbers as the VramwatchHookSilent alert (deploy/prometheus/rules/vramwatch.rules.yml;
+# tests/test_dashboard_api.py checks that both agree).
+
+#: a rank is silent once nothing arrived from it for this long ...
+SILENT_AFTER_S = 300.0
+#: ... while another rank of its run sent something within this long
+RUN_ACTIVE_S = 120.0
+
+
+def liveness(now: float, last_seen: float, run_last_seen: float, exited: bool = False) -> str:
+    """``exited`` (the hook closed cleanly), ``silent`` (the hook-silent alert's rule) or ``live``."""
+    if exited:
+        return "exited"
+    if now - last_seen > SILENT_AFTER_S and now - run_last_seen < RUN_ACTIVE_S:
+        return "silent"
+    return "live"
+
+
+def run_status(now: float, run_last_seen: float, *, all_exited: bool, died: bool) -> str:
+    """``running`` while any rank reports (and not all closed cleanly); once quiet for
+    :data:`SILENT_AFTER_S` (or all exited), ``crashed`` if a rank died (OOM at the end, or went
+    silent or quiet before the others), else ``finished``."""
+    if not all_exited and now - run_last_seen <= SILENT_AFTER_S:
+        return "running"
+    return "crashed" if died else "finished"

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import re
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from operator import itemgetter
@@ -500,60 +499,17 @@ def decode_line(line: bytes | str) -> Any:
 
 
 def gunzip_limited(data: bytes, limit: int) -> bytes:
-    """Inflate a gzip body, refusing to grow past ``limit`` bytes (gzip bombs).
+    """Compatibility alias of :func:`vramwatch.collector.body.gunzip_limited` (bounded inflate)."""
+    from vramwatch.collector.body import gunzip_limited as inflate
 
-    Several concatenated gzip members (``cat a.gz b.gz``) are one body, as for
-    ``gzip.decompress``; anything after the last member is an error, never silently dropped.
-    """
-    parts: list[bytes] = []
-    size = 0
-    rest = data
-    while True:
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            out = inflater.decompress(rest, limit - size + 1)
-        except zlib.error as exc:
-            raise WireError("body", f"invalid gzip data: {exc}") from None
-        size += len(out)
-        if size > limit or inflater.unconsumed_tail:
-            raise WireError("body", f"decompressed body exceeds {limit} bytes")
-        if not inflater.eof:
-            raise WireError("body", "truncated gzip data")
-        parts.append(out)
-        rest = inflater.unused_data
-        if not rest.strip(b"\x00"):  # trailing zero padding (tape-style) is harmless
-            return b"".join(parts)
-        if rest[:2] != b"\x1f\x8b":
-            raise WireError("body", f"{len(rest)} bytes of trailing data after the gzip stream")
+    return inflate(data, limit)
 
 
 def parse_body(data: bytes) -> list[Any]:
-    """Decode a request body: a JSON array of samples, one JSON object, or NDJSON."""
-    stripped = data.lstrip()
-    if not stripped:
-        raise WireError("body", "is empty")
-    if stripped[:1] == b"[":
-        parsed = decode_line(stripped)
-        if type(parsed) is not list:  # pragma: no cover - '[' always parses to a list
-            raise WireError("body", "must be a JSON array or NDJSON")
-        return parsed
-    # Fast path: NDJSON of objects is an array once newlines become commas (one C call
-    # instead of one per line). Anything odd falls through to per-line parsing, which
-    # names the bad line.
-    try:
-        parsed = orjson.loads(b"[" + stripped.rstrip().replace(b"\n", b",") + b"]")
-        if all(type(item) is dict for item in parsed):
-            return parsed
-    except orjson.JSONDecodeError:
-        pass
-    items = []
-    for lineno, line in enumerate(stripped.splitlines(), 1):
-        if line.strip():
-            try:
-                items.append(orjson.loads(line))
-            except orjson.JSONDecodeError as exc:
-                raise WireError("body", f"line {lineno}: invalid JSON: {exc}") from None
-    return items
+    """Compatibility alias of :func:`vramwatch.collector.body.parse_body` (array, object or NDJSON)."""
+    from vramwatch.collector.body import parse_body as parse
+
+    return parse(data)
 
 
 # ---------------------------------------------------------------- trace files

@@ -3,51 +3,124 @@
 Everything a scrape or a dashboard poll needs is here, so neither touches the database.
 After a restart the state is rebuilt by replaying the store through the same engines,
 so verdicts continue where they left off (no spurious plateau breaks).
+
+Bounded (docs/reliability.md, "cardinality"): at most ``max_series`` series and
+``max_ranks_per_run`` per run (:meth:`LiveState.check_capacity`, a 422 naming the limit);
+runs quiet for ``finished_after_s`` are evicted (:meth:`LiveState.evict_quiet`) and leave
+one small :class:`RetiredRun` row behind for the runs list. States, severity, liveness and
+run status come from :mod:`vramwatch.verdicts`.
 """
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from vramwatch import verdicts
 from vramwatch.wire import Sample
 
 SeriesKey = tuple[str, str, int]
 
 #: Engine events kept per series for the API (the engine keeps its own bounded list too).
 EVENTS_KEPT = 500
+#: evicted runs rebuilt on demand (a finished run's page) and kept for the next request
+REVIVED_KEPT = 4
+#: new series between two ``gc.freeze()`` calls (see ``LiveState._add``)
+GC_FREEZE_EVERY = 512
 
-STATE_SEVERITY = {"leak": 4, "fragmentation": 3, "rising": 2, "warmup": 1, "plateau": 0}
+
+class SeriesLimitError(Exception):
+    """A batch would take live state past ``max_series`` or a run past ``max_ranks_per_run``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
-@dataclass
+def exit_marked(sample: Sample) -> bool:
+    """The hook's clean-close marker: the wire field ``exit`` (true on the last sample of a
+    clean ``close()``)."""
+    return bool(sample.get("exit"))
+
+
 class SeriesState:
-    run: str
-    host: str
-    rank: int
-    engine: Any
-    incarnation: str = ""
-    uuid: str | None = None
-    gpu: int | None = None
-    local_rank: int | None = None
-    last: Sample | None = None
-    last_train: Sample | None = None
-    samples: int = 0
-    late_samples: int = 0
-    last_seen: float = 0.0
-    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
-    # (step, phases seen at that step) of the current incarnation: resends and late
-    # arrivals (spool replay) are stored but not fed to the engine out of order.
-    _frontier_step: int = -1
-    _frontier_phases: set[str] = field(default_factory=set)
+    """One (run, host, rank): its engine, latest samples and what sticks (OOMs, restarts, exit).
+
+    ``__slots__`` and a lazily created event deque: a series that has raised no event
+    costs a few hundred bytes here (the engine is the rest, see docs/reliability.md).
+    """
+
+    __slots__ = (
+        "_events",
+        "_frontier_phases",
+        "_frontier_step",
+        "engine",
+        "exited",
+        "gpu",
+        "host",
+        "incarnation",
+        "incarnation_ooms",
+        "last",
+        "last_oom",
+        "last_seen",
+        "last_train",
+        "late_samples",
+        "local_rank",
+        "ooms_before",
+        "rank",
+        "restarts",
+        "run",
+        "samples",
+        "shown_liveness",
+        "uuid",
+        "version",
+    )
+
+    def __init__(self, run: str, host: str, rank: int, engine: Any) -> None:
+        self.run, self.host, self.rank, self.engine = run, host, rank, engine
+        self.incarnation = ""
+        self.uuid: str | None = None
+        self.gpu: int | None = None
+        self.local_rank: int | None = None
+        self.last: Sample | None = None
+        self.last_train: Sample | None = None
+        self.samples = 0
+        self.late_samples = 0
+        self.last_seen = 0.0
+        self._events: deque[dict[str, Any]] | None = None
+        # (step, phases seen at that step) of the current incarnation: resends and late
+        # arrivals (spool replay) are stored but not fed to the engine out of order.
+        self._frontier_step = -1
+        self._frontier_phases: tuple[str, ...] = ()
+        self.ooms_before = 0  # OOMs of earlier incarnations (the wire counter is per process)
+        self.incarnation_ooms = 0
+        self.restarts = 0
+        self.last_oom: dict[str, Any] | None = None  # {"step", "ts"} of the latest OOM: sticks
+        self.exited = False
+        self.version = 0  # LiveState.version when this series last changed (delta polling)
+        self.shown_liveness = "live"
 
     @property
     def key(self) -> SeriesKey:
         return (self.run, self.host, self.rank)
+
+    @property
+    def events(self) -> deque[dict[str, Any]] | tuple[()]:
+        return self._events if self._events is not None else ()
+
+    @property
+    def ooms(self) -> int:
+        return self.ooms_before + self.incarnation_ooms
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        if self._events is None:
+            self._events = deque(maxlen=EVENTS_KEPT)
+        self._events.append(event)
 
     def accepts(self, sample: Sample) -> bool:
         incarnation = sample.get("incarnation", "")
@@ -61,11 +134,30 @@ class SeriesState:
     def advance(self, sample: Sample) -> None:
         incarnation = sample.get("incarnation", "")
         step = sample["step"]
+        if incarnation != self.incarnation:
+            if self.last is not None:
+                self.restarts += 1
+                self.ooms_before += self.incarnation_ooms
+            self.incarnation_ooms = 0
+            self.exited = False
         if incarnation != self.incarnation or step != self._frontier_step:
-            self._frontier_phases = set()
+            self._frontier_phases = ()
         self.incarnation = incarnation
         self._frontier_step = step
-        self._frontier_phases.add(sample["phase"])
+        self._frontier_phases = (*self._frontier_phases, sample["phase"])
+        ooms = sample.get("ooms")  # None: not measured (sparse sources)
+        if ooms is not None and ooms > self.incarnation_ooms:
+            self.incarnation_ooms = ooms
+            self.last_oom = {"step": step, "ts": sample["ts"]}
+        if exit_marked(sample):
+            self.exited = True
+
+
+@dataclass
+class RetiredRun:
+    """What the runs list keeps of an evicted run (a few hundred bytes per run)."""
+
+    row: dict[str, Any]
 
 
 def collector_engine() -> Any:
@@ -82,56 +174,213 @@ class LiveState:
     def __init__(self, engine_factory: Callable[[], Any] = collector_engine) -> None:
         self._engine_factory = engine_factory
         self._series: dict[SeriesKey, SeriesState] = {}
+        self._ranks_per_run: dict[str, int] = {}
+        self._retired: dict[str, RetiredRun] = {}
+        self._revived: dict[str, list[SeriesState]] = {}
+        self._unfrozen = 0  # series created since the last gc.freeze()
         self._lock = threading.Lock()
+        #: bumped by every change; rows carry the version of their last change
+        self.version = 0
 
-    def ingest(self, samples: Iterable[Sample], received_at: float | None = None) -> list[dict[str, Any]]:
-        """Feed new samples to their engines; returns the events they raised (with identity)."""
+    def __len__(self) -> int:
+        return len(self._series)
+
+    # ------------------------------------------------------------ writes
+
+    def check_capacity(self, samples: Iterable[Sample], *, max_series: int, max_ranks_per_run: int) -> None:
+        """Raise :class:`SeriesLimitError` if ingesting ``samples`` would create more series
+        than the limits allow. O(batch)."""
+        new: dict[SeriesKey, None] = {}
+        series = self._series
+        for s in samples:
+            key = (s["run"], s["host"], s["rank"])
+            if key not in series:
+                new[key] = None
+        if not new:
+            return
+        if len(series) + len(new) > max_series:
+            raise SeriesLimitError(
+                f"series: the collector holds {len(series)} live series and this batch adds {len(new)}; "
+                f"the cap is {max_series} (--max-series)")
+        per_run: dict[str, int] = {}
+        for run, _host, _rank in new:
+            per_run[run] = per_run.get(run, 0) + 1
+        for run, added in per_run.items():
+            have = self._ranks_per_run.get(run, 0)
+            if have + added > max_ranks_per_run:
+                raise SeriesLimitError(
+                    f"rank: run {run!r} has {have} series and this batch adds {added}; the cap is "
+                    f"{max_ranks_per_run} per run (--max-ranks-per-run)")
+
+    def ingest(self, samples: Iterable[Sample], received_at: float | None = None,
+               accepted: Mapping[SeriesKey, int] | None = None) -> list[dict[str, Any]]:
+        """Feed new samples to their engines; returns the events they raised (with identity).
+
+        ``accepted``: new samples per series as the store counted them (duplicates excluded);
+        without it (replay) every sample counts.
+
+        Hot path (every ingested sample): the common case — same process, next step, no
+        OOM, no exit — costs a few attribute writes besides the engine's update."""
         now = time.time() if received_at is None else received_at
         raised: list[dict[str, Any]] = []
+        series = self._series
         with self._lock:
+            self.version += 1
+            version = self.version
             for s in samples:
                 key = (s["run"], s["host"], s["rank"])
-                state = self._series.get(key)
+                state = series.get(key)
                 if state is None:
-                    state = SeriesState(run=key[0], host=key[1], rank=key[2], engine=self._engine_factory())
-                    self._series[key] = state
-                state.samples += 1
+                    state = self._add(key)
+                if accepted is None:
+                    state.samples += 1
                 state.last_seen = now
-                if not state.accepts(s):
+                state.version = version
+                # sparse (schema 2) samples are judged too: the engine uses whatever level was measured
+                step = s["step"]
+                if (step > state._frontier_step and s.get("incarnation", "") == state.incarnation
+                        and state.last is not None and s.get("ooms") == state.incarnation_ooms and "exit" not in s):
+                    state._frontier_step = step
+                    state._frontier_phases = (s["phase"],)
+                elif state.accepts(s):
+                    state.advance(s)
+                    state.uuid = s.get("uuid", state.uuid)
+                    state.gpu = s.get("gpu", state.gpu)
+                    state.local_rank = s.get("local_rank", state.local_rank)
+                else:
                     state.late_samples += 1
                     continue
-                state.advance(s)
-                state.uuid = s.get("uuid", state.uuid)
-                state.gpu = s.get("gpu", state.gpu)
-                state.local_rank = s.get("local_rank", state.local_rank)
                 state.last = s
                 if s["phase"] == "train":
                     state.last_train = s
-                for event in state.engine.update(s):
-                    state.events.append(event)
-                    raised.append({"run": key[0], "host": key[1], "rank": key[2], **event})
+                events = state.engine.update(s)
+                if events:
+                    for event in events:
+                        state.add_event(event)
+                        raised.append({"run": key[0], "host": key[1], "rank": key[2], **event})
+            if accepted:
+                for key, count in accepted.items():
+                    state = series.get(key)
+                    if state is not None:
+                        state.samples += count
         return raised
 
+    def _add(self, key: SeriesKey) -> SeriesState:
+        state = SeriesState(key[0], key[1], key[2], self._engine_factory())
+        self._series[key] = state
+        self._unfrozen += 1
+        if self._unfrozen >= GC_FREEZE_EVERY:
+            # engines are long-lived and hold no reference cycles (checked: forgetting a run
+            # leaves no cyclic garbage): move them out of the collector's sight, so a full
+            # collection scans only what is new (at 20,000 series a gen-2 pass otherwise
+            # holds the GIL for ~1.6 s: /healthz stalls). The young generations are
+            # collected first so that no transient cyclic garbage is frozen with them.
+            gc.collect(1)
+            gc.freeze()
+            self._unfrozen = 0
+        self._ranks_per_run[key[0]] = self._ranks_per_run.get(key[0], 0) + 1
+        self._retired.pop(key[0], None)
+        self._revived.pop(key[0], None)
+        return state
+
     def rebuild(self, samples: Iterable[Sample]) -> int:
-        """Replay stored samples (per series, in step order) to restore engine state."""
+        """Replay stored samples (per series, in step order) to restore engine state.
+        Cost: the samples' engine updates; only the series replayed are touched."""
         count = 0
+        touched: set[SeriesKey] = set()
         batch: list[Sample] = []
         for s in samples:
             batch.append(s)
             if len(batch) >= 5000:
                 self.ingest(batch, received_at=s["ts"])
+                touched.update((x["run"], x["host"], x["rank"]) for x in batch)
                 count += len(batch)
                 batch = []
         if batch:
             self.ingest(batch, received_at=batch[-1]["ts"])
+            touched.update((x["run"], x["host"], x["rank"]) for x in batch)
             count += len(batch)
         with self._lock:
-            for state in self._series.values():
+            for key in touched:
+                state = self._series.get(key)
                 # last_seen is the collector's receive time; after a replay the best we
                 # know is the sample's own timestamp.
-                if state.last is not None:
+                if state is not None and state.last is not None:
                     state.last_seen = state.last["ts"]
         return count
+
+    def evict_quiet(self, cutoff: float, now: float | None = None) -> list[str]:
+        """Drop the live state of runs with no sample received since ``cutoff``; each leaves
+        a :class:`RetiredRun` row for the runs list (its status judged as a run that has
+        stopped: finished or crashed). Returns the runs evicted. O(series)."""
+        now = time.time() if now is None else now
+        by_run: dict[str, list[SeriesState]] = {}
+        for state in self.snapshot():
+            by_run.setdefault(state.run, []).append(state)
+        quiet = [run for run, states in by_run.items() if max(s.last_seen for s in states) < cutoff]
+        for run in quiet:
+            states = by_run[run]
+            stopped = max(now, max(s.last_seen for s in states) + verdicts.SILENT_AFTER_S + 1.0)
+            rows = self._summaries(states, stopped)
+            with self._lock:
+                for state in states:
+                    self._series.pop(state.key, None)
+                self._ranks_per_run.pop(run, None)
+                if rows:
+                    self._retired[run] = RetiredRun(rows[0])
+                self.version += 1
+        return quiet
+
+    def touch(self, state: SeriesState) -> int:
+        """Mark ``state`` changed now (for delta polls); returns the new version."""
+        with self._lock:
+            self.version += 1
+            state.version = self.version
+            return self.version
+
+    def retire(self, run: str, row: RetiredRun) -> None:
+        """List ``run`` by its summary row only (a run not replayed at start-up)."""
+        with self._lock:
+            if not self._ranks_per_run.get(run):
+                self._retired[run] = row
+
+    def forget_series(self, keys: Iterable[SeriesKey]) -> None:
+        """Remove series whose samples retention deleted (their run may go on)."""
+        with self._lock:
+            for key in keys:
+                if self._series.pop(tuple(key), None) is not None:  # type: ignore[arg-type]
+                    self._ranks_per_run[key[0]] = max(0, self._ranks_per_run.get(key[0], 1) - 1)
+            self.version += 1
+
+    def forget(self, runs: Iterable[str]) -> None:
+        """Remove runs entirely (their samples were deleted by retention)."""
+        with self._lock:
+            for run in runs:
+                for key in [k for k in self._series if k[0] == run]:
+                    del self._series[key]
+                self._ranks_per_run.pop(run, None)
+                self._retired.pop(run, None)
+                self._revived.pop(run, None)
+            self.version += 1
+
+    def revived(self, run: str, replay: Callable[[str], Iterable[Sample]]) -> list[SeriesState]:
+        """The series of an evicted run, rebuilt on demand from ``replay(run)`` (the store)
+        into a separate state; the last :data:`REVIVED_KEPT` such runs are kept."""
+        with self._lock:
+            if run not in self._retired:
+                return []
+            states = self._revived.pop(run, None)
+        if states is None:
+            scratch = LiveState(self._engine_factory)
+            scratch.rebuild(replay(run))
+            states = scratch.for_run(run)
+        with self._lock:
+            self._revived[run] = states
+            while len(self._revived) > REVIVED_KEPT:
+                self._revived.pop(next(iter(self._revived)))
+        return states
+
+    # ------------------------------------------------------------ reads
 
     def snapshot(self) -> list[SeriesState]:
         with self._lock:
@@ -145,38 +394,56 @@ class LiveState:
         with self._lock:
             return sorted((s for s in self._series.values() if s.run == run), key=lambda s: (s.rank, s.host))
 
-    def run_summaries(self) -> list[dict[str, Any]]:
-        """One row per run: worst rank's state, min headroom, soonest OOM, last sample."""
-        runs: dict[str, dict[str, Any]] = {}
+    def runs(self) -> set[str]:
+        with self._lock:
+            return {k[0] for k in self._series} | set(self._retired)
+
+    def run_summaries(self, now: float | None = None) -> list[dict[str, Any]]:
+        """One row per run (live and retired): status, OOMs, the worst rank's state, min
+        headroom, soonest OOM, last sample. Newest first."""
+        now = time.time() if now is None else now
+        by_run: dict[str, list[SeriesState]] = {}
         for state in self.snapshot():
-            row = runs.setdefault(state.run, {
-                "run": state.run, "ranks": 0, "hosts": set(), "samples": 0, "last_ts": None,
-                "last_step": None, "worst_state": None, "worst_rank": None, "min_headroom_bytes": None,
-                "seconds_to_oom": None, "last_seen": 0.0,
-            })
-            row["ranks"] += 1
-            row["hosts"].add(state.host)
-            row["samples"] += state.samples
-            row["last_seen"] = max(row["last_seen"], state.last_seen)
+            by_run.setdefault(state.run, []).append(state)
+        out = [row for states in by_run.values() for row in self._summaries(states, now)]
+        with self._lock:
+            out.extend(dict(r.row) for run, r in self._retired.items() if run not in by_run)
+        out.sort(key=lambda r: -(r["last_seen"] or 0))
+        return out
+
+    @staticmethod
+    def _summaries(states: list[SeriesState], now: float) -> list[dict[str, Any]]:
+        if not states:
+            return []
+        run_seen = max(s.last_seen for s in states)
+        row: dict[str, Any] = {
+            "run": states[0].run, "ranks": len(states), "hosts": len({s.host for s in states}),
+            "samples": sum(s.samples for s in states), "last_ts": None, "last_step": None,
+            "worst_state": None, "worst_rank": None, "min_headroom_bytes": None, "seconds_to_oom": None,
+            "last_seen": run_seen, "ooms": 0, "restarts": 0, "silent_ranks": 0,
+        }
+        worst = -10**9
+        died = False
+        for state in states:
+            row["ooms"] += state.ooms
+            row["restarts"] += state.restarts
             if state.last is not None:
                 ts, step = state.last["ts"], state.last["step"]
                 row["last_ts"] = ts if row["last_ts"] is None else max(row["last_ts"], ts)
                 row["last_step"] = step if row["last_step"] is None else max(row["last_step"], step)
             summary = state.engine.summary()
-            st = summary.get("state")
-            if st is not None and (
-                row["worst_state"] is None or STATE_SEVERITY.get(st, 0) > STATE_SEVERITY.get(row["worst_state"], 0)
-            ):
-                row["worst_state"], row["worst_rank"] = st, state.rank
+            alive = verdicts.liveness(now, state.last_seen, run_seen, state.exited)
+            row["silent_ranks"] += alive == "silent"
+            if state.incarnation_ooms or (not state.exited and run_seen - state.last_seen > verdicts.SILENT_AFTER_S):
+                died = True
+            severity = verdicts.severity(summary.get("state"), alive, state.ooms)
+            if summary.get("state") is not None and severity > worst:
+                worst, row["worst_state"], row["worst_rank"] = severity, summary["state"], state.rank
             headroom = summary.get("headroom_bytes")
             if headroom is not None and (row["min_headroom_bytes"] is None or headroom < row["min_headroom_bytes"]):
                 row["min_headroom_bytes"] = headroom
             eta = summary.get("seconds_to_oom")
-            if eta is not None and (row["seconds_to_oom"] is None or eta < row["seconds_to_oom"]):
+            if alive == "live" and eta is not None and (row["seconds_to_oom"] is None or eta < row["seconds_to_oom"]):
                 row["seconds_to_oom"] = eta
-        out = []
-        for row in runs.values():
-            row["hosts"] = len(row["hosts"])
-            out.append(row)
-        out.sort(key=lambda r: -(r["last_seen"] or 0))
-        return out
+        row["status"] = verdicts.run_status(now, run_seen, all_exited=all(s.exited for s in states), died=died)
+        return [row]

@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from vramwatch import verdicts
 from vramwatch.__about__ import __version__
 from vramwatch.decisions.readiness import VERDICTS as READINESS_VERDICTS
 
@@ -62,11 +63,9 @@ def _headroom(row: Row) -> int | None:
     # Judged on the latest training step, not on a checkpoint/eval sample: those spikes
     # have their own family (checkpoint_headroom) and would make this gauge flap.
     sample = row[2] or row[1]
-    total = sample.get("total_bytes")
-    if total is None:
-        return None
-    used = sample.get("nvml_used_bytes") or 0
-    return max(0, total - max(sample.get("reserved_bytes", 0), used))
+    return verdicts.headroom_bytes(
+        sample.get("total_bytes"), allocated=sample.get("allocated_bytes"), reserved=sample.get("reserved_bytes"),
+        peak=sample.get("peak_allocated_bytes"), nvml_used=sample.get("nvml_used_bytes"))
 
 
 def _outside_allocator(row: Row) -> int | float | None:
@@ -74,10 +73,8 @@ def _outside_allocator(row: Row) -> int | float | None:
     if value is not None:
         return value
     sample = row[2] or row[1]
-    used = sample.get("nvml_used_bytes")
-    if used is None:  # NVML unavailable: no number rather than a fake one
-        return None
-    return max(0, used - sample.get("reserved_bytes", 0))
+    # NVML unavailable: no number rather than a fake one
+    return verdicts.outside_allocator_bytes(sample.get("reserved_bytes"), sample.get("nvml_used_bytes"))
 
 
 def _fragmentation(row: Row) -> int | None:
@@ -104,7 +101,8 @@ SERIES_FAMILIES: tuple[tuple[str, str, str, Callable[[Row], Any]], ...] = (
      "Bytes NVML attributes to the training process.", _sample("process_used_bytes")),
     ("vramwatch_device_total_bytes", "gauge", "Device memory capacity in bytes.", _sample("total_bytes")),
     ("vramwatch_headroom_bytes", "gauge",
-     "Capacity minus max(reserved, NVML used) at the latest training step.", _headroom),
+     "Capacity minus what the device holds at the latest training step boundary "
+     "(vramwatch.verdicts.headroom_bytes).", _headroom),
     ("vramwatch_outside_allocator_bytes", "gauge",
      "NVML used minus allocator reserved: CUDA context, NCCL, cuBLAS workspaces, other leaks.",
      _outside_allocator),
@@ -364,7 +362,8 @@ class IngestMetrics:
             registry=registry,
         )
         self.requests = Counter(
-            "vramwatch_ingest_requests", "Requests to POST /api/v1/samples.", registry=registry
+            "vramwatch_ingest_requests", "Requests to POST /api/v1/samples, by response status.", ["code"],
+            registry=registry,
         )
         self.duration = Histogram(
             "vramwatch_ingest_request_duration_seconds",
@@ -377,14 +376,15 @@ class IngestMetrics:
         self._duplicates = self.samples.labels(result="duplicate")
         self._rejected = self.samples.labels(result="rejected")
 
-    def observe(self, *, accepted: int, duplicates: int, rejected: int, seconds: float) -> None:
+    def observe(self, *, accepted: int, duplicates: int, rejected: int, seconds: float, status: int = 200) -> None:
+        """One call per request, whatever its outcome (ingest.Outcome)."""
         if accepted:
             self._accepted.inc(accepted)
         if duplicates:
             self._duplicates.inc(duplicates)
         if rejected:
             self._rejected.inc(rejected)
-        self.requests.inc()
+        self.requests.labels(code=str(status)).inc()
         self.duration.observe(seconds)
 
 

@@ -32,7 +32,9 @@ Steps = Annotated[int, Query(ge=0, le=2**53)]
 
 
 def _version(request: Request, run: str, field: str = "run") -> int:
-    states = request.app.state.live.for_run(run)
+    live = request.app.state.live
+    # a finished run evicted from live state is rebuilt from the store (collector/live.py)
+    states = live.for_run(run) or live.revived(run, request.app.state.store.iter_samples)
     if not states:
         raise HTTPException(404, f"{field}: no run named {run!r}")
     return sum(s.samples for s in states)

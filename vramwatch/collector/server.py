@@ -15,6 +15,7 @@ from types import TracebackType
 import uvicorn
 
 from vramwatch.collector.app import Settings, create_app
+from vramwatch.collector.guard import ConnectionGuard, guarded_protocol, raise_open_files_limit
 from vramwatch.collector.store import Store
 
 log = logging.getLogger("vramwatch.collector")
@@ -41,18 +42,37 @@ START_LOCK_TIMEOUT_S = 3.0
 def check_database(db_path: str) -> None:
     """Open (and migrate) the database once so a locked or read-only file fails before the
     server starts, with a clear message (StoreError) instead of a crash loop."""
-    Store(db_path, busy_timeout_s=START_LOCK_TIMEOUT_S).close()
+    Store(db_path, busy_timeout_s=START_LOCK_TIMEOUT_S, exclusive=True).close()
+
+
+class ShutdownError(RuntimeError):
+    """The server stopped but could not close the database cleanly (e.g. disk full)."""
 
 
 def _config(settings: Settings, log_level: str) -> uvicorn.Config:
+    guard = ConnectionGuard(settings)
+    app = create_app(settings)
+    app.state.guard = guard
     return uvicorn.Config(
-        create_app(settings),
+        app,
+        http=guarded_protocol(guard),
         log_level=log_level,
         access_log=False,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=max(1, round(settings.shutdown_timeout_s)),
         # the collector serves many ranks on few connections; keep them open
         timeout_keep_alive=30,
     )
+
+
+def _fit_connection_cap(settings: Settings) -> None:
+    """Raise the open-files limit for the connection cap, or lower the cap to what fits."""
+    spare = 128  # database, WAL, logs, the listening socket, worker threads
+    limit = raise_open_files_limit(settings.max_connections + settings.health_reserve + spare)
+    fits = limit - settings.health_reserve - spare
+    if fits < settings.max_connections:
+        log.warning("open-files limit %d: lowering --max-connections from %d to %d", limit,
+                    settings.max_connections, max(16, fits))
+        settings.max_connections = max(16, fits)
 
 
 class _Server(uvicorn.Server):
@@ -73,15 +93,24 @@ class _Server(uvicorn.Server):
 
 
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8765, log_level: str = "info") -> None:
-    """Run in the foreground until SIGINT/SIGTERM; shutdown flushes and closes the DB."""
+    """Run in the foreground until SIGINT/SIGTERM; shutdown flushes and closes the DB.
+
+    Raises :class:`ShutdownError` when the database could not be closed cleanly (the
+    caller exits non-zero), StoreError when it cannot be opened."""
     check_database(settings.db_path)
+    settings.bind_host = host
+    _fit_connection_cap(settings)
     sock = bind_socket(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     # the actual port (also when --port 0 asked for a free one)
     log.info("listening on http://%s:%d", shown, bound_port)
-    server = _Server(_config(settings, log_level))
+    config = _config(settings, log_level)
+    server = _Server(config)
     server.run(sockets=[sock])
+    error = getattr(config.app.state, "shutdown_error", None)
+    if error:
+        raise ShutdownError(error)
     log.info("collector stopped cleanly")
 
 
@@ -101,7 +130,7 @@ class BackgroundServer:
         log_level: str = "warning",
         **settings: object,
     ) -> None:
-        self.settings = Settings(db_path=str(db_path), token=token, **settings)  # type: ignore[arg-type]
+        self.settings = Settings(db_path=str(db_path), token=token, bind_host=host, **settings)  # type: ignore[arg-type]
         self.host = host
         self._requested_port = port
         self._log_level = log_level

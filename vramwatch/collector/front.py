@@ -1,0 +1,110 @@
+"""The front door: the pure-ASGI layer every request passes first.
+
+* **Host check** (DNS rebinding: a page on an attacker's name that resolves to 127.0.0.1
+  must not reach a loopback collector): a ``Host`` not in the allowed set gets 421;
+* **quiet cancel**: a request still running when shutdown cancels it ends with 503 (if
+  nothing was sent yet) and one log line for all of them, instead of a CancelledError
+  traceback each;
+* **hot routes**: ``POST /api/v1/samples`` and ``GET /healthz`` are handled here, without
+  FastAPI's routing, middleware stack and dependency resolution (the same handlers the
+  routers register, so the OpenAPI document and the behaviour are the same). A hook's
+  POST is small and frequent: the per-request overhead is what limits a collector serving
+  thousands of ranks (docs/benchmarks.md).
+
+Anything else goes to the FastAPI app, whose attributes (``state``, ``routes``, ...) this
+object also exposes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from vramwatch.collector import api, ingest
+from vramwatch.collector.deps import RateLimitedLog
+from vramwatch.collector.responses import JSONBytes
+
+log = logging.getLogger("vramwatch.collector")
+
+
+async def send_json(send: Send, status: int, doc: dict[str, Any]) -> None:
+    body = orjson.dumps(doc)
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _host_name(value: str) -> str:
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class FrontDoor:
+    """See the module docstring. ``allowed_hosts``: names a ``Host`` header may carry (None: any)."""
+
+    def __init__(self, app: Any, allowed_hosts: frozenset[str] | None) -> None:
+        self.app: ASGIApp = app
+        self.allowed_hosts = allowed_hosts
+        self._host_refusals = RateLimitedLog(log)
+        self._cancelled = RateLimitedLog(log, interval_s=10.0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.app, name)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.allowed_hosts is not None and not self._host_allowed(scope):
+            await self._refuse_host(scope, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self._route(scope, receive, tracking_send)
+        except asyncio.CancelledError:
+            self._cancelled.warning("shutdown: cancelled a request still running (%s %s)",
+                                    scope.get("method"), scope.get("path"))
+            if not started:
+                try:
+                    await send_json(send, 503, {"detail": "collector is shutting down; retry"})
+                except Exception:
+                    pass
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        if path == "/api/v1/samples" and method == "POST":
+            scope["app"] = self.app  # what Request.app reads
+            response = await ingest.ingest(Request(scope, receive))
+            await response(scope, receive, send)
+        elif path == "/healthz" and method == "GET":
+            await JSONBytes(api.healthz(self.app.state.live))(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    def _host_allowed(self, scope: Scope) -> bool:
+        assert self.allowed_hosts is not None
+        for key, value in scope["headers"]:
+            if key == b"host":
+                return _host_name(value.decode("latin-1")) in self.allowed_hosts
+        return False
+
+    async def _refuse_host(self, scope: Scope, send: Send) -> None:
+        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+        self._host_refusals.warning("refused a request for Host %r (allowed: %s; see --allowed-host)",
+                                    host[:100], ", ".join(sorted(self.allowed_hosts or ())))
+        await send_json(send, 421, {"detail": f"host: {host[:100]!r} is not a name this collector serves "
+                                              "(--allowed-host)"})

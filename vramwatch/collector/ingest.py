@@ -1,0 +1,276 @@
+"""``POST /api/v1/samples``: the ingest router.
+
+Every request ends in one :class:`Outcome` (status, document, sample counts), recorded in
+the ingest metrics exactly once, whatever the path: 200, 401, 413, 415, 422, 503, 507.
+Failures are typed exceptions mapped to a status in :func:`_outcome_of`, never matched on
+message text.
+
+Ingest is all-or-nothing per request: a batch with one impossible sample is rejected
+whole with 422, naming each bad sample's index and field, and nothing is stored.
+
+Bounds (docs/reliability.md): at most ``max_concurrent_ingest`` bodies are read and
+decoded at once (others wait ``ingest_queue_s``, then 503 with Retry-After: queued
+requests do not hold their bodies in memory); bodies are decoded in bounded blocks
+(:mod:`vramwatch.collector.body`); decoding of bodies over :data:`INLINE_BODY_BYTES` and
+commits of more than :data:`INLINE_COMMIT_SAMPLES` samples run in a worker thread so a big
+request never freezes ``/healthz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import Response
+
+from vramwatch.collector.body import BodyError, BodyTooLargeError, DecodedBody, decode_body
+from vramwatch.collector.deps import require_ingest_auth
+from vramwatch.collector.live import SeriesLimitError
+from vramwatch.collector.openapi import INGEST_OPENAPI
+from vramwatch.collector.responses import JSONBytes
+from vramwatch.collector.routes_evidence import reply_directives
+from vramwatch.collector.settings import Settings
+from vramwatch.collector.store import InsertResult, RunFullError, Store, StoreBusyError, StoreError
+
+log = logging.getLogger("vramwatch.collector")
+
+router = APIRouter()
+
+MAX_ERRORS_LISTED = 50
+#: a commit on the event loop waits at most this long for a lock held elsewhere, then
+#: moves to a worker thread
+FAST_COMMIT_BUSY_S = 0.05
+#: bodies up to this size are decoded on the event loop (a thread hop costs more); gzip
+#: bodies inflate up to ~1000x, so their bound is lower
+INLINE_BODY_BYTES = 64 * 1024
+INLINE_GZIP_BYTES = 8 * 1024
+#: batches up to this many samples are committed on the event loop when the lock is free
+INLINE_COMMIT_SAMPLES = 2000
+#: the flush interval hinted to hooks: one POST per rank per this many seconds keeps the
+#: collector near this many requests per second in all (see flush_hint)
+HINT_TARGET_RPS = 400.0
+HINT_MIN_S, HINT_MAX_S = 1.0, 30.0
+
+#: media types a hook or a tool may send; a browser's cross-site "simple" POST
+#: (text/plain, forms, no type at all) is refused before it is read
+JSON_MEDIA_TYPES = frozenset({
+    "application/json", "application/x-ndjson", "application/ndjson", "application/jsonl",
+    "application/x-jsonlines", "application/jsonlines",
+})
+
+
+@dataclass
+class Outcome:
+    """The result of one ingest request: what is answered and what is counted."""
+
+    status: int
+    doc: dict[str, Any]
+    accepted: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def response(self) -> Response:
+        return JSONBytes(self.doc, status_code=self.status, headers=self.headers or None)
+
+
+class IngestRefused(Exception):
+    """A request refused before its samples were looked at (status and one-line detail)."""
+
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.headers = headers or {}
+
+
+class DiskGuard:
+    """Free space under the database against the reserve (``min_free_bytes`` plus the WAL,
+    so the final checkpoint at shutdown has room), both re-read at most once a second."""
+
+    def __init__(self, store: Store, min_free_bytes: int) -> None:
+        self.store = store
+        self.directory = str(Path(store.path).resolve().parent)
+        self.min_free_bytes = min_free_bytes
+        self._checked = 0.0
+        self._free = 0
+        self._reserve = min_free_bytes
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._checked > 1.0:
+            try:
+                self._free = shutil.disk_usage(self.directory).free
+            except OSError:
+                self._free = self.min_free_bytes  # cannot tell: let SQLite report real errors
+            self._reserve = self.store.reserve_bytes(self.min_free_bytes)
+            self._checked = now
+
+    def check(self) -> None:
+        if self.min_free_bytes <= 0:
+            return
+        self._refresh()
+        if self._free < self._reserve:
+            free = self._free
+            log.warning("ingest refused: %d MiB free on the database's disk", free // 2**20)
+            raise IngestRefused(
+                507, f"disk: only {free // 2**20} MiB free for the database, below the "
+                     f"{self._reserve // 2**20} MiB reserve (min_free_bytes plus the WAL); retry later, "
+                     "nothing stored")
+
+
+class Ingestor:
+    """The write path's state, created in the lifespan: one writer at a time, live engines
+    fed in commit order, and the slots that bound concurrent bodies."""
+
+    def __init__(self, app_state: Any, settings: Settings) -> None:
+        self.state = app_state
+        self.settings = settings
+        self.disk = DiskGuard(app_state.store, settings.min_free_bytes)
+        self.commit_lock = threading.Lock()
+        self.slots = asyncio.Semaphore(settings.max_concurrent_ingest)
+
+    # Normally a commit takes about a millisecond and runs right on the event loop (a
+    # thread hop costs more than it saves under load). When the database is locked by
+    # someone else, the lock is held by a waiting commit, or the batch is big, it runs in a
+    # worker thread instead: only ingest stalls, never the event loop (health, reads, /metrics).
+    def _commit(self, samples: list[Any], now: float, busy_timeout_s: float | None) -> InsertResult:
+        settings, live = self.settings, self.state.live
+        live.check_capacity(samples, max_series=settings.max_series, max_ranks_per_run=settings.max_ranks_per_run)
+        result = self.state.store.insert(samples, max_samples_per_run=settings.max_samples_per_run,
+                                         busy_timeout_s=busy_timeout_s)
+        raised = live.ingest(samples, received_at=now, accepted=result.accepted_by_series)
+        if raised:  # events may ask ranks for evidence (capture directives, routes_evidence.py)
+            self.state.directives.on_events(raised, lambda run: [x.key for x in live.for_run(run)], now)
+        return result
+
+    def _commit_waiting(self, samples: list[Any], now: float) -> InsertResult:
+        with self.commit_lock:
+            return self._commit(samples, now, None)  # the store's full busy timeout (10 s)
+
+    async def commit(self, samples: list[Any], now: float) -> InsertResult:
+        if len(samples) <= INLINE_COMMIT_SAMPLES and self.commit_lock.acquire(blocking=False):
+            try:
+                return self._commit(samples, now, FAST_COMMIT_BUSY_S)
+            except StoreBusyError:
+                pass  # locked elsewhere: wait for it off the loop
+            finally:
+                self.commit_lock.release()
+        return await asyncio.to_thread(self._commit_waiting, samples, now)
+
+    def flush_hint(self) -> float:
+        """Seconds between flushes the hooks are asked for: more ranks, longer batches."""
+        return round(min(HINT_MAX_S, max(HINT_MIN_S, len(self.state.live) / HINT_TARGET_RPS)), 1)
+
+
+def _check_headers(request: Request, settings: Settings) -> bool:
+    """Content type, encoding and declared length; returns whether the body is gzip."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media not in JSON_MEDIA_TYPES and not media.endswith("+json"):
+        raise IngestRefused(415, f"content-type: {media or 'none'!r} not accepted; send application/json "
+                                 "or application/x-ndjson")
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("identity", "", "gzip"):
+        raise IngestRefused(415, f"content-encoding: {encoding!r} not supported (use gzip or none)")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
+        raise IngestRefused(413, f"body: larger than {settings.max_body_bytes} bytes")
+    return encoding == "gzip"
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise IngestRefused(413, f"body: larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _decode(body: bytes, gzipped: bool, settings: Settings, now: float) -> DecodedBody:
+    kwargs = dict(gzipped=gzipped, max_decompressed=settings.max_decompressed_bytes,
+                  max_samples=settings.max_batch_samples, now=now, max_future_s=settings.max_future_s,
+                  max_errors=MAX_ERRORS_LISTED)
+    if len(body) <= (INLINE_GZIP_BYTES if gzipped else INLINE_BODY_BYTES):
+        return decode_body(body, **kwargs)  # type: ignore[arg-type]
+    return await asyncio.to_thread(decode_body, body, **kwargs)  # type: ignore[arg-type]
+
+
+def _rejected(decoded: DecodedBody) -> Outcome:
+    first = decoded.errors[0]
+    more = decoded.rejected - 1
+    return Outcome(422, {
+        "detail": f"sample {first.index}: {first.field}: {first.message}"
+                  + (f" (and {more} more)" if more else "") + "; nothing stored",
+        "accepted": 0, "rejected": decoded.rejected,
+        "errors": [{"index": e.index, "field": e.field, "message": e.message} for e in decoded.errors],
+    }, rejected=decoded.rejected)
+
+
+async def _ingest(request: Request, ingestor: Ingestor) -> Outcome:
+    settings = ingestor.settings
+    require_ingest_auth(request)
+    gzipped = _check_headers(request, settings)
+    try:
+        await asyncio.wait_for(ingestor.slots.acquire(), settings.ingest_queue_s)
+    except TimeoutError:
+        raise IngestRefused(503, f"busy: {settings.max_concurrent_ingest} batches are being stored; retry",
+                            {"Retry-After": "1"}) from None
+    try:
+        body = await _read_body(request, settings.max_body_bytes)
+        now = time.time()
+        decoded = await _decode(body, gzipped, settings, now)
+        del body
+    finally:
+        ingestor.slots.release()
+    if decoded.rejected:
+        return _rejected(decoded)
+    ingestor.disk.check()
+    samples = decoded.samples
+    try:
+        result = await ingestor.commit(samples, now)
+    except (RunFullError, SeriesLimitError) as exc:
+        return Outcome(422, {"detail": f"{exc}; nothing stored", "accepted": 0, "rejected": len(samples),
+                             "errors": []}, rejected=len(samples))
+    reply: dict[str, Any] = {"accepted": result.accepted, "duplicates": result.duplicates, "rejected": 0,
+                             "flush_interval_s": ingestor.flush_hint()}
+    directives = reply_directives(ingestor.state, samples)
+    if directives:
+        reply["directives"] = directives
+    return Outcome(200, reply, accepted=result.accepted, duplicates=result.duplicates)
+
+
+def _outcome_of(exc: Exception) -> Outcome:
+    if isinstance(exc, IngestRefused):
+        return Outcome(exc.status, {"detail": exc.detail}, headers=exc.headers)
+    if isinstance(exc, HTTPException):  # the auth dependency's 401
+        return Outcome(exc.status_code, {"detail": exc.detail}, headers=dict(exc.headers or {}))
+    if isinstance(exc, BodyTooLargeError | BodyError):
+        return Outcome(exc.status, {"detail": str(exc)})
+    if isinstance(exc, StoreBusyError | StoreError):
+        log.error("ingest failed: %s", exc)
+        return Outcome(503, {"detail": str(exc)}, headers={"Retry-After": "1"})
+    raise exc
+
+
+@router.post("/api/v1/samples", openapi_extra=INGEST_OPENAPI)
+async def ingest(request: Request) -> Response:
+    """Store a batch of samples (all or nothing); see the module docstring."""
+    started = time.perf_counter()
+    ingestor: Ingestor = request.app.state.ingestor
+    try:
+        outcome = await _ingest(request, ingestor)
+    except (IngestRefused, HTTPException, BodyError, StoreError) as exc:
+        outcome = _outcome_of(exc)
+    request.app.state.ingest_metrics.observe(
+        accepted=outcome.accepted, duplicates=outcome.duplicates, rejected=outcome.rejected,
+        seconds=time.perf_counter() - started, status=outcome.status)
+    return outcome.response()
