@@ -13,6 +13,7 @@ import time
 BENCHMARKS = {
     "ingest": "bench.ingest_bench",
     "engine": "bench.engine_bench",
+    "sparse": "bench.sparse_bench",
     "hook": "bench.hook_bench",
     "metrics": "bench.metrics_bench",
     "dashboard": "bench.dashboard_bench",

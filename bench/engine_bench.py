@@ -214,6 +214,13 @@ def throughput(repeats: int = 3) -> dict[str, float]:
             for _ in wire.iter_samples(path):
                 pass
 
+        def orjson_validate() -> None:
+            # the pure-Python path (no msgspec; what ingest's validate costs per sample)
+            loads, validate = orjson.loads, wire.validate
+            with open(path, "rb") as fh:
+                while lines := fh.readlines(1 << 20):
+                    [validate(loads(line)) for line in lines]
+
         def engine_only() -> None:
             engines: dict[Any, TrendEngine] = {}
             for s in validated:
@@ -226,13 +233,17 @@ def throughput(repeats: int = 3) -> dict[str, float]:
         def analyze() -> None:
             analyze_paths([path])
 
-        stages = {"decode": decode, "decode+validate": decode_validate, "engine only": engine_only, "analyze": analyze}
+        stages = {"decode": decode, "decode+validate": decode_validate, "orjson + wire.validate": orjson_validate,
+                  "engine only": engine_only, "analyze": analyze}
         times: dict[str, list[float]] = {name: [] for name in stages}
-        for _ in range(repeats):  # round-robin, so a noisy neighbour hits every stage alike
+        # round-robin, so a noisy neighbour hits every stage alike; CPU time of this process, not
+        # wall time: every stage is single-threaded, and on the shared cores wall time mostly
+        # measures how long the others held the CPU (ratios moved 0.37-0.54 between two runs)
+        for _ in range(repeats):
             for name, fn in stages.items():
-                started = time.perf_counter()
+                started = time.process_time()
                 fn()
-                times[name].append(time.perf_counter() - started)
+                times[name].append(time.process_time() - started)
         result = {"samples": float(n), "bytes_per_sample": os.path.getsize(path) / n}
         result.update({name: n / statistics.median(t) for name, t in times.items()})
         return result
@@ -303,8 +314,9 @@ def main(argv: list[str]) -> None:
     ]
     n_samples = sum(o.samples for o in outcomes)
     per_case = first_alarms(outcomes)
-    stages = [(k, f"{v:,.0f}") for k, v in speed.items() if k not in ("samples", "bytes_per_sample")]
-    speed_table = table(("stage", "samples/s"), stages)
+    stages = [(k, f"{v:,.0f}", f"{v / speed['decode']:.2f}") for k, v in speed.items()
+              if k not in ("samples", "bytes_per_sample")]
+    speed_table = table(("stage", "samples/s", "measured / limit (decode)"), stages)
     ratio = speed["analyze"] / speed["decode"]
     body = f"""
 Variants: *full* (schema 1), *allocated_only* (allocated and capacity only, other fields absent:
@@ -345,14 +357,18 @@ one-time step that moment is the step itself): {len(found)}/{len(latencies)} fou
 </details>
 
 **`vramwatch analyze` throughput** (one core, {int(speed["samples"]):,} samples of the 8-rank demo scenario in
-one {speed["bytes_per_sample"]:.0f}-byte-per-line JSONL file, median of repeats):
+one {speed["bytes_per_sample"]:.0f}-byte-per-line JSONL file, CPU time of the process, median of repeats):
 
 {speed_table}
 
 **analyze / bare orjson parse of the same file: {speed["analyze"]:,.0f} / {speed["decode"]:,.0f} samples/s =
 {ratio:.2f}** (goal >= 0.5, issue 12). `decode` (the limit) is bare orjson, one `loads` per line, lines read
-in 1 MiB chunks; `decode+validate` is `wire.iter_samples` (decode and `wire.validate`, owned by wire);
-`engine only` feeds pre-validated dicts to one `TrendEngine` per series.
+in 1 MiB chunks; `decode+validate` is `wire.iter_samples`, what analyze does per line: one msgspec pass into
+structs generated from the field table plus the checks a struct cannot express (`vramwatch/wire_decode.py`,
+msgspec from the `server` extra); `orjson + wire.validate` is the pure-Python path (analyze without msgspec,
+and the per-sample validation ingest runs); `engine only` feeds pre-validated dicts to one `TrendEngine`
+per series. Per sample, analyze ≈ decode+validate + engine, in parses of the same line: decode+validate
+{speed["decode"] / speed["decode+validate"]:.2f}, the engine alone {speed["decode"] / speed["engine only"]:.2f}.
 """
     print(body)
     if not args.quick:

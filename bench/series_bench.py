@@ -29,7 +29,7 @@ def sample(step: int) -> dict:
     return {"schema": 1, "run": "bench", "host": "h", "rank": 0, "step": step, "ts": 1_760_000_000.0 + step,
             "phase": "train", "allocated_bytes": 100 * GiB + step, "reserved_bytes": 120 * GiB,
             "peak_allocated_bytes": 110 * GiB + step % 977, "inactive_split_bytes": 0, "alloc_retries": 0,
-            "ooms": 0, "nvml_used_bytes": 125 * GiB + step % 13, "total_bytes": 143_771_009_024}
+            "ooms": 0, "nvml_used_bytes": 125 * GiB + step % 13, "total_bytes": 143_771 * 2**20}
 
 
 def main(argv: list[str]) -> int:

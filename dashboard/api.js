@@ -83,6 +83,45 @@ export async function getCompare(a, b) {
   return getJSON("api/v1/compare" + query({ a: a, b: b }));
 }
 
+/** POST a JSON body (the capture request); the error detail comes back as the ApiError message. */
+async function postJSON(url, body) {
+  let resp;
+  try {
+    resp = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json", Accept: "application/json" },
+      body: JSON.stringify(body), cache: "no-store", credentials: "same-origin" });
+  } catch (err) {
+    throw new ApiError(0, "cannot reach the collector (" + (err && err.message ? err.message : err) + ")");
+  }
+  const text = await resp.text();
+  let doc = null;
+  try { doc = JSON.parse(text); } catch (e) { /* plain text body */ }
+  if (!resp.ok) {
+    const detail = doc && doc.detail !== undefined ? doc.detail : text;
+    throw new ApiError(resp.status, typeof detail === "string" ? detail : JSON.stringify(detail));
+  }
+  return doc;
+}
+
+/** Ask a rank for an allocator snapshot (POST /api/v1/runs/{run}/capture); live page only. */
+export function requestCapture(run, rank, host, steps) {
+  if (STATIC) return Promise.reject(new ApiError(0, "a report cannot ask for captures"));
+  return postJSON(runPath(run) + "/capture", { rank: rank, host: host, steps: steps });
+}
+
+/** The run's snapshots (GET /api/v1/runs/{run}/snapshots); a report embeds its list. */
+export async function getSnapshots(run) {
+  if (STATIC) return STATIC.snapshots || [];
+  if (!(await hasRoute("/api/v1/runs/{run}/snapshots"))) return NOT_FOUND();
+  return getJSON(runPath(run) + "/snapshots");
+}
+
+/** The run's post-mortem (GET /api/v1/runs/{run}/postmortem); a report embeds it when it has one. */
+export async function getPostmortem(run) {
+  if (STATIC) return STATIC.postmortem || NOT_FOUND();
+  if (!(await hasRoute("/api/v1/runs/{run}/postmortem"))) return NOT_FOUND();
+  return getJSON(runPath(run) + "/postmortem");
+}
+
 /** Report files: every response is embedded; zoom slices the embedded (downsampled) data. */
 function staticSource(data) {
   const missing = (what) => Promise.reject(new ApiError(404, what + " is not included in this report"));

@@ -27,10 +27,14 @@ import { MAX_COMPARE, overlaySelect, refreshOverlay, toggleCompare } from "./com
 import { onZoomChange } from "./zoom.js";
 import { advicePanel, refreshAdvice } from "./advice.js";
 import { renderComparePage } from "./comparepage.js";
+import { evidencePanel, refreshEvidence } from "./evidence.js";
+import { memPanel, refreshMem } from "./memsplit.js";
 
 const POLL_MS = 1000; // new samples must show within 2 s
 const BIG_RUN = 256; // ranks: past this, overview panels refresh less often
-const ADVICE_EVERY = 30; // polls: advice replays the run on the collector, so not every second
+const ADVICE_EVERY = 30;
+const MEM_EVERY = 5; // polls: device split and host memory of the selected rank
+const EVIDENCE_EVERY = 3; // polls: snapshot list (a directory listing); the post-mortem less often // polls: advice replays the run on the collector, so not every second
 
 // ------------------------------------------------------------------ routing
 function parseRoute() {
@@ -193,11 +197,13 @@ function buildRunLayout() {
       el("div", { class: "table-wrap strip" }, el("table", { class: "data", id: "verdict-strip" }, el("thead"), el("tbody"))),
       el("div", { class: "strip-foot", id: "strip-foot" })),
     advicePanel(() => refreshAdvice().catch(handleError)),
+    evidencePanel(),
     el("div", { class: "grid2" },
       panel(el("h2", { text: "Ranks × steps" }), el("span", { class: "hint", text: "click a row to open that rank" }), heatSeg,
         el("div", { class: "chart", id: "chart-heatmap" }), el("div", { class: "chart-note", id: "heatmap-note" })),
       panel(el("h2", { text: "Fragmentation" }), el("span", { class: "hint", id: "frag-hint", text: FRAG_HINT }), null,
         el("div", { class: "chart", id: "chart-frag" }), el("div", { class: "chart-note", id: "frag-note" }))),
+    memPanel(),
     panel(el("h2", { text: "Compare ranks" }), el("span", { class: "hint", id: "overlay-hint" }),
       el("label", { class: "tool" }, "value", overlaySelect(() => refreshOverlay().catch(handleError))),
       el("div", { class: "chart", id: "chart-overlay" })),
@@ -261,11 +267,15 @@ async function pollRun() {
     if (S.tick === 0) {
       // first load: the rank chart first, the overview panels right after it, so their
       // (heavier, cold-cache) requests do not delay the chart
-      work.push(main.then(() => Promise.all([refreshPanel("chart-heatmap", true), refreshPanel("chart-overlay", true)])));
+      work.push(main.then(() => Promise.all([refreshPanel("chart-heatmap", true), refreshPanel("chart-overlay", true),
+        refreshPanel("evidence-panel", true), refreshPanel("mem-panel", true)])));
     } else {
       if (S.tick % heatEvery === 0) work.push(refreshPanel("chart-heatmap"));
       if (S.tick % overlayEvery === 0) work.push(refreshPanel("chart-overlay"));
       if (S.tick % ADVICE_EVERY === 1) work.push(refreshPanel("advice-panel"));
+      if (S.tick % EVIDENCE_EVERY === 0) work.push(refreshPanel("evidence-panel"));
+      // a hidden panel never scrolls into view: ask while it has no data, then only on screen
+      if (S.tick % MEM_EVERY === 0) work.push(refreshPanel("mem-panel", $("mem-panel").hidden));
     }
     S.tick++;
     await Promise.all(work);
@@ -287,6 +297,8 @@ const PANEL_REFRESH = {
   "chart-frag": () => timed("frag", drawFrag),
   "events-table": () => timed("events", drawEvents),
   "advice-panel": () => refreshAdvice(),
+  "evidence-panel": () => refreshEvidence(),
+  "mem-panel": () => refreshMem(),
 };
 let panelObserver = null;
 
@@ -363,7 +375,7 @@ function openRow(row) {
 
 function refreshCharts(all) {
   const work = [refreshMain(drawSecondary)];
-  if (all) { work.push(refreshPanel("chart-heatmap")); work.push(refreshPanel("chart-overlay")); }
+  if (all) { work.push(refreshPanel("chart-heatmap")); work.push(refreshPanel("chart-overlay")); work.push(refreshPanel("mem-panel", true)); }
   return Promise.all(work).catch(handleError);
 }
 

@@ -16,10 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vramwatch.engine import EngineConfig, TrendEngine
-from vramwatch.probe.simulated import H200_TOTAL_BYTES, scenario_params, scenario_truth, simulate_trace
+from vramwatch.probe.simulated import (
+    H200_TOTAL_BYTES,
+    device_total_bytes,
+    scenario_params,
+    scenario_truth,
+    simulate_trace,
+)
 
-GB80 = 85_899_345_920
-GB24 = 25_769_803_776
+GB80 = device_total_bytes("A100-SXM4-80GB")  # 81920 MiB = 80 GiB
+GB24 = device_total_bytes("GeForce RTX 3090")  # 24576 MiB = 24 GiB
 
 #: Parameters measured in steps (scaled by the time factor) and in bytes per step (divided).
 STEP_PARAMS = (

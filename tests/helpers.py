@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 GiB = 1024**3
-H200_TOTAL = 143_771_009_024
+H200_TOTAL = 143_771 * 2**20  # nvidia-smi: 143771 MiB
 
 
 def make_sample(step: int = 0, **overrides: Any) -> dict[str, Any]:

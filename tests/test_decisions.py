@@ -330,3 +330,18 @@ def test_sparse_runs_get_advice_without_guessing(keep):
     assert doc["max_tokens_per_step"] is None
     assert doc["readiness"]["verdict"] in ("not_ready", "unsafe", "ready")
     assert isinstance(doc["recommendation"], str) and doc["recommendation"]
+
+
+def test_byte_figures_are_gib_as_the_dashboard_shows_them() -> None:
+    """One unit for a number a person reads: GiB (2^30), with the dashboard's digits rule."""
+    from vramwatch.units import gib
+
+    late = run_readiness(run_of("varlen", steps=4000))
+    text = " ".join(late.reasons)
+    assert " GB" not in text
+    assert f"worst headroom {gib(late.min_headroom_bytes)} at" in text  # the same text as "Min headroom"
+    samples = [{k: v for k, v in s.items() if k != "tokens"} for s in token_trace("varlen", steps=600, run="nt")]
+    no_tokens = advise(observe(samples)["nt"])
+    assert "worst headroom " in no_tokens.recommendation and " GB" not in no_tokens.recommendation
+    assert re.search(r"worst headroom \d+\.\d+ GiB on rank", no_tokens.recommendation), no_tokens.recommendation
+    assert (gib(9.41 * 2**30), gib(12.34 * 2**30), gib(None)) == ("9.41 GiB", "12.3 GiB", "-")

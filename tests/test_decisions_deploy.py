@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from test_prometheus_helpers import RULE_TESTS, RULES, exposed_samples, post_samples, run_promtool, scrape
+from prometheus_helpers import RULE_TESTS, RULES, exposed_samples, post_samples, run_promtool, scrape
 
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.decisions.scenarios import token_trace, token_truth

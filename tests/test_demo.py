@@ -40,7 +40,7 @@ def test_demo_ranks_look_like_the_h200_story(tmp_path):
                        "JOIN series se ON s.series = se.id WHERE se.run = 'demo-story' GROUP BY se.rank").fetchall()
     con.close()
     by_rank = {r[0]: r for r in rows}
-    assert by_rank[0][2] == 143_771_009_024  # H200-like card
+    assert by_rank[0][2] == 143_771 * 2**20  # H200 as nvidia-smi reports it (MiB x 2^20)
     assert by_rank[0][1] > by_rank[1][1]  # rank 0 carries extra state
     assert by_rank[0][3] > 0  # NVML view present (not null)
 

@@ -329,3 +329,31 @@ def test_snapshots_off_by_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             assert vw.capture is None
         finally:
             vw.close(timeout=0.5)
+
+
+def test_capture_takes_the_dashboards_read_credentials_and_only_json(tmp_path: Path):
+    """A cookie-authenticated browser may ask for a capture (read auth), never write samples;
+    the capture body must be declared JSON (a cross-site form post cannot, without a preflight)."""
+    token = "s3cret-token-for-capture"
+    with BackgroundServer(str(tmp_path / "vw.db"), token=token, auth_read=True) as srv, \
+            httpx.Client(base_url=srv.url, timeout=10) as client:
+        t0 = __import__("time").time() - 100
+        assert client.post("/api/v1/samples", content=ndjson([make_sample(0, rank=0, ts=t0)]),
+                           headers={"content-type": "application/x-ndjson", "authorization": f"Bearer {token}"}
+                           ).status_code == 200
+        url = "/api/v1/runs/run-a/capture"
+        assert client.post(url, json={"rank": 0, "steps": 2}).status_code == 401  # no credentials
+        assert client.get("/", params={"token": token}).status_code == 200  # the browser's cookie
+        ok = client.post(url, json={"rank": 0, "steps": 2})
+        assert ok.status_code == 200 and ok.json() == {"run": "run-a", "directives": 1, "ranks": [0]}
+        form = client.post(url, content=b'{"rank": 0}', headers={"content-type": "text/plain"})
+        assert form.status_code == 415 and "content-type" in form.json()["detail"]
+        assert client.post(url, data={"rank": "0"}).status_code == 415  # urlencoded form
+        assert client.post(url, content=b'{"rank": 0}').status_code == 415  # none declared
+        # the cookie still writes nothing
+        assert client.post("/api/v1/samples", content=ndjson([make_sample(1, rank=0, ts=t0 + 1)]),
+                           headers={"content-type": "application/x-ndjson"}).status_code == 401
+    with BackgroundServer(str(tmp_path / "vw.db"), token=token, auth_read=True) as srv, \
+            httpx.Client(base_url=srv.url, timeout=10, headers={"authorization": f"Bearer {token}"}) as cli:
+        assert cli.post(url, json={"rank": 0}).status_code == 200  # the CLI's bearer token still works
+        assert cli.post(url, content=b'{"rank": 0}').status_code == 415

@@ -21,6 +21,7 @@ from test_dashboard import (  # shared fixtures: the fed collector and the brows
     strip_rows,
 )
 
+from vramwatch.collector.app import dashboard_plotly_js_path, plotly_js_path
 from vramwatch.report import ReportError, build_report, report_data, write_report
 
 __all__ = ["browser", "collector"]  # fixtures re-exported for pytest
@@ -35,15 +36,17 @@ def demo_report(collector: dict[str, Any], tmp_path_factory: pytest.TempPathFact
 
 
 def test_report_is_self_contained(demo_report: Path) -> None:
-    import plotly
-
     text = demo_report.read_text(encoding="utf-8")
     assert text.startswith("<!doctype html>")
     # plotly.js, the CSS and the app are inlined: no src/href that would need a server
     refs = re.findall(r'<(?:script|link|img)\b[^>]*\b(?:src|href)="([^"]+)"', text)
     assert [r for r in refs if not r.startswith("data:")] == []
-    plotly_js = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
-    assert plotly_js[:2000] in text
+    # the partial (cartesian) plotly bundle the dashboard serves, not the full 4.8 MB one
+    partial = dashboard_plotly_js_path().read_text(encoding="utf-8")
+    assert partial[:2000] in text and partial[-2000:] in text
+    full = plotly_js_path().read_text(encoding="utf-8")
+    assert full[:2000] != partial[:2000] and full[:2000] not in text
+    assert len(text.encode()) < len(partial.encode()) + 4_000_000
     assert "window.VRAMWATCH_STATIC = " in text
     assert f"<title>vramwatch report · {DEMO_RUN}</title>" in text
     # only one closing script tag per script element: nothing inside ends one early

@@ -15,6 +15,8 @@ from vramwatch.probe.simulated import (
 )
 
 GB = 1e9
+#: the operator's notes divide nvidia-smi's MiB by 1000 ("127.6GB / 143.8GB" on an H200 of 143771 MiB)
+NOTES_GB = 1000 * 2**20
 
 
 def train(samples: list[dict]) -> list[dict]:
@@ -83,11 +85,12 @@ def test_demo_plateau_near_the_kohrm_numbers_rank0_higher_rank5_leaks() -> None:
         samples = train(list(simulate_trace("demo", steps=2400, rank=rank, seed=0)))
         used[rank] = [s["nvml_used_bytes"] for s in samples]
         allocated[rank] = [s["allocated_bytes"] for s in samples]
-    # plateau (after warm-up and the first checkpoint) near 127-130 GB on a 143.8 GB card
-    assert 126 * GB < used[1][1000] < 129 * GB
-    assert 128 * GB < used[0][1000] < 131 * GB
-    assert used[0][1000] - used[1][1000] == pytest.approx(2.3 * GB, rel=0.3)
-    assert abs(used[1][-1] - used[1][1000]) < 0.3 * GB  # healthy rank stays put
+    # plateau (after warm-up and the first checkpoint) near the notes' "127-130GB / 143.8GB",
+    # which are nvidia-smi MiB / 1000 (the card is 143771 MiB)
+    assert 126 * NOTES_GB < used[1][1000] < 129 * NOTES_GB
+    assert 128 * NOTES_GB < used[0][1000] < 131 * NOTES_GB
+    assert used[0][1000] - used[1][1000] == pytest.approx(2.3 * NOTES_GB, rel=0.3)
+    assert abs(used[1][-1] - used[1][1000]) < 0.3 * NOTES_GB  # healthy rank stays put
     truth = scenario_truth("demo", rank=5)
     assert truth["leak"]["onset"] == 700
     rise = allocated[5][-1] - allocated[5][1000]
@@ -171,3 +174,25 @@ def test_multi_rank_only_the_named_rank_leaks() -> None:
     for rank in range(8):
         truth = scenario_truth("multi_rank", rank=rank)
         assert (truth["leak"] is not None) == (rank == bad)
+
+
+@pytest.mark.parametrize(("device", "mib"), [
+    ("H200", 143_771), ("H100 80GB HBM3", 81_559), ("A100-SXM4-80GB", 81_920), ("A100-SXM4-40GB", 40_960),
+    ("GeForce RTX 3090", 24_576), ("GeForce RTX 4090", 24_564),
+])
+def test_simulated_devices_match_nvidia_smi(device: str, mib: int) -> None:
+    """Each simulated capacity is nvidia-smi's memory.total (MiB) x 2^20, never the MiB read as MB."""
+    from vramwatch.probe.simulated import NVIDIA_SMI_MIB, device_total_bytes
+
+    assert NVIDIA_SMI_MIB[device] == mib
+    assert device_total_bytes(device) == mib * 2**20
+    probe = SimulatedProbe("healthy", total_bytes=device_total_bytes(device))
+    assert probe.device_info()["name"] == f"Simulated {device}"
+    assert probe.read(10)["total_bytes"] == mib * 2**20
+
+
+def test_h200_is_140_gib_as_nvidia_smi_says() -> None:
+    assert H200_TOTAL_BYTES == 150_754_820_096
+    assert f"{H200_TOTAL_BYTES / 2**30:.1f}" == "140.4"
+    with pytest.raises(ValueError, match="device: unknown simulated device 'B300'"):
+        __import__("vramwatch.probe.simulated", fromlist=["x"]).device_total_bytes("B300")

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import gzip
 import math
+import os
 
 import orjson
 import pytest
 from helpers import H200_TOTAL, GiB, make_sample
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from vramwatch import wire
+from vramwatch import wire, wire_decode
 from vramwatch.wire import WireError, validate
 
 
@@ -124,54 +127,132 @@ def test_bad_line_in_a_trace_names_file_line_and_field(tmp_path) -> None:
     assert str(path) in str(info.value) and ":2: ooms" in str(info.value)
 
 
-def test_fast_path_accepts_exactly_what_the_full_check_accepts() -> None:
-    """validate() short-cuts canonical samples; the short cut must never accept more."""
-    import random
-
-    from vramwatch.probe.simulated import simulate_trace
-    from vramwatch.wire import _plainly_valid, _validate_slow
-
-    rng = random.Random(7)
-    samples = list(simulate_trace("fragmentation", steps=300, run="r", host="h", rank=1, seed=3))
-    samples += [make_sample(i, extra={"loss": 1.0 * i, "tokens_seen": i}) for i in range(50)]
-    samples += [make_sample(i, host_rss_bytes=i * 4096, exit=i == 3, seq=i % 2, foreign_used_bytes=0)
-                for i in range(20)]
-    samples += [sparse_sample(i, **extra) for i in range(20)
-                for extra in ({}, {"reserved_bytes": None}, {"allocated_bytes": None, "nvml_used_bytes": GiB})]
-    mutations = [
-        ("allocated_bytes", None), ("nvml_used_bytes", None), ("schema", 2), ("schema", 1), ("exit", 1),
-        ("oom_marked", True), ("seq", None), ("host_rss_bytes", None), ("host_rss_bytes", 1.5),
-        ("run", "a\u202eb"), ("host", "x\u200by"), ("uuid", "GPU\ufeff"), ("total_bytes", 1),
-        ("allocated_bytes", -1), ("reserved_bytes", 0), ("ts", 5.0), ("ts", 1_700_000_000), ("phase", "bad phase"),
-        ("phase", ["train"]), ("run", {"a": 1}),
-        ("run", ""), ("host", "x\ty"), ("uuid", 3), ("extra", {"a": "b"}), ("extra", {"a": float("inf")}),
-        ("step_time_s", -1.0), ("allocator", "cudaMallocAsync"), ("nvml_used_bytes", 10**15), ("gpu", True),
-        ("peak_allocated_bytes", 0), ("schema", 1.0), ("tokens", None), ("bogus", 1),
-    ]
-    checked = fast = 0
-    for s in samples:
-        for _ in range(3):
-            candidate = dict(s)
-            name, value = rng.choice(mutations)
-            if rng.random() < 0.7:
-                candidate[name] = value
-            try:
-                slow = _validate_slow(dict(candidate), None, 300.0)
-            except WireError:
-                slow = None
-            if _plainly_valid(candidate):
-                fast += 1
-                assert slow == candidate, (name, value)
-            checked += 1
-    assert checked > 1000 and fast > 200
-
-
 def sparse_sample(step: int = 0, **overrides) -> dict:
     """Schema 2 with only what a dcgm-exporter series has: device used and capacity, plus allocated."""
     sample = {"schema": 2, "run": "sparse", "host": "node-1", "rank": 0, "step": step, "ts": 1_760_000_000.0 + step,
               "phase": "train", "allocated_bytes": 40 * GiB, "total_bytes": H200_TOTAL}
     sample.update(overrides)
     return {k: v for k, v in sample.items() if v is not ...}
+
+
+#: (field, value) changes that make a valid sample odd, wrong or still valid in another form
+MUTATIONS = [
+    ("allocated_bytes", None), ("nvml_used_bytes", None), ("schema", 2), ("schema", 1), ("exit", 1),
+    ("oom_marked", True), ("seq", None), ("host_rss_bytes", None), ("host_rss_bytes", 1.5),
+    ("run", "a\u202eb"), ("host", "x\u200by"), ("uuid", "GPU\ufeff"), ("total_bytes", 1),
+    ("allocated_bytes", -1), ("reserved_bytes", 0), ("ts", 5.0), ("ts", 1_700_000_000), ("phase", "bad phase"),
+    ("phase", ["train"]), ("run", {"a": 1}),
+    ("run", ""), ("host", "x\ty"), ("uuid", 3), ("extra", {"a": "b"}), ("extra", {"a": float("inf")}),
+    ("step_time_s", -1.0), ("allocator", "cudaMallocAsync"), ("nvml_used_bytes", 10**15), ("gpu", True),
+    ("peak_allocated_bytes", 0), ("schema", 1.0), ("tokens", None), ("bogus", 1),
+    ("step", 7.0), ("rank", 2**53 + 1), ("run", "r" * 129), ("phase", "p" * 33), ("extra", {"k" * 65: 1}),
+    ("extra", {"loss": 2**60}), ("extra", {"a\u2066": 1}), ("foreign_used_bytes", 10**15),
+    ("foreign_used_bytes", None), ("allocator", None), ("exit", None), ("incarnation", "i:1"), ("phase", "ckpt:2"),
+    ("step_time_s", 3), ("uuid", None), ("schema", 3), ("schema", True), ("ooms", True), ("oom_marked", 0),
+    ("total_bytes", 0), ("reserved_bytes", H200_TOTAL + 1),
+]
+
+
+def agreement_corpus() -> list[dict]:
+    from vramwatch.probe.simulated import simulate_trace
+
+    samples = list(simulate_trace("fragmentation", steps=300, run="r", host="h", rank=1, seed=3))
+    samples += [make_sample(i, extra={"loss": 1.0 * i, "tokens_seen": i}) for i in range(50)]
+    samples += [make_sample(i, host_rss_bytes=i * 4096, exit=i == 3, seq=i % 2, foreign_used_bytes=0)
+                for i in range(20)]
+    samples += [sparse_sample(i, **extra) for i in range(20)
+                for extra in ({}, {"reserved_bytes": None}, {"allocated_bytes": None, "nvml_used_bytes": GiB})]
+    # at the bounds: nothing allocated on a device of capacity 0 (only the capacity is wrong)
+    samples += [make_sample(i, allocated_bytes=0, reserved_bytes=0, peak_allocated_bytes=0, nvml_used_bytes=0,
+                            total_bytes=0) for i in range(20)]
+    return samples
+
+
+def assert_paths_agree(candidate: dict) -> tuple[bool, bool]:
+    """Both fast paths against the full check on one candidate: ``_plainly_valid`` (on the dict,
+    what ingest uses) and ``decode_line_fast`` (on its JSON line, what analyze uses) may only
+    accept what the slow path accepts, and must return what it returns (values and types)."""
+    from vramwatch.wire import _plainly_valid, _validate_slow
+    from vramwatch.wire_decode import decode_line_fast
+
+    try:
+        slow = _validate_slow(dict(candidate), None, 300.0)
+    except WireError:
+        slow = None
+    plain = _plainly_valid(candidate)
+    if plain:
+        assert slow == candidate, candidate
+    line = orjson.dumps(candidate)
+    try:
+        expected = validate(orjson.loads(line))
+    except WireError:
+        expected = None
+    got = decode_line_fast(line) if decode_line_fast is not None else None
+    if got is not None:
+        assert expected is not None, line
+        assert orjson.dumps(got, option=orjson.OPT_SORT_KEYS) == orjson.dumps(expected, option=orjson.OPT_SORT_KEYS)
+        assert list(got) == [f.name for f in wire.FIELD_TABLE if f.name in got]  # the table's order
+    return plain, got is not None
+
+
+def test_fast_path_accepts_exactly_what_the_full_check_accepts() -> None:
+    """validate() and analyze short-cut canonical samples; the short cuts must never accept more."""
+    import random
+
+    rng = random.Random(7)
+    checked = fast = fast_line = 0
+    for s in agreement_corpus():
+        for _ in range(3):
+            candidate = dict(s)
+            name, value = rng.choice(MUTATIONS)
+            if rng.random() < 0.7:
+                candidate[name] = value
+            plain, line_ok = assert_paths_agree(candidate)
+            fast += plain
+            fast_line += line_ok
+            checked += 1
+    assert checked > 1000 and fast > 200
+    if os.environ.get("CI") or wire_decode.decode_line_fast is not None:  # msgspec is in the server extra
+        assert fast_line > 200
+
+
+_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-2, 2**54), st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(["", "train", "a:b", "x\u202ey", "native", "cudaMallocAsync", "n" * 129]),
+    st.dictionaries(st.sampled_from(["loss", "", "a\u200b"]), st.one_of(st.integers(-2**60, 2**60), st.floats(),
+                                                                      st.text(max_size=2)), max_size=3),
+)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(base=st.sampled_from(agreement_corpus()[::7]),
+       changes=st.dictionaries(st.sampled_from([*wire.FIELDS, "bogus"]), _VALUES, max_size=3),
+       drop=st.sets(st.sampled_from(list(wire.FIELDS)), max_size=2))
+def test_fast_paths_agree_with_the_full_check_on_generated_samples(base: dict, changes: dict, drop: set) -> None:
+    candidate = {k: v for k, v in base.items() if k not in drop}
+    candidate.update(changes)
+    assert_paths_agree(candidate)
+
+
+def test_line_fast_path_leaves_odd_lines_to_the_full_check() -> None:
+    """Lines the one-pass decoder does not take: the slow path normalises or names the field."""
+    from vramwatch.wire_decode import decode_line_fast
+
+    if decode_line_fast is None:
+        assert not os.environ.get("CI"), "msgspec (server extra) missing in CI"
+        pytest.skip("msgspec not installed")
+    good = make_sample(3)
+    assert decode_line_fast(orjson.dumps(good)) == good
+    odd = [
+        orjson.dumps({**make_sample(3), "step": 3.0}),  # a whole float: validate turns it into 3
+        orjson.dumps(make_sample(3, seq=None)),  # an explicit null optional: validate drops it
+        orjson.dumps(make_sample(3, bogus=1)),  # unknown: validate names it
+        orjson.dumps(make_sample(3))[:-1] + b',"run":"a\\u202eb"}',  # duplicate key, last wins, invisible
+        b"",
+        b"[]",
+    ]
+    for line in odd:
+        assert decode_line_fast(line) is None, line
 
 
 @pytest.mark.parametrize("present", [
@@ -277,3 +358,24 @@ def test_docs_field_table_is_up_to_date() -> None:
 
     doc = Path(__file__).resolve().parents[1] / "docs" / "fields.md"
     assert doc.read_text(encoding="utf-8") == wire.fields_markdown(), f"docs/fields.md is stale: run {REGENERATE}"
+
+
+def test_fast_path_shape_cache_is_bounded_and_still_decides_right() -> None:
+    """Shapes (schema, key order, value types) are cached up to a bound; past it every sample is
+    still judged, just without caching: a client varying its key order cannot grow memory."""
+    import random
+
+    from vramwatch.wire import _SHAPES, _plainly_valid
+
+    rng = random.Random(3)
+    base = make_sample(5, uuid="GPU-1", incarnation="i-1", host_rss_bytes=7, exit=False, extra={"loss": 0.5})
+    keys = list(base)
+    for i in range(1200):
+        rng.shuffle(keys)
+        sample = {k: base[k] for k in keys}
+        assert _plainly_valid(sample) and validate(sample) is sample
+        bad = dict(sample, ooms=-1) if i % 2 else dict(sample, reserved_bytes=H200_TOTAL + 1)
+        assert not _plainly_valid(bad)
+        with pytest.raises(WireError):
+            validate(bad)
+    assert len(_SHAPES) <= 1024

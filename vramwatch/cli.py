@@ -125,13 +125,23 @@ def cmd_front(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.peers or args.peers_file or args.peers_prometheus:
+        if args.otlp_endpoint:
+            raise UsageError("--otlp-endpoint: a federating front holds no ranks; set it on each collector")
         return cmd_front(args)
     from vramwatch.collector.app import Settings
     from vramwatch.collector.server import ShutdownError, serve
     from vramwatch.collector.store import StoreError
 
     token = _read_token(args)
-    settings = Settings(db_path=_db_path(args), token=token, auth_read=args.auth_read,
+    hooks = ()
+    if args.otlp_endpoint:  # push per-rank metrics over OTLP/HTTP (vramwatch/otlp.py)
+        from vramwatch.otlp import lifespan_hook
+
+        try:
+            hooks = (lifespan_hook(args.otlp_endpoint, args.otlp_interval),)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    settings = Settings(db_path=_db_path(args), token=token, auth_read=args.auth_read, lifespan_hooks=hooks,
                         finished_after_s=args.finished_after,
                         max_samples_per_run=args.max_samples_per_run or None,
                         retention_days=args.retention_days or None,
@@ -173,13 +183,18 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from vramwatch.engine.analyze import analyze_paths, format_table
     from vramwatch.wire import WireError
 
-    paths = _existing_files(args.paths)
-    try:
-        doc = analyze_paths([str(p) for p in paths], strict=args.strict)
-    except WireError as exc:
-        raise UsageError(str(exc)) from None
-    except (OSError, EOFError) as exc:
-        raise UsageError(f"cannot read trace: {exc}") from None
+    if args.source != "jsonl":  # other tools' files (vramwatch/importers)
+        from vramwatch.importers.cli import cmd_analyze as analyze_imported
+
+        doc = analyze_imported(args, UsageError)
+    else:
+        paths = _existing_files(args.paths)
+        try:
+            doc = analyze_paths([str(p) for p in paths], strict=args.strict)
+        except WireError as exc:
+            raise UsageError(str(exc)) from None
+        except (OSError, EOFError) as exc:
+            raise UsageError(f"cannot read trace: {exc}") from None
     if doc["skipped_lines"]:
         print(f"skipped {doc['skipped_lines']} bad lines (--strict stops at the first): "
               + "; ".join(doc["bad_lines"][:3]), file=sys.stderr)
@@ -194,6 +209,10 @@ def cmd_import(args: argparse.Namespace) -> int:
     from vramwatch.collector.store import Store, StoreError
     from vramwatch.wire import WireError, iter_samples
 
+    if args.source != "jsonl":  # other tools' files (vramwatch/importers)
+        from vramwatch.importers.cli import cmd_import as import_other
+
+        return import_other(args, _db_path(args), UsageError)
     paths = _existing_files(args.paths)
     try:
         # pass 1: validate everything, so bad input changes nothing
@@ -278,6 +297,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from vramwatch.__about__ import __version__
+    from vramwatch.importers.cli import add_arguments as add_import_arguments
 
     parser = _Parser(prog="vramwatch", description="Live GPU-memory telemetry for deep-learning training.")
     parser.add_argument("--version", action="version", version=f"vramwatch {__version__}")
@@ -320,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Host header name to serve (repeat; default: loopback names on a loopback bind, "
                         "any name otherwise); others get 421")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--otlp-endpoint", metavar="URL",
+                   help="push per-rank memory and verdict metrics to this OTLP/HTTP endpoint (e.g. http://otel:4318)")
+    p.add_argument("--otlp-interval", type=_positive(float), default=15.0, metavar="SECONDS",
+                   help="seconds between OTLP pushes (default 15)")
     front = p.add_argument_group("federating front (stores nothing; see docs/deploy.md)")
     front.add_argument("--peers", metavar="URL[,URL...]", help="serve one dashboard/API over these collectors")
     front.add_argument("--peers-file", metavar="FILE", help="peer URLs (one per line, name=URL allowed); "
@@ -345,11 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout (stable contract)")
     p.add_argument("--strict", action="store_true", help="stop at the first bad line (exit 2) instead of skipping it")
+    add_import_arguments(p, skip_default=True)
     p.set_defaults(func=cmd_analyze)
 
-    p = sub.add_parser("import", help="load trace files into the database (idempotent)")
+    p = sub.add_parser("import", help="load trace files (or other tools' files: --from) into the database")
     p.add_argument("paths", nargs="+", metavar="PATH")
     add_db(p)
+    add_import_arguments(p)
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("export", help="write a run's samples as JSON Lines, exactly as ingested")
@@ -357,6 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_db(p)
     p.add_argument("--out", metavar="FILE", help="output file (default stdout)")
     p.set_defaults(func=cmd_export)
+
+    from vramwatch.watch import add_parser as add_watch_parser
+
+    add_watch_parser(sub, add_db, _port, _positive)
 
     p = sub.add_parser("report", help="self-contained static HTML report of a run")
     p.add_argument("run")

@@ -3,9 +3,11 @@
 For post-mortems and sharing: the file opens offline, from disk or a mail attachment,
 with no collector behind it. It is the live dashboard itself (the same index.html,
 app.js and style.css, plotly.js inlined) with every API answer it needs embedded as
-``window.VRAMWATCH_STATIC``: verdicts from replaying the run through the same
+``window.VRAMWATCH_STATIC``: the partial plotly bundle the dashboard serves (1.5 MB, not the
+full 4.8 MB one), verdicts from replaying the run through the same
 TrendEngine the collector uses, min/max-envelope series per rank (as ``/chart``), phases,
-events and the ranks x steps heatmaps. Zooming works on the embedded points.
+events, the ranks x steps heatmaps, the snapshot list and, when a rank failed, the
+post-mortem (first failure, how each rank ended). Zooming works on the embedded points.
 
 Series are embedded for at most ``MAX_SERIES_RANKS`` ranks (the worst first, plus rank 0),
 sharing a budget of ``REPORT_POINTS`` chart points (each rank gets between
@@ -24,18 +26,21 @@ from typing import Any
 
 import orjson
 
-from vramwatch import verdicts
-from vramwatch.collector.app import dashboard_dir, plotly_js_path
+from vramwatch import postmortem, verdicts
+from vramwatch.collector.app import dashboard_dir, dashboard_plotly_js_path
 from vramwatch.collector.bundle import BundleError, bundle
 from vramwatch.collector.live import LiveState, SeriesState
 from vramwatch.collector.rows import rank_rows
+from vramwatch.collector.snapshots import SnapshotStore
 from vramwatch.collector.store import Store
 from vramwatch.collector.views import run_chart, run_heatmap
 
-#: Fields the run page charts (the same list app.js asks the live API for).
+#: Fields the run page charts (the rank chart's list in rankchart.js, and memsplit.js's
+#: device split / host memory fields).
 SERIES_FIELDS = (
     "ts", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes",
     "total_bytes", "inactive_split_bytes", "alloc_retries",
+    "foreign_used_bytes", "host_rss_bytes", "host_children_rss_bytes", "host_available_bytes", "host_pinned_bytes",
 )
 #: most points embedded for one rank, and for all ranks together (spikes survive: min/max envelope)
 SERIES_POINTS = 2000
@@ -93,6 +98,7 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             key = f"{s.host}\u0000{s.rank}"
             series[key] = run_chart(store, run, s.rank, host=s.host, fields=list(SERIES_FIELDS), points=per_rank)
             phases[key] = store.phase_samples(run, s.host, s.rank)
+        evidence = _evidence(db_path, run, store)
         heatmap = {
             x: {f: run_heatmap(store, run, field=f, x=x, cols=HEATMAP_COLS) for f in ("headroom", "reserved")}
             for x in ("step", "ts")
@@ -107,9 +113,25 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             "phases": phases,
             "events": events,
             "heatmap": heatmap,
+            **evidence,
         }
     finally:
         store.close()
+
+
+def _evidence(db_path: str, run: str, store: Store) -> dict[str, Any]:
+    """The run's snapshot list, and its post-mortem when a rank failed (``postmortem`` key
+    absent otherwise). Cost: two sequential reads of the run's samples."""
+    snaps = [i.to_dict() for i in SnapshotStore.beside(db_path).list(run)]
+    pm = postmortem.build(run, lambda: store.iter_samples(run), now=time.time())
+    out: dict[str, Any] = {"snapshots": snaps}
+    if pm.first_failure is not None:
+        pm.snapshots = snaps
+        doc = pm.to_dict()
+        for r in doc["ranks"]:
+            r.pop("last_sample", None)  # the verdict table has the last sample; 512 of them add ~0.5 MB
+        out["postmortem"] = doc
+    return out
 
 
 def _script_safe(js: str) -> str:
@@ -138,7 +160,7 @@ def build_report(db_path: str, run: str) -> str:
         page = (static / "index.html").read_text(encoding="utf-8")
         css = (static / "style.css").read_text(encoding="utf-8")
         app_js = bundle(static)  # the ES modules as one inline module script
-        plotly_js = plotly_js_path().read_text(encoding="utf-8")
+        plotly_js = dashboard_plotly_js_path().read_text(encoding="utf-8")
     except (OSError, BundleError) as exc:
         raise ReportError(f"dashboard: front-end files missing from this installation ({exc})") from None
     page = _replace_once(page, "<title>vramwatch</title>", f"<title>vramwatch report · {html.escape(run)}</title>")

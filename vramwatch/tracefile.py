@@ -39,12 +39,28 @@ def iter_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
 
 
 def iter_samples(path: str | os.PathLike[str]) -> Iterator[Sample]:
-    """Validated samples from a trace file; the first bad line raises WireError naming it."""
-    for lineno, obj in iter_file(path):
-        try:
-            yield validate(obj)
-        except WireError as exc:
-            raise WireError(f"{path}:{lineno}: {exc.field}", exc.message) from None
+    """Validated samples from a trace file; the first bad line raises WireError naming it.
+
+    A canonical line is decoded and validated in one pass (:mod:`vramwatch.wire_decode`, when
+    msgspec is installed); any other line takes ``orjson.loads`` + ``validate``, which
+    normalise it or name the bad field: the same samples and errors either way.
+    """
+    from vramwatch.wire_decode import decode_line_fast  # imports wire, which imports this module
+
+    fast = decode_line_fast
+    with _open_read(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            sample = None if fast is None else fast(line)
+            if sample is None:
+                if not line.strip():
+                    continue
+                try:
+                    sample = validate(orjson.loads(line))
+                except orjson.JSONDecodeError as exc:
+                    raise WireError(f"{path}:{lineno}", f"invalid JSON: {exc}") from None
+                except WireError as exc:
+                    raise WireError(f"{path}:{lineno}: {exc.field}", exc.message) from None
+            yield sample
 
 
 class TraceWriter:

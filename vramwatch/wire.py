@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from operator import itemgetter
+from typing import Any, NamedTuple, TypedDict
 
 import orjson
 
@@ -258,37 +259,6 @@ def _check(name: str, kind: str, value: Any) -> Any:
     raise AssertionError(kind)  # pragma: no cover
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """Per schema version, the table sorted into what the fast path checks."""
-
-    required: int  # number of required keys
-    ints: tuple[str, ...]  # required, non-null whole numbers
-    nullable_required: tuple[str, ...]  # required, int or null
-    opt_ints: tuple[tuple[str, bool], ...]  # optional whole numbers (name, null allowed), common first
-    opt_names: tuple[str, ...]
-    opt_floats: tuple[tuple[str, bool], ...]
-    flags: tuple[str, ...]
-
-
-def _plan(version: int) -> _Plan:
-    req = [f for f in FIELD_TABLE if version in f.required]
-    opt = [f for f in FIELD_TABLE if version not in f.required]
-    ints = ("b", "i")
-    return _Plan(
-        required=len(req),
-        ints=tuple(f.name for f in req if f.kind in ints and version not in f.nullable and f.name != "schema"),
-        nullable_required=tuple(f.name for f in req if f.kind in ints and version in f.nullable),
-        opt_ints=tuple((f.name, version in f.nullable) for f in opt if f.kind in ints),
-        opt_names=tuple(f.name for f in opt if f.kind == "s"),
-        opt_floats=tuple((f.name, version in f.nullable) for f in opt if f.kind == "f"),
-        flags=tuple(f.name for f in opt if f.kind == "flag"),
-    )
-
-
-_PLANS = {version: _plan(version) for version in SCHEMA_VERSIONS}
-assert {f.kind for f in FIELD_TABLE if not set(_ALL) <= set(f.required)} <= {"i", "b", "s", "f", "flag", "extra",
-                                                                           "allocator"}, "no fast rule for a kind"
 _MISSING = object()
 _known_phases: set[str] = {TRAIN_PHASE, "eval", "checkpoint"}
 # run/host/uuid/incarnation repeat on every sample: remember the ones already checked
@@ -307,100 +277,119 @@ def _plain_name(value: Any, limit: int = MAX_NAME) -> bool:
     return ok
 
 
-def _plain_optionals(obj: dict[str, Any], plan: _Plan) -> bool:
-    """True when the keys of ``obj`` beyond the required ones are all known optional fields in
-    canonical form. One specialised loop per kind, common fields first, stopping as soon as
-    every extra key is accounted for; a key that is no field never is (slow path)."""
-    get, missing = obj.get, _MISSING
-    left = len(obj) - plan.required
-    for name, nullable in plan.opt_ints:
-        value = get(name, missing)
-        if value is not missing:
-            if value is None:
-                if not nullable:
-                    return False  # the slow path drops it
-            elif type(value) is not int or value < 0 or value > MAX_INT:
-                return False
-            left -= 1
-    for name in plan.opt_names:
-        value = get(name, missing)
-        if value is not missing:
+#: the Python type each kind has in canonical form (anything else: the slow path normalises or refuses)
+_CANONICAL = {"i": int, "b": int, "s": str, "ts": float, "f": float, "phase": str, "allocator": str,
+              "extra": dict, "flag": bool}
+_NAME_KINDS = ("s", "phase", "allocator")
+_QUICK = ("allocated_bytes", "reserved_bytes", "peak_allocated_bytes")
+
+
+class _Shape(NamedTuple):
+    """What is left to check of a sample once its schema, keys (in order) and value types are
+    known: the value checks, as getters built once per shape."""
+
+    ints: Callable[[dict[str, Any]], tuple[int, ...]]  # every whole-number value: range 0..2**53
+    floats: tuple[str, ...]  # kind "f": finite and >= 0 (ts is checked apart)
+    names: Callable[[dict[str, Any]], tuple[str, ...]]  # names, phase, allocator: checked once per tuple
+    name_kinds: tuple[tuple[str, str], ...]  # (kind, field) in the order of ``names``
+    extra: bool
+    quick: bool  # allocated, reserved and peak measured, no foreign memory: the common cross-check
+
+
+def _shape(schema: int, obj: dict[str, Any]) -> _Shape | None:
+    """The checks for samples shaped like ``obj``, or None when the shape alone sends it to the
+    slow path (unknown or missing field, a type that is not canonical, a null the schema drops)."""
+    if schema not in SCHEMA_VERSIONS:
+        return None
+    ints, floats, names = [], [], []
+    for name, value in obj.items():
+        field = FIELD_BY_NAME.get(name)
+        if field is None:
+            return None
+        if value is None:
+            if schema not in field.nullable:
+                return None  # refused, or dropped by the slow path
+            continue
+        if type(value) is not _CANONICAL[field.kind]:
+            return None
+        if field.kind in ("i", "b"):
+            ints.append(name)
+        elif field.kind == "f":
+            floats.append(name)
+        elif field.kind in _NAME_KINDS:
+            names.append((field.kind, name))
+    if any(schema in f.required and f.name not in obj for f in FIELD_TABLE):
+        return None
+    quick = all(obj.get(name) is not None for name in _QUICK) and "foreign_used_bytes" not in obj
+    return _Shape(itemgetter(*ints), tuple(floats), itemgetter(*(n for _, n in names)), tuple(names),
+                  "extra" in obj, quick)
+
+
+#: shape (schema, keys in order, value types) -> its checks; bounded (a hostile client sending a new
+#: key order per sample gets the plan built each time, never a growing cache)
+_SHAPES: dict[tuple[Any, ...], _Shape | None] = {}
+#: name tuples (run, host, phase, ...) already checked
+_known_name_tuples: set[tuple[str, ...]] = set()
+
+
+def _plain_names(shape: _Shape, names: tuple[str, ...]) -> bool:
+    for (kind, _), value in zip(shape.name_kinds, names, strict=True):
+        if kind == "s":
             if not _plain_name(value):
                 return False
-            left -= 1
-    for name, nullable in plan.opt_floats:
-        value = get(name, missing)
-        if value is not missing:
-            if value is None:
-                if not nullable:
-                    return False
-            elif type(value) is not float or not 0.0 <= value < math.inf:
+        elif kind == "phase":
+            if value not in _known_phases and not PHASE_RE.match(value):
                 return False
-            left -= 1
-    if not left:
-        return True
-    value = get("allocator", missing)
-    if value is not missing:
-        if value != "native":  # cudaMallocAsync relaxes a cross-check: slow path
+        elif value not in ALLOCATORS:
             return False
-        left -= 1
-    value = get("extra", missing)
-    if value is not missing:
-        if type(value) is not dict or len(value) > MAX_EXTRA_KEYS or not all(
-                _plain_name(key, 64) and type(number) in (int, float) and abs(number) <= MAX_INT
-                for key, number in value.items()):
-            return False
-        left -= 1
-    for name in plan.flags:
-        value = get(name, missing)
-        if value is not missing:
-            if type(value) is not bool:
-                return False
-            left -= 1
-    return not left
+    if len(_known_name_tuples) < 4096:
+        _known_name_tuples.add(names)
+    return True
 
 
 def _plainly_valid(obj: dict[str, Any]) -> bool:
     """Fast path for the common case: every field already in canonical form and valid.
 
-    False means "take the slow path", which either normalises or names the bad field;
-    both paths accept exactly the same samples (tests/test_wire.py checks agreement).
+    False means "take the slow path", which either normalises or names the bad field; both
+    paths accept exactly the same samples (tests/test_wire.py checks agreement). Cost: one
+    tuple of the keys and value types looked up in a cache of shapes (what is required,
+    present, typed right is known per shape), then one min/max over the whole numbers, the
+    names as one cached tuple and the cross-field rules: no per-field ``get``.
     """
     schema = obj.get("schema")
-    if type(schema) is not int or schema not in _PLANS:
+    if type(schema) is not int:
         return False
-    plan = _PLANS[schema]
-    try:
-        for name in plan.ints:
-            value = obj[name]
-            if type(value) is not int or value < 0 or value > MAX_INT:
-                return False
-        for name in plan.nullable_required:
-            value = obj[name]
-            if value is not None and (type(value) is not int or value < 0 or value > MAX_INT):
-                return False
-        ts, phase, run, host = obj["ts"], obj["phase"], obj["run"], obj["host"]
-    except KeyError:
+    key = (schema, *obj, *map(type, obj.values()))
+    shape = _SHAPES.get(key, _MISSING)
+    if shape is _MISSING:
+        shape = _shape(schema, obj)
+        if len(_SHAPES) < 1024:
+            _SHAPES[key] = shape
+    if shape is None:
         return False
-    if type(ts) is not float or not MIN_TS <= ts < math.inf:
+    ints = shape.ints(obj)
+    if min(ints) < 0 or max(ints) > MAX_INT:
         return False
-    if type(phase) is not str:
+    if not MIN_TS <= obj["ts"] < math.inf:
         return False
-    if phase not in _known_phases:
-        if not PHASE_RE.match(phase):
+    for name in shape.floats:
+        if not 0.0 <= obj[name] < math.inf:
             return False
-        if len(_known_phases) < 256:
-            _known_phases.add(phase)
-    if not (_plain_name(run) and _plain_name(host)):
+    names = shape.names(obj)
+    if names not in _known_name_tuples and not _plain_names(shape, names):
         return False
-    if len(obj) > plan.required and not _plain_optionals(obj, plan):
-        return False
-    get = obj.get
-    allocated, reserved, peak = get("allocated_bytes"), get("reserved_bytes"), get("peak_allocated_bytes")
-    used, total = get("nvml_used_bytes"), obj["total_bytes"]
-    if allocated is None or reserved is None or peak is None or "foreign_used_bytes" in obj:
-        return _consistent(obj) is None  # sparse or with more to check: the general rules
-    return allocated <= reserved <= total and peak >= allocated and total > 0 and (used is None or used <= total)
+    if shape.extra:
+        extra = obj["extra"]
+        if len(extra) > MAX_EXTRA_KEYS or not all(
+                _plain_name(key, 64) and type(number) in (int, float) and -MAX_INT <= number <= MAX_INT
+                for key, number in extra.items()):
+            return False
+    if shape.quick and obj.get("allocator") != "cudaMallocAsync":
+        allocated, reserved, total, used = (obj["allocated_bytes"], obj["reserved_bytes"], obj["total_bytes"],
+                                            obj.get("nvml_used_bytes"))
+        return (allocated <= reserved <= total and obj["peak_allocated_bytes"] >= allocated and total > 0
+                and (used is None or used <= total))
+    return _consistent(obj) is None  # sparse, foreign memory or cudaMallocAsync: the general rules
 
 
 def _consistent(s: dict[str, Any]) -> WireError | None:

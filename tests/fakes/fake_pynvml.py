@@ -61,7 +61,7 @@ NVMLError_GpuIsLost = _subclass("NVMLError_GpuIsLost", NVML_ERROR_GPU_IS_LOST)
 class FakeGpu:
     uuid: str
     name: str = "NVIDIA H200"
-    total: int = 143_771_009_024
+    total: int = 143_771 * 2**20  # nvidia-smi: 143771 MiB
     used: int = 10 * GiB
     processes: dict[int, int | None] = field(default_factory=dict)  # pid -> usedGpuMemory
     mig: list[FakeGpu] = field(default_factory=list)

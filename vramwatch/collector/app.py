@@ -13,6 +13,7 @@ without the framework's routing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import time
@@ -167,7 +168,10 @@ def create_app(settings: Settings) -> FrontDoor:
             asyncio.get_running_loop().set_exception_handler(guard.loop_exception)
         maintenance = asyncio.create_task(_maintenance(app, settings))
         try:
-            yield
+            async with contextlib.AsyncExitStack() as hooks:
+                for hook in settings.lifespan_hooks:  # extensions: OTLP export, `vramwatch watch`
+                    await hooks.enter_async_context(hook(app))
+                yield
         finally:
             maintenance.cancel()
             try:

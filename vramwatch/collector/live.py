@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramwatch import verdicts
-from vramwatch.wire import Sample, fully_measured
+from vramwatch.wire import Sample
 
 SeriesKey = tuple[str, str, int]
 
@@ -145,8 +145,8 @@ class SeriesState:
         self.incarnation = incarnation
         self._frontier_step = step
         self._frontier_phases = (*self._frontier_phases, sample["phase"])
-        ooms = sample["ooms"]
-        if ooms > self.incarnation_ooms:
+        ooms = sample.get("ooms")  # None: not measured (sparse sources)
+        if ooms is not None and ooms > self.incarnation_ooms:
             self.incarnation_ooms = ooms
             self.last_oom = {"step": step, "ts": sample["ts"]}
         if exit_marked(sample):
@@ -236,11 +236,10 @@ class LiveState:
                     state.samples += 1
                 state.last_seen = now
                 state.version = version
-                if not fully_measured(s):
-                    continue  # stored; the engine and /metrics judge sparse (schema 2) samples once they can
+                # sparse (schema 2) samples are judged too: the engine uses whatever level was measured
                 step = s["step"]
                 if (step > state._frontier_step and s.get("incarnation", "") == state.incarnation
-                        and state.last is not None and s["ooms"] == state.incarnation_ooms and "exit" not in s):
+                        and state.last is not None and s.get("ooms") == state.incarnation_ooms and "exit" not in s):
                     state._frontier_step = step
                     state._frontier_phases = (s["phase"],)
                 elif state.accepts(s):

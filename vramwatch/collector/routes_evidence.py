@@ -44,12 +44,23 @@ def run_keys(request: Request) -> Callable[[str], list[tuple[str, str, int]]]:
     return lambda run: [s.key for s in live.for_run(run)]
 
 
+def require_json(request: Request) -> None:
+    """415 unless the body is declared JSON. A browser can send JSON cross-site only after a
+    CORS preflight, which this collector never grants, so a cookie-authenticated capture
+    request comes from the dashboard's own origin (or a client holding the token)."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        raise HTTPException(415, f"content-type: must be application/json, got {ctype or 'none'!r}")
+
+
 def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) -> APIRouter:
     router = APIRouter()
     write = [Depends(ingest_auth)]
     read = [Depends(read_auth)]
 
-    @router.post("/api/v1/runs/{run:path}/capture", dependencies=write)
+    # read credentials (the dashboard's cookie) may ask for a capture: it only asks a rank to
+    # record a few steps, one pending directive per rank and trigger (DirectiveBoard.request)
+    @router.post("/api/v1/runs/{run:path}/capture", dependencies=[*read, Depends(require_json)])
     def capture(request: Request, run: str, body: CaptureRequest) -> dict[str, Any]:
         keys = [k for k in run_keys(request)(run)
                 if (body.rank is None or k[2] == body.rank) and (body.host is None or k[1] == body.host)]

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -55,6 +58,9 @@ class Settings:
     maintenance_interval_s: float = 60.0
     #: the address the server is bound to (set by server.py; used for the Host check)
     bind_host: str = field(default="127.0.0.1")
+    #: ``hook(app) -> async context manager`` entered after the store and live state are up,
+    #: exited before the store closes (vramwatch/otlp.py, vramwatch/watch.py)
+    lifespan_hooks: tuple[Callable[[Any], AbstractAsyncContextManager[None]], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_decompressed_bytes", "max_batch_samples", "maintenance_interval_s",

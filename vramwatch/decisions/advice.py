@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vramwatch.units import gib
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
 from .model import RankModel
@@ -208,7 +209,7 @@ def _recommend(
     """(action, one sentence with numbers)."""
     if binding is None or not models:
         worst = readiness.min_headroom_bytes
-        head = "unknown" if worst is None else f"{worst / 1e9:.1f} GB"
+        head = gib(worst, none="unknown")
         return "hold", (f"Hold: no per-step tokens in the samples (pass tokens= to vw.step), so no batch can be "
                         f"projected; worst headroom {head} on rank {readiness.worst_rank}.")
     model = next(m for m in models if m.rank == binding.rank and m.host == binding.host)

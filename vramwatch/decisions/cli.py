@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any
 
+from vramwatch.units import gib
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
 EXIT_GATE_FAILED = 1
@@ -65,7 +66,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
         _dump(result.as_dict())
         return 0
     r = result.readiness
-    head = "-" if r.min_headroom_bytes is None else f"{r.min_headroom_bytes / 1e9:.1f} GB"
+    head = gib(r.min_headroom_bytes)
     lines = [f"run {result.run}: {r.verdict.upper()} (plateau held {r.plateau_steps:,} steps, "
              f"{r.checkpoints_passed} checkpoint(s) passed, worst headroom {head} on rank {r.worst_rank})"]
     lines += [f"  - {reason}" for reason in r.reasons]
@@ -77,8 +78,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
                      f"uncertainty {cap.uncertainty_frac:.1%}")
     if result.target is not None:
         t = result.target
-        lines.append(f"at {t.tokens_per_step:,} tokens per step: worst peak {t.worst_peak_bytes / 1e9:.1f} GB "
-                     f"(rank {t.rank}, {t.phase}), headroom {t.headroom_bytes / 1e9:.1f} GB: "
+        lines.append(f"at {t.tokens_per_step:,} tokens per step: worst peak {gib(t.worst_peak_bytes)} "
+                     f"(rank {t.rank}, {t.phase}), headroom {gib(t.headroom_bytes)}: "
                      f"{'fits' if t.fits else 'does NOT fit'}")
     lines.append(result.recommendation)
     sys.stdout.write("\n".join(lines) + "\n")

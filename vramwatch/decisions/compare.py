@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vramwatch.units import gib
+
 from .observe import RankTrack, RunObservation
 
 
@@ -95,7 +97,7 @@ def _fmt(name: str, value: float | None) -> str:
     if value is None:
         return "-"
     if name.endswith("_bytes"):
-        return f"{value / 1e9:.2f} GB"
+        return gib(value, 2)
     return f"{value:.3f} s"
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vramwatch.units import gib
+
 from .compare import MEMORY_METRICS, Metric, compare
 from .observe import RunObservation
 
@@ -33,7 +35,7 @@ def gate(baseline: RunObservation, candidate: RunObservation, max_growth: float 
     comparable = [m for m in memory if m.growth is not None]
     missing = tuple(f"{m.name} rank {m.rank} phase {m.phase}" for m in memory if m.a is not None and m.b is None)
     missing += tuple(f"rank {r}" for r in cmp.ranks_only_in_a)
-    added = tuple(f"{m.name} rank {m.rank} phase {m.phase} ({(m.b or 0) / 1e9:.2f} GB)"
+    added = tuple(f"{m.name} rank {m.rank} phase {m.phase} ({gib(m.b or 0, 2)})"
                   for m in memory if m.a is None and m.b is not None)
     failures = tuple(sorted((m for m in comparable if (m.growth or 0) > max_growth),
                             key=lambda m: -(m.growth or 0)))
@@ -42,7 +44,7 @@ def gate(baseline: RunObservation, candidate: RunObservation, max_growth: float 
         f = failures[0]
         more = f" (+{len(failures) - 1} more over tolerance)" if len(failures) > 1 else ""
         line = (f"FAIL: {f.name} rank {f.rank} phase {f.phase} grew {f.growth:+.2%} "
-                f"({(f.a or 0) / 1e9:.2f} GB -> {(f.b or 0) / 1e9:.2f} GB), tolerance {max_growth:.1%}{more}")
+                f"({gib(f.a or 0, 2)} -> {gib(f.b or 0, 2)}), tolerance {max_growth:.1%}{more}")
         return GateResult(False, line, worst, failures, missing)
     if not comparable:
         return GateResult(False, "FAIL: nothing comparable between baseline and candidate", None, (), missing)

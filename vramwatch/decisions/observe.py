@@ -103,6 +103,8 @@ class RankTrack:
         for event in new:
             self.events.append(event)
             self.plateau.feed(event)
+        # sparse samples (schema 2: dcgm, nvidia-smi, imports) fold in too: the builder skips what
+        # it cannot split (no allocated/peak), headroom is judged on whatever level was measured
         self.builder.update(sample)
         incarnation = sample.get("incarnation", "")
         if incarnation != self._incarnation:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vramwatch.units import gib
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
 from .observe import LOOP_CAUSES, PlateauClock, RankTrack, RunObservation
@@ -74,7 +75,7 @@ def plateau_held_steps(events: list[dict[str, Any]], last_step: int | None, stat
 
 
 def _gb(value: float) -> str:
-    return f"{value / 1e9:.1f} GB"
+    return gib(value)
 
 
 def _unstable_break(track: RankTrack) -> dict[str, Any] | None:

@@ -21,7 +21,10 @@ from typing import IO, Any
 
 import orjson
 
-from ..wire import WireError, validate
+from vramwatch.units import gib
+
+from ..wire import Sample, WireError, validate
+from ..wire_decode import decode_line_fast
 from .config import EngineConfig
 from .core import TrendEngine
 
@@ -42,6 +45,13 @@ class _Series:
         self.events: list[dict[str, Any]] = []
         self.dropped_events = 0
 
+    def keep(self, new: list[dict[str, Any]]) -> None:
+        """Keep new events up to :data:`MAX_EVENTS_PER_SERIES`, count the rest (called only when
+        a sample raised events, which is rare: the per-sample cost stays the bound update)."""
+        room = MAX_EVENTS_PER_SERIES - len(self.events)
+        self.events.extend(new[:room])
+        self.dropped_events += max(0, len(new) - room)
+
 
 class _BadLines:
     """Counts bad lines and keeps the first few, named; raises at once when strict."""
@@ -61,6 +71,10 @@ class _BadLines:
             self.named.append(f"{where}: {field}: {message}" if field else f"{where}: {message}")
 
 
+def _not_plain(line: bytes) -> None:
+    return None  # without msgspec every line takes orjson + wire.validate
+
+
 def _open(path: str) -> IO[bytes]:
     raw = open(path, "rb")  # noqa: SIM115 - closed by the caller's with-block
     if raw.peek(2)[:2] == b"\x1f\x8b":  # sniff, so a misnamed gzip still reads
@@ -75,8 +89,12 @@ def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: Engine
     Kept flat because it is the hot path. Lines are read in ~1 MiB chunks but each is
     decoded and folded in at once, while its dict is still in cache (decoding a whole chunk
     first and folding afterwards measured ~30 % slower). Each line is its own JSON document.
+    A canonical line is decoded and validated in one C pass (:mod:`vramwatch.wire_decode`,
+    when msgspec is installed); any other line takes ``orjson.loads`` + ``wire.validate``,
+    which normalise it or name the bad field: the same samples, errors and counts either way.
     """
     loads = orjson.loads
+    fast = decode_line_fast or _not_plain
     entry: Any = None
     key: tuple[str, str, int] | None = None
     number = 0
@@ -85,7 +103,7 @@ def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: Engine
             for line in lines:
                 number += 1
                 try:
-                    sample = validate(loads(line))
+                    sample = fast(line) or validate(loads(line))
                 except orjson.JSONDecodeError as exc:
                     if line.strip():  # a blank line is no sample and no error
                         bad.add(f"{name}:{number}", "", f"invalid JSON: {exc}")
@@ -101,9 +119,7 @@ def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: Engine
                         entry = series[key] = _Series(config)
                 new = entry.update(sample)
                 if new:
-                    room = MAX_EVENTS_PER_SERIES - len(entry.events)
-                    entry.events.extend(new[:room])
-                    entry.dropped_events += max(0, len(new) - room)
+                    entry.keep(new)
 
 
 def analyze_paths(
@@ -130,6 +146,25 @@ def analyze_paths(
             raise WireError(name, "is a directory, not a trace file") from None
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
             raise WireError(name, f"cannot read: {exc}") from None
+    return _document(series, bad)
+
+
+def analyze_samples(samples: Iterable[Sample], config: EngineConfig | None = None) -> dict[str, Any]:
+    """The same document for validated samples from any source (``--from FORMAT`` importers,
+    which count their own bad rows: ``skipped_lines`` is 0 here, the caller fills it in)."""
+    series: dict[tuple[str, str, int], _Series] = {}
+    for sample in samples:
+        key = (sample["run"], sample["host"], sample["rank"])
+        entry = series.get(key)
+        if entry is None:
+            entry = series[key] = _Series(config)
+        new = entry.update(sample)
+        if new:
+            entry.keep(new)
+    return _document(series, _BadLines(strict=False))
+
+
+def _document(series: dict[tuple[str, str, int], _Series], bad: _BadLines) -> dict[str, Any]:
     out = []
     for (run, host, rank), entry in sorted(series.items()):
         engine = entry.engine
@@ -149,7 +184,7 @@ def analyze_paths(
 
 
 def _gb(value: float | None) -> str:
-    return "-" if value is None else f"{value / 1e9:.1f} GB"
+    return gib(value)
 
 
 def _steps(value: float | None) -> str:
@@ -259,4 +294,4 @@ def format_table(doc: dict[str, Any], max_events: int = 12) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-__all__ = ["MAX_BAD_LINES", "MAX_EVENTS_PER_SERIES", "analyze_paths", "format_table"]
+__all__ = ["MAX_BAD_LINES", "MAX_EVENTS_PER_SERIES", "analyze_paths", "analyze_samples", "format_table"]

@@ -13,8 +13,9 @@ advances it step by step the way a real run behaves:
   or outside the allocator, fragmentation, a sawtooth cache, OOM.
 
 Every size is a fraction of the device capacity, so one scenario means the same thing on
-a 24 GB, 80 GB or 143.8 GB card. The defaults model the KoHRM-Text notes: 8 x H200
-(143.8 GB), ~127.6 GB used per GPU on the plateau, rank 0 ~2.3 GB higher, checkpoint
+a 24, 80 or 140.4 GiB card (capacities: :data:`NVIDIA_SMI_MIB`). The defaults model the
+KoHRM-Text notes: 8 x H200 (143771 MiB), ~89 % of the card used per GPU on the plateau
+(the notes' "127.6GB / 143.8GB", nvidia-smi MiB / 1000), rank 0 ~1.6 % higher, checkpoint
 spikes above the training peak.
 
 :class:`SimulatedProbe` wraps one model behind the Probe contract (the hook calls
@@ -33,7 +34,36 @@ from typing import Any
 
 from vramwatch.probe import BaseProbe
 
-H200_TOTAL_BYTES = 143_771_009_024
+#: ``memory.total`` as ``nvidia-smi`` prints it (MiB) for each simulated device. A simulated
+#: card's capacity is that figure x 2^20, so its numbers agree with nvidia-smi's (and the
+#: dashboard's GiB): reading the MiB figure as MB made the H200 133.9 GiB instead of 140.4.
+NVIDIA_SMI_MIB: dict[str, int] = {
+    "H200": 143_771,
+    "H100 80GB HBM3": 81_559,
+    "A100-SXM4-80GB": 81_920,
+    "A100-SXM4-40GB": 40_960,
+    "GeForce RTX 3090": 24_576,
+    "GeForce RTX 4090": 24_564,
+}
+
+
+def device_total_bytes(device: str) -> int:
+    """Capacity in bytes of a simulated ``device`` (a key of :data:`NVIDIA_SMI_MIB`)."""
+    try:
+        return NVIDIA_SMI_MIB[device] * 2**20
+    except KeyError:
+        raise ValueError(f"device: unknown simulated device {device!r}; known: {', '.join(NVIDIA_SMI_MIB)}") from None
+
+
+def device_name(total_bytes: int) -> str:
+    """``"Simulated <device>"`` for a capacity in the table, else ``"Simulated GPU"``."""
+    for device, mib in NVIDIA_SMI_MIB.items():
+        if mib * 2**20 == total_bytes:
+            return f"Simulated {device}"
+    return "Simulated GPU"
+
+
+H200_TOTAL_BYTES = device_total_bytes("H200")  # 150,754,820,096 B = 140.4 GiB
 _SEGMENT = 2 * 1024 * 1024  # the caching allocator maps memory in 2 MiB multiples
 
 #: Parameters every scenario starts from (fractions of total_bytes unless named otherwise).
@@ -371,7 +401,7 @@ class SimulatedProbe(BaseProbe):
             "uuid": self._uuid,
             "gpu": self.local_rank,
             "total_bytes": self.total_bytes,
-            "name": "Simulated H200" if self.total_bytes == H200_TOTAL_BYTES else "Simulated GPU",
+            "name": device_name(self.total_bytes),
             "allocator": "native",
         }
 

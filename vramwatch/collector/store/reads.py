@@ -29,7 +29,8 @@ from vramwatch.wire import FIELD_BY_NAME, FULL_MEASUREMENTS, TRAIN_PHASE, Sample
 
 _FLAGS = tuple(sorted(FLAG_NAMES))
 #: ``samples`` columns of the phase markers (``/phases``): wire name -> column
-_PHASE_FIELDS = ("ts", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes")
+_PHASE_FIELDS = ("ts", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes",
+                 "host_rss_bytes", "host_children_rss_bytes")  # host peaks of checkpoint phases
 
 
 @dataclass(frozen=True)

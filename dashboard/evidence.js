@@ -1,0 +1,149 @@
+/* Evidence for the run (issue 14): ask the selected rank for an allocator snapshot, list the
+ * run's snapshots (each downloads as the pickle pytorch.org/memory_viz opens), and the
+ * post-mortem of a run whose ranks stopped (who failed first, when, why; how every rank
+ * ended and what it held at that moment). Data: the collector's /capture, /snapshots and
+ * /postmortem routes; a report embeds the snapshot list and the post-mortem. */
+
+import { clock, gib, intText, isNum, plural } from "./format.js";
+import { $, append, clear, el } from "./dom.js";
+import { ApiError, STATIC, getPostmortem, getSnapshots, requestCapture, source } from "./api.js";
+import { S } from "./state.js";
+
+const MEMORY_VIZ = "https://pytorch.org/memory_viz";
+const DEFAULT_STEPS = 3;
+const PM_EVERY = 30;
+
+export function evidencePanel() {
+  const steps = el("input", { type: "number", id: "capture-steps", min: 1, max: 100, step: 1, value: DEFAULT_STEPS,
+    size: 4, "aria-label": "steps of allocator history to record" });
+  const button = el("button", { type: "button", id: "capture-btn", class: "btn", text: "capture snapshot",
+    title: "ask the selected rank to record allocator history for N steps, then upload a snapshot" });
+  button.addEventListener("click", () => capture(button, steps));
+  return el("section", { class: "panel", id: "evidence-panel" },
+    el("div", { class: "panel-head" }, el("h2", { text: "Evidence" }),
+      el("span", { class: "hint", id: "evidence-hint" }, "allocator snapshots · open a downloaded file at ",
+        el("a", { href: MEMORY_VIZ, target: "_blank", rel: "noopener", text: "pytorch.org/memory_viz" })),
+      STATIC ? null : el("div", { class: "tools" }, el("label", { class: "tool" }, "steps", steps), button)),
+    el("p", { class: "capture-result", id: "capture-result", role: "status", hidden: true }),
+    el("section", { class: "postmortem", id: "postmortem", hidden: true }),
+    el("div", { class: "table-wrap" }, el("table", { class: "data", id: "snapshot-table" }, el("thead"), el("tbody"))),
+    el("p", { class: "muted", id: "snapshot-empty", text: "no snapshots for this run yet" }));
+}
+
+async function capture(button, stepsInput) {
+  const sel = S.selected;
+  const out = $("capture-result");
+  if (!sel) return;
+  const steps = Math.round(Number(stepsInput.value));
+  button.disabled = true;
+  out.hidden = false;
+  out.classList.remove("bad");
+  out.textContent = "asking rank " + sel.rank + "…";
+  try {
+    const ans = await requestCapture(S.run, sel.rank, sel.host, steps);
+    out.textContent = ans.directives
+      ? "asked rank " + (ans.ranks || [sel.rank]).join(", ") + " for " + plural(steps, "step") +
+        " of allocator history: the snapshot appears below after its next " + plural(steps, "step")
+      : "rank " + sel.rank + " already has a capture pending: the snapshot appears below when it is taken";
+  } catch (err) {
+    out.classList.add("bad");
+    out.textContent = "capture refused" + (err instanceof ApiError && err.status ? " (" + err.status + ")" : "") + ": " + err.message;
+  } finally {
+    button.disabled = false;
+  }
+}
+
+/** Link for a snapshot: relative to the page, so a collector behind a path prefix works. */
+function snapshotLink(s, text) {
+  if (STATIC || !s.url) return el("span", { text: text, title: "download it from the collector: " + (s.url || s.id) });
+  return el("a", { href: String(s.url).replace(/^\//, ""), download: "", text: text, title: "download the pickle; open it at " + MEMORY_VIZ });
+}
+
+function drawSnapshots(list) {
+  const table = $("snapshot-table");
+  if (!table) return;
+  const head = table.tHead, body = table.tBodies[0];
+  clear(head);
+  clear(body);
+  $("snapshot-empty").hidden = list.length > 0;
+  table.hidden = list.length === 0;
+  if (!list.length) return;
+  append(head, el("tr", null, ["Rank", "Host", "Step", "Trigger", "Size", "Time", "Download"].map((t) => el("th", { text: t }))));
+  const rows = list.slice().sort((a, b) => (b.ts || 0) - (a.ts || 0));
+  for (const s of rows) {
+    append(body, el("tr", { dataset: { rank: s.rank, trigger: s.trigger } },
+      el("td", { text: s.rank }), el("td", { text: s.host }), el("td", { text: intText(s.step) }),
+      el("td", null, el("span", { class: "badge", dataset: { state: s.trigger === "oom" ? "leak" : "unknown" }, text: s.trigger })),
+      el("td", { text: isNum(s.bytes) ? (s.bytes / 1048576).toFixed(2) + " MiB" : "—" }),
+      el("td", { text: clock(s.ts) }),
+      el("td", null, snapshotLink(s, "rank " + s.rank + " · step " + s.step + ".pickle"))));
+  }
+}
+
+/** Is a post-mortem worth showing: the run crashed, or a rank is not live. */
+async function needsPostmortem() {
+  if ((S.ranks || []).some((r) => r.vw && r.vw.liveness && r.vw.liveness !== "live")) return true;
+  if (STATIC) return !!STATIC.postmortem;
+  const runs = await source.runs();
+  const row = runs.find((r) => r.run === S.run);
+  return !!row && row.status === "crashed";
+}
+
+const END_STATE = { oom: "leak", silent: "warmup", exit: "unknown", running: "plateau" };
+
+function drawPostmortem(pm) {
+  const box = $("postmortem");
+  clear(box);
+  box.hidden = false;
+  const f = pm.first_failure;
+  append(box, el("h3", { text: "Post-mortem · " + (pm.status || "") }));
+  if (f) {
+    append(box, el("p", { class: "pm-first", id: "pm-first" },
+      el("strong", { text: "First failure: rank " + f.rank + " on " + f.host }),
+      " · " + f.cause + " · step " + intText(f.step) + " · " + clock(f.ts)),
+    f.detail ? el("p", { class: "muted", id: "pm-detail", text: f.detail }) : null);
+  } else {
+    append(box, el("p", { id: "pm-first", text: "No failure: every rank is running or exited cleanly." }));
+  }
+  const snaps = new Map();
+  for (const s of pm.snapshots || []) if (!snaps.has(s.rank)) snaps.set(s.rank, s);
+  append(box, el("div", { class: "table-wrap" }, el("table", { class: "data", id: "pm-ranks" },
+    el("thead", null, el("tr", null, ["Rank", "Host", "End", "Last step", "Last sample", "Headroom", "Held at failure",
+      "Headroom at failure", "Snapshot"].map((t) => el("th", { text: t })))),
+    el("tbody", null, (pm.ranks || []).map((r) => el("tr", { dataset: { rank: r.rank, end: r.end } },
+      el("td", { text: r.rank }), el("td", { text: r.host }),
+      el("td", null, el("span", { class: "badge", dataset: { state: END_STATE[r.end] || "unknown" }, text: r.end + (r.ooms ? " · OOM ×" + r.ooms : "") })),
+      el("td", { text: intText(r.last_step) }), el("td", { text: clock(r.last_ts) }),
+      el("td", { text: gib(r.headroom_bytes) }), el("td", { text: gib(r.held_at_failure_bytes) }),
+      el("td", { text: gib(r.headroom_at_failure_bytes) }),
+      el("td", null, snaps.has(r.rank) ? snapshotLink(snaps.get(r.rank), snaps.get(r.rank).trigger + " · step " + snaps.get(r.rank).step) : "—")))))));
+}
+
+/** Refresh the snapshot list and, when the run needs one, the post-mortem. Routes a
+ * collector lacks hide their part (404 "Not Found" from the route check). */
+export async function refreshEvidence() {
+  const panel = $("evidence-panel");
+  if (!panel || S.evidenceMissing) return;
+  const gen = S.gen;
+  let list;
+  try {
+    list = await getSnapshots(S.run);
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 404 && err.message === "Not Found") { S.evidenceMissing = true; panel.hidden = true; return; }
+    throw err;
+  }
+  if (gen !== S.gen) return;
+  drawSnapshots(list);
+  // the post-mortem replays the run on the collector: at most every PM_EVERY polls
+  if (isNum(S.pmTick) && S.tick - S.pmTick < PM_EVERY) return;
+  S.pmTick = S.tick;
+  if (!(await needsPostmortem())) { $("postmortem").hidden = true; return; }
+  let pm;
+  try {
+    pm = await getPostmortem(S.run);
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 404) return;
+    throw err;
+  }
+  if (gen === S.gen) drawPostmortem(pm);
+}

@@ -1,0 +1,117 @@
+"""The one-pass trace decoder (msgspec, server extra) changes nothing but speed: analyze and
+import give the same documents, counts and errors with it and without it."""
+
+from __future__ import annotations
+
+import os
+
+import orjson
+import pytest
+from helpers import GiB, make_sample
+
+from vramwatch import wire, wire_decode
+from vramwatch.engine import analyze
+from vramwatch.probe.simulated import simulate_trace
+
+
+def require_msgspec() -> None:
+    if wire_decode.decode_line_fast is None:
+        assert not os.environ.get("CI"), "msgspec (server extra) must be installed in CI"
+        pytest.skip("msgspec not installed")
+
+
+def messy_trace(path) -> None:
+    """Canonical, sparse, cudaMallocAsync, normalisable and bad lines, two series."""
+    lines = [orjson.dumps(s) for s in simulate_trace("slow_leak", steps=1500, run="a", rank=0, seed=1)]
+    lines += [orjson.dumps(s) for s in simulate_trace("checkpoint", steps=800, run="a", rank=1, seed=2)]
+    extra = [
+        make_sample(9000, run="b", allocator="cudaMallocAsync", allocated_bytes=121 * GiB,
+                    peak_allocated_bytes=122 * GiB),
+        {**make_sample(9001, run="b"), "step": 9001.0},  # normalised by the slow path
+        {"schema": 2, "run": "b", "host": "node-1", "rank": 0, "step": 9002, "ts": 1_760_009_002.0,
+         "phase": "train", "nvml_used_bytes": 50 * GiB, "total_bytes": 140 * GiB},
+        make_sample(9003, run="b", ooms=-1),  # bad: named
+        make_sample(9004, run="b", host="x\u202ey"),  # bad: named
+        make_sample(9005, run="b", bogus=1),  # bad: unknown field
+    ]
+    lines += [orjson.dumps(s) for s in extra] + [b"", b"{not json", b"[1, 2]"]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def test_analyze_is_the_same_with_and_without_the_one_pass_decoder(tmp_path, monkeypatch) -> None:
+    require_msgspec()
+    path = tmp_path / "messy.jsonl"
+    messy_trace(path)
+    fast = analyze.analyze_paths([path])
+    monkeypatch.setattr(analyze, "decode_line_fast", None)
+    slow = analyze.analyze_paths([path])
+    assert orjson.dumps(fast) == orjson.dumps(slow)
+    assert fast["skipped_lines"] == 5 and len(fast["series"]) == 3
+    assert any(": ooms: must be between 0" in line for line in fast["bad_lines"])
+    assert any("bogus: unknown field" in line for line in fast["bad_lines"])
+
+
+def test_iter_samples_is_the_same_with_and_without_the_one_pass_decoder(tmp_path, monkeypatch) -> None:
+    require_msgspec()
+    path = tmp_path / "clean.jsonl"
+    samples = list(simulate_trace("fragmentation", steps=400, run="r", rank=2, seed=5))
+    samples.append({**make_sample(500), "step": 500.0})
+    path.write_bytes(wire.encode_lines(samples))
+    fast = list(wire.iter_samples(path))
+    monkeypatch.setattr(wire_decode, "decode_line_fast", None)
+    slow = list(wire.iter_samples(path))
+    assert fast == slow and len(fast) == len(samples) and fast[-1]["step"] == 500
+    assert [{k: type(v) for k, v in s.items()} for s in fast] == [{k: type(v) for k, v in s.items()} for s in slow]
+
+
+def slow_body(body: bytes, now: float | None = None) -> list | None:
+    try:
+        return [wire.validate(x, now=now) for x in wire.parse_body(body)]
+    except wire.WireError:
+        return None
+
+
+def test_body_fast_path_returns_what_parse_body_and_validate_return() -> None:
+    """Batches of mutated samples (the agreement corpus of test_wire) as NDJSON and as arrays:
+    the one-pass body decoder accepts only what the slow path accepts, with the same samples."""
+    import random
+
+    from test_wire import MUTATIONS, agreement_corpus
+
+    require_msgspec()
+    rng = random.Random(11)
+    corpus = agreement_corpus()
+    accepted = refused = 0
+    for _ in range(300):
+        batch = []
+        for s in rng.sample(corpus, 4):
+            candidate = dict(s)
+            if rng.random() < 0.1:
+                name, value = rng.choice(MUTATIONS)
+                candidate[name] = value
+            batch.append(candidate)
+        for body in (wire.encode_lines(batch), orjson.dumps(batch), wire.encode_lines(batch).replace(b"\n", b"\r\n")):
+            expected = slow_body(body)
+            got = wire_decode.decode_body_fast(body)
+            if got is None:
+                refused += 1
+                continue
+            accepted += 1
+            assert expected is not None, body
+            assert orjson.dumps(got, option=orjson.OPT_SORT_KEYS) == orjson.dumps(expected, option=orjson.OPT_SORT_KEYS)
+    assert accepted > 100 and refused > 50
+
+
+def test_body_fast_path_leaves_odd_bodies_to_the_slow_path() -> None:
+    require_msgspec()
+    decode = wire_decode.decode_body_fast
+    ok = [make_sample(i) for i in range(3)]
+    assert decode(wire.encode_lines(ok)) == ok
+    assert decode(orjson.dumps(ok[0])) == ok[:1]
+    for body in (b"", b"  \n", b"[]", wire.encode_lines(ok).replace(b"\n", b"\n\n"), b"[1]\n[2]"):
+        assert decode(body) is None, body
+    # the clock: a sample 10 minutes ahead is refused only against one
+    ahead = wire.encode_lines([make_sample(0, ts=2_000_000_600.0)])
+    assert decode(ahead) is not None
+    assert decode(ahead, now=2_000_000_000.0) is None and slow_body(ahead, now=2_000_000_000.0) is None
+    assert decode(ahead, now=2_000_000_400.0) == slow_body(ahead, now=2_000_000_400.0)

@@ -1,0 +1,70 @@
+"""Importers: GPU-memory records other tools already write → schema-1 samples.
+
+``vramwatch import --from FORMAT`` and ``vramwatch analyze --from FORMAT`` read these;
+``vramwatch watch`` reuses the Prometheus conversion live. One module per format, each
+a generator ``read(path, options, stats) -> Iterator[Sample]`` that streams its file and
+yields validated, sparse samples (only what the source measured).
+
+| format        | module          | what a sample gets                                          |
+|---------------|-----------------|-------------------------------------------------------------|
+| ``nvidia-smi``  | nvidia_smi.py   | nvml_used_bytes, total_bytes, uuid, gpu                     |
+| ``tensorboard`` | tensorboard.py  | what the key table maps (allocated, reserved, ...)          |
+| ``wandb``       | wandb.py        | nvml_used_bytes, total_bytes, gpu                           |
+| ``prometheus``  | prometheus.py   | nvml_used_bytes, total_bytes, uuid, gpu (dcgm-exporter)     |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+
+from vramwatch.wire import Sample
+
+from . import nvidia_smi, prometheus, tensorboard, wandb
+from .common import ImportOptions, ImportStats, RowError, parse_size
+
+Reader = Callable[[str, ImportOptions, ImportStats], Iterator[Sample]]
+
+#: ``--from`` names → readers. ``jsonl`` (vramwatch's own traces) is handled by the callers.
+FORMATS: dict[str, Reader] = {
+    "nvidia-smi": nvidia_smi.read,
+    "tensorboard": tensorboard.read,
+    "wandb": wandb.read,
+    "prometheus": prometheus.read,
+}
+NATIVE = "jsonl"
+CHOICES = (NATIVE, *FORMATS)
+
+
+def iter_import(paths: Iterable[str | os.PathLike[str]], fmt: str, options: ImportOptions,
+                stats: ImportStats | None = None) -> Iterator[Sample]:
+    """Every sample of ``paths`` read as ``fmt``, file after file.
+
+    Raises :class:`RowError` (a :class:`~vramwatch.wire.WireError`) naming file, line and
+    column at the first bad row, unless ``options.skip_invalid``: then ``stats`` counts it.
+    OSError/EOFError/UnicodeDecodeError pass through for the caller to report.
+    """
+    reader = FORMATS[fmt]
+    stats = stats if stats is not None else ImportStats()
+    stats.skip_invalid = options.skip_invalid
+    for path in paths:
+        yield from reader(os.fspath(path), options, stats)
+
+
+def input_paths(paths: Iterable[str], fmt: str) -> list[str]:
+    """Check the inputs exist; TensorBoard also takes log directories. Raises FileNotFoundError."""
+    out = []
+    for path in paths:
+        if fmt == "tensorboard" and os.path.isdir(path):
+            if not tensorboard.event_files(path):
+                raise FileNotFoundError(f"{path}: no events.out.tfevents.* files under it")
+            out.append(path)
+        elif os.path.isfile(path):
+            out.append(path)
+        else:
+            raise FileNotFoundError(f"cannot read {path}: no such file")
+    return out
+
+
+__all__ = ["CHOICES", "FORMATS", "NATIVE", "ImportOptions", "ImportStats", "RowError", "input_paths",
+           "iter_import", "parse_size"]
