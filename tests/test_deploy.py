@@ -49,6 +49,8 @@ REQUIRED_ALERTS = {
     "VramwatchAllocRetriesRising",
     "VramwatchGrowthOutsideAllocator",
     "VramwatchHookSilent",
+    "VramwatchForeignProcessOnGPU",  # docs/evidence.md
+    "VramwatchHostMemoryLow",
     "VramwatchTokensNearLimit",  # group vramwatch-decisions
 }
 QUIET_SCENARIOS = ("warm-up", "checkpoint spikes", "noisy plateau")
@@ -118,7 +120,7 @@ def test_promql_name_extraction() -> None:
 def test_promtool_check_rules() -> None:
     result = run_promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 10 rules found" in result.stdout  # 9 + vramwatch-decisions
+    assert "SUCCESS: 12 rules found" in result.stdout  # 9 + 2 evidence alerts + vramwatch-decisions
 
 
 def test_promtool_unit_tests_for_every_alert_pass() -> None:

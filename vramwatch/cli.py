@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 EXIT_USAGE = 2
 
@@ -295,19 +295,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- parser
 
-def build_parser() -> argparse.ArgumentParser:
-    from vramwatch.__about__ import __version__
-    from vramwatch.importers.cli import add_arguments as add_import_arguments
+def add_db(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", metavar="PATH", help="SQLite database (default: $VRAMWATCH_DB or the user data dir)")
 
-    parser = _Parser(prog="vramwatch", description="Live GPU-memory telemetry for deep-learning training.")
-    parser.add_argument("--version", action="version", version=f"vramwatch {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
 
-    def add_db(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--db", metavar="PATH",
-                       help="SQLite database (default: $VRAMWATCH_DB or the user data dir)")
-
+def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the collector (HTTP ingest, API, dashboard, /metrics)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8765, help="port (default 8765)")
@@ -354,6 +346,18 @@ def build_parser() -> argparse.ArgumentParser:
     front.add_argument("--peer-timeout", type=_positive(float), default=2.0, metavar="SECONDS",
                        help="a shard that does not answer within this is shown as unreachable (default 2)")
     p.set_defaults(func=cmd_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from vramwatch.__about__ import __version__
+    from vramwatch.importers.cli import add_arguments as add_import_arguments
+
+    parser = _Parser(prog="vramwatch", description="Live GPU-memory telemetry for deep-learning training.")
+    parser.add_argument("--version", action="version", version=f"vramwatch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    _add_serve(sub)
 
     p = sub.add_parser("demo", help="collector + a simulated 8-rank run through the real hook")
     p.add_argument("--ranks", type=_positive(int), default=8, help="simulated ranks (default 8)")

@@ -10,7 +10,7 @@ see :class:`EnvelopeCache`: a 100k-step rank is answered without reading 100k ro
 
 One cell is the *worst* value of its bucket (lowest headroom, highest reserved): a
 checkpoint spike on one rank must show even when a bucket spans thousands of steps.
-Headroom is ``total - max(reserved, NVML used)``.
+Headroom is :func:`vramwatch.verdicts.headroom_bytes` on the bucket's maxima.
 
 The heatmap is polled by every open run page and must stay cheap at 1024+ ranks, so the
 per-bucket maxima are cached per (run, x axis) and grown incrementally: each refresh
