@@ -72,6 +72,10 @@ def scrape_names(tmp_path_factory) -> set[str]:
                            tokens_per_step=16384, seq_min=0.4),  # tokens: the decision families
             simulate_trace("fast_leak", steps=3000, run="names", host="node-a", rank=1, start_ts=start),
             simulate_trace("late_step", steps=3600, run="names", host="node-b", rank=2, start_ts=start),
+            # what the real hook adds: other processes on the GPU and host memory (docs/evidence.md)
+            [dict(s, foreign_used_bytes=2**30, host_rss_bytes=40 * 2**30, host_children_rss_bytes=8 * 2**30,
+                  host_available_bytes=900 * 2**30, host_pinned_bytes=2**30)
+             for s in simulate_trace("healthy", steps=50, run="names", host="node-c", rank=3, start_ts=start)],
         ]
         for trace in traces:
             post_samples(srv.url, trace)
