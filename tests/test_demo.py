@@ -62,11 +62,14 @@ def test_demo_serves_the_dashboard_while_it_runs(tmp_path):
         "    if line.startswith('dashboard: '):\n"
         "        url = line.split()[1]\n"
         "        def check():\n"
-        "            import time; time.sleep(1.0)\n"
+        "            import time; deadline = time.time() + 3.0\n"
         "            seen['html'] = urllib.request.urlopen(url, timeout=10).status\n"
-        "            seen['runs'] = json.loads(urllib.request.urlopen(url + 'api/v1/runs', timeout=10).read())\n"
+        "            while time.time() < deadline:  # the hooks' first POSTs land within a flush interval\n"
+        "                seen['runs'] = json.loads(urllib.request.urlopen(url + 'api/v1/runs', timeout=10).read())\n"
+        "                if seen['runs'] and seen['runs'][0]['samples'] > 10: break\n"
+        "                time.sleep(0.2)\n"
         "        threading.Thread(target=check).start()\n"
-        "demo.run_demo(ranks=2, duration=2.5, steps_per_s=20, db=sys.argv[1], print_fn=probe_dashboard)\n"
+        "demo.run_demo(ranks=2, duration=4.0, steps_per_s=20, db=sys.argv[1], print_fn=probe_dashboard)\n"
         "print('CHECK', seen['html'], json.dumps(seen['runs']))\n"
     )
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "d.db")], capture_output=True, text=True,
