@@ -241,46 +241,36 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class PrometheusServer:
-    """``/usr/bin/prometheus`` on a loopback port with temporary storage, for one test."""
+class _LoopbackBinary:
+    """A server binary on a free loopback port for one test: start (retrying a port taken
+    between probe and bind), wait for ``/-/ready``, stop (terminate, then kill)."""
 
-    def __init__(self, workdir: Path, config: dict[str, Any], rule_files: dict[str, Any]) -> None:
-        self.binary = need_binary("prometheus")
+    name = ""
+
+    def __init__(self, binary: str, workdir: Path) -> None:
+        self.binary = need_binary(binary)
         self.workdir = workdir
-        self.config = config
-        self.rule_files = rule_files
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
-        self.log = workdir / "prometheus.log"
+        self.log = workdir / f"{self.name}.log"
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> PrometheusServer:
+    def _write_config(self) -> None:
+        raise NotImplementedError
+
+    def _argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 30.0) -> Any:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        names = []
-        for name, content in self.rule_files.items():
-            (self.workdir / name).write_text(yaml.safe_dump(content, sort_keys=False))
-            names.append(str(self.workdir / name))
-        config = dict(self.config, rule_files=names)
-        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+        self._write_config()
         for _attempt in range(3):  # the free port can be taken between probe and bind
             self.port = free_port()
             with open(self.log, "wb") as log:
-                self.process = subprocess.Popen(
-                    [
-                        self.binary,
-                        f"--config.file={self.workdir / 'prometheus.yml'}",
-                        f"--storage.tsdb.path={self.workdir / 'data'}",
-                        f"--web.listen-address=127.0.0.1:{self.port}",
-                        "--web.enable-lifecycle",
-                        "--storage.tsdb.retention.time=1h",
-                    ],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.workdir,
-                )
+                self.process = subprocess.Popen(self._argv(), stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and self.process.poll() is None:
                 try:
@@ -292,7 +282,7 @@ class PrometheusServer:
             self.stop()
             if "address already in use" not in self.log.read_text():
                 break
-        raise RuntimeError(f"prometheus did not become ready:\n{self.log.read_text()[-3000:]}")
+        raise RuntimeError(f"{self.name} did not become ready:\n{self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -304,11 +294,35 @@ class PrometheusServer:
                 self.process.wait(5)
         self.process = None
 
-    def __enter__(self) -> PrometheusServer:
+    def __enter__(self) -> Any:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class PrometheusServer(_LoopbackBinary):
+    """``/usr/bin/prometheus`` on a loopback port with temporary storage, for one test."""
+
+    name = "prometheus"
+
+    def __init__(self, workdir: Path, config: dict[str, Any], rule_files: dict[str, Any]) -> None:
+        super().__init__("prometheus", workdir)
+        self.config = config
+        self.rule_files = rule_files
+
+    def _write_config(self) -> None:
+        names = []
+        for name, content in self.rule_files.items():
+            (self.workdir / name).write_text(yaml.safe_dump(content, sort_keys=False))
+            names.append(str(self.workdir / name))
+        config = dict(self.config, rule_files=names)
+        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def _argv(self) -> list[str]:
+        return [self.binary, f"--config.file={self.workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.workdir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle", "--storage.tsdb.retention.time=1h"]
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         response = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)
@@ -331,61 +345,22 @@ class PrometheusServer:
 
 # ------------------------------------------------------------------ a real Alertmanager
 
-class AlertmanagerServer:
+class AlertmanagerServer(_LoopbackBinary):
     """``/usr/bin/prometheus-alertmanager`` (Debian) on a loopback port, clustering off, for one test."""
 
+    name = "alertmanager"
+
     def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
-        self.binary = need_binary("prometheus-alertmanager")
-        self.workdir = workdir
+        super().__init__("prometheus-alertmanager", workdir)
         self.config = config
-        self.process: subprocess.Popen[bytes] | None = None
-        self.port = 0
-        self.log = workdir / "alertmanager.log"
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> AlertmanagerServer:
-        self.workdir.mkdir(parents=True, exist_ok=True)
+    def _write_config(self) -> None:
         (self.workdir / "alertmanager.yml").write_text(yaml.safe_dump(self.config, sort_keys=False))
-        for _attempt in range(3):
-            self.port = free_port()
-            with open(self.log, "wb") as log:
-                self.process = subprocess.Popen(
-                    [self.binary, f"--config.file={self.workdir / 'alertmanager.yml'}",
-                     f"--storage.path={self.workdir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
-                     "--cluster.listen-address="],
-                    stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                )
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and self.process.poll() is None:
-                try:
-                    if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                        return self
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.1)
-            self.stop()
-            if "address already in use" not in self.log.read_text():
-                break
-        raise RuntimeError(f"alertmanager did not become ready:\n{self.log.read_text()[-3000:]}")
 
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        self.process = None
-
-    def __enter__(self) -> AlertmanagerServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def _argv(self) -> list[str]:
+        return [self.binary, f"--config.file={self.workdir / 'alertmanager.yml'}",
+                f"--storage.path={self.workdir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address="]
 
 
 class WebhookReceiver:
