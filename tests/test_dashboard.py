@@ -248,7 +248,7 @@ def test_live_update_keeps_zoom_and_fetches_detail(collector: dict[str, Any], pa
     p = page.page
     p.goto(run_url(url, DEMO_RUN, rank=0))
     page.ready()
-    p.wait_for_function("document.getElementById('rank-title').textContent.startsWith('Rank 0')")
+    p.wait_for_function("(document.getElementById('rank-title')?.textContent ?? '').startsWith('Rank 0')")
     # tag the DOM: a full redraw would lose these
     p.evaluate("document.getElementById('verdict-strip').__probe = 1;"
                " document.getElementById('chart-rank').querySelector('.main-svg').__probe = 1")
@@ -268,7 +268,7 @@ def test_live_update_keeps_zoom_and_fetches_detail(collector: dict[str, Any], pa
     posted = time.monotonic()
     new_last = demo.last_step
     p.wait_for_function(
-        f"document.querySelector('#cards .card:nth-child(5) .sub').textContent === 'step {new_last:,}'", timeout=4000)
+        f"document.querySelector('#cards .card:nth-child(5) .sub')?.textContent === 'step {new_last:,}'", timeout=4000)
     elapsed = time.monotonic() - posted
     assert elapsed < 2.0, f"new samples took {elapsed:.2f} s to appear"
     rows = strip_rows(p)
@@ -303,7 +303,8 @@ def test_heatmap_row_click_opens_that_rank_and_sorting(collector: dict[str, Any]
         const box = gd.getBoundingClientRect();
         return [box.left + fl._size.l + fl._size.w / 2, box.top + fl._size.t + fl.yaxis.d2p(2)]; })()""")
     p.mouse.click(xy[0], xy[1])
-    p.wait_for_function("document.getElementById('rank-title').textContent.startsWith('Rank 2 ')", timeout=5000)
+    p.wait_for_function("(document.getElementById('rank-title')?.textContent ?? '').startsWith('Rank 2 ')",
+                        timeout=5000)
     assert "rank=2" in p.evaluate("location.hash")
     assert p.get_attribute("#verdict-strip tbody tr.selected", "data-rank") == "2"
 
@@ -427,7 +428,8 @@ def test_thousand_ranks_stay_usable(browser: Any, tmp_path: Path) -> None:
                 const box = gd.getBoundingClientRect();
                 return [box.left + fl._size.l + fl._size.w / 2, box.top + fl._size.t + fl.yaxis.d2p(700)]; })()""")
             p.mouse.click(xy[0], xy[1])
-            p.wait_for_function("/^Rank (69[89]|70[0-2]) /.test(document.getElementById('rank-title').textContent)",
+            p.wait_for_function("/^Rank (69[89]|70[0-2]) /"
+                                ".test(document.getElementById('rank-title')?.textContent ?? '')",
                                 timeout=10_000)
             # the chosen rank is in the table even though it is not among the first rows
             chosen = p.get_attribute("#verdict-strip tbody tr.selected", "data-rank")

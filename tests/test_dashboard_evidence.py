@@ -106,10 +106,10 @@ def test_capture_button_snapshot_list_and_postmortem(evidence: dict[str, Any], p
     # capture for the selected rank: the collector's answer, then a refusal with its detail
     p.fill("#capture-steps", "4")
     p.click("#capture-btn")
-    p.wait_for_function("document.getElementById('capture-result').textContent.startsWith('asked')")
+    p.wait_for_function("(document.getElementById('capture-result')?.textContent ?? '').startsWith('asked')")
     assert "asked rank 0 for 4 steps" in p.text_content("#capture-result")
     p.click("#capture-btn")
-    p.wait_for_function("document.getElementById('capture-result').textContent.includes('capture pending')")
+    p.wait_for_function("(document.getElementById('capture-result')?.textContent ?? '').includes('capture pending')")
     p.fill("#capture-steps", "0")
     p.click("#capture-btn")
     p.wait_for_function("document.getElementById('capture-result').classList.contains('bad')")

@@ -143,7 +143,8 @@ def test_dead_rank_chart_shows_the_death_not_a_projection(deaths: dict[str, Any]
     p = page.page
     p.goto(run_url(deaths["url"], DEATHS_RUN, rank=OOM_DEAD_RANK))
     page.ready()
-    p.wait_for_function(f"document.getElementById('rank-title').textContent.startsWith('Rank {OOM_DEAD_RANK} ')")
+    p.wait_for_function(f"(document.getElementById('rank-title')?.textContent ?? '')"
+                        f".startsWith('Rank {OOM_DEAD_RANK} ')")
     names = [t["name"] for t in chart_traces(p, "chart-rank")]
     assert not any(n.startswith("leak → OOM") for n in names), names
     labels = p.evaluate("document.getElementById('chart-rank').layout.annotations.map(a => a.text)")
@@ -454,7 +455,7 @@ def test_worst_card_holds_and_rows_stay_under_the_cursor(browser: Any, tmp_path:
             cards_seen, tops = set(), set()
             for _ in range(8):
                 advance(25)
-                p.wait_for_function(f"document.querySelector('#cards .card:nth-child(5) .sub').textContent === "
+                p.wait_for_function(f"document.querySelector('#cards .card:nth-child(5) .sub')?.textContent === "
                                     f"'step {step}'", timeout=5000)
                 p.wait_for_timeout(50)
                 cards_seen.add(p.text_content("#cards .card:nth-child(1) .value"))
@@ -474,7 +475,7 @@ def test_worst_card_holds_and_rows_stay_under_the_cursor(browser: Any, tmp_path:
                                ".closest('tr').dataset.rank")
             for _ in range(4):
                 advance(25)
-                p.wait_for_function(f"document.querySelector('#cards .card:nth-child(5) .sub').textContent === "
+                p.wait_for_function(f"document.querySelector('#cards .card:nth-child(5) .sub')?.textContent === "
                                     f"'step {step}'", timeout=5000)
                 assert p.eval_on_selector_all("#verdict-strip tbody tr", "rs => rs.map(r => r.dataset.rank)") == order
                 assert p.evaluate(f"document.elementFromPoint({box['x'] + 20}, {box['y'] + box['height'] / 2})"
@@ -539,8 +540,8 @@ def test_report_rank_without_embedded_chart_says_so(browser: Any, tmp_path: Any)
         index = p.evaluate(f"Array.from(document.getElementById('rank-select').options)"
                            f".findIndex(o => o.textContent.startsWith('rank {missing} '))")
         p.select_option("#rank-select", str(index))
-        p.wait_for_function(f"document.getElementById('rank-title').textContent.startsWith('Rank {missing} ')")
-        p.wait_for_function("document.getElementById('rank-note').textContent.includes('embeds the charts')")
+        p.wait_for_function(f"(document.getElementById('rank-title')?.textContent ?? '').startsWith('Rank {missing} ')")
+        p.wait_for_function("(document.getElementById('rank-note')?.textContent ?? '').includes('embeds the charts')")
         assert p.evaluate("document.getElementById('chart-rank').data.length") == 0
         assert p.is_hidden("#banner")
         assert page.errors == []

@@ -233,7 +233,7 @@ def check_rank_links(prom: PrometheusServer, shard_of_host: dict[str, str]) -> N
             page = browser.new_page()
             for (host, rank), url in sorted(links.items()):
                 page.goto(url)
-                page.wait_for_function("t => document.getElementById('rank-title').textContent === t",
+                page.wait_for_function("t => (document.getElementById('rank-title')?.textContent ?? '') === t",
                                        arg=f"Rank {rank} · {host}", timeout=20_000)
                 assert page.get_attribute("#verdict-strip tbody tr.selected", "data-rank") == rank
         finally:

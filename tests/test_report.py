@@ -88,7 +88,7 @@ def test_report_renders_offline_in_chromium(demo_report: Path, browser: Any) -> 
         assert p.get_attribute("#live", "data-state") == "static"
         # switching rank and axis works from the embedded data alone
         p.click("#verdict-strip tbody tr[data-rank='0']")
-        p.wait_for_function("document.getElementById('rank-title').textContent.startsWith('Rank 0 ')")
+        p.wait_for_function("(document.getElementById('rank-title')?.textContent ?? '').startsWith('Rank 0 ')")
         p.click("button[data-x='time']")
         p.wait_for_function("document.getElementById('chart-rank').layout.xaxis.type === 'date'")
         assert [u for u in page.requests if not u.startswith(("file:", "data:"))] == []
