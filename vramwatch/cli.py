@@ -224,19 +224,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot read trace: {exc}") from None
     except StoreError as exc:
         raise UsageError(str(exc)) from None
-    accepted = duplicates = 0
     try:
-        batch = []
-        for p in paths:
-            for sample in iter_samples(p):
-                batch.append(sample)
-                if len(batch) >= 5000:
-                    result = store.insert(batch)
-                    accepted, duplicates = accepted + result.accepted, duplicates + result.duplicates
-                    batch = []
-        if batch:
-            result = store.insert(batch)
-            accepted, duplicates = accepted + result.accepted, duplicates + result.duplicates
+        accepted, duplicates = store.insert_stream(sample for p in paths for sample in iter_samples(p))
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     finally:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vramwatch.verdicts import headroom_bytes
+from vramwatch.verdicts import sample_headroom
 from vramwatch.wire import Sample, series_key
 
 ENDS = ("oom", "silent", "exit", "running")
@@ -45,17 +45,6 @@ def marker(sample: Sample) -> str | None:
     if sample.get("exit"):
         return "exit"
     return None
-
-
-def sample_headroom(sample: Sample) -> int | None:
-    """Headroom of one sample by the one formula (``vramwatch.verdicts``)."""
-    return headroom_bytes(
-        sample.get("total_bytes"),
-        allocated=sample.get("allocated_bytes"),
-        reserved=sample.get("reserved_bytes"),
-        peak=sample.get("peak_allocated_bytes"),
-        nvml_used=sample.get("nvml_used_bytes"),
-    )
 
 
 @dataclass

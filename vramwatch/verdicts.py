@@ -24,7 +24,8 @@ It is applied at two moments, named distinctly:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 #: Engine states, safest first. Severity is the index.
 STATES: tuple[str, ...] = ("plateau", "warmup", "rising", "fragmentation", "leak")
@@ -100,6 +101,18 @@ def headroom_bytes(
         return None
     need = device_need_bytes(allocated=allocated, reserved=reserved, peak=peak, nvml_used=nvml_used)
     return None if need is None else int(total - need)
+
+
+def sample_headroom(sample: Mapping[str, Any], total: int | None = None) -> int | None:
+    """:func:`headroom_bytes` of one wire sample, from its own measurements (``total`` overrides
+    the sample's capacity, e.g. the last known one when the sample lacks it)."""
+    return headroom_bytes(
+        sample.get("total_bytes") if total is None else total,
+        allocated=sample.get("allocated_bytes"),
+        reserved=sample.get("reserved_bytes"),
+        peak=sample.get("peak_allocated_bytes"),
+        nvml_used=sample.get("nvml_used_bytes"),
+    )
 
 
 def is_low_headroom(headroom: int | None, total: int | None) -> bool:

@@ -63,9 +63,7 @@ def _headroom(row: Row) -> int | None:
     # Judged on the latest training step, not on a checkpoint/eval sample: those spikes
     # have their own family (checkpoint_headroom) and would make this gauge flap.
     sample = row[2] or row[1]
-    return verdicts.headroom_bytes(
-        sample.get("total_bytes"), allocated=sample.get("allocated_bytes"), reserved=sample.get("reserved_bytes"),
-        peak=sample.get("peak_allocated_bytes"), nvml_used=sample.get("nvml_used_bytes"))
+    return verdicts.sample_headroom(sample)
 
 
 def _outside_allocator(row: Row) -> int | float | None:

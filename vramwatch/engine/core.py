@@ -404,13 +404,7 @@ class TrendEngine:
 
 def _step_headroom(sample: dict[str, Any], total: int | None) -> int | None:
     """verdicts.headroom_bytes at a training step boundary (the sample's own numbers)."""
-    return verdicts.headroom_bytes(
-        total,
-        allocated=sample.get("allocated_bytes"),
-        reserved=sample.get("reserved_bytes"),
-        peak=sample.get("peak_allocated_bytes"),
-        nvml_used=sample.get("nvml_used_bytes"),
-    )
+    return verdicts.sample_headroom(sample, total)
 
 
 __all__ = ["FRAGMENTATION_ADVICE", "STATES", "EngineConfig", "TrendEngine"]

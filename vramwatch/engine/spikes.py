@@ -86,13 +86,7 @@ class SpikeDetector:
         measured: then the peak and what derives from it are null)."""
         peak = sample.get("peak_allocated_bytes")
         phase = sample["phase"]
-        headroom = verdicts.headroom_bytes(
-            sample.get("total_bytes"),
-            allocated=sample.get("allocated_bytes"),
-            reserved=sample.get("reserved_bytes"),
-            peak=peak,
-            nvml_used=sample.get("nvml_used_bytes"),
-        )
+        headroom = verdicts.sample_headroom(sample)
         kind = spike_kind(phase)
         event = self._event(ctx, kind, sample["step"], phase, peak, headroom)
         if kind == "checkpoint_spike":
@@ -125,13 +119,7 @@ class SpikeDetector:
             return None  # already reported this rhythm
         self.period = period
         peak = sample["peak_allocated_bytes"]
-        headroom = verdicts.headroom_bytes(
-            sample.get("total_bytes"),
-            allocated=sample.get("allocated_bytes"),
-            reserved=sample.get("reserved_bytes"),
-            peak=peak,
-            nvml_used=sample.get("nvml_used_bytes"),
-        )
+        headroom = verdicts.sample_headroom(sample)
         return self._event(ctx, "periodic_spike", step, None, peak, headroom, period)
 
 

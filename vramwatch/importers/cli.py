@@ -95,17 +95,8 @@ def cmd_import(args: argparse.Namespace, db_path: str, usage_error: type[Excepti
         raise usage_error(f"cannot read {args.source} input: {exc}") from None
     except StoreError as exc:
         raise usage_error(str(exc)) from None
-    accepted = duplicates = 0
     try:
-        batch = []
-        for sample in iter_import(paths, args.source, opts):
-            batch.append(sample)
-            if len(batch) >= BATCH:
-                result = store.insert(batch)
-                accepted, duplicates, batch = accepted + result.accepted, duplicates + result.duplicates, []
-        if batch:
-            result = store.insert(batch)
-            accepted, duplicates = accepted + result.accepted, duplicates + result.duplicates
+        accepted, duplicates = store.insert_stream(iter_import(paths, args.source, opts), BATCH)
     except StoreError as exc:
         raise usage_error(str(exc)) from None
     finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -301,6 +301,21 @@ class Store(Reads, Aggregates):
         """The value fields any sample of the batch carries, in column order."""
         keys = _VALUE_SET.intersection(set().union(*samples))
         return tuple(name for name in VALUE_NAMES if name in keys)
+
+    def insert_stream(self, samples: Iterable[Sample], batch_size: int = 5000) -> tuple[int, int]:
+        """Insert an unbounded stream (``vramwatch import``) in transactions of ``batch_size``
+        samples; memory O(batch_size). Returns ``(accepted, duplicates)`` summed over batches."""
+        accepted = duplicates = 0
+        batch: list[Sample] = []
+        for sample in samples:
+            batch.append(sample)
+            if len(batch) >= batch_size:
+                result = self.insert(batch)
+                accepted, duplicates, batch = accepted + result.accepted, duplicates + result.duplicates, []
+        if batch:
+            result = self.insert(batch)
+            accepted, duplicates = accepted + result.accepted, duplicates + result.duplicates
+        return accepted, duplicates
 
     def insert(
         self, samples: Sequence[Sample], *, max_samples_per_run: int | None = None,
