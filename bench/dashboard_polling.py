@@ -68,14 +68,7 @@ def fill(db: str, run: str, ranks: int, steps: int) -> list[Iterator[dict[str, A
     """``steps`` steps of every rank written through the store; the generators go on live."""
     gens = traces(run, ranks, time.time() - steps * 1.0 - steps / 200 * 10 - 5)
     store = Store(db)
-    batch: list[dict[str, Any]] = []
-    for gen in gens:
-        batch += take(gen, steps)
-        if len(batch) > 50_000:
-            store.insert(batch)
-            batch = []
-    if batch:
-        store.insert(batch)
+    store.insert_stream((s for gen in gens for s in take(gen, steps)), 50_000)
     store.close()
     return gens
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from bench.report import table, write_section
 from vramwatch import report
@@ -29,16 +28,10 @@ MB = 1e6
 
 def fill(db: str, run: str, ranks: int, steps: int) -> None:
     store = Store(db)
-    batch: list[dict[str, Any]] = []
     start = time.time() - steps * 1.0 - 60
-    for r in range(ranks):
-        batch += list(simulate_trace("demo", steps=steps, run=run, host=f"node-{r // 8:03d}", rank=r, start_ts=start,
-                                     step_time_s=1.0, seed=r, ckpt_every=200, leak_rank=7, leak_onset=100))
-        if len(batch) > 50_000:
-            store.insert(batch)
-            batch = []
-    if batch:
-        store.insert(batch)
+    store.insert_stream((s for r in range(ranks) for s in simulate_trace(
+        "demo", steps=steps, run=run, host=f"node-{r // 8:03d}", rank=r, start_ts=start, step_time_s=1.0, seed=r,
+        ckpt_every=200, leak_rank=7, leak_onset=100)), 50_000)
     store.close()
 
 
