@@ -49,8 +49,7 @@ class CaptureJob:
 class _Active:
     directive: str | None
     trigger: str
-    until_step: int | None  # None: set at the first step after the start
-    steps: int
+    until_step: int  # the step at which the snapshot is taken
 
 
 class SnapshotUploader:
@@ -144,9 +143,9 @@ class CaptureAgent:
             steps = steps if isinstance(steps, int) and 1 <= steps <= MAX_STEPS else 5
             self.history.start()
             self._active = _Active(d.get("id") if isinstance(d.get("id"), str) else None,
-                                   str(d.get("trigger") or "manual")[:64], step + steps, steps)
+                                   str(d.get("trigger") or "manual")[:64], step + steps)
             return
-        if active.until_step is not None and step >= active.until_step:
+        if step >= active.until_step:
             snapshot = self.history.snapshot()
             self.history.stop()
             self._active = None

@@ -13,11 +13,11 @@ Pure functions over the shards' JSON documents (no I/O). Rules, each defined onc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vramwatch.verdicts import RUN_STATUSES, SEVERITY, severity
+from vramwatch.verdicts import RUN_STATUSES, SEVERITY
 
 #: worst last: the merged status of a run is the worst any shard reports
 _STATUS_ORDER = {"finished": 0, "running": 1, "crashed": 2}
@@ -164,11 +164,3 @@ def merge_advice(answers: Sequence[ShardAnswer]) -> dict[str, Any] | None:
         merged["max_global_tokens_per_step"] = per_rank * ranks
     return merged
 
-
-def worst_first(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rank rows ordered worst first by the one severity rule (for the front's own views)."""
-    def key(row: dict[str, Any]) -> int:
-        verdict = row.get("verdict") or {}
-        return -severity(verdict.get("state"), row.get("liveness", "live"), row.get("ooms") or 0)
-
-    return sorted(rows, key=key)
