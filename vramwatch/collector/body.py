@@ -17,6 +17,13 @@ Guarantees (docs/reliability.md, "memory per request"):
 * the kept samples may hold at most :data:`VALUES_PER_SAMPLE` x ``max_samples`` fields and
   extra keys in all (413 past it: the hook halves the batch).
 
+Fast path: a body of at most :data:`FAST_BODY_BYTES` once inflated (a hook's batch always is) is
+first decoded and validated in one C pass (:func:`vramwatch.wire_decode.decode_body_fast`,
+msgspec). It only ever says "all valid, within every bound above" (then its samples are the
+batch, identical to the slow path's) or "not plainly so"; then the body is decoded again by the
+bounded path below, which refuses it or names each bad sample and field exactly as before. Its
+memory stays within the JSON array bound (it decodes at most :data:`FAST_BODY_BYTES` at once).
+
 Peak memory of one request is then about: the raw body (at most ``max_body_bytes``) +
 one block and its decoded objects (at most ~10 MB for a hostile block of tiny values) +
 the kept valid samples (~1.7 KB for a typical sample; at most 1.6 M fields in all,
@@ -34,7 +41,8 @@ from typing import Any
 
 import orjson
 
-from vramwatch.wire import Sample, WireError, validate
+from vramwatch.wire import FIELD_TABLE, MAX_EXTRA_KEYS, Sample, WireError, validate
+from vramwatch.wire_decode import decode_body_fast
 
 #: gzip output and raw input are handled in blocks of this many bytes (small: one block is
 #: one C call holding the GIL, and its objects are the transient memory)
@@ -47,6 +55,11 @@ MAX_LINE_BYTES = 64 * 1024
 VALUES_PER_SAMPLE = 32
 #: largest JSON array body once inflated (decoded whole: ~35 bytes of Python per byte at worst)
 MAX_ARRAY_BYTES = 4 * 1024 * 1024
+#: bodies up to this size once inflated try the one-pass decoder first (the array bound: the
+#: same worst-case memory); a hook's batch is at most 1 MiB (delivery's max_batch_bytes)
+FAST_BODY_BYTES = MAX_ARRAY_BYTES
+#: most fields plus extra keys one valid sample can hold (the field budget is exact only past it)
+_MOST_VALUES = len(FIELD_TABLE) + MAX_EXTRA_KEYS
 
 _NON_BLANK_LINE = re.compile(rb"[^ \t\r\n][^\n]*")
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -83,6 +96,8 @@ class DecodedBody:
     errors: list[SampleError] = field(default_factory=list)
     items: int = 0
     rejected: int = 0
+    #: decoded by the one-pass fast path (see the module docstring)
+    fast: bool = False
 
 
 # ---------------------------------------------------------------- gzip
@@ -233,9 +248,14 @@ def decode_body(
     """Decode and validate a request body in bounded blocks (see the module docstring).
 
     Raises :class:`BodyError` (400) or :class:`BodyTooLargeError` (413) for the body as a
-    whole; per-sample problems are returned in ``errors``. CPU: one pass, C-level except
-    the per-sample validation.
+    whole; per-sample problems are returned in ``errors``. CPU: one C pass (msgspec) for a
+    valid body; otherwise inflating again plus the bounded pass, C-level except the
+    per-sample validation.
     """
+    budget = max_values if max_values is not None else VALUES_PER_SAMPLE * max_samples
+    fast = _decode_fast(data, gzipped, max_decompressed, max_samples, now, max_future_s, budget)
+    if fast is not None:
+        return DecodedBody(samples=fast, items=len(fast), fast=True)
     chunks = iter_inflated(data, max_decompressed) if gzipped else _iter_blocks(data)
     first = b""
     for first in chunks:
@@ -243,7 +263,6 @@ def decode_body(
             break
     else:
         raise BodyError("is empty")
-    budget = max_values if max_values is not None else VALUES_PER_SAMPLE * max_samples
     collector = _Collector(now, max_future_s, max_errors, budget)
     if first.lstrip()[:1] == b"[":
         collector.add(_decode_array(first, chunks, max_samples))
@@ -258,6 +277,34 @@ def decode_body(
     if collector.out.items == 0:
         raise BodyError("is empty")
     return collector.out
+
+
+def _decode_fast(data: bytes, gzipped: bool, max_decompressed: int, max_samples: int, now: float | None,
+                 max_future_s: float, budget: int) -> list[Sample] | None:
+    """The batch when the one-pass decoder accepts the whole body within every bound of the
+    slow path, else None (the slow path then decides: it inflates again, which costs only
+    bodies that are refused, too large or not canonical)."""
+    if decode_body_fast is None or len(data) > FAST_BODY_BYTES:
+        return None
+    if gzipped:
+        limit = min(max_decompressed, FAST_BODY_BYTES)
+        try:
+            text = b"".join(iter_inflated(data, limit))
+        except BodyError:  # bad gzip or bigger than the fast bound: the slow path says which
+            return None
+        if len(text) > limit:  # pragma: no cover - iter_inflated stops past the limit
+            return None
+    else:
+        text = data
+    if len(text) > MAX_LINE_BYTES and text.lstrip()[:1] != b"[" and max(map(len, text.split(b"\n"))) > MAX_LINE_BYTES:
+        return None
+    samples = decode_body_fast(text, now=now, max_future_s=max_future_s)
+    if samples is None or len(samples) > max_samples:
+        return None
+    if len(samples) * _MOST_VALUES > budget and sum(
+            len(s) + len(s.get("extra") or ()) for s in samples) > budget:
+        return None
+    return samples
 
 
 def _decode_array(first: bytes, chunks: Iterator[bytes], max_samples: int) -> list[Any]:

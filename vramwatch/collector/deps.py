@@ -61,9 +61,13 @@ def token_matches(supplied: str | None, token: str) -> bool:
     return hmac.compare_digest(_digest(supplied or ""), _digest(token))
 
 
-def bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
+def bearer_value(header: str) -> str | None:
+    """The token of an ``Authorization`` header value, if it is a bearer one."""
     return header[7:].strip() if header[:7].lower() == "bearer " else None
+
+
+def bearer(request: Request) -> str | None:
+    return bearer_value(request.headers.get("authorization", ""))
 
 
 def supplied_token(request: Request) -> str | None:

@@ -22,7 +22,6 @@ import logging
 from typing import Any
 
 import orjson
-from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vramwatch.collector import api, ingest
@@ -87,9 +86,8 @@ class FrontDoor:
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         if path == "/api/v1/samples" and method == "POST":
-            scope["app"] = self.app  # what Request.app reads
-            response = await ingest.ingest(Request(scope, receive))
-            await response(scope, receive, send)
+            scope["app"] = self.app  # what Request.app reads (the 401's log line)
+            await ingest.send_outcome(send, await ingest.handle(scope, receive, self.app.state))
         elif path == "/healthz" and method == "GET":
             await JSONBytes(api.healthz(self.app.state.live))(scope, receive, send)
         else:

@@ -23,15 +23,19 @@ import logging
 import shutil
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
 
 from vramwatch.collector.body import BodyError, BodyTooLargeError, DecodedBody, decode_body
-from vramwatch.collector.deps import require_ingest_auth
+from vramwatch.collector.deps import bearer_value, refuse, token_matches
 from vramwatch.collector.live import SeriesLimitError
 from vramwatch.collector.openapi import INGEST_OPENAPI
 from vramwatch.collector.responses import JSONBytes
@@ -136,6 +140,8 @@ class Ingestor:
         self.disk = DiskGuard(app_state.store, settings.min_free_bytes)
         self.commit_lock = threading.Lock()
         self.slots = asyncio.Semaphore(settings.max_concurrent_ingest)
+        #: bodies decoded by the one-pass fast path / by the checked path (collector.body)
+        self.decodes: Counter[str] = Counter()
 
     # Normally a commit takes about a millisecond and runs right on the event loop (a
     # thread hop costs more than it saves under load). When the database is locked by
@@ -170,29 +176,55 @@ class Ingestor:
         return round(min(HINT_MAX_S, max(HINT_MIN_S, len(self.state.live) / HINT_TARGET_RPS)), 1)
 
 
-def _check_headers(request: Request, settings: Settings) -> bool:
+Headers = dict[bytes, bytes]
+
+
+def _headers(scope: Scope) -> Headers:
+    """Request headers by (lower-case) name; of a repeated one the first, as Starlette's ``Headers.get``."""
+    out: Headers = {}
+    for key, value in scope["headers"]:
+        if key not in out:
+            out[key] = value
+    return out
+
+
+def _check_auth(scope: Scope, headers: Headers, settings: Settings) -> None:
+    """Machines write: only ``Authorization: Bearer`` counts (a browser's cookie must not);
+    the refusal and its log line are :func:`deps.refuse`'s."""
+    token = settings.token
+    if token and not token_matches(bearer_value(headers.get(b"authorization", b"").decode("latin-1")), token):
+        raise refuse(Request(scope))
+
+
+def _check_headers(headers: Headers, settings: Settings) -> bool:
     """Content type, encoding and declared length; returns whether the body is gzip."""
-    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    media = headers.get(b"content-type", b"").decode("latin-1").split(";", 1)[0].strip().lower()
     if media not in JSON_MEDIA_TYPES and not media.endswith("+json"):
         raise IngestRefused(415, f"content-type: {media or 'none'!r} not accepted; send application/json "
                                  "or application/x-ndjson")
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
     if encoding not in ("identity", "", "gzip"):
         raise IngestRefused(415, f"content-encoding: {encoding!r} not supported (use gzip or none)")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
+    declared = headers.get(b"content-length", b"").decode("latin-1")
+    if declared.isdigit() and int(declared) > settings.max_body_bytes:
         raise IngestRefused(413, f"body: larger than {settings.max_body_bytes} bytes")
     return encoding == "gzip"
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(receive: Receive, limit: int) -> bytes:
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise IngestRefused(413, f"body: larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()  # as Starlette's Request.stream(): nothing is answered or counted
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise IngestRefused(413, f"body: larger than {limit} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _decode(body: bytes, gzipped: bool, settings: Settings, now: float) -> DecodedBody:
@@ -202,6 +234,18 @@ async def _decode(body: bytes, gzipped: bool, settings: Settings, now: float) ->
     if len(body) <= (INLINE_GZIP_BYTES if gzipped else INLINE_BODY_BYTES):
         return decode_body(body, **kwargs)  # type: ignore[arg-type]
     return await asyncio.to_thread(decode_body, body, **kwargs)  # type: ignore[arg-type]
+
+
+async def _take_slot(ingestor: Ingestor) -> None:
+    slots, settings = ingestor.slots, ingestor.settings
+    if not slots.locked():
+        await slots.acquire()  # free: returns at once (wait_for would start a task and a timer)
+        return
+    try:
+        await asyncio.wait_for(slots.acquire(), settings.ingest_queue_s)
+    except TimeoutError:
+        raise IngestRefused(503, f"busy: {settings.max_concurrent_ingest} batches are being stored; retry",
+                            {"Retry-After": "1"}) from None
 
 
 def _rejected(decoded: DecodedBody) -> Outcome:
@@ -215,22 +259,20 @@ def _rejected(decoded: DecodedBody) -> Outcome:
     }, rejected=decoded.rejected)
 
 
-async def _ingest(request: Request, ingestor: Ingestor) -> Outcome:
+async def _ingest(scope: Scope, receive: Receive, ingestor: Ingestor) -> Outcome:
     settings = ingestor.settings
-    require_ingest_auth(request)
-    gzipped = _check_headers(request, settings)
+    headers = _headers(scope)
+    _check_auth(scope, headers, settings)
+    gzipped = _check_headers(headers, settings)
+    await _take_slot(ingestor)
     try:
-        await asyncio.wait_for(ingestor.slots.acquire(), settings.ingest_queue_s)
-    except TimeoutError:
-        raise IngestRefused(503, f"busy: {settings.max_concurrent_ingest} batches are being stored; retry",
-                            {"Retry-After": "1"}) from None
-    try:
-        body = await _read_body(request, settings.max_body_bytes)
+        body = await _read_body(receive, settings.max_body_bytes)
         now = time.time()
         decoded = await _decode(body, gzipped, settings, now)
         del body
     finally:
         ingestor.slots.release()
+    ingestor.decodes["fast" if decoded.fast else "checked"] += 1
     if decoded.rejected:
         return _rejected(decoded)
     ingestor.disk.check()
@@ -261,16 +303,32 @@ def _outcome_of(exc: Exception) -> Outcome:
     raise exc
 
 
-@router.post("/api/v1/samples", openapi_extra=INGEST_OPENAPI)
-async def ingest(request: Request) -> Response:
-    """Store a batch of samples (all or nothing); see the module docstring."""
+async def handle(scope: Scope, receive: Receive, state: Any) -> Outcome:
+    """One ingest request, as plain ASGI (the front door calls it without FastAPI's routing,
+    dependency resolution or Request/Response objects): its outcome, counted once."""
     started = time.perf_counter()
-    ingestor: Ingestor = request.app.state.ingestor
     try:
-        outcome = await _ingest(request, ingestor)
+        outcome = await _ingest(scope, receive, state.ingestor)
     except (IngestRefused, HTTPException, BodyError, StoreError) as exc:
         outcome = _outcome_of(exc)
-    request.app.state.ingest_metrics.observe(
+    state.ingest_metrics.observe(
         accepted=outcome.accepted, duplicates=outcome.duplicates, rejected=outcome.rejected,
         seconds=time.perf_counter() - started, status=outcome.status)
-    return outcome.response()
+    return outcome
+
+
+async def send_outcome(send: Send, outcome: Outcome) -> None:
+    """The reply, as :meth:`Outcome.response` would send it (same status, headers, JSON)."""
+    body = orjson.dumps(outcome.doc)
+    headers = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in outcome.headers.items()]
+    headers += [(b"content-length", str(len(body)).encode()), (b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": outcome.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+@router.post("/api/v1/samples", openapi_extra=INGEST_OPENAPI)
+async def ingest(request: Request) -> Response:
+    """Store a batch of samples (all or nothing); see the module docstring. (Requests reach
+    :func:`handle` through the front door; this route is the same code, for the OpenAPI
+    document and for the app mounted without its front door.)"""
+    return (await handle(request.scope, request.receive, request.app.state)).response()

@@ -14,6 +14,8 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
 from pathlib import Path
 from typing import IO, Any
 
@@ -266,23 +268,66 @@ class Store(Reads, Aggregates):
 
     def _rows(
         self, samples: Sequence[Sample], names: tuple[str, ...]
-    ) -> dict[int, tuple[Sample, list[list[Any]]]]:
-        """Rows (key, then the value fields ``names``) grouped by series id, each with one
-        sample of the series (for its key)."""
-        by_series: dict[int, tuple[Sample, list[list[Any]]]] = {}
+    ) -> tuple[list[tuple[Any, ...]], dict[int, tuple[Sample, int]]]:
+        """Rows as tuples in column order (key, then the value fields ``names``), the rows of
+        one series adjacent (the table is clustered on the series), and per series one of
+        its samples (for its key) and its number of rows.
+
+        Cost per sample: two dict look-ups (series, phase) and one ``itemgetter`` call; a
+        sample lacking one of ``names`` (sparse) falls back to ``dict.get`` per name."""
+        groups: dict[int, list[tuple[Any, ...]]] = {}
+        firsts: dict[int, Sample] = {}
+        series_ids, phase_ids = self._series_ids, self._phase_ids
+        values = itemgetter(*names) if len(names) > 1 else (lambda s: (s[names[0]],))
         extra_at = names.index("extra") + 4 if "extra" in names else -1
-        phase_id = self._phase_id
         for s in samples:
-            sid = self._series_id(s)
-            group = by_series.get(sid)
-            if group is None:
-                group = by_series[sid] = (s, [])
-            get = s.get
-            row = [sid, s["step"], phase_id(s["phase"]), get("seq", 0), *map(get, names)]
+            sid = series_ids.get((s["run"], s["host"], s["rank"], s.get("incarnation") or ""))
+            if sid is None:
+                sid = self._series_id(s)
+            pid = phase_ids.get(s["phase"])
+            if pid is None:
+                pid = self._phase_id(s["phase"])
+            try:
+                row = (sid, s["step"], pid, s.get("seq", 0), *values(s))
+            except KeyError:  # sparse: a field some other sample of the batch carries
+                row = (sid, s["step"], pid, s.get("seq", 0), *map(s.get, names))
             if extra_at >= 0 and row[extra_at] is not None:
-                row[extra_at] = orjson.dumps(row[extra_at]) if row[extra_at] else None
-            group[1].append(row)
-        return by_series
+                row = (*row[:extra_at], orjson.dumps(row[extra_at]) if row[extra_at] else None,
+                       *row[extra_at + 1:])
+            group = groups.get(sid)
+            if group is None:
+                group = groups[sid] = []
+                firsts[sid] = s
+            group.append(row)
+        counts = {sid: (firsts[sid], len(group)) for sid, group in groups.items()}
+        rows = next(iter(groups.values())) if len(groups) == 1 else list(chain.from_iterable(groups.values()))
+        return rows, counts
+
+    def _execute(self, sql: str, rows: list[tuple[Any, ...]],
+                 firsts: dict[int, tuple[Sample, int]]) -> list[tuple[Sample, int]]:
+        """Insert ``rows`` (inside the caller's transaction); per series one of its samples and
+        the rows it really added. One ``executemany`` for all; only when some rows were
+        duplicates (a spool replay) is it undone and redone per series, to count them."""
+        conn = self._conn
+        if len(firsts) == 1:  # one rank's batch (a hook's POST): its count is the whole count
+            before = conn.total_changes
+            conn.executemany(sql, rows)
+            return [(first, conn.total_changes - before) for first, _ in firsts.values()]
+        conn.execute("SAVEPOINT batch_rows")
+        before = conn.total_changes
+        conn.executemany(sql, rows)
+        if conn.total_changes - before == len(rows):
+            conn.execute("RELEASE batch_rows")
+            return list(firsts.values())
+        conn.execute("ROLLBACK TO batch_rows")
+        conn.execute("RELEASE batch_rows")
+        added, start = [], 0
+        for first, n in firsts.values():  # rows are grouped by series in this order
+            before = conn.total_changes
+            conn.executemany(sql, rows[start:start + n])
+            added.append((first, conn.total_changes - before))
+            start += n
+        return added
 
     def _note_fields(self, sid: int, names: tuple[str, ...]) -> None:
         """Record in ``series.fields`` the value fields this batch carries for the series (a write
@@ -328,7 +373,8 @@ class Store(Reads, Aggregates):
         whole batch is rolled back and :class:`RunFullError` raised (duplicates do not count).
         ``busy_timeout_s``: how long to wait for a write lock held elsewhere (default: the
         store's); past it :class:`StoreBusyError`, nothing stored.
-        Cost: one ``executemany`` per series in the batch.
+        Cost: one ``executemany`` of tuples for the whole batch (one per series when it
+        holds duplicates, see :meth:`_execute`).
         """
         if self.readonly:
             raise StoreError("store is read-only")
@@ -349,12 +395,10 @@ class Store(Reads, Aggregates):
                 added: dict[str, int] = {}
                 by_key: dict[SeriesKey, int] = {}
                 names = self._present(samples)
-                sql = insert_sql(names)
-                for sid, (first, rows) in self._rows(samples, names).items():
+                rows, firsts = self._rows(samples, names)
+                for sid in firsts:
                     self._note_fields(sid, names)
-                    before = conn.total_changes
-                    conn.executemany(sql, rows)
-                    n = conn.total_changes - before
+                for first, n in self._execute(insert_sql(names), rows, firsts):
                     key = (first["run"], first["host"], first["rank"])
                     by_key[key] = by_key.get(key, 0) + n
                     added[first["run"]] = added.get(first["run"], 0) + n
