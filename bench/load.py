@@ -453,6 +453,7 @@ def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: i
             sampler.start()
             while time.time() < start_at:  # CPU is counted from the first step on
                 time.sleep(0.005)
+            load_start = os.getloadavg()
             busy_start = _machine_busy_s()
             cpu_start = collector.cpu_seconds()
             for p in workers:
@@ -462,6 +463,7 @@ def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: i
             stop.set()
             sampler.join()
             wall = time.time() - start_at
+            load_end = os.getloadavg()
             cpu = collector.cpu_seconds() - cpu_start
             busy = _machine_busy_s() - busy_start
             rss_end = collector.rss_bytes()
@@ -505,6 +507,7 @@ def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: i
             # CPU the machine spent on anything but this benchmark (other jobs on a shared box)
             "other_cores": max(0.0, busy - cpu - canary["cpu_s"] - sum(r["cpu_s"] for r in results)) / max(wall, 1e-9),
             "last_errors": sorted({e for r in results for e in r["last_errors"]})[:5],
+            "loadavg_start": load_start, "loadavg_end": load_end,
         }
     finally:
         if owned is not None:
@@ -627,6 +630,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partition", type=float, default=120.0, metavar="SECONDS",
                         help="length of the network partition scenario (64 ranks); 0: skip it")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--section", default="Load",
+                        help="docs/benchmarks.md section to (re)write, e.g. 'Load: 4,096 ranks at 1 step/s' for a "
+                             "capacity run that leaves the 10 Hz section alone")
     args = parser.parse_args(argv)
 
     main_run = run_load(ranks=args.ranks, rate=args.rate, duration=args.duration, procs=args.procs,
@@ -680,7 +686,9 @@ def main(argv: list[str] | None = None) -> int:
         f"first half, {m['rss_max_mb']:.0f} MB over the whole run, {m['rss_end_mb']:.0f} MB at the end: bounded "
         "(per-series live state is O(1); samples live in SQLite). The generator's driver threads ran "
         f"{m['late_ticks']} ticks late (worst {m['max_lateness_ms']:.0f} ms) and the `step()` p99 above is "
-        "theirs, measured at low priority on a saturated machine.",
+        "theirs, measured at low priority on a saturated machine. Load average (1/5/15 min) at the first "
+        "step: " + " / ".join(f"{x:.1f}" for x in m["loadavg_start"]) + ", at the end: "
+        + " / ".join(f"{x:.1f}" for x in m["loadavg_end"]) + f" on {os.cpu_count()} cores.",
         "",
         f"Restart: `vramwatch serve` on the resulting database ({m['stored']:,} samples) replayed them through the "
         f"trend engines and was serving again after {m['restart_s']:.1f} s "
@@ -722,7 +730,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
     if not args.no_write:
         cmd = COMMAND if argv is None or not argv else f"{COMMAND} {' '.join(argv)}"
-        write_section("Load", "\n".join(body), cmd)
+        write_section(args.section, "\n".join(body), cmd)
     print("\n".join(body))
     return 0 if ok else 1
 
