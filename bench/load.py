@@ -396,8 +396,16 @@ def _canary(url: str, rate: float, duration: float, start_at: float, token: str 
         failures += result.failures
         latencies.append(time.perf_counter() - c0)
     transport.shutdown()
-    Path(out_path).write_text(json.dumps({"latencies": latencies, "failures": failures,
+    Path(out_path).write_text(json.dumps({"latencies": latencies, "failures": failures, "rate": rate,
                                           "cpu_s": time.process_time() - cpu0}))
+
+
+def _windows(canary: dict[str, Any], duration: float, parts: int = 6) -> list[float]:
+    """The canary's p99 in ``parts`` equal windows of the run (ms): a start-up burst or a
+    neighbour's spike shows as one window, a collector that cannot keep up as all of them."""
+    lat = canary["latencies"]
+    size = max(1, len(lat) // parts)
+    return [round(1000 * percentile(lat[i:i + size], 99), 1) for i in range(0, size * parts, size)]
 
 
 def _server_quantile(metrics_text: str, q: float) -> float:
@@ -430,12 +438,17 @@ def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: i
     groups = [list(range(i, ranks, procs)) for i in range(procs)]
     ctx = mp.get_context("spawn")
     try:
-        with CollectorProcess(db, token=token, args=collector_args) as collector:
+        with CollectorProcess(db, token=token, args=collector_args) as collector, \
+                CollectorProcess(str(work / "control.db"), token=token, args=collector_args) as control:
             rss_start = collector.rss_bytes()
             start_at = time.time() + 3.0 + 0.3 * procs  # every worker has built its monitors by then
-            workers = [ctx.Process(target=_canary, args=(collector.url, 10.0, duration, start_at, token,
-                                                          str(work / "canary.json")))]
-            workers[0].start()
+            # the same canary against an idle collector on the same machine at the same time: the
+            # latency this machine gives any collector now (other jobs), the limit for the one under load
+            workers = [ctx.Process(target=_canary, args=(url, 10.0, duration, start_at, token,
+                                                          str(work / f"{name}.json")))
+                       for url, name in ((collector.url, "canary"), (control.url, "control"))]
+            for w in workers:
+                w.start()
             for i, group in enumerate(groups):
                 p = ctx.Process(target=_rank_group, args=(
                     group, ranks, collector.url, run, rate, duration, start_at, str(work / "spool"), token,
@@ -472,6 +485,7 @@ def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: i
             exit_code = collector.terminate()
         results = [json.loads((work / f"result-{i}.json").read_text()) for i in range(len(groups))]
         canary = json.loads((work / "canary.json").read_text())
+        control_canary = json.loads((work / "control.json").read_text())
         restart_s = None
         if measure_restart:  # a restart replays every stored sample through the engines
             again = CollectorProcess(db, token=token, args=collector_args)
@@ -490,6 +504,10 @@ def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: i
             "post_failures": sum(r["post_failures"] for r in results),
             "p50_ms": 1000 * percentile(canary["latencies"], 50), "p99_ms": 1000 * percentile(canary["latencies"], 99),
             "max_ms": 1000 * max(canary["latencies"], default=float("nan")), "canary_failures": canary["failures"],
+            "p99_windows_ms": _windows(canary, duration),
+            "control_p50_ms": 1000 * percentile(control_canary["latencies"], 50),
+            "control_p99_ms": 1000 * percentile(control_canary["latencies"], 99),
+            "control_p99_windows_ms": _windows(control_canary, duration),
             "server_p99_ms": 1000 * _server_quantile(metrics_text, 0.99),
             "gen_p50_ms": 1000 * percentile(latencies, 50), "gen_p99_ms": 1000 * percentile(latencies, 99),
             "samples_per_s": produced / duration,
@@ -505,7 +523,8 @@ def run_load(*, ranks: int, rate: float = 10.0, duration: float = 60.0, procs: i
             "totals": totals, "collector_exit": exit_code, "restart_s": restart_s,
             "generator_cores": sum(r["cpu_s"] for r in results) / max(wall, 1e-9),
             # CPU the machine spent on anything but this benchmark (other jobs on a shared box)
-            "other_cores": max(0.0, busy - cpu - canary["cpu_s"] - sum(r["cpu_s"] for r in results)) / max(wall, 1e-9),
+            "other_cores": max(0.0, busy - cpu - canary["cpu_s"] - control_canary["cpu_s"]
+                               - sum(r["cpu_s"] for r in results)) / max(wall, 1e-9),
             "last_errors": sorted({e for r in results for e in r["last_errors"]})[:5],
             "loadavg_start": load_start, "loadavg_end": load_end,
         }
@@ -600,13 +619,15 @@ def run_partition(*, ranks: int = 64, rate: float = 10.0, partition_s: float = 1
 def _row(r: dict[str, Any]) -> list[object]:
     return [r["ranks"], f"{r['samples_per_s']:.0f}", r["produced"], r["lost"], r["duplicates"],
             r["post_failures"] + r["canary_failures"], f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}",
-            f"{r['max_ms']:.0f}", f"≤ {r['server_p99_ms']:.0f}", f"{r['gen_p99_ms']:.0f}", f"{r['rss_max_mb']:.0f}",
+            f"{r['max_ms']:.0f}", f"{r['control_p99_ms']:.1f}", f"≤ {r['server_p99_ms']:.0f}",
+            f"{r['gen_p99_ms']:.0f}", f"{r['rss_max_mb']:.0f}",
             f"{r['collector_cpu_pct']:.0f}%", f"{r['generator_cores']:.2f}", f"{r['other_cores']:.2f}",
             f"{r['step_cost_p99_us']:.0f}"]
 
 
 HEADERS = ["ranks", "samples/s", "recorded", "lost", "dup", "failed POSTs", "POST p50 ms", "POST p99 ms",
-           "POST max ms", "server p99 ms", "in-generator p99 ms", "collector RSS max MB", "collector CPU",
+           "POST max ms", "idle control's POST p99 ms", "server p99 ms", "in-generator p99 ms",
+           "collector RSS max MB", "collector CPU",
            "generator cores", "other jobs' cores", "step() p99 µs"]
 
 
@@ -675,13 +696,19 @@ def main(argv: list[str] | None = None) -> int:
         "Columns: *lost* = samples `step()` recorded minus rows in SQLite after every monitor closed; "
         "*POST p50/p99/max* = round trip of a rank-sized POST (10 samples, gzip, the hook's own transport) "
         "sent 10 times a second by a separate idle process during the load: the latency a rank sees when "
-        "its process has CPU (on a cluster each rank has its own cores); *server p99* = the collector's own "
+        "its process has CPU (on a cluster each rank has its own cores); *idle control's POST p99* = the same "
+        "canary, at the same time, against a second collector on this machine that serves nothing else: what "
+        "the machine's other load alone does to a POST (the limit for the loaded collector); *server p99* = the "
+        "collector's own "
         "`vramwatch_ingest_request_duration_seconds` histogram (bucket bound); *in-generator p99* = the same "
         "POSTs timed inside the overloaded generator processes, where 64 ranks share one starved process "
         "(GIL and CPU waits included: an upper bound, not the collector's latency).",
         "",
         f"Target (zero lost, p99 ingest latency < 100 ms): **{'met' if ok else 'NOT met'}** "
-        f"({m['lost']} lost, p99 {m['p99_ms']:.0f} ms). "
+        f"({m['lost']} lost, p99 {m['p99_ms']:.0f} ms; idle control {m['control_p99_ms']:.0f} ms). "
+        "Canary p99 per sixth of the run, loaded / idle control (ms): "
+        + ", ".join(f"{a:g} / {b:g}" for a, b in zip(m["p99_windows_ms"], m["control_p99_windows_ms"], strict=False))
+        + ". "
         f"Collector RSS: {m['rss_start_mb']:.0f} MB at start, max {m['rss_first_half_max_mb']:.0f} MB in the "
         f"first half, {m['rss_max_mb']:.0f} MB over the whole run, {m['rss_end_mb']:.0f} MB at the end: bounded "
         "(per-series live state is O(1); samples live in SQLite). The generator's driver threads ran "

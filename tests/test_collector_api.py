@@ -309,3 +309,65 @@ def test_a_rank_that_goes_on_after_an_oom_keeps_the_count_but_is_not_dead() -> N
     live.ingest([make_sample(i, ts=t0 + i, ooms=1) for i in range(6, 9)], received_at=t0 + 9)
     row = rank_rows(live.for_run("run-a"), now=t0 + 10)[0]
     assert row["died"] is None and row["ooms"] == 1 and row["liveness"] == "live"
+
+
+def _bad_bodies() -> list[tuple[str, bytes, bool]]:
+    """(what, body, gzipped): bodies the one-pass decoder must hand to the checked path."""
+    good = [make_sample(i, rank=1) for i in range(3)]  # the test's collector takes at most 3 per batch
+    padded = ndjson(good[:1])[:-2] + b" " * (70 * 1024) + b"}\n"  # valid JSON, line over the 64 KiB cap
+    return [
+        ("bad field", ndjson([*good[:2], make_sample(2, rank=1, ooms=-1)]), True),
+        ("unknown field", ndjson([*good[:2], make_sample(3, rank=1, bogus=1)]), False),
+        ("not JSON", ndjson(good[:2]) + b"{not json\n", True),
+        ("from the future", ndjson([make_sample(0, rank=1, ts=4_000_000_000.0)]), False),
+        ("array of arrays", orjson.dumps([[make_sample(0)]]), False),
+        ("blank body", b"\n \n", False),
+        ("bad gzip", b"\x1f\x8b" + b"junk" * 10, True),
+        ("line too long", padded, False),
+        ("too many samples", ndjson([make_sample(i, rank=1) for i in range(4)]), True),
+    ]
+
+
+def test_ingest_takes_the_one_pass_decoder_and_refuses_bad_bodies_exactly_as_the_checked_path(
+        tmp_path, monkeypatch) -> None:
+    from vramwatch.collector import body as body_module
+
+    if body_module.decode_body_fast is None:
+        import os
+
+        assert not os.environ.get("CI"), "msgspec (server extra) must be installed in CI"
+        pytest.skip("msgspec not installed")
+    cases = _bad_bodies()
+    import re
+
+    replies: dict[bool, list[tuple[int, str]]] = {}
+    for fast in (True, False):
+        if not fast:
+            monkeypatch.setattr(body_module, "decode_body_fast", None)
+        with BackgroundServer(str(tmp_path / f"vw-{fast}.db"), max_batch_samples=3) as srv, \
+                httpx.Client(base_url=srv.url, timeout=10) as client:
+            srv.client = client  # type: ignore[attr-defined]
+            decodes = srv.app.state.ingestor.decodes
+            ok = post(srv, [make_sample(i) for i in range(3)], gzip_body=True)
+            assert ok.status_code == 200 and ok.json()["accepted"] == 3
+            assert decodes == ({"fast": 1} if fast else {"checked": 1})
+            replies[fast] = []
+            for what, body, gzipped in cases:
+                headers = {**NDJSON_HEADERS, **({"content-encoding": "gzip"} if gzipped else {})}
+                r = client.post("/api/v1/samples", content=gz(body) if gzipped and what != "bad gzip" else body,
+                                headers=headers)
+                assert r.status_code in (400, 413, 422), (what, r.status_code, r.text)
+                # the clock moves between the two collectors: "is N s in the future" differs by a second
+                replies[fast].append((r.status_code, re.sub(r"is \d+ s in", "is N s in", r.text)))
+            assert decodes["fast"] == (1 if fast else 0)  # no bad body was accepted by the fast path
+            assert stored_count(srv) == 3  # nothing half-written
+            codes = srv.app.state.ingest_metrics.requests
+            assert sum(codes.labels(code=str(c))._value.get() for c in (200, 400, 413, 422)) == 1 + len(cases)
+    assert replies[True] == replies[False]
+    by_case = {c[0]: (code, orjson.loads(text)) for c, (code, text) in zip(cases, replies[True], strict=True)}
+    assert by_case["bad field"][0] == 422 and by_case["bad field"][1]["errors"][0]["index"] == 2
+    assert by_case["bad field"][1]["errors"][0]["field"] == "ooms"
+    assert by_case["unknown field"][1]["errors"][0]["field"] == "bogus"
+    assert by_case["from the future"][1]["errors"][0]["field"] == "ts"
+    assert by_case["line too long"][0] == 413 and by_case["too many samples"][0] == 413
+    assert by_case["not JSON"][0] == 400 and "line 3" in by_case["not JSON"][1]["detail"]
