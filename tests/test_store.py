@@ -190,6 +190,28 @@ def test_duplicates_are_not_counted_as_accepted_per_series(tmp_path) -> None:
     store.close()
 
 
+def test_one_batch_of_interleaved_sparse_and_wide_samples_is_stored_exactly(tmp_path) -> None:
+    """The batch's rows are bound as tuples in one executemany: samples lacking a field another
+    sample carries, extra objects, several series interleaved and a duplicate inside the batch
+    all come back as sent, and the per-series counts stay exact."""
+    store = Store(tmp_path / "a.db")
+    store.insert([make_sample(2, rank=2)])
+    batch = []
+    for i in range(6):
+        batch.append(make_sample(i, rank=i % 3, extra={"loss": i / 2} if i % 2 else {}))
+        batch.append(validate(sparse(i, host_rss_bytes=i) if i % 3 else sparse(i)))
+    batch.append(make_sample(3, rank=0, extra={"loss": 1.5}))  # the same key as batch[6]: a duplicate
+    result = store.insert(batch)
+    assert (result.accepted, result.duplicates) == (11, 2)  # rank 2's step 2 was stored before
+    assert result.accepted_by_series == {("run-a", "node-1", 0): 2, ("run-a", "node-1", 1): 2,
+                                         ("run-a", "node-1", 2): 1, ("sparse", "dcgm", 0): 6}
+    assert list(store.iter_samples("sparse")) == [x for x in batch if x["run"] == "sparse"]
+    stored = {(x["rank"], x["step"]): x for x in store.iter_samples("run-a")}
+    assert stored[(1, 1)]["extra"] == {"loss": 0.5} and "extra" not in stored[(0, 0)]
+    assert stored[(0, 3)] == {**make_sample(3, rank=0, extra={"loss": 1.5})}
+    store.close()
+
+
 # ------------------------------------------------------------------ several writers on one file
 
 
