@@ -706,7 +706,11 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Target (zero lost, p99 ingest latency < 100 ms): **{'met' if ok else 'NOT met'}** "
         f"({m['lost']} lost, p99 {m['p99_ms']:.0f} ms; idle control {m['control_p99_ms']:.0f} ms). "
-        "Canary p99 per sixth of the run, loaded / idle control (ms): "
+        + (f"Of the {m['lost']} not stored, {m['totals']['dropped_overflow'] + m['totals']['dropped_spool_full']} "
+           f"were dropped by the hooks; the rest were still queued or in the ranks' spools when the close "
+           f"budget ran out (slowest close {m['close_s']:.0f} s of 60 s: a `SharedWorker` flushes its "
+           f"{m['ranks_per_thread']} ranks one POST at a time). " if m["lost"] else "")
+        + "Canary p99 per sixth of the run, loaded / idle control (ms): "
         + ", ".join(f"{a:g} / {b:g}" for a, b in zip(m["p99_windows_ms"], m["control_p99_windows_ms"], strict=False))
         + ". "
         f"Collector RSS: {m['rss_start_mb']:.0f} MB at start, max {m['rss_first_half_max_mb']:.0f} MB in the "
