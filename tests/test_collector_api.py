@@ -371,3 +371,22 @@ def test_ingest_takes_the_one_pass_decoder_and_refuses_bad_bodies_exactly_as_the
     assert by_case["from the future"][1]["errors"][0]["field"] == "ts"
     assert by_case["line too long"][0] == 413 and by_case["too many samples"][0] == 413
     assert by_case["not JSON"][0] == 400 and "line 3" in by_case["not JSON"][1]["detail"]
+
+
+def test_a_serving_collector_collects_its_young_generation_less_often(tmp_path) -> None:
+    """Full collections paused a 4,096-rank collector for up to 190 ms (docs/notes/ingest.md):
+    the app raises the young threshold once, and never lowers a higher one."""
+    import gc
+
+    from vramwatch.collector.live import GC_YOUNG_THRESHOLD
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, before[1], before[2])
+        with BackgroundServer(str(tmp_path / "vw.db")):
+            assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, before[1], before[2])
+        gc.set_threshold(50_000, before[1], before[2])
+        with BackgroundServer(str(tmp_path / "vw.db")):
+            assert gc.get_threshold()[0] == 50_000
+    finally:
+        gc.set_threshold(*before)

@@ -34,7 +34,7 @@ from vramwatch.collector.deps import (  # noqa: F401 - public names kept for imp
     token_matches,
 )
 from vramwatch.collector.front import FrontDoor
-from vramwatch.collector.live import LiveState
+from vramwatch.collector.live import LiveState, tune_gc_for_serving
 from vramwatch.collector.openapi import sample_json_schema
 from vramwatch.collector.pages import dashboard_dir, dashboard_plotly_js_path, plotly_js_path
 from vramwatch.collector.responses import JSONBytes
@@ -143,6 +143,7 @@ def _open_state(app: FastAPI, settings: Settings) -> None:
 
     store = Store(settings.db_path, exclusive=True)  # a second collector on the file refuses to start
     live = LiveState()
+    tune_gc_for_serving()
     done = restore(live, store, cutoff=time.time() - settings.finished_after_s)
     if done["samples"] or done["retired_runs"]:
         log.info("rebuilt live state from %d stored samples in %.1f s (%d finished runs listed, not replayed)",
