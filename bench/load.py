@@ -35,6 +35,7 @@ import json
 import multiprocessing as mp
 import os
 import re
+import shlex
 import signal
 import socket
 import sqlite3
@@ -760,7 +761,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{p['step_cost_p99_us']:.0f}"]]),
         ]
     if not args.no_write:
-        cmd = COMMAND if argv is None or not argv else f"{COMMAND} {' '.join(argv)}"
+        given = sys.argv[1:] if argv is None else argv
+        cmd = f"{COMMAND} {shlex.join(given)}" if given else COMMAND
         write_section(args.section, "\n".join(body), cmd)
     print("\n".join(body))
     return 0 if ok else 1
