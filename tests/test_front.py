@@ -16,7 +16,7 @@ from vramwatch import hook
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.collector.store import Store
 from vramwatch.front import FrontSettings, PeerError, PeerSource, parse_peers
-from vramwatch.front.merge import ShardAnswer, merge_advice, merge_postmortem, merge_ranks, merge_runs
+from vramwatch.front.merge import ShardAnswer, merge_advice, merge_figures, merge_postmortem, merge_ranks, merge_runs
 from vramwatch.front.server import BackgroundFront
 
 
@@ -54,12 +54,51 @@ def test_merge_postmortem_and_advice():
     ])
     assert pm["first_failure"]["rank"] == 9 and pm["first_failure"]["shard"] == "b"  # the OOM wins the tie
     assert [r["rank"] for r in pm["ranks"]] == [3, 9] and pm["status"] == "crashed"
-    advice = merge_advice([
-        ShardAnswer("a", {"max_tokens_per_step": 20000, "ranks": 8, "readiness": {"verdict": "ready"}}),
-        ShardAnswer("b", {"max_tokens_per_step": 16000, "ranks": 8, "readiness": {"verdict": "not_ready"}}),
-    ])
-    assert advice["binding_shard"] == "b" and advice["max_global_tokens_per_step"] == 16000 * 16
-    assert advice["readiness"]["verdict"] == "not_ready"
+
+
+def _split_run(name: str, ranks: int, shards: int, *, leak_rank: int | None = None) -> tuple[list, object]:
+    """A run's ranks dealt over ``shards`` collectors: (each shard's observation, the whole run's)."""
+    from vramwatch.decisions.observe import observe
+    from vramwatch.decisions.scenarios import token_trace
+
+    per_rank = {r: token_trace("varlen", steps=2600, run=name, rank=r, seed=r, world_size=ranks,
+                               **({"leak_onset": 1200, "leak_rate_frac": 0.0005} if r == leak_rank else {}))
+                for r in range(ranks)}
+    parts = [observe(s for r in range(i, ranks, shards) for s in per_rank[r])[name] for i in range(shards)]
+    return parts, observe(s for r in range(ranks) for s in per_rank[r])[name]
+
+
+@pytest.mark.parametrize("leak_rank", [None, 5])
+def test_merged_advice_equals_one_collector_holding_every_rank(leak_rank):
+    """The front decides on the union of the shards' ranks: the same readiness, binding rank, largest
+    batch (per rank and global), projection and recommendation as one collector with all of them."""
+    from vramwatch.decisions.advice import advise
+
+    parts, whole = _split_run("adv", 6, 3, leak_rank=leak_rank)
+    docs = [advise(p, target_tokens=20000).as_dict() for p in parts]
+    merged = merge_advice([ShardAnswer(f"s{i}", d) for i, d in enumerate(docs)] + [ShardAnswer("down", None, "x")])
+    expected = advise(whole, target_tokens=20000).as_dict()
+    assert merged.pop("shards") == ["s0", "s1", "s2"]
+    assert merged == expected
+    assert expected["world_size"] == 6 and len(expected["ranks"]) == 6
+    # the shards alone disagree with the run (each sees 2 ranks): the merge is not one of them
+    assert expected["readiness"]["verdict"] == max((d["readiness"]["verdict"] for d in docs),
+                                                   key=("ready", "not_ready", "unsafe").index)
+    if leak_rank is not None:
+        assert expected["readiness"]["verdict"] == "unsafe" and "leak" in expected["readiness"]["causes"]
+
+
+def test_merged_figures_and_compare_equal_one_collector():
+    from vramwatch.decisions.compare import RunFigures, compare
+
+    a_parts, a_whole = _split_run("a", 4, 2)
+    b_parts, b_whole = _split_run("b", 4, 2, leak_rank=2)
+    fa = merge_figures("a", [ShardAnswer(f"s{i}", RunFigures.of(p).as_dict()) for i, p in enumerate(a_parts)])
+    fb = merge_figures("b", [ShardAnswer("s1", RunFigures.of(b_parts[1]).as_dict()),
+                             ShardAnswer("s0", RunFigures.of(b_parts[0]).as_dict())])
+    assert fa["shards"] == ["s0", "s1"] and [r["rank"] for r in fa["ranks"]] == [0, 1, 2, 3]
+    assert compare(RunFigures.from_dict(fa), RunFigures.from_dict(fb)).as_dict() == compare(a_whole, b_whole).as_dict()
+    assert merge_figures("a", [ShardAnswer("s0", None, "404")]) is None
 
 
 def test_peer_lists(tmp_path: Path):

@@ -116,6 +116,47 @@ class RankModel:
     def _fixed(self) -> int:
         return self.floor_bytes + self.slack_bytes + self.outside_bytes
 
+    def as_dict(self) -> dict[str, Any]:
+        """The model as JSON (the ``models`` of an advice document); :meth:`from_dict` reads it back
+        exactly (no rounding), so a front can decide over the models of several collectors."""
+        t = self.train
+        return {
+            "run": self.run, "rank": self.rank, "host": self.host, "total_bytes": self.total_bytes,
+            "floor_bytes": self.floor_bytes, "outside_allocator_bytes": self.outside_bytes,
+            "outside_measured": self.outside_measured, "allocator_slack_bytes": self.slack_bytes,
+            "transient": {"method": t.method, "intercept_bytes": t.intercept_bytes,
+                          "bytes_per_token": t.bytes_per_token, "bytes_per_token2": t.bytes_per_token2,
+                          "buckets": t.buckets, "tokens_min": t.tokens_min,
+                          "tokens_max": t.tokens_max, "residual_frac": t.residual_frac,
+                          "holdout_error_frac": t.holdout_error_frac, "uncertainty_frac": t.uncertainty_frac},
+            "phases": {p.phase: p.transient_bytes for p in self.phases},
+            "phase_samples": {p.phase: p.samples for p in self.phases},
+            "train_transient_bytes": self.train_transient_bytes, "tokens_seen_max": self.tokens_seen_max,
+            "tokens_last": self.tokens_last, "world_size": self.world_size, "step": self.step,
+            "step_time_s": self.step_time_s, "oom_tokens": self.oom_tokens, "oom_phases": list(self.oom_phases),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> RankModel:
+        """Inverse of :meth:`as_dict`; raises KeyError/TypeError/ValueError on a malformed document."""
+        t = doc["transient"]
+        samples = doc.get("phase_samples") or {}
+        fit = TransientFit(str(t["method"]), float(t["intercept_bytes"]), float(t["bytes_per_token"]),
+                           int(t["buckets"]), t.get("tokens_min"), t.get("tokens_max"), t.get("residual_frac"),
+                           t.get("holdout_error_frac"), float(t["uncertainty_frac"]),
+                           float(t.get("bytes_per_token2", 0.0)))
+        return cls(
+            run=str(doc.get("run", "")), host=str(doc["host"]), rank=int(doc["rank"]),
+            total_bytes=int(doc["total_bytes"]),
+            floor_bytes=int(doc["floor_bytes"]), outside_bytes=int(doc["outside_allocator_bytes"]),
+            outside_measured=bool(doc["outside_measured"]), slack_bytes=int(doc["allocator_slack_bytes"]), train=fit,
+            train_transient_bytes=int(doc["train_transient_bytes"]),
+            phases=tuple(PhaseNeed(str(name), int(v), int(samples.get(name, 0))) for name, v in doc["phases"].items()),
+            tokens_seen_max=doc.get("tokens_seen_max"), tokens_last=doc.get("tokens_last"),
+            world_size=doc.get("world_size"), step=doc.get("step"), step_time_s=doc.get("step_time_s"),
+            oom_tokens=doc.get("oom_tokens"), oom_phases=tuple(doc.get("oom_phases") or ()),
+        )
+
     def phase_needs(self, tokens: float | None = None) -> dict[str, float]:
         """Device need per phase (bytes); ``train`` at ``tokens`` (else at the largest observed)."""
         base = self._fixed()
