@@ -41,19 +41,19 @@ _API = "/api/v1/runs/"
 _OWNED = ("series", "chart", "phases")
 
 
-def _snapshots(run: str, answers: Sequence[merge.ShardAnswer]) -> list[dict[str, Any]]:
+def _snapshots(run: str, answers: Sequence[merge.ShardAnswer], params: dict[str, Any]) -> list[dict[str, Any]]:
     return [merge.snapshot_via_front(s) for s in merge.merge_lists(answers, order=("ts", "rank"))]
 
 
-#: run-level requests merged across shards, and how: (run, every shard's answer) -> document
-_MERGED: dict[str, Callable[[str, Sequence[merge.ShardAnswer]], Any]] = {
-    "ranks": lambda run, answers: merge.merge_ranks(answers),
-    "events": lambda run, answers: merge.merge_lists(answers),
+#: run-level requests merged across shards, and how: (run, every shard's answer, query) -> document
+_MERGED: dict[str, Callable[[str, Sequence[merge.ShardAnswer], dict[str, Any]], Any]] = {
+    "ranks": lambda run, answers, params: merge.merge_ranks(answers),
+    "events": lambda run, answers, params: merge.merge_lists(answers),
     "snapshots": _snapshots,
-    "heatmap": lambda run, answers: merge.merge_heatmap(answers),
-    "postmortem": merge.merge_postmortem,
-    "advice": lambda run, answers: merge.merge_advice(answers),
-    "figures": merge.merge_figures,
+    "heatmap": lambda run, answers, params: merge.merge_heatmap(answers, int(params.get("cols", 240))),
+    "postmortem": lambda run, answers, params: merge.merge_postmortem(run, answers),
+    "advice": lambda run, answers, params: merge.merge_advice(answers),
+    "figures": lambda run, answers, params: merge.merge_figures(run, answers),
 }
 
 
@@ -85,7 +85,9 @@ async def _gather(request: Request, path: str, params: dict[str, Any] | None = N
 
 
 async def _run_level(request: Request, run: str, what: str) -> Any:
-    params = dict(request.query_params)
+    # repeated keys (advice's ``reference``) stay lists
+    params: dict[str, Any] = {k: (v if len(v) > 1 else v[0]) for k in request.query_params
+                              if (v := request.query_params.getlist(k))}
     params.pop("since", None)  # each shard has its own versions: the front serves full lists
     answers = await _gather(request, _API + _quote(run) + "/" + what, params)
     if all(a.data is None for a in answers):
@@ -94,7 +96,7 @@ async def _run_level(request: Request, run: str, what: str) -> Any:
             raise HTTPException(int(refused.error[:3]), refused.error[5:])
         raise HTTPException(404, f"run: no shard knows run {run!r}")
     try:
-        return _MERGED[what](run, answers)
+        return _MERGED[what](run, answers, params)
     except (KeyError, TypeError, ValueError) as exc:
         raise HTTPException(502, f"{what}: a shard answered a malformed document ({type(exc).__name__}: {exc})"
                             ) from None
@@ -226,7 +228,7 @@ async def _download(request: Request, snapshot_id: str, shard: str | None = None
         reply = await fanout.open_stream(peer, "/api/v1/snapshots/" + _quote(snapshot_id))
         if reply is not None:
             headers = {k: v for k, v in reply.headers.items() if k.lower() == "content-disposition"}
-            return StreamingResponse(reply.aiter_raw(), media_type=reply.headers.get("content-type"),
+            return StreamingResponse(reply.aiter_bytes(), media_type=reply.headers.get("content-type"),
                                      headers=headers, background=BackgroundTask(reply.aclose))
     raise HTTPException(404, f"snapshot: no shard has snapshot {snapshot_id!r}")
 

@@ -105,24 +105,38 @@ def merge_lists(answers: Sequence[ShardAnswer], *, order: Sequence[str] = ("step
     return out
 
 
-def merge_heatmap(answers: Sequence[ShardAnswer]) -> dict[str, Any] | None:
-    """Rows (ranks) of every shard's heatmap on the union of their columns (same x buckets)."""
-    docs = [a for a in answers if isinstance(a.data, dict) and a.data.get("z") is not None]
+def merge_heatmap(answers: Sequence[ShardAnswer], cols: int = 240) -> dict[str, Any] | None:
+    """Every shard's rows on one grid. Shards choose their bucket width from their own range
+    (a power of two, :meth:`HeatmapCache._width`), so the grid is the coarsest width among them,
+    doubled until at most ``2 x cols`` columns span the union; finer cells fold into it with
+    the field's worst (headroom: the least; bytes: the most). Rows carry their ``shard``."""
+    docs = [(a.shard, a.data) for a in answers if isinstance(a.data, dict) and a.data.get("rows")]
     if not docs:
         return None
-    base = dict(docs[0].data)
-    ys: list[Any] = []
-    zs: list[Any] = []
-    shards: list[str] = []
-    for answer in docs:
-        doc = answer.data
-        if doc.get("x") != base.get("x"):
-            continue  # a shard with other buckets cannot share the grid; its own page has it
-        ys.extend(doc.get("y", []))
-        zs.extend(doc.get("z", []))
-        shards.extend([answer.shard] * len(doc.get("y", [])))
-    base.update(y=ys, z=zs, shards=shards)
-    return base
+    worst = min if docs[0][1].get("field", "headroom") == "headroom" else max
+    width = max(float(d["bucket"]) for _, d in docs)
+    cells: list[tuple[tuple[int, str], dict[str, Any], dict[float, float | None]]] = []
+    for shard, doc in docs:
+        for row, z in zip(doc["rows"], doc["z"], strict=False):
+            cells.append(((row["rank"], str(row["host"])), {**row, "shard": shard},
+                          dict(zip(doc["x"], z, strict=False))))
+    centres = [x for _, _, by_x in cells for x in by_x]
+    lo, hi = min(centres), max(centres)
+    while (hi // width) - (lo // width) + 1 > 2 * cols:
+        width *= 2
+    first, last = int(lo // width), int(hi // width)
+    z_out = []
+    for _, _, by_x in sorted(cells, key=lambda c: c[0]):
+        row: list[float | None] = [None] * (last - first + 1)
+        for x, value in by_x.items():
+            if value is not None:
+                i = int(x // width) - first
+                row[i] = value if row[i] is None else worst(row[i], value)
+        z_out.append(row)
+    return {**docs[0][1], "x": [(b + 0.5) * width for b in range(first, last + 1)],
+            "bucket": int(width) if width.is_integer() else width,
+            "rows": [row for _, row, _ in sorted(cells, key=lambda c: c[0])], "z": z_out,
+            "outside": sum(int(d.get("outside") or 0) for _, d in docs)}
 
 
 def merge_postmortem(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any]:
