@@ -156,6 +156,9 @@ def test_front_routes_rank_requests_to_the_owning_shard(tmp_path: Path):
         with BackgroundFront(settings) as front, httpx.Client(base_url=front.url, timeout=10) as client:
             ranks = client.get("/api/v1/runs/run-a/ranks").json()
             assert [(r["rank"], r["shard"]) for r in ranks] == [(0, a.url[7:]), (1, a.url[7:]), (2, "B"), (3, "B")]
+            # the polling page's delta request gets the full rows: versions are per shard
+            delta = client.get("/api/v1/runs/run-a/ranks", params={"compact": 1, "since": 1, "limit": 1}).json()
+            assert [r["rank"] for r in delta] == [0, 1, 2, 3] and not any("version" in r for r in delta)
             series = client.get("/api/v1/runs/run-a/series", params={"rank": 3, "fields": "allocated_bytes"})
             assert series.status_code == 200 and series.json()["raw_points"] == 20
             direct = httpx.get(b.url + "/api/v1/runs/run-a/series", params={"rank": 3, "fields": "allocated_bytes"})

@@ -88,7 +88,10 @@ async def _run_level(request: Request, run: str, what: str) -> Any:
     # repeated keys (advice's ``reference``) stay lists
     params: dict[str, Any] = {k: (v if len(v) > 1 else v[0]) for k in request.query_params
                               if (v := request.query_params.getlist(k))}
-    params.pop("since", None)  # each shard has its own versions: the front serves full lists
+    # each shard has its own versions and pages: the front serves full lists (rows carry no
+    # ``version``, so the dashboard does not ask the front for deltas)
+    for key in ("since", "compact", "offset", "limit"):
+        params.pop(key, None)
     answers = await _gather(request, _API + _quote(run) + "/" + what, params)
     if all(a.data is None for a in answers):
         refused = next((a for a in answers if a.error and a.error[:1] == "4" and a.error != "404"), None)

@@ -90,6 +90,7 @@ def merge_ranks(answers: Sequence[ShardAnswer]) -> list[dict[str, Any]]:
     for answer in answers:
         for row in answer.data or []:
             tagged = {**row, "shard": answer.shard}
+            tagged.pop("version", None)  # a shard's own counter: meaningless across shards
             if answer.stale:
                 tagged["unreachable"] = True
                 tagged["liveness"] = "unreachable"
