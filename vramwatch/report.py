@@ -33,7 +33,7 @@ from vramwatch import postmortem, verdicts
 from vramwatch.collector.app import dashboard_dir, dashboard_plotly_js_path
 from vramwatch.collector.bundle import BundleError, bundle
 from vramwatch.collector.live import LiveState, SeriesState
-from vramwatch.collector.rows import rank_rows
+from vramwatch.collector.rows import MAX_RANK_ROWS, rank_rows
 from vramwatch.collector.snapshots import SnapshotStore
 from vramwatch.collector.store import Store
 from vramwatch.collector.views import run_chart, run_heatmap
@@ -162,6 +162,20 @@ def _row_order(row: dict[str, Any]) -> tuple[int, float, int]:
     return (-int(row.get("severity") or 0), headroom if headroom is not None else 1e30, int(row["rank"]))
 
 
+def _all_rank_rows(doc: Callable[..., Any]) -> list[dict[str, Any]]:
+    """Every rank row, page by page (a collector pages ``/ranks`` at MAX_RANK_ROWS; a front
+    answers every page with the full list, so a page that adds no rank ends it)."""
+    rows: list[dict[str, Any]] = []
+    seen: set[tuple[str, int]] = set()
+    while True:
+        page = doc("ranks", offset=len(rows)) if rows else doc("ranks")
+        new = [r for r in page if (r["host"], r["rank"]) not in seen]
+        rows += new
+        seen.update((r["host"], r["rank"]) for r in new)
+        if len(page) < MAX_RANK_ROWS or not new:
+            return rows
+
+
 def report_data_remote(url: str, run: str, *, points: int | None = None,
                        get: Callable[..., Any] | None = None) -> dict[str, Any]:
     """:func:`report_data` asked of a collector or a front (``vramwatch report --url``): the same
@@ -175,7 +189,7 @@ def report_data_remote(url: str, run: str, *, points: int | None = None,
     def doc(what: str, **params: Any) -> Any:
         return get(url, remote.run_path(run, what), params or None)
 
-    rows = doc("ranks")
+    rows = _all_rank_rows(doc)
     chosen = sorted(rows, key=_row_order)[:MAX_SERIES_RANKS]
     chosen += [r for r in rows if r["rank"] == 0 and r not in chosen][:1]
     per_rank = points if points is not None else points_per_rank(len(chosen))
