@@ -33,10 +33,14 @@ REFIT_EVERY = 256
 RECHECK_EVERY = 32
 
 _CONFIG = ReadinessConfig()
+#: The figures before the first judgement (shared: figures are replaced, never mutated).
+_UNJUDGED: dict[str, Any] = {"max_tokens_per_step": None, "tokens_per_step_max_observed": None, "readiness": None}
 
 
 class DecisionEngine:
     """A TrendEngine plus the decision figures; a drop-in ``engine_factory`` for ``LiveState``."""
+
+    __slots__ = ("_checked_at", "_figures", "_fit", "_fit_version", "_fitted_at", "_ooms_seen", "_track")
 
     def __init__(self, engine: TrendEngine | None = None) -> None:
         self._track = RankTrack("", "", 0, engine=engine or TrendEngine())
@@ -45,8 +49,7 @@ class DecisionEngine:
         self._fitted_at = 0
         self._checked_at = -RECHECK_EVERY
         self._ooms_seen = 0
-        self._figures: dict[str, Any] = {"max_tokens_per_step": None, "tokens_per_step_max_observed": None,
-                                         "readiness": None}
+        self._figures = _UNJUDGED
 
     # the TrendEngine surface the collector reads
     @property
