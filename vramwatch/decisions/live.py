@@ -75,7 +75,8 @@ class DecisionEngine:
     def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
         """Engine update plus O(1) bookkeeping; returns the engine's new events."""
         track = self._track
-        track.run, track.host, track.rank = sample["run"], sample["host"], sample["rank"]
+        if not track.run:  # one engine per series: its identity is the first sample's (a run is never "")
+            track.run, track.host, track.rank = sample["run"], sample["host"], sample["rank"]
         return track.update(sample)
 
     def figures(self) -> dict[str, Any]:

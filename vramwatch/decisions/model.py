@@ -208,16 +208,15 @@ class RankModelBuilder:
 
     def update(self, sample: dict[str, Any]) -> None:
         """Fold one schema-1 sample in: O(1), no allocation beyond the bounded buckets."""
+        get = sample.get
+        self.fold(sample, get("incarnation", ""), get("ooms"), get("peak_allocated_bytes"), get("allocated_bytes"),
+                  get("reserved_bytes"), get("nvml_used_bytes"))
+
+    def fold(self, sample: dict[str, Any], incarnation: Any, ooms: int | None, peak: int | None,
+             allocated: int | None, reserved: int | None, used: int | None) -> None:
+        """:meth:`update` with the fields a caller already read (``RankTrack`` reads the same
+        ones): absent fields as None, an absent incarnation as ``""``."""
         self.samples += 1
-        try:  # subscripts are cheaper than .get; a sample lacking a field takes the except
-            incarnation = sample["incarnation"]
-            peak, allocated = sample["peak_allocated_bytes"], sample["allocated_bytes"]
-            reserved, ooms, used = sample["reserved_bytes"], sample["ooms"], sample["nvml_used_bytes"]
-        except KeyError:
-            get = sample.get
-            incarnation = get("incarnation", "")
-            peak, allocated = get("peak_allocated_bytes"), get("allocated_bytes")
-            reserved, ooms, used = get("reserved_bytes"), get("ooms"), get("nvml_used_bytes")
         if incarnation != self.incarnation:
             # a new process starts with a fresh allocator: floor and slack are its own
             self.incarnation = incarnation

@@ -104,9 +104,6 @@ class RankTrack:
             for event in new:
                 keep_last(self.events, event, EVENTS_KEPT)
                 self.plateau.feed(event)
-        # sparse samples (schema 2: dcgm, nvidia-smi, imports) fold in too: the builder skips what
-        # it cannot split (no allocated/peak), headroom is judged on whatever level was measured
-        self.builder.update(sample)
         try:  # subscripts are cheaper than .get; a sample lacking a field takes the except
             incarnation, ooms = sample["incarnation"], sample["ooms"]
             peak, allocated = sample["peak_allocated_bytes"], sample["allocated_bytes"]
@@ -116,6 +113,9 @@ class RankTrack:
             incarnation, ooms = get("incarnation", ""), get("ooms")
             peak, allocated = get("peak_allocated_bytes"), get("allocated_bytes")
             reserved, used = get("reserved_bytes"), get("nvml_used_bytes")
+        # sparse samples (schema 2: dcgm, nvidia-smi, imports) fold in too: the builder skips what
+        # it cannot split (no allocated/peak), headroom is judged on whatever level was measured
+        self.builder.fold(sample, incarnation, ooms, peak, allocated, reserved, used)
         if incarnation != self._incarnation:
             # a new process: the worst headroom is judged on the process running now
             self._incarnation, self._last_ooms = incarnation, 0
