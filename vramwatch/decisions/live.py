@@ -23,7 +23,7 @@ from typing import Any
 from vramwatch.engine import TrendEngine
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
-from .model import TransientFit
+from .model import RankModelBuilder, TransientFit
 from .observe import RankTrack
 from .readiness import ReadinessConfig, rank_readiness
 
@@ -43,7 +43,8 @@ class DecisionEngine:
     __slots__ = ("_checked_at", "_figures", "_fit", "_fit_version", "_fitted_at", "_ooms_seen", "_track")
 
     def __init__(self, engine: TrendEngine | None = None) -> None:
-        self._track = RankTrack("", "", 0, engine=engine or TrendEngine())
+        # the live figures never read the median step time: no step-time ring (2 KB per series)
+        self._track = RankTrack("", "", 0, engine=engine or TrendEngine(), builder=RankModelBuilder(timing=False))
         self._fit: TransientFit | None = None
         self._fit_version = -1
         self._fitted_at = 0

@@ -189,6 +189,7 @@ class RankModelBuilder:
     block_fill: int = 0
     step_times: array[float] = field(default_factory=_step_times)  # the latest WINDOW, as a ring
     step_times_next: int = 0  # where the ring writes next once full
+    timing: bool = True  # keep step times (for model(timing=True)); the live engine never reads them
     incarnation: Any = None
     inc_peak: int = 0  # largest peak of the current process (any phase)
     reserved: int = 0
@@ -263,7 +264,7 @@ class RankModelBuilder:
                 keep_last(self.outsides, self.block_outside, WINDOW // BLOCK)
             self.block_floor = self.block_outside = -1
             self.block_fill = 0
-        step_time = sample.get("step_time_s")
+        step_time = sample.get("step_time_s") if self.timing else None
         if step_time:
             times = self.step_times
             if len(times) < WINDOW:
