@@ -288,8 +288,9 @@ def series_memory(series: int = 2000) -> dict[str, float]:
 
     out = {}
     for steps, count in ((1, series), (20, series), (1000, series // 10)):
-        out[f"collector, {steps} steps"] = held(LiveState, LiveState.ingest, count, steps)
-        out[f"engine, {steps} steps"] = held(list, engines, count, steps)
+        label = f"{steps:,} step{'s' if steps > 1 else ''}"
+        out[f"collector, {label}"] = held(LiveState, LiveState.ingest, count, steps)
+        out[f"engine, {label}"] = held(list, engines, count, steps)
     return out
 
 
@@ -365,7 +366,7 @@ def main(argv: list[str]) -> None:
     ratio = speed["analyze"] / speed["decode"]
     memory_table = table(
         ("series", "bytes per series", f"measured / limit ({SERIES_LIMIT_BYTES:,} B, for < 1 block)"),
-        [(k, f"{v:,.0f}", f"{v / SERIES_LIMIT_BYTES:.2f}" if not k.endswith("1000 steps") else "-")
+        [(k, f"{v:,.0f}", f"{v / SERIES_LIMIT_BYTES:.2f}" if not k.endswith("1,000 steps") else "-")
          for k, v in memory.items()],
     )
     body = f"""
