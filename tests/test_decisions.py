@@ -379,5 +379,5 @@ def test_a_new_series_engine_fits_issue_10s_budget_beside_the_collectors_own_sta
 
     for samples in (1, 20):  # a block closes at the 32nd step
         held = _bytes_held_per_series(collector_engine, samples)
-        assert held <= 4096 - 700, (samples, held)  # was 19.4 KB (rings and deques made up front)
+        assert held <= 4096 - 700, (samples, held)  # was 18.6 KB (rings and deques made up front)
         assert _bytes_held_per_series(TrendEngine, samples) <= 2048  # was 13.7 KB
