@@ -143,8 +143,9 @@ class RankTrack:
             headroom = headroom_bytes(total, allocated=allocated, reserved=reserved, peak=peak, nvml_used=used)
         elif key == self._need_key and peak <= self._need_peak and allocated <= self._need_alloc:
             # the device need is monotone in peak and allocated at equal reserved/used: this
-            # sample cannot be the new worst (skips most samples of a plateau)
-            headroom = None
+            # sample cannot be the new worst (skips most samples of a plateau); nor a new phase
+            # peak: _need_peak is a peak of this kind, so peak_by_phase[kind] >= it
+            return new
         else:
             if key != self._need_key:
                 self._need_key, self._need_peak, self._need_alloc = key, peak, allocated
