@@ -27,12 +27,12 @@ from typing import Literal, NamedTuple, TypeVar
 from .config import EngineConfig
 from .stats import mann_kendall_z, rolling_min, theil_sen
 
+T = TypeVar("T")
+
 #: Signals a block carries. ``floor``: minimum of the judged level (allocated, or reserved,
 #: or device used: see ``TrendEngine.signal``); ``reserved``/``peak``/``peak2``: maxima;
 #: ``outside`` (device used - reserved), ``slack`` (reserved - allocated), ``split``
 #: (inactive split bytes): minima; ``retries``: the counter at the block's end.
-T = TypeVar("T")
-
 Signal = Literal["floor", "reserved", "peak", "peak2", "outside", "slack", "split", "retries"]
 
 
