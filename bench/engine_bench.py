@@ -11,12 +11,14 @@ over the last 10 minutes of scrapes, extrapolated 4 hours) and `used > 0.95 * to
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,6 +251,49 @@ def throughput(repeats: int = 3) -> dict[str, float]:
         return result
 
 
+#: Issue 10's goal: resident bytes per live series that has not closed a block yet.
+SERIES_LIMIT_BYTES = 4096
+
+
+def series_memory(series: int = 2000) -> dict[str, float]:
+    """Resident bytes per series (tracemalloc: allocations still held, divided by the series),
+    fed the demo scenario's train samples. ``collector``: the collector's live state with its
+    default engine (TrendEngine + decisions model, what ``serve`` holds per series); ``engine``:
+    a bare TrendEngine. Samples are built before measuring (they are the collector's, kept once).
+    A block closes at the 32nd step: 1 and 20 samples have not closed one; 1,000 steps
+    (31 blocks, on fewer series) shows how the rings fill."""
+    from vramwatch.collector.live import LiveState
+    from vramwatch.probe.simulated import simulate_trace
+
+    train = [s for s in simulate_trace("demo", steps=1100, rank=0, seed=0) if s["phase"] == "train"]
+
+    def held(make: Any, feed: Any, count: int, steps: int) -> float:
+        batches = [[dict(s, rank=r) for s in train[:steps]] for r in range(count)]
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        holder = make()
+        for batch in batches:
+            feed(holder, batch)
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        return sum(d.size_diff for d in after.compare_to(before, "filename")) / count
+
+    def engines(holder: list[TrendEngine], batch: list[dict[str, Any]]) -> None:
+        engine = TrendEngine()
+        for sample in batch:
+            engine.update(sample)
+        holder.append(engine)
+
+    out = {}
+    for steps, count in ((1, series), (20, series), (1000, series // 10)):
+        label = f"{steps:,} step{'s' if steps > 1 else ''}"
+        out[f"collector, {label}"] = held(LiveState, LiveState.ingest, count, steps)
+        out[f"engine, {label}"] = held(list, engines, count, steps)
+    return out
+
+
 def detector_tables(by_variant: dict[str, list[RankOutcome]]) -> str:
     """One recall / false-alarm / runway table per sample variant."""
     tables = []
@@ -303,6 +348,7 @@ def main(argv: list[str]) -> None:
     corpus_s = time.perf_counter() - started
     latencies = break_latencies(outcomes)
     speed = throughput(repeats=2 if args.quick else 5)
+    memory = series_memory()
 
     detectors = detector_tables(by_variant)
     found = [lat for *_, lat in latencies if lat is not None]
@@ -318,6 +364,11 @@ def main(argv: list[str]) -> None:
               if k not in ("samples", "bytes_per_sample")]
     speed_table = table(("stage", "samples/s", "measured / limit (decode)"), stages)
     ratio = speed["analyze"] / speed["decode"]
+    memory_table = table(
+        ("series", "bytes per series", f"measured / limit ({SERIES_LIMIT_BYTES:,} B, for < 1 block)"),
+        [(k, f"{v:,.0f}", f"{v / SERIES_LIMIT_BYTES:.2f}" if not k.endswith("1,000 steps") else "-")
+         for k, v in memory.items()],
+    )
     body = f"""
 Variants: *full* (schema 1), *allocated_only* (allocated and capacity only, other fields absent:
 Megatron-LM's memory scalars), *device_used_only* (device used and capacity, other fields null, no phase
@@ -368,7 +419,16 @@ structs generated from the field table plus the checks a struct cannot express (
 msgspec from the `server` extra); `orjson + wire.validate` is the pure-Python path (analyze without msgspec,
 and the per-sample validation ingest runs); `engine only` feeds pre-validated dicts to one `TrendEngine`
 per series. Per sample, analyze ≈ decode+validate + engine, in parses of the same line: decode+validate
-{speed["decode"] / speed["decode+validate"]:.2f}, the engine alone {speed["decode"] / speed["engine only"]:.2f}.
+{speed["decode"] / speed["decode+validate"]:.2f}, the engine alone {speed["decode"] / speed["engine only"]:.2f}; analyze
+reads a plainly valid schema-1 line's decoded struct directly (`TrendEngine.update_struct`), so it does not pay for
+building the dict that `decode+validate` builds.
+
+**Resident memory per series** (`series_memory`: tracemalloc over 2,000 series, 200 for 1,000 steps, fed the demo
+scenario's train samples; *collector* = the collector's `LiveState` with its default engine, the trend engine plus
+the decisions model, i.e. what `vramwatch serve` holds per series; *engine* = a bare `TrendEngine`). Goal (issue 10):
+≤ 4 KB for a series that has not closed a block yet (a block closes every 32 steps).
+
+{memory_table}
 """
     print(body)
     if not args.quick:

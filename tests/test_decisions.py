@@ -345,3 +345,39 @@ def test_byte_figures_are_gib_as_the_dashboard_shows_them() -> None:
     assert "worst headroom " in no_tokens.recommendation and " GB" not in no_tokens.recommendation
     assert re.search(r"worst headroom \d+\.\d+ GiB on rank", no_tokens.recommendation), no_tokens.recommendation
     assert (gib(9.41 * 2**30), gib(12.34 * 2**30), gib(None)) == ("9.41 GiB", "12.3 GiB", "-")
+
+
+def _bytes_held_per_series(factory, samples_per_series: int, series: int = 2000) -> float:
+    """tracemalloc: what ``series`` engines still hold after their samples, per series (the
+    samples are built before measuring: the collector owns them)."""
+    import gc
+    import tracemalloc
+
+    train = [s for s in simulate_trace("demo", steps=samples_per_series + 40, seed=0) if s["phase"] == "train"]
+    batches = [[dict(s, rank=r) for s in train[:samples_per_series]] for r in range(series)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    engines = []
+    for batch in batches:
+        engine = factory()
+        for sample in batch:
+            engine.update(sample)
+        engines.append(engine)
+    gc.collect()
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    return sum(d.size_diff for d in after.compare_to(before, "filename")) / series
+
+
+def test_a_new_series_engine_fits_issue_10s_budget_beside_the_collectors_own_state() -> None:
+    """Issue 10: <= 4 KB resident per series that has not closed a block. The collector's own
+    state is bounded at 700 B (test_hardening); its engine (trend engine + decisions model) gets
+    the rest. Nothing is allocated for what has not happened yet (rings, events, buckets)."""
+    from vramwatch.collector.live import collector_engine
+    from vramwatch.engine import TrendEngine
+
+    for samples in (1, 20):  # a block closes at the 32nd step
+        held = _bytes_held_per_series(collector_engine, samples)
+        assert held <= 4096 - 700, (samples, held)  # was 18.6 KB (rings and deques made up front)
+        assert _bytes_held_per_series(TrendEngine, samples) <= 2048  # was 13.7 KB

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vramwatch import wire
+from vramwatch import wire, wire_decode
 from vramwatch.engine import EngineConfig, TrendEngine
 from vramwatch.engine.analyze import analyze_paths, format_table
 from vramwatch.engine.stats import mann_kendall_z, noise_sigma, rolling_min, theil_sen
@@ -423,3 +423,82 @@ def test_analyze_judges_sparse_trace_files_and_says_which_signal(tmp_path: Path,
     leak = next(e for e in item["events"] if e["type"] == "leak")
     assert leak["step"] >= case.truth[1]["leak"]["onset"]
     assert "LEAK" in format_table(doc)
+
+
+# ---------------------------------------------------------------- the decoded-struct path
+
+
+def _messy_lines() -> list[bytes]:
+    """Lines of several processes and sources: leaks, phases, restarts, OOMs, stepped-back and
+    replayed samples, lines without incarnation, cudaMallocAsync and sparse (schema 2) lines."""
+    rng = random.Random(7)
+    samples: list[dict[str, Any]] = []
+    for rank, scenario in enumerate(("checkpoint", "crash_resume", "periodic_spikes", "leak_to_oom", "sawtooth")):
+        samples += simulate_trace(scenario, steps=2500, rank=rank, seed=rank, total_bytes=TOTAL)
+    out = []
+    for s in samples:
+        roll = rng.random()
+        if roll < 0.01:
+            s = {k: v for k, v in s.items() if k != "incarnation"}  # one line without it
+        elif roll < 0.02:
+            s = dict(s, step=max(0, s["step"] - rng.randrange(1, 200)))  # late or stepped back
+        elif roll < 0.025:
+            s = dict(s, allocator="cudaMallocAsync")  # general rules: a dict, not a struct
+        elif roll < 0.03:
+            s = dict(s, schema=2, inactive_split_bytes=None, alloc_retries=None)  # sparse
+        out.append(orjson.dumps(s))
+    return out
+
+
+@pytest.mark.skipif(wire_decode.decode_line_lazy is None, reason="msgspec not installed")
+def test_the_struct_path_gives_the_same_events_and_summaries_as_the_dict_path() -> None:
+    lazy, fast, sample_of = wire_decode.decode_line_lazy, wire_decode.decode_line_fast, wire_decode.sample_of
+    by_dict: dict[Any, TrendEngine] = {}
+    by_struct: dict[Any, TrendEngine] = {}
+    events: dict[str, list[Any]] = {"dict": [], "struct": []}
+    structs = 0
+    for number, line in enumerate(_messy_lines()):
+        plain = fast(line) or wire.validate(orjson.loads(line))
+        key = (plain["run"], plain["host"], plain["rank"])
+        events["dict"].append(by_dict.setdefault(key, TrendEngine()).update(plain))
+        decoded = lazy(line) or wire.validate(orjson.loads(line))
+        engine = by_struct.setdefault(key, TrendEngine())
+        if isinstance(decoded, dict):
+            events["struct"].append(engine.update(decoded))
+        else:
+            structs += 1
+            assert sample_of(decoded) == plain
+            events["struct"].append(engine.update_struct(decoded, sample_of))
+        if number % 499 == 0:  # a summary mid-block converts the kept struct: nothing may change
+            assert engine.summary() == by_dict[key].summary()
+    assert structs > 0.9 * len(events["dict"])  # the struct path was taken, not only the fallback
+    assert sum(map(len, events["dict"])) > 50  # and the trace raised events to compare
+    assert events["struct"] == events["dict"]
+    for key, engine in by_dict.items():
+        other = by_struct[key]
+        assert other.summary() == engine.summary()
+        assert list(other.events) == list(engine.events)
+        assert (other.samples, other.out_of_order) == (engine.samples, engine.out_of_order)
+
+
+@pytest.mark.skipif(wire_decode.decode_line_lazy is None, reason="msgspec not installed")
+def test_analyze_gives_the_same_document_with_and_without_the_struct_path(tmp_path, monkeypatch) -> None:
+    from vramwatch.engine import analyze
+
+    path = tmp_path / "messy.jsonl"
+    path.write_bytes(b"\n".join(_messy_lines()) + b"\n{not json\n")
+    lazy_doc = analyze_paths([path])
+    monkeypatch.setattr(analyze, "decode_line_lazy", wire_decode.decode_line_fast)  # dicts only
+    assert analyze_paths([path]) == lazy_doc
+    assert lazy_doc["skipped_lines"] == 1 and sum(len(s["events"]) for s in lazy_doc["series"]) > 50
+
+
+def test_a_new_series_holds_no_ring_until_its_first_block_closes() -> None:
+    engine = TrendEngine()
+    for step in range(1, 20):
+        engine.update(_sample(step, allocated_bytes=GB, reserved_bytes=2 * GB, peak_allocated_bytes=GB))
+    assert engine.ctx.pyramid.levels == [] and len(engine.events) == 0
+    for step in range(20, 40):
+        engine.update(_sample(step, allocated_bytes=GB, reserved_bytes=2 * GB, peak_allocated_bytes=GB))
+    assert [len(level.blocks) for level in engine.ctx.pyramid.levels] == [1, 0]  # level 1 holds it pending
+    assert len(engine.ctx.pyramid.levels[1].pending) == 1

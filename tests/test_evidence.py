@@ -75,6 +75,9 @@ def test_postmortem_names_the_rank_that_was_killed_alone():
     assert pm.status == "crashed"
     held = {r.rank: r.held_at_failure_bytes for r in pm.ranks}
     assert held[0] == 125 * GiB and held[2] == 125 * GiB  # NVML used at that moment
+    for r in pm.ranks:  # one rule: what a rank held plus its headroom is the device
+        if r.held_at_failure_bytes is not None:
+            assert r.held_at_failure_bytes + r.headroom_at_failure_bytes == r.last_sample["total_bytes"]
 
 
 def test_postmortem_prefers_the_oom_over_its_silent_victims():

@@ -16,7 +16,15 @@ from vramwatch import hook
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.collector.store import Store
 from vramwatch.front import FrontSettings, PeerError, PeerSource, parse_peers
-from vramwatch.front.merge import ShardAnswer, merge_advice, merge_postmortem, merge_ranks, merge_runs
+from vramwatch.front.merge import (
+    ShardAnswer,
+    merge_advice,
+    merge_figures,
+    merge_heatmap,
+    merge_postmortem,
+    merge_ranks,
+    merge_runs,
+)
 from vramwatch.front.server import BackgroundFront
 
 
@@ -54,12 +62,67 @@ def test_merge_postmortem_and_advice():
     ])
     assert pm["first_failure"]["rank"] == 9 and pm["first_failure"]["shard"] == "b"  # the OOM wins the tie
     assert [r["rank"] for r in pm["ranks"]] == [3, 9] and pm["status"] == "crashed"
-    advice = merge_advice([
-        ShardAnswer("a", {"max_tokens_per_step": 20000, "ranks": 8, "readiness": {"verdict": "ready"}}),
-        ShardAnswer("b", {"max_tokens_per_step": 16000, "ranks": 8, "readiness": {"verdict": "not_ready"}}),
-    ])
-    assert advice["binding_shard"] == "b" and advice["max_global_tokens_per_step"] == 16000 * 16
-    assert advice["readiness"]["verdict"] == "not_ready"
+
+
+def _split_run(name: str, ranks: int, shards: int, *, leak_rank: int | None = None) -> tuple[list, object]:
+    """A run's ranks dealt over ``shards`` collectors: (each shard's observation, the whole run's)."""
+    from vramwatch.decisions.observe import observe
+    from vramwatch.decisions.scenarios import token_trace
+
+    per_rank = {r: token_trace("varlen", steps=2600, run=name, rank=r, seed=r, world_size=ranks,
+                               **({"leak_onset": 1200, "leak_rate_frac": 0.0005} if r == leak_rank else {}))
+                for r in range(ranks)}
+    parts = [observe(s for r in range(i, ranks, shards) for s in per_rank[r])[name] for i in range(shards)]
+    return parts, observe(s for r in range(ranks) for s in per_rank[r])[name]
+
+
+@pytest.mark.parametrize("leak_rank", [None, 5])
+def test_merged_advice_equals_one_collector_holding_every_rank(leak_rank):
+    """The front decides on the union of the shards' ranks: the same readiness, binding rank, largest
+    batch (per rank and global), projection and recommendation as one collector with all of them."""
+    from vramwatch.decisions.advice import advise
+
+    parts, whole = _split_run("adv", 6, 3, leak_rank=leak_rank)
+    docs = [advise(p, target_tokens=20000).as_dict() for p in parts]
+    merged = merge_advice([ShardAnswer(f"s{i}", d) for i, d in enumerate(docs)] + [ShardAnswer("down", None, "x")])
+    expected = advise(whole, target_tokens=20000).as_dict()
+    assert merged.pop("shards") == ["s0", "s1", "s2"]
+    assert merged == expected
+    assert expected["world_size"] == 6 and len(expected["ranks"]) == 6
+    # the shards alone disagree with the run (each sees 2 ranks): the merge is not one of them
+    assert expected["readiness"]["verdict"] == max((d["readiness"]["verdict"] for d in docs),
+                                                   key=("ready", "not_ready", "unsafe").index)
+    if leak_rank is not None:
+        assert expected["readiness"]["verdict"] == "unsafe" and "leak" in expected["readiness"]["causes"]
+
+
+def test_merged_figures_and_compare_equal_one_collector():
+    from vramwatch.decisions.compare import RunFigures, compare
+
+    a_parts, a_whole = _split_run("a", 4, 2)
+    b_parts, b_whole = _split_run("b", 4, 2, leak_rank=2)
+    fa = merge_figures("a", [ShardAnswer(f"s{i}", RunFigures.of(p).as_dict()) for i, p in enumerate(a_parts)])
+    fb = merge_figures("b", [ShardAnswer("s1", RunFigures.of(b_parts[1]).as_dict()),
+                             ShardAnswer("s0", RunFigures.of(b_parts[0]).as_dict())])
+    assert fa["shards"] == ["s0", "s1"] and [r["rank"] for r in fa["ranks"]] == [0, 1, 2, 3]
+    assert compare(RunFigures.from_dict(fa), RunFigures.from_dict(fb)).as_dict() == compare(a_whole, b_whole).as_dict()
+    assert merge_figures("a", [ShardAnswer("s0", None, "404")]) is None
+
+
+def test_merge_heatmap_folds_finer_shards_into_the_coarsest_grid():
+    a = {"field": "headroom", "x": [0.5, 1.5, 2.5, 3.5], "bucket": 1, "rows": [{"host": "h", "rank": 1}],
+         "z": [[9.0, 7.0, None, 8.0]], "unit": "GiB", "outside": 0}
+    b = {"field": "headroom", "x": [1.0, 3.0, 5.0], "bucket": 2, "rows": [{"host": "g", "rank": 0}],
+         "z": [[5.0, None, 4.0]], "unit": "GiB", "outside": 2}
+    doc = merge_heatmap([ShardAnswer("A", a), ShardAnswer("B", b), ShardAnswer("C", None, "x")])
+    assert doc["bucket"] == 2 and doc["x"] == [1.0, 3.0, 5.0] and doc["outside"] == 2
+    assert [(r["rank"], r["shard"]) for r in doc["rows"]] == [(0, "B"), (1, "A")]
+    assert doc["z"] == [[5.0, None, 4.0], [7.0, 8.0, None]]  # headroom: the least of the folded cells
+    reserved = merge_heatmap([ShardAnswer("A", {**a, "field": "reserved"}),
+                              ShardAnswer("B", {**b, "field": "reserved"})])
+    assert reserved["z"][1] == [9.0, 8.0, None]  # bytes: the most
+    wide = merge_heatmap([ShardAnswer("A", a), ShardAnswer("B", {**b, "x": [1001.0], "z": [[5.0]]})], cols=16)
+    assert len(wide["x"]) == 32 and wide["bucket"] == 32 and wide["z"][0][-1] == 5.0  # 2 x cols at most
 
 
 def test_peer_lists(tmp_path: Path):
@@ -93,6 +156,9 @@ def test_front_routes_rank_requests_to_the_owning_shard(tmp_path: Path):
         with BackgroundFront(settings) as front, httpx.Client(base_url=front.url, timeout=10) as client:
             ranks = client.get("/api/v1/runs/run-a/ranks").json()
             assert [(r["rank"], r["shard"]) for r in ranks] == [(0, a.url[7:]), (1, a.url[7:]), (2, "B"), (3, "B")]
+            # the polling page's delta request gets the full rows: versions are per shard
+            delta = client.get("/api/v1/runs/run-a/ranks", params={"compact": 1, "since": 1, "limit": 1}).json()
+            assert [r["rank"] for r in delta] == [0, 1, 2, 3] and not any("version" in r for r in delta)
             series = client.get("/api/v1/runs/run-a/series", params={"rank": 3, "fields": "allocated_bytes"})
             assert series.status_code == 200 and series.json()["raw_points"] == 20
             direct = httpx.get(b.url + "/api/v1/runs/run-a/series", params={"rank": 3, "fields": "allocated_bytes"})
@@ -204,3 +270,105 @@ def test_postmortem_through_the_front(tmp_path: Path):
             proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", "postmortem", "nope", "--url", front.url],
                                   capture_output=True, text=True, timeout=60)
             assert proc.returncode == 2 and "404" in proc.stderr
+
+
+# ---------------------------------------------------------------- run-level answers over --url
+def _cli(*args: str) -> tuple[int, str, str]:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", *args], capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _post_all(url: str, samples: list[dict]) -> None:
+    for i in range(0, len(samples), 5000):
+        httpx.post(url + "/api/v1/samples", content=ndjson(samples[i:i + 5000]),
+                   headers={"Content-Type": "application/x-ndjson"}, timeout=30).raise_for_status()
+
+
+def test_advise_compare_gate_report_over_a_front_equal_one_collector(tmp_path: Path):
+    """Runs spread over two shards: ``--url FRONT`` gives what one collector holding every rank
+    gives (advise, compare, gate), the report covers every rank, captures and snapshots go
+    through the front, and the front's API lists every read route a collector has."""
+    import gzip
+    import json
+    import re
+
+    from vramwatch.decisions.scenarios import regression_overrides, token_trace
+
+    def trace(run: str, rank: int, **overrides) -> list[dict]:
+        return token_trace("varlen", steps=2600, run=run, rank=rank, seed=rank, world_size=4, **overrides)
+
+    runs = {"base": {r: trace("base", r) for r in range(4)},
+            "cand": {r: trace("cand", r, **(regression_overrides("varlen", 0.08) if r == 3 else {})) for r in range(4)}}
+    with BackgroundServer(str(tmp_path / "a.db")) as a, BackgroundServer(str(tmp_path / "b.db")) as b, \
+            BackgroundServer(str(tmp_path / "whole.db")) as whole:
+        for ranks in runs.values():
+            _post_all(a.url, [s for r in (0, 1) for s in ranks[r]])  # node-local: ranks 0-1 on a, 2-3 on b
+            _post_all(b.url, [s for r in (2, 3) for s in ranks[r]])
+            _post_all(whole.url, [s for r in range(4) for s in ranks[r]])
+        settings = FrontSettings(peers=PeerSource(static=parse_peers(["A=" + a.url, "B=" + b.url])), timeout_s=5.0,
+                                 cache_ttl_s=0.0)
+        with BackgroundFront(settings) as front, httpx.Client(base_url=front.url, timeout=30) as client:
+            for args in (("advise", "cand", "--json", "--target-tokens", "20000"),
+                         ("compare", "base", "cand", "--json")):
+                code, out, err = _cli(*args, "--url", front.url)
+                assert code == 0, err
+                expected = _cli(*args, "--url", whole.url)
+                assert expected[0] == 0 and json.loads(out) == json.loads(expected[1])
+            doc = json.loads(_cli("advise", "cand", "--json", "--url", front.url)[1])
+            assert doc["world_size"] == 4 and [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
+            code, out, _ = _cli("advise", "cand", "--url", front.url)
+            assert code == 0 and out == _cli("advise", "cand", "--url", whole.url)[1] and "run cand:" in out
+            gate = _cli("gate", "base", "cand", "--url", front.url)
+            assert gate[0] == 1 and "FAIL" in gate[1] and "rank 3" in gate[1]
+            assert gate[1] == _cli("gate", "base", "cand", "--url", whole.url)[1]
+            assert _cli("gate", "base", "base", "--url", front.url)[0] == 0
+            assert client.get("/api/v1/compare", params={"a": "base", "b": "cand"}).json() == \
+                httpx.get(whole.url + "/api/v1/compare", params={"a": "base", "b": "cand"}).json()
+            missing = _cli("compare", "base", "nope", "--url", front.url)
+            assert missing[0] == 2 and "nope" in missing[2]
+            bad = client.get("/api/v1/runs/cand/advice", params={"margin": "2"})
+            assert bad.status_code == 422 and "margin" in bad.text
+
+            code, _, err = _cli("report", "cand", "--url", front.url, "--out", str(tmp_path / "r.html"))
+            assert code == 0, err
+            page = (tmp_path / "r.html").read_text()
+            data = json.loads(re.search(r"window\.VRAMWATCH_STATIC = (\{.*?\});</script>", page, re.S).group(1))
+            assert sorted(r["rank"] for r in data["ranks"]) == [0, 1, 2, 3]
+            assert {k.split("\u0000")[1] for k in data["series"]} == {"0", "1", "2", "3"}
+            assert [r["rank"] for r in data["heatmap"]["step"]["headroom"]["rows"]] == [0, 1, 2, 3]
+            for field in ("headroom", "reserved"):  # the front's grid is the one collector's grid
+                merged = client.get("/api/v1/runs/cand/heatmap", params={"field": field}).json()
+                one = httpx.get(whole.url + "/api/v1/runs/cand/heatmap", params={"field": field}).json()
+                assert (merged["x"], merged["z"], merged["bucket"]) == (one["x"], one["z"], one["bucket"])
+                assert [(r["rank"], r["shard"]) for r in merged["rows"]] == [(0, "A"), (1, "A"), (2, "B"), (3, "B")]
+
+            # captures through the front reach the owning shard; the shard's 4xx comes back as is
+            one = client.post("/api/v1/runs/cand/capture", json={"rank": 2, "steps": 3})
+            assert one.status_code == 200 and one.json()["ranks"] == [2]
+            every = client.post("/api/v1/runs/cand/capture", json={"steps": 3}).json()
+            assert every["ranks"] == [0, 1, 2, 3]
+            assert client.post("/api/v1/runs/cand/capture", json={"steps": -1}).status_code == 422
+            assert client.post("/api/v1/runs/cand/capture", content=b"{}").status_code == 415
+            # a snapshot stored on shard B downloads through the front
+            blob = b"snapshot bytes" * 1000
+            httpx.post(b.url + "/api/v1/snapshots", params={"run": "cand", "host": "h", "rank": 2, "step": 7},
+                       content=gzip.compress(blob), headers={"Content-Type": "application/octet-stream"}
+                       ).raise_for_status()
+            listed = client.get("/api/v1/runs/cand/snapshots").json()
+            assert [(s["rank"], s["shard"]) for s in listed] == [(2, "B")] and "shard=B" in listed[0]["url"]
+            assert client.get(listed[0]["url"]).content == blob
+            assert client.get("/api/v1/snapshots/" + "0" * 32).status_code == 404
+
+            # the dashboard finds its optional routes in the OpenAPI document: the front lists every
+            # read route a collector has
+            def get_paths(url: str) -> set[str]:
+                paths = httpx.get(url + "/openapi.json").json()["paths"]
+                return {p for p, ops in paths.items() if "get" in ops and p.startswith("/api/v1/")}
+
+            assert get_paths(whole.url) - get_paths(front.url) == set()
+    dead = f"http://127.0.0.1:{__import__('prometheus_helpers').free_port()}"
+    assert _cli("advise", "cand", "--url", dead)[0] == 1
+    assert _cli("gate", "base", "cand", "--url", dead)[0] == 3

@@ -124,3 +124,26 @@ def test_report_errors_name_the_problem(collector: dict[str, Any], tmp_path: Pat
         build_report(str(tmp_path / "missing.db"), DEMO_RUN)
     assert not (tmp_path / "missing.db").exists(), "a report never creates a database"
 
+
+
+def test_remote_report_pages_through_every_rank_and_stops_on_a_front() -> None:
+    """``report --url``: a collector pages /ranks; a front answers every page with the full list."""
+    from vramwatch.collector.rows import MAX_RANK_ROWS
+    from vramwatch.report import _all_rank_rows
+
+    everyone = [{"host": f"h{i // 8}", "rank": i} for i in range(MAX_RANK_ROWS + 10)]
+    asked = []
+
+    def collector(what: str, **params):
+        asked.append(params.get("offset", 0))
+        start = params.get("offset", 0)
+        return everyone[start:start + MAX_RANK_ROWS]
+
+    assert _all_rank_rows(collector) == everyone and asked == [0, MAX_RANK_ROWS]
+    asked.clear()
+
+    def front(what: str, **params):
+        asked.append(params.get("offset", 0))
+        return everyone  # full list whatever the page
+
+    assert _all_rank_rows(front) == everyone and len(asked) == 2

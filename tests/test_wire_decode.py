@@ -43,7 +43,7 @@ def test_analyze_is_the_same_with_and_without_the_one_pass_decoder(tmp_path, mon
     path = tmp_path / "messy.jsonl"
     messy_trace(path)
     fast = analyze.analyze_paths([path])
-    monkeypatch.setattr(analyze, "decode_line_fast", None)
+    monkeypatch.setattr(analyze, "decode_line_lazy", None)  # analyze decodes with decode_line_lazy
     slow = analyze.analyze_paths([path])
     assert orjson.dumps(fast) == orjson.dumps(slow)
     assert fast["skipped_lines"] == 5 and len(fast["series"]) == 3

@@ -263,10 +263,28 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _remote_report(args: argparse.Namespace) -> str | None:
+    from vramwatch import remote
+    from vramwatch.report import render_report, report_data_remote
+
+    try:
+        data = remote.cli_call("report", args.url, lambda url: report_data_remote(url, args.run))
+    except remote.Outage:
+        return None
+    return render_report(data)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from vramwatch.collector.store import Store, StoreError
     from vramwatch.report import build_report
 
+    if args.url:
+        page = _remote_report(args)
+        if page is None:
+            return 1
+        Path(args.out).write_text(page, encoding="utf-8")
+        print(f"wrote {args.out} ({len(page) // 1024} KiB)", file=sys.stderr)
+        return 0
     db = _db_path(args)
     try:
         store = Store(db, readonly=True)
@@ -385,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run")
     add_db(p)
     p.add_argument("--out", metavar="FILE", required=True, help="output .html file")
+    p.add_argument("--url", help="build it from a collector's or a federating front's API instead of --db")
     p.set_defaults(func=cmd_report)
 
     from vramwatch.cli_evidence import register as register_evidence

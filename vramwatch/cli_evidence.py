@@ -10,26 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 
-class _Outage(Exception):
-    """The collector or front could not be reached: exit 1 (a 4xx is the caller's error: exit 2)."""
-
-
-def _remote(command: str, url: str | None, call: Any) -> Any:
-    """Run ``call(base_url)``; bad URL or a 4xx → UsageError (exit 2), an outage → message, exit 1."""
-    from vramwatch import remote
-    from vramwatch.cli import UsageError
-
-    try:
-        return call(remote.base_url(url))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    except remote.RemoteError as exc:
-        if exc.status is not None and 400 <= exc.status < 500:
-            raise UsageError(exc.detail) from None
-        print(f"vramwatch {command}: error: {exc.detail}", file=sys.stderr)
-        raise _Outage from None
-
-
 def cmd_capture(args: argparse.Namespace) -> int:
     from vramwatch import remote
 
@@ -38,8 +18,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
         body["rank"] = args.rank
     try:
         path = remote.run_path(args.run, "capture")
-        answer = _remote("capture", args.url, lambda url: remote.post_json(url, path, body, timeout=10))
-    except _Outage:
+        answer = remote.cli_call("capture", args.url, lambda url: remote.post_json(url, path, body, timeout=10))
+    except remote.Outage:
         return 1
     ranks = ", ".join(str(r) for r in answer.get("ranks", []))
     print(f"capture of {args.steps} steps requested from rank(s) {ranks} of {args.run!r}: each rank records "
@@ -53,8 +33,8 @@ def _remote_postmortem(args: argparse.Namespace) -> int:
     path = remote.run_path(args.run, "postmortem")
     try:
         params = {"silent_after_s": args.silent_after}
-        doc = _remote("postmortem", args.url, lambda url: remote.get_json(url, path, params))
-    except _Outage:
+        doc = remote.cli_call("postmortem", args.url, lambda url: remote.get_json(url, path, params))
+    except remote.Outage:
         return 1
     if args.json:
         sys.stdout.write(json.dumps(doc) + "\n")

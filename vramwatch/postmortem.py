@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vramwatch.verdicts import sample_headroom
+from vramwatch.verdicts import device_need_bytes, sample_headroom
 from vramwatch.wire import Sample, series_key
 
 ENDS = ("oom", "silent", "exit", "running")
@@ -164,9 +164,10 @@ def _first_failure(tracks: dict[SeriesKey, _Track], ends: dict[SeriesKey, str], 
 
 
 def _held(s: Sample) -> int | None:
-    values = [s.get(k) for k in ("nvml_used_bytes", "reserved_bytes", "allocated_bytes")]
-    known = [v for v in values if v is not None]
-    return max(known) if known else None
+    """What the device held for this rank at that moment: the one device-need rule, so held plus
+    headroom is the device's capacity (:func:`vramwatch.verdicts.device_need_bytes`)."""
+    return device_need_bytes(allocated=s.get("allocated_bytes"), reserved=s.get("reserved_bytes"),
+                             peak=s.get("peak_allocated_bytes"), nvml_used=s.get("nvml_used_bytes"))
 
 
 def build(

@@ -8,12 +8,36 @@ and the server's ``detail`` message, so a CLI can exit 2 on a 4xx and 1 on an ou
 from __future__ import annotations
 
 import json
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 MAX_REPLY_BYTES = 256 * 2**20
+
+
+class Outage(Exception):
+    """The collector or front could not be reached (a CLI exits 1; a 4xx is the caller's error: exit 2)."""
+
+
+def cli_call(command: str, url: str | None, call: Callable[[str], T]) -> T:
+    """Run ``call(base_url(url))`` for CLI ``command``: a bad URL or a 4xx raises the CLI's
+    UsageError (exit 2, the server's message); an outage prints one line and raises :class:`Outage`."""
+    from vramwatch.cli import UsageError
+
+    try:
+        return call(base_url(url))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except RemoteError as exc:
+        if exc.status is not None and 400 <= exc.status < 500:
+            raise UsageError(exc.detail) from None
+        print(f"vramwatch {command}: error: {exc.detail}", file=sys.stderr)
+        raise Outage from None
 
 
 class RemoteError(Exception):
@@ -44,7 +68,8 @@ def post_json(url: str, path: str, body: Any, *, timeout: float = 30.0) -> Any:
 
 def get_json(url: str, path: str, params: dict[str, Any] | None = None, *, timeout: float = 30.0,
              max_bytes: int = MAX_REPLY_BYTES) -> Any:
-    query = ("?" + urllib.parse.urlencode({k: v for k, v in (params or {}).items() if v is not None})) if params else ""
+    kept = {k: v for k, v in (params or {}).items() if v is not None}
+    query = ("?" + urllib.parse.urlencode(kept, doseq=True)) if kept else ""  # lists: repeated keys
     return _call(url, path, query, timeout, max_bytes)
 
 

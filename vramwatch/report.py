@@ -1,4 +1,6 @@
-"""``vramwatch report RUN --db PATH --out FILE``: one run's dashboard as a single HTML file.
+"""``vramwatch report RUN --db PATH --out FILE``: one run's dashboard as a single HTML file
+(``--url URL`` instead of ``--db``: built from a collector's or a front's API, so a run spread
+over several collectors gets one report).
 
 For post-mortems and sharing: the file opens offline, from disk or a mail attachment,
 with no collector behind it. It is the live dashboard itself (the same index.html,
@@ -21,6 +23,7 @@ from __future__ import annotations
 import html
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,7 @@ from vramwatch import postmortem, verdicts
 from vramwatch.collector.app import dashboard_dir, dashboard_plotly_js_path
 from vramwatch.collector.bundle import BundleError, bundle
 from vramwatch.collector.live import LiveState, SeriesState
-from vramwatch.collector.rows import rank_rows
+from vramwatch.collector.rows import MAX_RANK_ROWS, rank_rows
 from vramwatch.collector.snapshots import SnapshotStore
 from vramwatch.collector.store import Store
 from vramwatch.collector.views import run_chart, run_heatmap
@@ -152,9 +155,76 @@ def _replace_once(page: str, old: str, new: str) -> str:
     return page.replace(old, new)
 
 
+def _row_order(row: dict[str, Any]) -> tuple[int, float, int]:
+    """The rows' worst-first order, as :func:`_worst_first` orders live states."""
+    verdict = row.get("verdict") or {}
+    headroom = verdict.get("checkpoint_headroom_bytes") or verdict.get("headroom_bytes")
+    return (-int(row.get("severity") or 0), headroom if headroom is not None else 1e30, int(row["rank"]))
+
+
+def _all_rank_rows(doc: Callable[..., Any]) -> list[dict[str, Any]]:
+    """Every rank row, page by page (a collector pages ``/ranks`` at MAX_RANK_ROWS; a front
+    answers every page with the full list, so a page that adds no rank ends it)."""
+    rows: list[dict[str, Any]] = []
+    seen: set[tuple[str, int]] = set()
+    while True:
+        page = doc("ranks", offset=len(rows)) if rows else doc("ranks")
+        new = [r for r in page if (r["host"], r["rank"]) not in seen]
+        rows += new
+        seen.update((r["host"], r["rank"]) for r in new)
+        if len(page) < MAX_RANK_ROWS or not new:
+            return rows
+
+
+def report_data_remote(url: str, run: str, *, points: int | None = None,
+                       get: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """:func:`report_data` asked of a collector or a front (``vramwatch report --url``): the same
+    document from the API, so a run spread over shards gets one report. Cost: one request per
+    run-level document plus two per charted rank (at most ``MAX_SERIES_RANKS + 1``).
+    ``get(url, path, params)``: :func:`vramwatch.remote.get_json` (raises its RemoteError)."""
+    from vramwatch import remote
+
+    get = get or remote.get_json
+
+    def doc(what: str, **params: Any) -> Any:
+        return get(url, remote.run_path(run, what), params or None)
+
+    rows = _all_rank_rows(doc)
+    chosen = sorted(rows, key=_row_order)[:MAX_SERIES_RANKS]
+    chosen += [r for r in rows if r["rank"] == 0 and r not in chosen][:1]
+    per_rank = points if points is not None else points_per_rank(len(chosen))
+    events: dict[str, list[Any]] = {f"{r['host']}\u0000{r['rank']}": [] for r in rows}
+    for event in doc("events"):
+        events.setdefault(f"{event['host']}\u0000{event['rank']}", []).append(event)
+    series, phases = {}, {}
+    for r in chosen:
+        key = f"{r['host']}\u0000{r['rank']}"
+        series[key] = doc("chart", rank=r["rank"], host=r["host"], fields=",".join(SERIES_FIELDS), points=per_rank)
+        phases[key] = doc("phases", rank=r["rank"], host=r["host"])
+    heatmap = {x: {f: doc("heatmap", field=f, x=x, cols=HEATMAP_COLS) for f in ("headroom", "reserved")}
+               for x in ("step", "ts")}
+    data: dict[str, Any] = {
+        "run": run, "generated_at": time.time(), "db": url,
+        "runs": [r for r in get(url, "/api/v1/runs", None) if r["run"] == run],
+        "ranks": rows, "series": series, "phases": phases, "events": events, "heatmap": heatmap,
+        "snapshots": doc("snapshots"),
+    }
+    pm = doc("postmortem")
+    if pm.get("first_failure") is not None:
+        for r in pm.get("ranks", []):
+            r.pop("last_sample", None)
+        data["postmortem"] = pm
+    return data
+
+
 def build_report(db_path: str, run: str) -> str:
     """Self-contained HTML (plotly.js, CSS, JS and data inlined) of ``run``'s dashboard page."""
-    data = report_data(str(db_path), run)
+    return render_report(report_data(str(db_path), run))
+
+
+def render_report(data: dict[str, Any]) -> str:
+    """The dashboard page with ``data`` (:func:`report_data` or :func:`report_data_remote`) inlined."""
+    run = data["run"]
     static = dashboard_dir()
     try:
         page = (static / "index.html").read_text(encoding="utf-8")
@@ -183,6 +253,6 @@ def write_report(db_path: str, run: str, out: str | os.PathLike[str]) -> int:
 
 
 __all__ = [
-    "MAX_SERIES_RANKS", "REPORT_POINTS", "ReportError", "build_report", "points_per_rank", "report_data",
-    "write_report",
+    "MAX_SERIES_RANKS", "REPORT_POINTS", "ReportError", "build_report", "points_per_rank", "render_report",
+    "report_data", "report_data_remote", "write_report",
 ]

@@ -121,10 +121,12 @@ def _struct_ok(s: Any) -> bool | None:
     return None
 
 
-def _make() -> tuple[Callable[[bytes], Sample | None], Callable[..., list[Sample] | None]] | None:
+def _make() -> tuple[Callable[[bytes], Sample | None], Callable[..., list[Sample] | None],
+                     Callable[[bytes], Any]] | None:
     if msgspec is None:
         return None
     structs = tuple(_struct(v) for v in SCHEMA_VERSIONS)
+    schema1 = structs[SCHEMA_VERSIONS.index(1)]
     decode = msgspec.json.Decoder(Union[structs]).decode  # type: ignore[arg-type]  # noqa: UP007
     decode_list = msgspec.json.Decoder(list[Union[structs]]).decode  # type: ignore[index]  # noqa: UP007
     to_builtins = msgspec.to_builtins
@@ -170,7 +172,25 @@ def _make() -> tuple[Callable[[bytes], Sample | None], Callable[..., list[Sample
             return None
         return samples
 
-    return decode_line_fast, decode_body_fast
+    def decode_line_lazy(line: bytes) -> Any:
+        """:func:`decode_line_fast`, except that a plainly valid schema-1 sample (no general rule
+        left to run) comes back as its Struct, not yet a dict: one attribute per field,
+        ``msgspec.UNSET`` when absent; :data:`sample_of` makes the dict decode_line_fast returns.
+        Saves building a dict (~0.5 of a parse) for a reader that needs only some fields
+        (``TrendEngine.update_struct``). None: take orjson + wire.validate."""
+        try:
+            s = decode(line)
+        except errors:
+            return None
+        ok = _struct_ok(s)
+        if ok is True and type(s) is schema1:
+            return s
+        if ok is False:
+            return None
+        sample = to_builtins(s)
+        return None if ok is None and _consistent(sample) is not None else sample
+
+    return decode_line_fast, decode_body_fast, decode_line_lazy
 
 
 _made = _make()
@@ -179,5 +199,9 @@ decode_line_fast: Callable[[bytes], Sample | None] | None = None if _made is Non
 #: ``decode_body_fast(body, now=None, max_future_s=300.0) -> list[Sample] | None`` (ingest); None
 #: itself when msgspec is not installed.
 decode_body_fast: Callable[..., list[Sample] | None] | None = None if _made is None else _made[1]
+#: ``decode_line_lazy(line) -> Sample | Struct | None`` (analyze); None itself when msgspec is not installed.
+decode_line_lazy: Callable[[bytes], Any] | None = None if _made is None else _made[2]
+#: The dict of a Struct from :data:`decode_line_lazy` (what decode_line_fast returns for its line).
+sample_of: Callable[[Any], Sample] | None = None if msgspec is None else msgspec.to_builtins
 
-__all__ = ["decode_body_fast", "decode_line_fast"]
+__all__ = ["decode_body_fast", "decode_line_fast", "decode_line_lazy", "sample_of"]

@@ -1,4 +1,5 @@
-"""Decision routes: ``GET /api/v1/runs/{run}/advice`` and ``GET /api/v1/compare?a=&b=``.
+"""Decision routes: ``GET /api/v1/runs/{run}/advice``, ``GET /api/v1/runs/{run}/figures`` and
+``GET /api/v1/compare?a=&b=``.
 
 Both replay the run's stored samples through :mod:`vramwatch.decisions` (one engine and
 one model builder per rank: O(samples) the first time). Answers are cached per run and
@@ -15,6 +16,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 
 from vramwatch.decisions.advice import advise
+from vramwatch.decisions.compare import RunFigures
 from vramwatch.decisions.compare import compare as compare_runs
 from vramwatch.decisions.observe import RunObservation, observe
 from vramwatch.decisions.readiness import ReadinessConfig
@@ -83,6 +85,15 @@ def advice(
     return _cached(key, lambda: advise(_observe(request, run), margin=margin, target_tokens=target_tokens,
                                        readiness_config=config,
                                        references=[_observe(request, r) for r in refs]).as_dict())
+
+
+@router.get("/api/v1/runs/{run:path}/figures")
+def figures(request: Request, run: str) -> dict[str, Any]:
+    """Per rank what compare and the CI gate read (plateau, peaks per phase, worst headroom, step
+    time): a front joins these from every collector holding part of a run, and ``vramwatch
+    compare``/``gate --url`` compare runs from them."""
+    key = ("figures", id(request.app), run, _version(request, run))
+    return _cached(key, lambda: RunFigures.of(_observe(request, run)).as_dict())
 
 
 @router.get("/api/v1/compare")

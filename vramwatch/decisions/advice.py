@@ -18,7 +18,7 @@ from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
 from .model import RankModel
 from .observe import RunObservation
-from .readiness import Readiness, ReadinessConfig, run_readiness
+from .readiness import RankReadiness, Readiness, ReadinessConfig, combine, run_readiness
 
 #: Suggested batches are rounded down to a multiple of up to this many tokens (a context length).
 MAX_GRANULE = 4096
@@ -89,27 +89,12 @@ class Advice:
             "target": self.target.as_dict() if self.target else None,
             "ranks": [
                 {"host": r.host, "rank": r.rank, "max_tokens_per_step": r.max_tokens, "binding_phase": r.binding_phase,
-                 "tokens_seen_max": r.tokens_seen_max, "fit": r.fit_method, "uncertainty_frac": r.uncertainty_frac}
+                 "tokens_seen_max": r.tokens_seen_max, "fit": r.fit_method, "uncertainty_frac": r.uncertainty_frac,
+                 "worst_need_bytes": r.worst_need_bytes, "total_bytes": r.total_bytes}
                 for r in self.ranks
             ],
-            "models": [_model_dict(m) for m in self.models],
+            "models": [m.as_dict() for m in self.models],
         }
-
-
-def _model_dict(m: RankModel) -> dict[str, Any]:
-    t = m.train
-    return {
-        "rank": m.rank, "host": m.host, "total_bytes": m.total_bytes, "floor_bytes": m.floor_bytes,
-        "outside_allocator_bytes": m.outside_bytes, "outside_measured": m.outside_measured,
-        "allocator_slack_bytes": m.slack_bytes,
-        "transient": {"method": t.method, "intercept_bytes": round(t.intercept_bytes),
-                      "bytes_per_token": round(t.bytes_per_token, 3), "buckets": t.buckets,
-                      "tokens_min": t.tokens_min, "tokens_max": t.tokens_max, "residual_frac": t.residual_frac,
-                      "holdout_error_frac": t.holdout_error_frac, "uncertainty_frac": t.uncertainty_frac},
-        "phases": {p.phase: p.transient_bytes for p in m.phases},
-        "train_transient_bytes": m.train_transient_bytes,
-        "step_time_s": m.step_time_s,
-    }
 
 
 def capacity(model: RankModel, margin: float) -> RankCapacity:
@@ -182,17 +167,48 @@ def advise(
                 (t for t in ref.tracks() if t.rank == track.rank), None)
             if other is not None:
                 track.builder.merge_tokens(other.builder)
-    models = [t.builder.model() for t in tracks]
+    return decide(obs.run, readiness, [t.builder.model() for t in tracks], world=obs.world_size, margin=margin,
+                  target_tokens=target_tokens)
+
+
+def decide(run: str, readiness: Readiness, models: list[RankModel], *, world: int,
+           margin: float = LOW_HEADROOM_FRACTION, target_tokens: int | None = None) -> Advice:
+    """Advice from a run's readiness and its ranks' models (O(ranks x phases)). :func:`advise`
+    calls it on one collector's observation; a front calls it on the ranks of every shard
+    (:func:`vramwatch.front.merge.merge_advice`), so both give the same answer for the same ranks."""
     caps = [capacity(m, margin) for m in models]
     known = [c for c in caps if c.max_tokens is not None]
     binding = min(known, key=lambda c: c.max_tokens or 0) if known else None
-    world = obs.world_size
     max_tokens = binding.max_tokens if binding else None
     target = project(models, target_tokens, margin) if target_tokens else None
     action, text = _recommend(readiness, models, binding, world, margin)
-    return Advice(obs.run, margin, readiness, tuple(caps), tuple(models), max_tokens,
+    return Advice(run, margin, readiness, tuple(caps), tuple(models), max_tokens,
                   None if max_tokens is None else max_tokens * world, binding.rank if binding else None,
                   world, target, action, text)
+
+
+def join(docs: list[dict[str, Any]]) -> Advice:
+    """Advice over the ranks of several advice documents of one run (``as_dict``, one per
+    collector that holds some of its ranks): readiness is recombined from the ranks' own
+    verdicts and the decision retaken on every rank's model, so a front answers exactly
+    what one collector holding all the ranks would. ``join([doc])`` reads one document back.
+    O(ranks x phases); KeyError/TypeError/ValueError on a malformed document."""
+    if not docs:
+        raise ValueError("advice: no documents to join")
+    first = docs[0]
+    ranks = sorted((RankReadiness.from_dict(r) for d in docs for r in d["readiness"].get("ranks") or ()),
+                   key=lambda r: (r.rank, r.host))
+    models = sorted((RankModel.from_dict(m) for d in docs for m in d["models"]), key=lambda m: (m.rank, m.host))
+    readiness = combine(tuple(ranks)) if ranks else Readiness.from_dict(first["readiness"])
+    target = first.get("target") or {}
+    return decide(str(first["run"]), readiness, models, world=world_size(models), margin=float(first["margin"]),
+                  target_tokens=target.get("tokens_per_step"))
+
+
+def world_size(models: list[RankModel]) -> int:
+    """The job's world size as the samples state it (largest), else the number of ranks modelled."""
+    sizes = [m.world_size for m in models if m.world_size]
+    return max(sizes) if sizes else len({m.rank for m in models})
 
 
 def _pct(x: float) -> str:
@@ -263,4 +279,4 @@ def _total_of(models: list[RankModel], rank: int) -> int:
     return next(m.total_bytes for m in models if m.rank == rank)
 
 
-__all__ = ["Advice", "RankCapacity", "Target", "advise", "capacity", "project"]
+__all__ = ["Advice", "RankCapacity", "Target", "advise", "capacity", "decide", "join", "project", "world_size"]

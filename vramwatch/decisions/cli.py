@@ -1,7 +1,8 @@
 """``vramwatch advise``, ``compare`` and ``gate``: registered into the main CLI by :func:`register`.
 
-Exit codes: 0 done (gate: within tolerance), 1 gate failed, 2 bad input (one line on stderr,
-raised as :class:`vramwatch.cli.UsageError`).
+Exit codes: 0 done (gate: within tolerance), 1 gate failed (advise, compare: ``--url``
+unreachable), 2 bad input (one line on stderr, raised as :class:`vramwatch.cli.UsageError`),
+3 gate: ``--url`` unreachable (a CI job can tell an outage from a regression).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from vramwatch.units import gib
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
 EXIT_GATE_FAILED = 1
+#: gate: the collector or front could not be reached (neither a pass nor a regression)
+EXIT_UNREACHABLE = 3
 
 
 def _fraction(text: str) -> float:
@@ -53,18 +56,65 @@ def _dump(doc: dict[str, Any]) -> None:
     sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
 
 
-def cmd_advise(args: argparse.Namespace) -> int:
-    from .advice import advise
+def _remote(command: str, args: argparse.Namespace, path: str, params: dict[str, Any] | None = None) -> Any:
+    """GET ``path`` from ``--url`` (a collector or a front): None when it could not be reached
+    (one line printed; the command exits 1); a 4xx or a bad URL is a usage error (exit 2)."""
+    from vramwatch import remote
+
+    try:
+        return remote.cli_call(command, args.url, lambda url: remote.get_json(url, path, params))
+    except remote.Outage:
+        return None
+
+
+def _figures(command: str, source: str, args: argparse.Namespace) -> Any:
+    """A run's compare figures: from ``--url`` (joined over every shard when it is a front), else
+    replayed from the database or trace files. None: the server could not be reached."""
+    from vramwatch.cli import UsageError
+
+    from .compare import RunFigures
+
+    if not args.url:
+        return RunFigures.of(_resolve(source, args))
+    from vramwatch import remote
+
+    doc = _remote(command, args, remote.run_path(source, "figures"))
+    if doc is None:
+        return None
+    try:
+        return RunFigures.from_dict(doc)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"{args.url}: not a figures document for {source!r} ({exc})") from None
+
+
+def _advice(args: argparse.Namespace) -> Any:
+    """The advice: asked of ``--url`` (a front decides over every shard's ranks), else computed here."""
+    from vramwatch.cli import UsageError
+
+    from .advice import advise, join
     from .readiness import ReadinessConfig
 
+    if args.url:
+        from vramwatch import remote
+
+        params = {"margin": args.margin, "target_tokens": args.target_tokens, "plateau_steps": args.plateau_steps,
+                  "checkpoints": args.checkpoints, "reference": args.reference}
+        doc = _remote("advise", args, remote.run_path(args.run, "advice"), params)
+        if doc is None:
+            return None
+        try:
+            return join([doc])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"{args.url}: not an advice document for {args.run!r} ({exc})") from None
     obs = _resolve(args.run, args)
     refs = [_resolve(r, args) for r in args.reference or []]
     config = ReadinessConfig(plateau_steps=args.plateau_steps, checkpoints=args.checkpoints, margin=args.margin)
-    result = advise(obs, margin=args.margin, target_tokens=args.target_tokens, readiness_config=config,
-                    references=refs)
-    if args.json:
-        _dump(result.as_dict())
-        return 0
+    return advise(obs, margin=args.margin, target_tokens=args.target_tokens, readiness_config=config,
+                  references=refs)
+
+
+def advice_text(result: Any) -> str:
+    """``vramwatch advise``'s text: verdict, reasons, the largest batch, a target's projection, what to do."""
     r = result.readiness
     head = gib(r.min_headroom_bytes)
     lines = [f"run {result.run}: {r.verdict.upper()} (plateau held {r.plateau_steps:,} steps, "
@@ -82,14 +132,27 @@ def cmd_advise(args: argparse.Namespace) -> int:
                      f"(rank {t.rank}, {t.phase}), headroom {gib(t.headroom_bytes)}: "
                      f"{'fits' if t.fits else 'does NOT fit'}")
     lines.append(result.recommendation)
-    sys.stdout.write("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    result = _advice(args)
+    if result is None:
+        return 1
+    if args.json:
+        _dump(result.as_dict())
+    else:
+        sys.stdout.write(advice_text(result))
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from .compare import compare, format_comparison
 
-    result = compare(_resolve(args.run_a, args), _resolve(args.run_b, args))
+    a, b = _figures("compare", args.run_a, args), _figures("compare", args.run_b, args)
+    if a is None or b is None:
+        return 1
+    result = compare(a, b)
     if args.json:
         _dump(result.as_dict())
     else:
@@ -102,11 +165,19 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
     from .gate import gate
 
-    result = gate(_resolve(args.baseline, args), _resolve(args.candidate, args), args.max_growth)
+    baseline, candidate = _figures("gate", args.baseline, args), _figures("gate", args.candidate, args)
+    if baseline is None or candidate is None:
+        return EXIT_UNREACHABLE
+    result = gate(baseline, candidate, args.max_growth)
     if result.worst is None:
         raise UsageError("nothing comparable between baseline and candidate (no shared rank and phase)")
     print(f"vramwatch gate: {result.line}")
     return 0 if result.passed else EXIT_GATE_FAILED
+
+
+def _add_url(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="ask a collector or a federating front (runs spread over shards are joined) "
+                                 "instead of reading --db or trace files")
 
 
 def register(sub: Any, add_db: Any) -> None:
@@ -124,6 +195,7 @@ def register(sub: Any, add_db: Any) -> None:
     p.add_argument("--checkpoints", type=int, default=1, metavar="N",
                    help="checkpoints that must be passed to be ready (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_url(p)
     p.set_defaults(func=cmd_advise)
 
     p = sub.add_parser("compare", help="two runs side by side per rank (plateau, peaks per phase, headroom)")
@@ -131,6 +203,7 @@ def register(sub: Any, add_db: Any) -> None:
     p.add_argument("run_b", metavar="RUN_B", help="run name or trace file(s)")
     add_db(p)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_url(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("gate", help="CI memory regression gate: exit 1 when the candidate grew beyond tolerance")
@@ -138,6 +211,7 @@ def register(sub: Any, add_db: Any) -> None:
     p.add_argument("candidate", metavar="CANDIDATE", help="run name or trace file(s)")
     add_db(p)
     p.add_argument("--max-growth", type=_fraction, default=0.03, help="tolerated growth (default 0.03)")
+    _add_url(p)
     p.set_defaults(func=cmd_gate)
 
 

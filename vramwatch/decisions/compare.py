@@ -1,8 +1,9 @@
 """Two runs side by side, per rank: plateau, training peak, checkpoint and eval peaks, headroom, step time.
 
 Ranks are matched by rank number (hosts may differ between runs). Each figure comes from
-one :class:`~vramwatch.decisions.observe.RankTrack`: the plateau is the trend engine's
-(reserved at the plateau), peaks are the allocator's largest ``peak_allocated_bytes`` per
+one :class:`~vramwatch.decisions.observe.RankTrack`, reduced to its :class:`RankFigures` (what
+a collector serves, so a front or ``--url`` compares runs spread over several collectors): the
+plateau is the trend engine's (reserved at the plateau), peaks are the allocator's largest ``peak_allocated_bytes`` per
 phase kind (reproducible across machines, unlike NVML readings), headroom the worst over
 the latest process (:func:`vramwatch.verdicts.headroom_bytes`), step time the median of the
 latest train steps. O(ranks x metrics) on two observations.
@@ -45,16 +46,66 @@ class Metric:
 MEMORY_METRICS = ("plateau_bytes", "peak_bytes")
 
 
-def rank_metrics(rank: int, a: RankTrack | None, b: RankTrack | None) -> list[Metric]:
+@dataclass(frozen=True)
+class RankFigures:
+    """What compare and the gate read of one rank: small, JSON-safe, the same whether it was
+    computed here from samples or by a collector (``GET /api/v1/runs/{run}/figures``)."""
+
+    host: str
+    rank: int
+    plateau_bytes: float | None
+    peak_by_phase: dict[str, int]  # allocator peak per phase kind
+    min_headroom_bytes: int | None
+    step_time_s: float | None
+
+    @classmethod
+    def of(cls, track: RankTrack) -> RankFigures:
+        """From an observed rank: O(1) beyond a median of the latest step times."""
+        return cls(track.host, track.rank, track.engine.summary().get("plateau_bytes"), dict(track.peak_by_phase),
+                   track.min_headroom_bytes, track.builder.model().step_time_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "rank": self.rank, "plateau_bytes": self.plateau_bytes,
+                "peak_by_phase": dict(self.peak_by_phase), "min_headroom_bytes": self.min_headroom_bytes,
+                "step_time_s": self.step_time_s}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> RankFigures:
+        return cls(str(doc["host"]), int(doc["rank"]), doc.get("plateau_bytes"),
+                   {str(k): int(v) for k, v in (doc.get("peak_by_phase") or {}).items()},
+                   doc.get("min_headroom_bytes"), doc.get("step_time_s"))
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """Every rank's :class:`RankFigures` of one run, in (rank, host) order."""
+
+    run: str
+    ranks: tuple[RankFigures, ...]
+
+    @classmethod
+    def of(cls, obs: RunObservation) -> RunFigures:
+        return cls(obs.run, tuple(RankFigures.of(t) for t in obs.tracks()))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "ranks": [r.as_dict() for r in self.ranks]}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> RunFigures:
+        """One document, or (``join``) the documents of several collectors holding parts of the run."""
+        return cls.join(str(doc["run"]), [doc])
+
+    @classmethod
+    def join(cls, run: str, docs: list[dict[str, Any]]) -> RunFigures:
+        """The ranks of several collectors' documents for ``run`` as one (KeyError/TypeError/ValueError
+        on a malformed document)."""
+        ranks = (RankFigures.from_dict(r) for d in docs for r in d["ranks"])
+        return cls(run, tuple(sorted(ranks, key=lambda r: (r.rank, r.host))))
+
+
+def rank_metrics(rank: int, a: RankFigures | None, b: RankFigures | None) -> list[Metric]:
     """Every compared figure of one rank (either side may be missing: its values are None)."""
-
-    def plateau(t: RankTrack | None) -> float | None:
-        return None if t is None else t.engine.summary().get("plateau_bytes")
-
-    def step_time(t: RankTrack | None) -> float | None:
-        return None if t is None else t.builder.model().step_time_s
-
-    out = [Metric("plateau_bytes", "train", rank, plateau(a), plateau(b))]
+    out = [Metric("plateau_bytes", "train", rank, a.plateau_bytes if a else None, b.plateau_bytes if b else None)]
     phases = sorted({*(a.peak_by_phase if a else {}), *(b.peak_by_phase if b else {})},
                     key=lambda p: (p != "train", p))
     for phase in phases:
@@ -62,7 +113,7 @@ def rank_metrics(rank: int, a: RankTrack | None, b: RankTrack | None) -> list[Me
                           b.peak_by_phase.get(phase) if b else None))
     out.append(Metric("min_headroom_bytes", "-", rank, a.min_headroom_bytes if a else None,
                       b.min_headroom_bytes if b else None))
-    out.append(Metric("step_time_s", "train", rank, step_time(a), step_time(b)))
+    out.append(Metric("step_time_s", "train", rank, a.step_time_s if a else None, b.step_time_s if b else None))
     return out
 
 
@@ -79,17 +130,20 @@ class Comparison:
                 "ranks_only_in_a": list(self.ranks_only_in_a), "ranks_only_in_b": list(self.ranks_only_in_b)}
 
 
-def _by_rank(obs: RunObservation) -> dict[int, RankTrack]:
-    out: dict[int, RankTrack] = {}
-    for track in obs.tracks():
-        out.setdefault(track.rank, track)  # several hosts with one rank number: the first
+def _by_rank(run: RunFigures) -> dict[int, RankFigures]:
+    out: dict[int, RankFigures] = {}
+    for figures in run.ranks:
+        out.setdefault(figures.rank, figures)  # several hosts with one rank number: the first
     return out
 
 
-def compare(a: RunObservation, b: RunObservation) -> Comparison:
-    ra, rb = _by_rank(a), _by_rank(b)
+def compare(a: RunObservation | RunFigures, b: RunObservation | RunFigures) -> Comparison:
+    """Per rank and figure; observations are reduced to their :class:`RunFigures` first."""
+    fa = a if isinstance(a, RunFigures) else RunFigures.of(a)
+    fb = b if isinstance(b, RunFigures) else RunFigures.of(b)
+    ra, rb = _by_rank(fa), _by_rank(fb)
     metrics = [m for rank in sorted({*ra, *rb}) for m in rank_metrics(rank, ra.get(rank), rb.get(rank))]
-    return Comparison(a.run, b.run, tuple(metrics), tuple(sorted(set(ra) - set(rb))),
+    return Comparison(fa.run, fb.run, tuple(metrics), tuple(sorted(set(ra) - set(rb))),
                       tuple(sorted(set(rb) - set(ra))))
 
 
@@ -118,4 +172,5 @@ def format_comparison(c: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["MEMORY_METRICS", "Comparison", "Metric", "compare", "format_comparison", "rank_metrics"]
+__all__ = ["MEMORY_METRICS", "Comparison", "Metric", "RankFigures", "RunFigures", "compare", "format_comparison",
+           "rank_metrics"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from vramwatch.units import gib
 
-from .compare import MEMORY_METRICS, Metric, compare
+from .compare import MEMORY_METRICS, Metric, RunFigures, compare
 from .observe import RunObservation
 
 DEFAULT_MAX_GROWTH = 0.03
@@ -28,7 +28,8 @@ class GateResult:
     added: tuple[str, ...] = ()  # candidate figures the baseline lacks (a new phase)
 
 
-def gate(baseline: RunObservation, candidate: RunObservation, max_growth: float = DEFAULT_MAX_GROWTH) -> GateResult:
+def gate(baseline: RunObservation | RunFigures, candidate: RunObservation | RunFigures,
+         max_growth: float = DEFAULT_MAX_GROWTH) -> GateResult:
     """Compare per rank and phase; O(ranks x phases)."""
     cmp = compare(baseline, candidate)
     memory = [m for m in cmp.metrics if m.name in MEMORY_METRICS]

@@ -23,7 +23,7 @@ from typing import Any
 from vramwatch.engine import TrendEngine
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
-from .model import TransientFit
+from .model import RankModelBuilder, TransientFit
 from .observe import RankTrack
 from .readiness import ReadinessConfig, rank_readiness
 
@@ -33,20 +33,24 @@ REFIT_EVERY = 256
 RECHECK_EVERY = 32
 
 _CONFIG = ReadinessConfig()
+#: The figures before the first judgement (shared: figures are replaced, never mutated).
+_UNJUDGED: dict[str, Any] = {"max_tokens_per_step": None, "tokens_per_step_max_observed": None, "readiness": None}
 
 
 class DecisionEngine:
     """A TrendEngine plus the decision figures; a drop-in ``engine_factory`` for ``LiveState``."""
 
+    __slots__ = ("_checked_at", "_figures", "_fit", "_fit_version", "_fitted_at", "_ooms_seen", "_track")
+
     def __init__(self, engine: TrendEngine | None = None) -> None:
-        self._track = RankTrack("", "", 0, engine=engine or TrendEngine())
+        # the live figures never read the median step time: no step-time ring (2 KB per series)
+        self._track = RankTrack("", "", 0, engine=engine or TrendEngine(), builder=RankModelBuilder(timing=False))
         self._fit: TransientFit | None = None
         self._fit_version = -1
         self._fitted_at = 0
         self._checked_at = -RECHECK_EVERY
         self._ooms_seen = 0
-        self._figures: dict[str, Any] = {"max_tokens_per_step": None, "tokens_per_step_max_observed": None,
-                                         "readiness": None}
+        self._figures = _UNJUDGED
 
     # the TrendEngine surface the collector reads
     @property
@@ -72,7 +76,8 @@ class DecisionEngine:
     def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
         """Engine update plus O(1) bookkeeping; returns the engine's new events."""
         track = self._track
-        track.run, track.host, track.rank = sample["run"], sample["host"], sample["rank"]
+        if not track.run:  # one engine per series: its identity is the first sample's (a run is never "")
+            track.run, track.host, track.rank = sample["run"], sample["host"], sample["rank"]
         return track.update(sample)
 
     def figures(self) -> dict[str, Any]:

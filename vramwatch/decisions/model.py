@@ -20,11 +20,12 @@ them the transient is assumed proportional to tokens, with a wider stated uncert
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
+from vramwatch.engine.blocks import keep_last
 from vramwatch.verdicts import outside_allocator_bytes
 
 #: Width of a token bucket (relative): per-step peaks are compared within 1 % of tokens.
@@ -116,6 +117,47 @@ class RankModel:
     def _fixed(self) -> int:
         return self.floor_bytes + self.slack_bytes + self.outside_bytes
 
+    def as_dict(self) -> dict[str, Any]:
+        """The model as JSON (the ``models`` of an advice document); :meth:`from_dict` reads it back
+        exactly (no rounding), so a front can decide over the models of several collectors."""
+        t = self.train
+        return {
+            "run": self.run, "rank": self.rank, "host": self.host, "total_bytes": self.total_bytes,
+            "floor_bytes": self.floor_bytes, "outside_allocator_bytes": self.outside_bytes,
+            "outside_measured": self.outside_measured, "allocator_slack_bytes": self.slack_bytes,
+            "transient": {"method": t.method, "intercept_bytes": t.intercept_bytes,
+                          "bytes_per_token": t.bytes_per_token, "bytes_per_token2": t.bytes_per_token2,
+                          "buckets": t.buckets, "tokens_min": t.tokens_min,
+                          "tokens_max": t.tokens_max, "residual_frac": t.residual_frac,
+                          "holdout_error_frac": t.holdout_error_frac, "uncertainty_frac": t.uncertainty_frac},
+            "phases": {p.phase: p.transient_bytes for p in self.phases},
+            "phase_samples": {p.phase: p.samples for p in self.phases},
+            "train_transient_bytes": self.train_transient_bytes, "tokens_seen_max": self.tokens_seen_max,
+            "tokens_last": self.tokens_last, "world_size": self.world_size, "step": self.step,
+            "step_time_s": self.step_time_s, "oom_tokens": self.oom_tokens, "oom_phases": list(self.oom_phases),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> RankModel:
+        """Inverse of :meth:`as_dict`; raises KeyError/TypeError/ValueError on a malformed document."""
+        t = doc["transient"]
+        samples = doc.get("phase_samples") or {}
+        fit = TransientFit(str(t["method"]), float(t["intercept_bytes"]), float(t["bytes_per_token"]),
+                           int(t["buckets"]), t.get("tokens_min"), t.get("tokens_max"), t.get("residual_frac"),
+                           t.get("holdout_error_frac"), float(t["uncertainty_frac"]),
+                           float(t.get("bytes_per_token2", 0.0)))
+        return cls(
+            run=str(doc.get("run", "")), host=str(doc["host"]), rank=int(doc["rank"]),
+            total_bytes=int(doc["total_bytes"]),
+            floor_bytes=int(doc["floor_bytes"]), outside_bytes=int(doc["outside_allocator_bytes"]),
+            outside_measured=bool(doc["outside_measured"]), slack_bytes=int(doc["allocator_slack_bytes"]), train=fit,
+            train_transient_bytes=int(doc["train_transient_bytes"]),
+            phases=tuple(PhaseNeed(str(name), int(v), int(samples.get(name, 0))) for name, v in doc["phases"].items()),
+            tokens_seen_max=doc.get("tokens_seen_max"), tokens_last=doc.get("tokens_last"),
+            world_size=doc.get("world_size"), step=doc.get("step"), step_time_s=doc.get("step_time_s"),
+            oom_tokens=doc.get("oom_tokens"), oom_phases=tuple(doc.get("oom_phases") or ()),
+        )
+
     def phase_needs(self, tokens: float | None = None) -> dict[str, float]:
         """Device need per phase (bytes); ``train`` at ``tokens`` (else at the largest observed)."""
         base = self._fixed()
@@ -156,15 +198,23 @@ class RankModel:
         return tokens, "train"
 
 
-@dataclass
+@dataclass(slots=True)
 class _Bucket:
     tokens: int
     transient: int
 
 
-@dataclass
+def _step_times() -> array[float]:
+    return array("d")
+
+
+@dataclass(slots=True)
 class RankModelBuilder:
-    """Online accumulator for one series; feed samples in arrival order with :meth:`update`."""
+    """Online accumulator for one series; feed samples in arrival order with :meth:`update`.
+
+    Memory: ~1 KB before the first samples, then grows with what it has seen: 8 bytes per step
+    time (the latest :data:`WINDOW`), one bucket per 1 % of tokens, one entry per phase name.
+    """
 
     run: str = ""
     host: str = ""
@@ -173,12 +223,14 @@ class RankModelBuilder:
     reference_buckets: dict[int, _Bucket] = field(default_factory=dict)
     phase_max: dict[str, list[int]] = field(default_factory=dict)  # phase -> [transient, samples]
     no_token_max: int = 0
-    floors: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW // BLOCK))  # block maxima
-    outsides: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW // BLOCK))
+    floors: list[int] = field(default_factory=list)  # block maxima, the latest WINDOW // BLOCK
+    outsides: list[int] = field(default_factory=list)
     block_floor: int = -1  # the open block's maxima (-1: none yet)
     block_outside: int = -1
     block_fill: int = 0
-    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    step_times: array[float] = field(default_factory=_step_times)  # the latest WINDOW, as a ring
+    step_times_next: int = 0  # where the ring writes next once full
+    timing: bool = True  # keep step times (for model(timing=True)); the live engine never reads them
     incarnation: Any = None
     inc_peak: int = 0  # largest peak of the current process (any phase)
     reserved: int = 0
@@ -198,8 +250,15 @@ class RankModelBuilder:
 
     def update(self, sample: dict[str, Any]) -> None:
         """Fold one schema-1 sample in: O(1), no allocation beyond the bounded buckets."""
+        get = sample.get
+        self.fold(sample, get("incarnation", ""), get("ooms"), get("peak_allocated_bytes"), get("allocated_bytes"),
+                  get("reserved_bytes"), get("nvml_used_bytes"))
+
+    def fold(self, sample: dict[str, Any], incarnation: Any, ooms: int | None, peak: int | None,
+             allocated: int | None, reserved: int | None, used: int | None) -> None:
+        """:meth:`update` with the fields a caller already read (``RankTrack`` reads the same
+        ones): absent fields as None, an absent incarnation as ``""``."""
         self.samples += 1
-        incarnation = sample.get("incarnation", "")
         if incarnation != self.incarnation:
             # a new process starts with a fresh allocator: floor and slack are its own
             self.incarnation = incarnation
@@ -213,18 +272,15 @@ class RankModelBuilder:
             self.world_size = sample.get("world_size", self.world_size)
             self.total = sample["total_bytes"] or self.total
         self.step = sample["step"]
-        peak, allocated = sample.get("peak_allocated_bytes"), sample.get("allocated_bytes")
         if peak is None or allocated is None:
             # the model splits floor from transient: without both it learns nothing (sparse
             # sources such as nvidia-smi or dcgm); the advice then says the fit is unknown
             self.unmeasured += 1
             return
-        reserved = sample.get("reserved_bytes")
         reserved = self.reserved = max(peak, allocated) if reserved is None else reserved
         if peak > self.inc_peak:
             self.inc_peak = peak
         transient = peak - allocated if peak > allocated else 0
-        ooms = sample.get("ooms")
         if ooms is not None and ooms > self.inc_ooms:
             # the allocation failed: this peak is the device's ceiling, not the step's demand;
             # it bounds what fits instead of joining the envelope
@@ -240,19 +296,23 @@ class RankModelBuilder:
             return
         if allocated > self.block_floor:
             self.block_floor = allocated
-        used = sample.get("nvml_used_bytes")
         if used is not None and used - reserved > self.block_outside:
             self.block_outside = outside_allocator_bytes(reserved, used) or 0
         self.block_fill += 1
         if self.block_fill == BLOCK:
-            self.floors.append(self.block_floor)
+            keep_last(self.floors, self.block_floor, WINDOW // BLOCK)
             if self.block_outside >= 0:
-                self.outsides.append(self.block_outside)
+                keep_last(self.outsides, self.block_outside, WINDOW // BLOCK)
             self.block_floor = self.block_outside = -1
             self.block_fill = 0
-        step_time = sample.get("step_time_s")
+        step_time = sample.get("step_time_s") if self.timing else None
         if step_time:
-            self.step_times.append(step_time)
+            times = self.step_times
+            if len(times) < WINDOW:
+                times.append(step_time)
+            else:  # full: overwrite the oldest (the median reads them in any order)
+                times[self.step_times_next] = step_time
+                self.step_times_next = (self.step_times_next + 1) % WINDOW
         if transient > self.train_transient_max:
             self.train_transient_max = transient
         tokens = sample.get("tokens")

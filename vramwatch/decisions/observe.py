@@ -11,12 +11,12 @@ tens to hundreds; the latest :data:`EVENTS_KEPT` are kept).
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from vramwatch.engine import TrendEngine
+from vramwatch.engine.blocks import keep_last
 from vramwatch.verdicts import headroom_bytes
 
 from .model import RankModelBuilder
@@ -71,7 +71,7 @@ def phase_kind(phase: str) -> str:
     return lowered
 
 
-@dataclass
+@dataclass(slots=True)
 class RankTrack:
     """Everything observed for one (run, host, rank), all incarnations together."""
 
@@ -80,7 +80,7 @@ class RankTrack:
     rank: int
     engine: TrendEngine = field(default_factory=TrendEngine)
     builder: RankModelBuilder = field(default_factory=RankModelBuilder)
-    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
+    events: list[dict[str, Any]] = field(default_factory=list)  # the latest EVENTS_KEPT
     plateau: PlateauClock = field(default_factory=PlateauClock)
     ooms: int = 0  # OOMs seen (counter increments across incarnations)
     checkpoints_passed: int = 0  # checkpoint phases followed by a train step without OOM
@@ -100,20 +100,28 @@ class RankTrack:
     def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
         """Fold one sample in (O(1) beyond the engine's own update); returns the engine's new events."""
         new = self.engine.update(sample)
-        for event in new:
-            self.events.append(event)
-            self.plateau.feed(event)
+        if new:
+            for event in new:
+                keep_last(self.events, event, EVENTS_KEPT)
+                self.plateau.feed(event)
+        try:  # subscripts are cheaper than .get; a sample lacking a field takes the except
+            incarnation, ooms = sample["incarnation"], sample["ooms"]
+            peak, allocated = sample["peak_allocated_bytes"], sample["allocated_bytes"]
+            reserved, used = sample["reserved_bytes"], sample["nvml_used_bytes"]
+        except KeyError:
+            get = sample.get
+            incarnation, ooms = get("incarnation", ""), get("ooms")
+            peak, allocated = get("peak_allocated_bytes"), get("allocated_bytes")
+            reserved, used = get("reserved_bytes"), get("nvml_used_bytes")
         # sparse samples (schema 2: dcgm, nvidia-smi, imports) fold in too: the builder skips what
         # it cannot split (no allocated/peak), headroom is judged on whatever level was measured
-        self.builder.update(sample)
-        incarnation = sample.get("incarnation", "")
+        self.builder.fold(sample, incarnation, ooms, peak, allocated, reserved, used)
         if incarnation != self._incarnation:
             # a new process: the worst headroom is judged on the process running now
             self._incarnation, self._last_ooms = incarnation, 0
             self.min_headroom_bytes = self.min_headroom_phase = None
             self._pending_checkpoint = False
-        ooms = sample.get("ooms")  # None: not measured (sparse sources), never an OOM
-        if ooms is not None:
+        if ooms is not None:  # None: not measured (sparse sources), never an OOM
             if ooms > self._last_ooms:
                 self.ooms += ooms - self._last_ooms
                 self._pending_checkpoint = False
@@ -129,16 +137,15 @@ class RankTrack:
         self.last_step = sample["step"]
         total = sample["total_bytes"]
         self.total_bytes = total or self.total_bytes
-        peak, allocated = sample.get("peak_allocated_bytes"), sample.get("allocated_bytes")
-        reserved, used = sample.get("reserved_bytes"), sample.get("nvml_used_bytes")
         key = (kind, reserved, used, total)
         if peak is None or allocated is None:
             # a sparse sample (device used only, or no per-step peak): judge what it measured
             headroom = headroom_bytes(total, allocated=allocated, reserved=reserved, peak=peak, nvml_used=used)
         elif key == self._need_key and peak <= self._need_peak and allocated <= self._need_alloc:
             # the device need is monotone in peak and allocated at equal reserved/used: this
-            # sample cannot be the new worst (skips most samples of a plateau)
-            headroom = None
+            # sample cannot be the new worst (skips most samples of a plateau); nor a new phase
+            # peak: _need_peak is a peak of this kind, so peak_by_phase[kind] >= it
+            return new
         else:
             if key != self._need_key:
                 self._need_key, self._need_peak, self._need_alloc = key, peak, allocated

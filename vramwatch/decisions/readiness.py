@@ -48,6 +48,22 @@ class RankReadiness:
     min_headroom_phase: str | None
     causes: tuple[str, ...] = ()  # of CAUSES, when unsafe
 
+    def as_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "rank": self.rank, "verdict": self.verdict, "reasons": list(self.reasons),
+                "plateau_steps": self.plateau_steps, "checkpoints_passed": self.checkpoints_passed,
+                "min_headroom_bytes": self.min_headroom_bytes, "min_headroom_phase": self.min_headroom_phase,
+                "causes": list(self.causes)}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> RankReadiness:
+        """Inverse of :meth:`as_dict` (KeyError/TypeError/ValueError on a malformed document)."""
+        verdict = str(doc["verdict"])
+        if verdict not in VERDICTS:
+            raise ValueError(f"verdict: not one of {VERDICTS}: {verdict!r}")
+        return cls(str(doc["host"]), int(doc["rank"]), verdict, tuple(str(r) for r in doc["reasons"]),
+                   int(doc["plateau_steps"]), int(doc["checkpoints_passed"]), doc.get("min_headroom_bytes"),
+                   doc.get("min_headroom_phase"), tuple(c for c in doc.get("causes") or () if c in CAUSES))
+
 
 @dataclass(frozen=True)
 class Readiness:
@@ -63,7 +79,16 @@ class Readiness:
     def as_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "reasons": list(self.reasons), "plateau_steps": self.plateau_steps,
                 "checkpoints_passed": self.checkpoints_passed, "min_headroom_bytes": self.min_headroom_bytes,
-                "worst_rank": self.worst_rank, "causes": list(self.causes)}
+                "worst_rank": self.worst_rank, "causes": list(self.causes),
+                "ranks": [r.as_dict() for r in self.ranks]}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Readiness:
+        """Inverse of :meth:`as_dict` (KeyError/TypeError/ValueError on a malformed document)."""
+        return cls(str(doc["verdict"]), tuple(str(r) for r in doc["reasons"]), int(doc["plateau_steps"]),
+                   int(doc["checkpoints_passed"]), doc.get("min_headroom_bytes"), doc.get("worst_rank"),
+                   tuple(RankReadiness.from_dict(r) for r in doc.get("ranks") or ()),
+                   tuple(c for c in doc.get("causes") or () if c in CAUSES))
 
 
 def plateau_held_steps(events: list[dict[str, Any]], last_step: int | None, state: str) -> int:
@@ -136,7 +161,12 @@ def rank_readiness(track: RankTrack, config: ReadinessConfig) -> RankReadiness:
 def run_readiness(obs: RunObservation, config: ReadinessConfig | None = None) -> Readiness:
     """The run's verdict: its worst rank's, with the reasons of every rank at that verdict (O(ranks))."""
     config = config or ReadinessConfig()
-    ranks = tuple(rank_readiness(t, config) for t in obs.tracks())
+    return combine(tuple(rank_readiness(t, config) for t in obs.tracks()))
+
+
+def combine(ranks: tuple[RankReadiness, ...]) -> Readiness:
+    """The run's readiness from its ranks' (O(ranks)): also how a front joins the ranks of
+    several collectors, so a run spread over shards gets the verdict one collector would give."""
     if not ranks:
         return Readiness("not_ready", ("no samples",), 0, 0, None, None, ())
     worst = max(VERDICTS.index(r.verdict) for r in ranks)
@@ -173,5 +203,5 @@ def _condense(reasons: tuple[str, ...], keep: int = 6) -> tuple[str, ...]:
     return (*reasons[:keep], f"... and {len(reasons) - keep} more")
 
 
-__all__ = ["CAUSES", "VERDICTS", "RankReadiness", "Readiness", "ReadinessConfig", "plateau_held_steps",
+__all__ = ["CAUSES", "VERDICTS", "RankReadiness", "Readiness", "ReadinessConfig", "combine", "plateau_held_steps",
            "rank_readiness", "run_readiness"]

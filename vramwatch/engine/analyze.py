@@ -24,7 +24,7 @@ import orjson
 from vramwatch.units import gib
 
 from ..wire import Sample, WireError, validate
-from ..wire_decode import decode_line_fast
+from ..wire_decode import decode_line_lazy, sample_of
 from .config import EngineConfig
 from .core import TrendEngine
 
@@ -37,11 +37,12 @@ CHUNK_BYTES = 1 << 20
 
 
 class _Series:
-    __slots__ = ("dropped_events", "engine", "events", "update")
+    __slots__ = ("dropped_events", "engine", "events", "update", "update_struct")
 
     def __init__(self, config: EngineConfig | None) -> None:
         self.engine = TrendEngine(config)
-        self.update = self.engine.update  # bound once: this is the per-sample call
+        self.update = self.engine.update  # bound once: these are the per-sample calls
+        self.update_struct = self.engine.update_struct
         self.events: list[dict[str, Any]] = []
         self.dropped_events = 0
 
@@ -92,9 +93,12 @@ def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: Engine
     A canonical line is decoded and validated in one C pass (:mod:`vramwatch.wire_decode`,
     when msgspec is installed); any other line takes ``orjson.loads`` + ``wire.validate``,
     which normalise it or name the bad field: the same samples, errors and counts either way.
+    A plainly valid schema-1 line stays a decoded struct that the engine reads by attribute
+    (``TrendEngine.update_struct``: the same verdicts as its dict, which is built only for the
+    samples the engine keeps); building every sample's dict cost as much as the engine itself.
     """
     loads = orjson.loads
-    fast = decode_line_fast or _not_plain
+    fast = decode_line_lazy or _not_plain
     entry: Any = None
     key: tuple[str, str, int] | None = None
     number = 0
@@ -111,13 +115,17 @@ def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: Engine
                 except WireError as exc:
                     bad.add(f"{name}:{number}", exc.field, exc.message)
                     continue
-                run, host, rank = sample["run"], sample["host"], sample["rank"]
+                plain = type(sample) is dict
+                if plain:
+                    run, host, rank = sample["run"], sample["host"], sample["rank"]
+                else:
+                    run, host, rank = sample.run, sample.host, sample.rank
                 if key is None or key[2] != rank or key[0] != run or key[1] != host:  # runs of one series
                     key = (run, host, rank)
                     entry = series.get(key)
                     if entry is None:
                         entry = series[key] = _Series(config)
-                new = entry.update(sample)
+                new = entry.update(sample) if plain else entry.update_struct(sample, sample_of)
                 if new:
                     entry.keep(new)
 

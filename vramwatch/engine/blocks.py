@@ -4,7 +4,9 @@ Every ``block_steps`` train steps the open block (a handful of minima and maxima
 engine folds each sample into) is closed as a :class:`Block` and pushed into level 0.
 Level *k* holds the last ``ring_blocks`` blocks of ``block_steps * 4**k`` steps, each
 made by merging four blocks of level *k-1*. Memory per series is ``levels * ring_blocks``
-blocks whatever the run length; a push costs O(levels) amortised O(1).
+blocks whatever the run length; a push costs O(levels) amortised O(1). A level is created
+when its first block is merged into it (level *k* after ``4**(k-1)`` blocks): a series that
+has not closed a block holds no ring at all, one of a few hundred steps only the finest.
 
 Reads (:meth:`Pyramid.window`, :meth:`Pyramid.trend`, :meth:`Pyramid.flat`) choose the
 finest level that still reaches back to the window's start and group its blocks to at
@@ -19,12 +21,13 @@ detector that needs the signal sees nothing and says nothing.
 from __future__ import annotations
 
 import math
-from collections import deque
 from itertools import pairwise
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, TypeVar
 
 from .config import EngineConfig
 from .stats import mann_kendall_z, rolling_min, theil_sen
+
+T = TypeVar("T")
 
 #: Signals a block carries. ``floor``: minimum of the judged level (allocated, or reserved,
 #: or device used: see ``TrendEngine.signal``); ``reserved``/``peak``/``peak2``: maxima;
@@ -95,14 +98,23 @@ def merge(children: list[Block]) -> Block:
     )
 
 
+def keep_last(items: list[T], item: T, bound: int) -> None:
+    """Append ``item`` and drop the oldest past ``bound``: a bounded ring as a plain list (an
+    empty list is 56 bytes where an empty deque is ~760; ``bound`` is small, so the shift is cheap)."""
+    items.append(item)
+    if len(items) > bound:
+        del items[0]
+
+
 class Level:
-    """One ring of the pyramid: ``span`` steps per block, at most ``ring`` blocks kept."""
+    """One ring of the pyramid: ``span`` steps per block, the latest ``ring_blocks`` kept
+    (:meth:`Pyramid.push` bounds it)."""
 
     __slots__ = ("blocks", "pending", "span")
 
-    def __init__(self, span: int, ring: int) -> None:
+    def __init__(self, span: int) -> None:
         self.span = span
-        self.blocks: deque[Block] = deque(maxlen=ring)
+        self.blocks: list[Block] = []
         self.pending: list[Block] = []
 
 
@@ -126,57 +138,65 @@ class Pyramid:
         # the floor is a caching allocator's reserved (or device used, which holds it): it
         # grows in ratchets, and a staircase of rare ratchets has a Theil-Sen slope of zero
         self.ratchet_floor = ratchet_floor
-        self.levels = [Level(config.block_steps * 4**k, config.ring_blocks) for k in range(config.levels)]
-        self.saw_drops: deque[int] = deque(maxlen=6)  # block starts where the floor fell back
+        self.levels: list[Level] = []  # created as blocks reach them (push)
+        self.saw_drops: list[int] = []  # block starts where the floor fell back (the latest 6)
         self.saw_period = 0  # longest gap between clears (0: no sawtooth seen)
 
     @property
-    def blocks(self) -> deque[Block]:
-        """Level 0, the finest ring (the latest ``ring_blocks`` blocks)."""
-        return self.levels[0].blocks
+    def blocks(self) -> list[Block] | tuple[()]:
+        """Level 0, the finest ring (the latest ``ring_blocks`` blocks; empty before the first)."""
+        return self.levels[0].blocks if self.levels else ()
 
     @property
     def last(self) -> Block | None:
-        ring = self.levels[0].blocks
+        ring = self.blocks
         return ring[-1] if ring else None
 
     @property
     def coarse_pending(self) -> bool:
         """True except on every fourth block (when level 1 just closed one): the slow checks'
         cadence."""
-        return bool(self.levels[1].pending)
+        return len(self.levels) > 1 and bool(self.levels[1].pending)
 
     def push(self, block: Block, tol: float) -> None:
-        """Add a closed block to level 0 and merge upwards; note a sawtooth clear."""
+        """Add a closed block to level 0 and merge upwards (creating a level when the first
+        block reaches it); note a sawtooth clear."""
         levels = self.levels
-        previous = levels[0].blocks[-1] if levels[0].blocks else None
-        levels[0].blocks.append(block)
+        cfg = self.config
+        ring = cfg.ring_blocks
+        if not levels:
+            levels.append(Level(cfg.block_steps))
+        previous = self.last
+        keep_last(levels[0].blocks, block, ring)
         child = block
-        for level in levels[1:]:
+        for k in range(1, cfg.levels):
+            if k == len(levels):
+                levels.append(Level(cfg.block_steps * 4**k))
+            level = levels[k]
             pending = level.pending
             pending.append(child)
             if len(pending) < 4:
                 break
             child = merge(pending)
-            level.blocks.append(child)
+            keep_last(level.blocks, child, ring)
             pending.clear()
         if previous is not None and previous.floor - block.floor > 2 * tol:
             # a sawtooth: the floor falls back by more than the material size, repeatedly;
             # until a second drop, the time since the process started bounds the period
             drops = self.saw_drops
-            drops.append(block.start)
+            keep_last(drops, block.start, 6)
             marks = [self.start, *drops] if len(drops) == 1 else list(drops)
             self.saw_period = int(max(b - a for a, b in pairwise(marks)))
 
     # ------------------------------------------------------------------ reads
     def recent_peak(self, blocks: int = 4) -> float | None:
         """Highest block peak of the last ``blocks`` blocks (None without peaks)."""
-        ring = self.levels[0].blocks
+        ring = self.blocks
         return _highest([b.peak for b in list(ring)[-blocks:]]) if ring else None
 
     def value_at(self, signal: Signal, at: float) -> float | None:
         """Signal of the latest level-0 block starting at or before ``at``."""
-        ring = self.levels[0].blocks
+        ring = self.blocks
         for b in reversed(ring):
             if b.start <= at:
                 return getattr(b, signal)
@@ -194,13 +214,13 @@ class Pyramid:
                 value = getattr(b, signal)
                 if value is not None and value < best:
                     best = value
-        if best == math.inf and self.levels[0].blocks:
-            best = getattr(self.levels[0].blocks[-1], signal)
+        if best == math.inf and self.blocks:
+            best = getattr(self.blocks[-1], signal)
         return best
 
     def seconds_per_step(self) -> float | None:
         """Observed wall seconds per step over the level-0 ring (phases and stalls included)."""
-        ring = self.levels[0].blocks
+        ring = self.blocks
         if len(ring) >= 2:
             first, last = ring[0], ring[-1]
             if last.end > first.end and last.ts > first.ts:
@@ -227,7 +247,7 @@ class Pyramid:
                 if width * 3 > cfg.ring_blocks:
                     continue
             chosen = (level, width)
-            if len(ring) < (ring.maxlen or 0) or ring[0].start <= s0 - (width - 1) * level.span:
+            if len(ring) < cfg.ring_blocks or ring[0].start <= s0 - (width - 1) * level.span:
                 break
         if chosen is None:
             return [], [], 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import verdicts
@@ -44,12 +45,21 @@ class TrendEngine:
 
     ``update`` costs a few dictionary reads and comparisons per sample; once per block
     (32 steps) the detectors run on at most 16 points each (tens of microseconds). Memory is
-    bounded by the pyramid (8 x 48 blocks) and ``max_events``, whatever the run length.
+    bounded by the pyramid (8 x 48 blocks) and ``max_events``, whatever the run length; what is
+    bounded is allocated as it fills (the pyramid's levels, the event ring): a series that has
+    not closed a block holds ~1.6 KB.
     """
 
+    __slots__ = (
+        "_as_sample", "_b_floor", "_b_outside", "_b_peak", "_b_peak2", "_b_resv", "_b_slack", "_b_split",
+        "_blk_end", "_blk_start", "_events", "_incarnation", "_last", "_last_step", "_ooms", "_retries", "_signal",
+        "_spike_threshold", "_started", "_total", "config", "ctx", "fragmentation", "last_break_cause", "leak",
+        "out_of_order", "outside", "plateau", "plateau_breaks", "plateau_relevels", "samples", "spikes", "state",
+    )
+
     def __init__(self, config: EngineConfig | None = None) -> None:
-        self.config = cfg = config or EngineConfig()
-        self.events: deque[dict[str, Any]] = deque(maxlen=cfg.max_events)
+        self.config = config or EngineConfig()
+        self._events: deque[dict[str, Any]] | None = None  # created with the first event
         self.state = "warmup"
         self.plateau_breaks = 0
         self.plateau_relevels = 0
@@ -57,13 +67,19 @@ class TrendEngine:
         self.samples = 0
         self.out_of_order = 0
         self.spikes = SpikeDetector()  # kept across restarts for its checkpoint record
-        self._last: dict[str, Any] | None = None  # latest folded train sample
+        self._last: Any = None  # latest folded train sample: a dict, or a struct until _last_sample()
+        self._as_sample: Callable[[Any], dict[str, Any]] | None = None  # update_struct's converter
         self._incarnation: Any = _NOT_STARTED  # differs from any sample's: the first one is admitted
         self._started = False
         self._ooms: int | None = None
         self._retries: int | None = None
         self._total = 0
         self._reset_series(0, "allocated")
+
+    @property
+    def events(self) -> deque[dict[str, Any]] | tuple[()]:
+        """The latest ``config.max_events`` events (oldest first)."""
+        return () if self._events is None else self._events
 
     @property
     def signal(self) -> str:
@@ -75,7 +91,7 @@ class TrendEngine:
         """A new process (first sample or restart): warm-up again, fresh detectors."""
         cfg = self.config
         pyramid = Pyramid(cfg, step, ratchet_floor=signal != "allocated")
-        self.ctx = Context(cfg, pyramid, signal, total=self._total, last=self._last)
+        self.ctx = Context(cfg, pyramid, signal, total=self._total, last=self._last_sample())
         self.plateau = PlateauDetector(rising_since=step)
         self.plateau.floor_cusum.reset(step)
         self.leak = LeakDetector()
@@ -98,8 +114,19 @@ class TrendEngine:
 
     def _emit(self, event: Event, out: list[dict[str, Any]]) -> None:
         record = event.to_dict()
-        self.events.append(record)
+        if self._events is None:
+            self._events = deque(maxlen=self.config.max_events)
+        self._events.append(record)
         out.append(record)
+
+    def _last_sample(self) -> dict[str, Any] | None:
+        """The latest folded train sample as a dict: one kept in its decoded form by
+        :meth:`update_struct` is converted here, once (at most once per block)."""
+        last = self._last
+        if last is not None and not isinstance(last, Mapping):
+            assert self._as_sample is not None
+            last = self._last = self._as_sample(last)
+        return last
 
     # ------------------------------------------------------------------ feed
     def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
@@ -131,6 +158,38 @@ class TrendEngine:
             or sample.get("incarnation") != self._incarnation
         ) and not self._admit(sample, step, out):
             return out
+        return self._fold(sample, step, allocated, reserved, peak, split, used, out)
+
+    def update_struct(self, s: Any, as_sample: Callable[[Any], dict[str, Any]]) -> list[dict[str, Any]]:
+        """:meth:`update` for a plainly valid schema-1 sample still in its decoded form
+        (:func:`vramwatch.wire_decode.decode_line_lazy`: one attribute per field, ``msgspec.UNSET``
+        when absent); ``as_sample(s)`` is the dict :meth:`update` would have been given.
+
+        Same events, verdicts and summary as ``update(as_sample(s))``, without building the dict
+        for the common sample (a train step of the same process, counters unchanged): its
+        numbers are folded from the attributes, and the struct becomes a dict only if the engine
+        still holds it at the next block close (1 in ``block_steps``). Any other sample is
+        converted first and takes :meth:`update`.
+        """
+        step = s.step
+        incarnation = s.incarnation
+        if (
+            step < self._last_step
+            or s.ooms != self._ooms
+            or s.alloc_retries != self._retries
+            or s.phase != "train"
+            or (incarnation if type(incarnation) is str else None) != self._incarnation  # UNSET: absent
+        ):
+            return self.update(as_sample(s))
+        self.samples += 1
+        self._as_sample = as_sample
+        return self._fold(s, step, s.allocated_bytes, s.reserved_bytes, s.peak_allocated_bytes,
+                          s.inactive_split_bytes, s.nvml_used_bytes, [])
+
+    def _fold(self, sample: Any, step: int, allocated: int | None, reserved: int | None, peak: int | None,
+              split: int | None, used: int | None, out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Fold an admitted train sample's numbers into the open block (closing it when the
+        step left it); ``sample`` (a dict, or a struct from :meth:`update_struct`) becomes the latest."""
         signal = self._signal
         level = allocated if signal == "allocated" else reserved if signal == "reserved" else used
         if level is None:
@@ -159,7 +218,7 @@ class TrendEngine:
             elif peak > self._b_peak2:
                 self._b_peak2 = peak  # a lone spike is the block's top; the runner-up is a normal batch
             if peak - level > self._spike_threshold:  # judged above the floor, so a leak is no spike
-                event = self.spikes.unmarked(self.ctx, sample, self.state == "plateau")
+                event = self.spikes.unmarked(self.ctx, self._last_sample(), self.state == "plateau")
                 if event is not None:
                     self._emit(event, out)
         if split is not None and split < self._b_split:
@@ -199,14 +258,14 @@ class TrendEngine:
 
     def _phase_sample(self, sample: dict[str, Any], out: list[dict[str, Any]]) -> None:
         ctx = self.ctx
-        ctx.last = self._last
+        last = ctx.last = self._last_sample()
         self._emit(self.spikes.phase_sample(ctx, sample), out)
-        before = None if self._last is None else self._last.get("reserved_bytes")
+        before = None if last is None else last.get("reserved_bytes")
         self.plateau.note_phase(sample["phase"], sample["step"], before, sample.get("reserved_bytes"), ctx.reserved_tol)
 
     # ------------------------------------------------------------------ blocks
     def _close_block(self, step: int, out: list[dict[str, Any]]) -> None:
-        last = self._last
+        last = self._last_sample()
         assert last is not None
         floor = self._b_floor
         peak = None if self._b_peak < 0 else self._b_peak
@@ -337,7 +396,7 @@ class TrendEngine:
         self.plateau.start(block)
         self.outside.reset(block.end + 1)
         self.fragmentation.reset(block.end + 1)
-        last = self._last or {}
+        last = self._last_sample() or {}
         self._emit(
             PlateauEvent(
                 step=step,
@@ -363,7 +422,7 @@ class TrendEngine:
     # ------------------------------------------------------------------ read-out
     def summary(self) -> Summary:
         """The verdict now (O(1): no estimator runs here)."""
-        last = self._last or {}
+        last = self._last_sample() or {}
         total = last.get("total_bytes", self._total) or None
         leak = self.leak.current if self.state == "leak" else None
         plateau = self.ctx.plateau
@@ -375,7 +434,7 @@ class TrendEngine:
             step=last.get("step"),
             ts=last.get("ts"),
             signal=self.ctx.signal,
-            detectors_off=detectors_off(self._last),
+            detectors_off=detectors_off(self._last_sample()),
             plateau_bytes=None if plateau is None else plateau.level_bytes(),
             plateau_since_step=None if plateau is None else plateau.since_step,
             plateau_until_step=None if plateau is None else plateau.until_step,

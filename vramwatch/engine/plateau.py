@@ -11,11 +11,10 @@ See docs/engine.md for the why of each rule.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .blocks import Block
+from .blocks import Block, keep_last
 from .context import Context, Cusum, PlateauLevels
 from .stats import median, noise_sigma
 
@@ -32,15 +31,15 @@ class PlateauDetector:
 
     floor_cusum: Cusum = field(default_factory=Cusum)
     rising_since: int = 0  # onset of the current rise (break, or a later leak window start)
-    break_onsets: deque[int] = field(default_factory=lambda: deque(maxlen=4))
+    break_onsets: list[int] = field(default_factory=list)  # the latest 4
     phase_ratchet: str | None = None  # the phase whose reserved ratchet is not yet judged
-    phase_bumps: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=16))  # (step, added)
+    phase_bumps: list[tuple[int, int]] = field(default_factory=list)  # (step, added), the latest 16
 
     def note_phase(self, phase: str, step: int, reserved_before: int | None, reserved: int | None, rtol: float) -> None:
         """A phase sample: remember what it added to reserved (a phase's ratchet is no growth)."""
         if reserved_before is None or reserved is None or reserved <= reserved_before:
             return
-        self.phase_bumps.append((step, reserved - reserved_before))
+        keep_last(self.phase_bumps, (step, reserved - reserved_before), 16)
         if reserved > reserved_before + rtol:
             self.phase_ratchet = phase  # the next reserved break is this phase's doing
 
@@ -157,7 +156,7 @@ class PlateauDetector:
 
     def begin_rise(self, brk: Break) -> None:
         self.rising_since = brk.onset
-        self.break_onsets.append(brk.onset)
+        keep_last(self.break_onsets, brk.onset, 4)
 
     # ------------------------------------------------------------------ after a break
     def settled_after_rise(self, ctx: Context, block: Block) -> float | None:

@@ -12,12 +12,11 @@ reported once per period: they need ``peak_allocated_bytes`` and are off without
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import verdicts
-from .blocks import Block
+from .blocks import Block, keep_last
 from .context import SIGNAL_FIELDS, Context
 from .events import SpikeEvent, spike_kind
 
@@ -36,7 +35,7 @@ class CheckpointRecord:
 class SpikeDetector:
     threshold: float = math.inf  # peak above the floor that counts as an unmarked spike
     normal_high: float = 0.0  # the biggest normal batch above the floor
-    spikes: deque[int] = field(default_factory=lambda: deque(maxlen=10))
+    spikes: list[int] = field(default_factory=list)  # steps of the latest 10 unmarked spikes
     period: int = 0  # the rhythm already reported
     phase_reach: dict[str, float] = field(default_factory=dict)  # phase -> peak above the floor, latest
     checkpoint: CheckpointRecord = field(default_factory=CheckpointRecord)
@@ -109,7 +108,7 @@ class SpikeDetector:
         spikes = self.spikes
         if spikes and step - spikes[-1] < ctx.config.block_steps // 2:
             return None  # one spike, several samples
-        spikes.append(step)
+        keep_last(spikes, step, 10)
         if len(spikes) < 4 or not on_plateau:
             return None
         period = rhythm(spikes)
@@ -123,7 +122,7 @@ class SpikeDetector:
         return self._event(ctx, "periodic_spike", step, None, peak, headroom, period)
 
 
-def rhythm(spikes: deque[int]) -> int:
+def rhythm(spikes: list[int]) -> int:
     """A period p such that the newest spike and three earlier ones sit on a p-grid (0: none).
 
     Chance exceedances of a noisy peak come at random gaps and almost never line up four in

@@ -3,8 +3,11 @@
 ``vramwatch serve --peers URL[,URL...]`` (or ``--peers-file``, ``--peers-prometheus``) runs
 this app instead of a collector. It stores nothing and can run as several replicas.
 
-* Runs list, a run's ranks, events, heatmap, advice, post-mortem and snapshots are merged
-  across shards (:mod:`vramwatch.front.merge`); each rank row carries its ``shard``.
+* Runs list, a run's ranks, events, heatmap, advice, compare figures, post-mortem and
+  snapshots are merged across shards (:mod:`vramwatch.front.merge`); each rank row carries
+  its ``shard``. Advice and compare are decided on the union of the shards' ranks.
+* Captures are forwarded to the shards holding the ranks; snapshot downloads are streamed
+  from the shard that stores them.
 * Series, chart and phase requests for one rank go to the shard that owns it.
 * Every cross-shard request is concurrent and bounded by ``timeout_s``; a shard that does
   not answer leaves its ranks listed as ``unreachable`` with their last known verdict.
@@ -14,17 +17,21 @@ this app instead of a collector. It stores nothing and can run as several replic
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.middleware.gzip import GZipMiddleware
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
 
 from vramwatch import __about__, verdicts
+from vramwatch.decisions.compare import RunFigures
+from vramwatch.decisions.compare import compare as compare_runs
 from vramwatch.front import merge
 from vramwatch.front.fanout import Fanout
 from vramwatch.front.peers import Peer, PeerSource
@@ -32,11 +39,21 @@ from vramwatch.front.peers import Peer, PeerSource
 _API = "/api/v1/runs/"
 #: per-rank requests forwarded to the owning shard
 _OWNED = ("series", "chart", "phases")
-#: run-level requests merged across shards, and how
-_MERGED = {
-    "ranks": merge.merge_ranks,
-    "events": merge.merge_lists,
-    "snapshots": lambda answers: merge.merge_lists(answers, order=("ts", "rank")),
+
+
+def _snapshots(run: str, answers: Sequence[merge.ShardAnswer], params: dict[str, Any]) -> list[dict[str, Any]]:
+    return [merge.snapshot_via_front(s) for s in merge.merge_lists(answers, order=("ts", "rank"))]
+
+
+#: run-level requests merged across shards, and how: (run, every shard's answer, query) -> document
+_MERGED: dict[str, Callable[[str, Sequence[merge.ShardAnswer], dict[str, Any]], Any]] = {
+    "ranks": lambda run, answers, params: merge.merge_ranks(answers),
+    "events": lambda run, answers, params: merge.merge_lists(answers),
+    "snapshots": _snapshots,
+    "heatmap": lambda run, answers, params: merge.merge_heatmap(answers, int(params.get("cols", 240))),
+    "postmortem": lambda run, answers, params: merge.merge_postmortem(run, answers),
+    "advice": lambda run, answers, params: merge.merge_advice(answers),
+    "figures": lambda run, answers, params: merge.merge_figures(run, answers),
 }
 
 
@@ -68,20 +85,24 @@ async def _gather(request: Request, path: str, params: dict[str, Any] | None = N
 
 
 async def _run_level(request: Request, run: str, what: str) -> Any:
-    params = dict(request.query_params)
-    params.pop("since", None)  # each shard has its own versions: the front serves full lists
+    # repeated keys (advice's ``reference``) stay lists
+    params: dict[str, Any] = {k: (v if len(v) > 1 else v[0]) for k in request.query_params
+                              if (v := request.query_params.getlist(k))}
+    # each shard has its own versions and pages: the front serves full lists (rows carry no
+    # ``version``, so the dashboard does not ask the front for deltas)
+    for key in ("since", "compact", "offset", "limit"):
+        params.pop(key, None)
     answers = await _gather(request, _API + _quote(run) + "/" + what, params)
     if all(a.data is None for a in answers):
+        refused = next((a for a in answers if a.error and a.error[:1] == "4" and a.error != "404"), None)
+        if refused is not None and refused.error:  # a shard refused the parameters: say so, as a collector would
+            raise HTTPException(int(refused.error[:3]), refused.error[5:])
         raise HTTPException(404, f"run: no shard knows run {run!r}")
-    if what in _MERGED:
-        return _MERGED[what](answers)
-    if what == "heatmap":
-        return merge.merge_heatmap(answers)
-    if what == "postmortem":
-        return merge.merge_postmortem(run, answers)
-    if what == "advice":
-        return merge.merge_advice(answers)
-    raise HTTPException(404, f"{what}: not served by the front")
+    try:
+        return _MERGED[what](run, answers, params)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HTTPException(502, f"{what}: a shard answered a malformed document ({type(exc).__name__}: {exc})"
+                            ) from None
 
 
 async def _owner(request: Request, run: str, rank: int, host: str | None) -> Peer:
@@ -110,7 +131,7 @@ async def _per_run(request: Request, run: str, what: str) -> Any:
                                                      dict(request.query_params))
     if answer.error is not None and not answer.stale:
         return JSONResponse({"detail": f"shard {peer.name}: {answer.error}", "shard": peer.name},
-                            status_code=404 if answer.error == "404" else 504)
+                            status_code=int(answer.error[:3]) if answer.error.startswith("4") else 504)
     return answer.data
 
 
@@ -140,7 +161,89 @@ def _add_status_routes(app: FastAPI, read: list[Any]) -> None:
     async def runs(request: Request) -> list[dict[str, Any]]:
         return merge.merge_runs(await _gather(request, "/api/v1/runs"))
 
-    app.add_api_route(_API + "{run:path}/{what}", _per_run, methods=["GET"], dependencies=read)
+
+
+def _route(what: str) -> Callable[..., Any]:
+    async def handler(request: Request, run: str) -> Any:
+        return await _per_run(request, run, what)
+
+    handler.__name__ = f"front_{what}"
+    handler.__doc__ = (f"A run's {what} from the shard that owns the rank" if what in _OWNED
+                       else f"A run's {what}, merged across every shard")
+    return handler
+
+
+async def _compare(request: Request, a: Annotated[str, Query(min_length=1)],
+                   b: Annotated[str, Query(min_length=1)]) -> dict[str, Any]:
+    """Two runs side by side per rank, each joined from every shard holding part of it."""
+    answers = await asyncio.gather(*(_gather(request, _API + _quote(r) + "/figures") for r in (a, b)))
+    figures = []
+    for field, run, shard_answers in (("a", a, answers[0]), ("b", b, answers[1])):
+        doc = merge.merge_figures(run, shard_answers)
+        if doc is None:
+            raise HTTPException(404, f"{field}: no shard knows run {run!r}")
+        figures.append(RunFigures.from_dict(doc))
+    return compare_runs(figures[0], figures[1]).as_dict()
+
+
+async def _capture(request: Request, run: str) -> Any:
+    """Ask a run's ranks for an allocator snapshot: forwarded to the shard owning the rank, or to
+    every shard holding the run. The shards validate the body (their 4xx comes back as is)."""
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+        raise HTTPException(415, "Content-Type: must be application/json")
+    raw = await request.body()
+    if len(raw) > 64 * 1024:
+        raise HTTPException(413, "body: larger than 65536 bytes")
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise HTTPException(422, "body: not JSON") from None
+    if not isinstance(body, dict):
+        raise HTTPException(422, "body: must be a JSON object")
+    rank = body.get("rank")
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        peers = [await _owner(request, run, rank, body.get("host"))]
+    else:
+        answers = await _gather(request, _API + _quote(run) + "/ranks")
+        by_name = {p.name: p for p in await _peers(request.app.state.settings)}
+        peers = [by_name[a.shard] for a in answers if a.data and not a.stale and a.shard in by_name]
+        if not peers:
+            raise HTTPException(404, f"run: no reachable shard holds run {run!r}")
+    fanout: Fanout = request.app.state.fanout
+    replies = await asyncio.gather(*(fanout.post_one(p, _API + _quote(run) + "/capture", body) for p in peers))
+    done = [data for status, data in replies if status == 200 and isinstance(data, dict)]
+    if not done:
+        status, data = replies[0]
+        detail = data.get("detail") if isinstance(data, dict) else data
+        raise HTTPException(status if 400 <= status < 500 else 504, f"shard {peers[0].name}: {detail}")
+    return {"run": run, "directives": sum(int(d.get("directives", 0)) for d in done),
+            "ranks": sorted({r for d in done for r in d.get("ranks", [])})}
+
+
+async def _download(request: Request, snapshot_id: str, shard: str | None = None) -> Response:
+    """A snapshot streamed from the shard that stores it (``shard``: its name, as the front's snapshot
+    list gives it; without it every shard is asked in turn)."""
+    peers = [p for p in await _peers(request.app.state.settings) if shard is None or p.name == shard]
+    if not peers:
+        raise HTTPException(404, f"shard: no shard named {shard!r}")
+    fanout: Fanout = request.app.state.fanout
+    for peer in peers:
+        reply = await fanout.open_stream(peer, "/api/v1/snapshots/" + _quote(snapshot_id))
+        if reply is not None:
+            headers = {k: v for k, v in reply.headers.items() if k.lower() == "content-disposition"}
+            return StreamingResponse(reply.aiter_bytes(), media_type=reply.headers.get("content-type"),
+                                     headers=headers, background=BackgroundTask(reply.aclose))
+    raise HTTPException(404, f"snapshot: no shard has snapshot {snapshot_id!r}")
+
+
+def _add_run_routes(app: FastAPI, read: list[Any]) -> None:
+    """The collector's read API, route by route (so the dashboard's OpenAPI check finds each)."""
+    for what in (*_MERGED, *_OWNED):
+        app.add_api_route(_API + "{run:path}/" + what, _route(what), methods=["GET"], dependencies=read,
+                          name=f"front_{what}")
+    app.add_api_route(_API + "{run:path}/capture", _capture, methods=["POST"], dependencies=read)
+    app.add_api_route("/api/v1/compare", _compare, methods=["GET"], dependencies=read)
+    app.add_api_route("/api/v1/snapshots/{snapshot_id}", _download, methods=["GET"], dependencies=read)
 
 
 def _add_pages(app: FastAPI, read: list[Any]) -> None:
@@ -188,5 +291,6 @@ def create_front_app(settings: FrontSettings) -> FastAPI:
 
     read = [Depends(require_read)]
     _add_status_routes(app, read)
+    _add_run_routes(app, read)
     _add_pages(app, read)
     return app

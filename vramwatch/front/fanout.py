@@ -27,6 +27,14 @@ from vramwatch.front.peers import Peer
 MAX_PEER_BYTES = 64 * 2**20
 
 
+def _detail(reply: httpx.Response) -> str:
+    try:
+        detail = reply.json().get("detail", reply.text)
+    except (ValueError, AttributeError):
+        detail = reply.text
+    return detail if isinstance(detail, str) else str(detail)
+
+
 class Fanout:
     def __init__(self, *, token: str | None = None, timeout_s: float = 2.0, cache_ttl_s: float = 1.0,
                  max_cached: int = 4096, registry: CollectorRegistry | None = None) -> None:
@@ -70,6 +78,9 @@ class Fanout:
                 answer = ShardAnswer(peer.name, None, "404")
                 self._remember(self._fresh, key, (time.monotonic(), answer))
                 return answer
+            if 400 <= reply.status_code < 500:  # the request was refused, the shard is fine: no stale answer
+                self.requests.labels(peer.name, "refused").inc()
+                return ShardAnswer(peer.name, None, f"{reply.status_code}: {_detail(reply)}"[:300])
             reply.raise_for_status()
             if len(reply.content) > MAX_PEER_BYTES:
                 raise ValueError(f"answer larger than {MAX_PEER_BYTES} bytes")
@@ -107,5 +118,36 @@ class Fanout:
                       ) -> list[ShardAnswer]:
         return list(await asyncio.gather(*(self.get_one(p, path, params) for p in peers)))
 
+    async def post_one(self, peer: Peer, path: str, body: Any) -> tuple[int, Any]:
+        """POST a JSON body to one shard (never cached): (status, decoded reply); status 0 when the
+        shard did not answer within ``timeout_s`` (the reply is then the error text)."""
+        started = time.perf_counter()
+        try:
+            reply = await self._client.post(peer.url + path, json=body)
+            data = reply.json() if len(reply.content) <= MAX_PEER_BYTES else None
+        except (httpx.HTTPError, ValueError) as exc:
+            self.requests.labels(peer.name, "error").inc()
+            return 0, f"{type(exc).__name__}: {exc}"[:200]
+        finally:
+            self.latency.labels(peer.name).observe(time.perf_counter() - started)
+        self.requests.labels(peer.name, "ok" if reply.status_code < 400 else "refused").inc()
+        return reply.status_code, data
+
+    async def open_stream(self, peer: Peer, path: str) -> httpx.Response | None:
+        """A 200 reply of one shard opened for streaming (the caller closes it), else None.
+        Each read is bounded by ``timeout_s``; the body is never held whole in memory."""
+        try:
+            reply = await self._client.send(self._client.build_request("GET", peer.url + path), stream=True)
+        except httpx.HTTPError:
+            self.requests.labels(peer.name, "error").inc()
+            return None
+        if reply.status_code != 200:
+            await reply.aclose()
+            self.requests.labels(peer.name, "not_found" if reply.status_code == 404 else "refused").inc()
+            return None
+        self.requests.labels(peer.name, "ok").inc()
+        return reply
+
     def unreachable(self, answers: Sequence[ShardAnswer]) -> list[str]:
-        return [a.shard for a in answers if a.error and a.error != "404"]
+        # a 4xx is the request's fault (an unknown run, a bad parameter), not the shard's
+        return [a.shard for a in answers if a.error and not a.error.startswith("4")]

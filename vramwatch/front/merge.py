@@ -8,7 +8,9 @@ Pure functions over the shards' JSON documents (no I/O). Rules, each defined onc
   minimum headroom and the soonest OOM, the worst state by :func:`verdicts.severity`, and the
   worst status (``crashed`` > ``running`` > ``finished``);
 * events are concatenated and ordered as a collector orders them (step, rank);
-* a post-mortem's first failure is the earliest across shards.
+* a post-mortem's first failure is the earliest across shards;
+* advice and compare figures are recomputed on the union of the shards' ranks (the same
+  answer as one collector holding them all); snapshot links point at the front.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
+from vramwatch.decisions.advice import join
+from vramwatch.decisions.compare import RunFigures
 from vramwatch.verdicts import RUN_STATUSES, SEVERITY
 
 #: worst last: the merged status of a run is the worst any shard reports
@@ -85,6 +90,7 @@ def merge_ranks(answers: Sequence[ShardAnswer]) -> list[dict[str, Any]]:
     for answer in answers:
         for row in answer.data or []:
             tagged = {**row, "shard": answer.shard}
+            tagged.pop("version", None)  # a shard's own counter: meaningless across shards
             if answer.stale:
                 tagged["unreachable"] = True
                 tagged["liveness"] = "unreachable"
@@ -100,24 +106,38 @@ def merge_lists(answers: Sequence[ShardAnswer], *, order: Sequence[str] = ("step
     return out
 
 
-def merge_heatmap(answers: Sequence[ShardAnswer]) -> dict[str, Any] | None:
-    """Rows (ranks) of every shard's heatmap on the union of their columns (same x buckets)."""
-    docs = [a for a in answers if isinstance(a.data, dict) and a.data.get("z") is not None]
+def merge_heatmap(answers: Sequence[ShardAnswer], cols: int = 240) -> dict[str, Any] | None:
+    """Every shard's rows on one grid. Shards choose their bucket width from their own range
+    (a power of two, :meth:`HeatmapCache._width`), so the grid is the coarsest width among them,
+    doubled until at most ``2 x cols`` columns span the union; finer cells fold into it with
+    the field's worst (headroom: the least; bytes: the most). Rows carry their ``shard``."""
+    docs = [(a.shard, a.data) for a in answers if isinstance(a.data, dict) and a.data.get("rows")]
     if not docs:
         return None
-    base = dict(docs[0].data)
-    ys: list[Any] = []
-    zs: list[Any] = []
-    shards: list[str] = []
-    for answer in docs:
-        doc = answer.data
-        if doc.get("x") != base.get("x"):
-            continue  # a shard with other buckets cannot share the grid; its own page has it
-        ys.extend(doc.get("y", []))
-        zs.extend(doc.get("z", []))
-        shards.extend([answer.shard] * len(doc.get("y", [])))
-    base.update(y=ys, z=zs, shards=shards)
-    return base
+    worst = min if docs[0][1].get("field", "headroom") == "headroom" else max
+    width = max(float(d["bucket"]) for _, d in docs)
+    cells: list[tuple[tuple[int, str], dict[str, Any], dict[float, float | None]]] = []
+    for shard, doc in docs:
+        for row, z in zip(doc["rows"], doc["z"], strict=False):
+            cells.append(((row["rank"], str(row["host"])), {**row, "shard": shard},
+                          dict(zip(doc["x"], z, strict=False))))
+    centres = [x for _, _, by_x in cells for x in by_x]
+    lo, hi = min(centres), max(centres)
+    while (hi // width) - (lo // width) + 1 > 2 * cols:
+        width *= 2
+    first, last = int(lo // width), int(hi // width)
+    z_out = []
+    for _, _, by_x in sorted(cells, key=lambda c: c[0]):
+        row: list[float | None] = [None] * (last - first + 1)
+        for x, value in by_x.items():
+            if value is not None:
+                i = int(x // width) - first
+                row[i] = value if row[i] is None else worst(row[i], value)
+        z_out.append(row)
+    return {**docs[0][1], "x": [(b + 0.5) * width for b in range(first, last + 1)],
+            "bucket": int(width) if width.is_integer() else width,
+            "rows": [row for _, row, _ in sorted(cells, key=lambda c: c[0])], "z": z_out,
+            "outside": sum(int(d.get("outside") or 0) for _, d in docs)}
 
 
 def merge_postmortem(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any]:
@@ -130,7 +150,7 @@ def merge_postmortem(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any]
         if not isinstance(doc, dict):
             continue
         ranks.extend({**r, "shard": answer.shard} for r in doc.get("ranks", []))
-        snapshots.extend({**s, "shard": answer.shard} for s in doc.get("snapshots", []))
+        snapshots.extend(snapshot_via_front({**s, "shard": answer.shard}) for s in doc.get("snapshots", []))
         f = doc.get("first_failure")
         if f and (first is None or (f["ts"], f["cause"] != "oom") < (first["ts"], first["cause"] != "oom")):
             first = {**f, "shard": answer.shard}
@@ -141,26 +161,29 @@ def merge_postmortem(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any]
 
 
 def merge_advice(answers: Sequence[ShardAnswer]) -> dict[str, Any] | None:
-    """The binding shard's advice (least room), with run-wide readiness and global tokens.
-
-    Readiness is the worst shard's (``unsafe`` > ``not_ready`` > ``ready``); the largest batch
-    per rank is the minimum over shards, and the global batch that many tokens times every rank.
-    """
+    """Advice over every shard's ranks, decided once on all of them (:func:`decisions.advice.join`):
+    the same readiness, binding rank, largest batch and recommendation one collector holding
+    the whole run would give. ``shards``: those that contributed ranks."""
     docs = [(a.shard, a.data) for a in answers if isinstance(a.data, dict)]
     if not docs:
         return None
-    order = {"ready": 0, "not_ready": 1, "unsafe": 2}
+    doc = join([d for _, d in docs]).as_dict()
+    doc["shards"] = [shard for shard, _ in docs]
+    return doc
 
-    def room(doc: dict[str, Any]) -> float:
-        value = doc.get("max_tokens_per_step")
-        return float("inf") if value is None else value
 
-    shard, binding = min(docs, key=lambda d: room(d[1]))
-    worst = max(docs, key=lambda d: order.get((d[1].get("readiness") or {}).get("verdict"), -1))
-    merged = {**binding, "readiness": worst[1].get("readiness"), "binding_shard": shard}
-    per_rank = binding.get("max_tokens_per_step")
-    ranks = sum(int(d.get("ranks") or 0) for _, d in docs)
-    if per_rank is not None and ranks:
-        merged["max_global_tokens_per_step"] = per_rank * ranks
-    return merged
+def merge_figures(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any] | None:
+    """Every shard's per-rank compare figures of ``run`` as one document (None: no shard has it)."""
+    docs = [a.data for a in answers if isinstance(a.data, dict)]
+    if not docs:
+        return None
+    return {**RunFigures.join(run, docs).as_dict(), "shards": [a.shard for a in answers if isinstance(a.data, dict)]}
 
+
+def snapshot_via_front(item: dict[str, Any]) -> dict[str, Any]:
+    """A shard's snapshot entry with its download ``url`` pointing at the front (which streams it
+    from the owning shard): the dashboard and ``curl`` need not reach the shard."""
+    if "id" in item and "shard" in item:
+        ident, shard = quote(str(item["id"]), safe=""), quote(str(item["shard"]), safe="")
+        return {**item, "url": f"/api/v1/snapshots/{ident}?shard={shard}"}
+    return item
