@@ -36,9 +36,13 @@ export function baseLayout(t, extra) {
   };
 }
 
+// Tick labels are left where plotly puts them: the margins hold them, and plotly's default
+// ("hide past div") measures every label again for every label drawn, a few ms a redraw.
+export const TICKS_AS_DRAWN = { ticklabeloverflow: "allow" };
+
 export function xAxis(t, extra) {
   const time = S.x === "time";
-  return {
+  return { ...TICKS_AS_DRAWN,
     gridcolor: t.grid, zerolinecolor: t.grid, linecolor: t.border, tickfont: { color: t.muted },
     title: { text: time ? "" : "step", font: { color: t.muted, size: 11 }, standoff: 4 },
     type: time ? "date" : "linear", hoverformat: time ? "%H:%M:%S" : ",d", tickformat: time ? "" : "~s",
@@ -47,7 +51,7 @@ export function xAxis(t, extra) {
 }
 
 export function yAxis(t, extra) {
-  return { gridcolor: t.grid, zerolinecolor: t.grid, linecolor: t.border, tickfont: { color: t.muted }, ticksuffix: " GiB",
+  return { ...TICKS_AS_DRAWN, gridcolor: t.grid, zerolinecolor: t.grid, linecolor: t.border, tickfont: { color: t.muted }, ticksuffix: " GiB",
     rangemode: "tozero", ...extra };
 }
 
@@ -150,6 +154,8 @@ export function drawChart(gd, traces, layout, config) {
   const fast = gd.__vwSig === sig && !!gd._fullLayout && (gd.data || []).length === traces.length && !gd._transitioning &&
     document.visibilityState === "visible";
   gd.__vwSig = sig;
+  // the x range as drawn: the relayout that ends an axis transition reports it (zoom.js)
+  gd.__vwRange = layout.xaxis && Array.isArray(layout.xaxis.range) ? layout.xaxis.range.slice() : null;
   // counted for the tests and the benchmark: which path each draw took
   const n = gd.__vwDraws || (gd.__vwDraws = { fast: 0, full: 0 });
   n[fast ? "fast" : "full"]++;

@@ -4,11 +4,11 @@
  * coloured danger whatever their peers do. A click on a row opens that rank. */
 
 import { GIB, intText, isNum } from "./format.js";
-import { $, markOnce, timed } from "./dom.js";
+import { $, markOnce, nextTask, timed } from "./dom.js";
 import { plotlyReady, source } from "./api.js";
 import { S, vocab } from "./state.js";
 import { totalOf } from "./verdict.js";
-import { baseLayout, chartTheme, xAxis } from "./chartbase.js";
+import { TICKS_AS_DRAWN, baseLayout, chartTheme, xAxis } from "./chartbase.js";
 
 export const HEAT_MODES = [
   ["deviation", "vs run median"], ["headroom", "headroom"], ["reserved", "reserved"],
@@ -27,9 +27,12 @@ const RESERVED_SCALE = [[0, "#0d0887"], [0.5, "#9c179e"], [0.8, "#ed7953"], [1, 
 export function refreshHeatmap(onRowClick) {
   const gen = S.gen, mode = S.heatMode, x = S.x;
   const field = mode === "reserved" ? "reserved" : "headroom";
+  const current = () => gen === S.gen && mode === S.heatMode && x === S.x;
   return Promise.all([source.heatmap(S.run, field, x), plotlyReady]).then(([h]) => {
-    if (gen !== S.gen || mode !== S.heatMode || x !== S.x) return;
-    timed("heatmap", () => drawHeatmap(h, mode, onRowClick));
+    if (!current()) return null;
+    // two tasks, not one: the colour grid (512 ranks x the buckets), then plotly's drawing
+    const fig = timed("heatmap-grid", () => heatmapFigure(h, mode));
+    return nextTask().then(() => { if (current()) timed("heatmap", () => drawHeatmap(fig, mode, onRowClick)); });
   }, (err) => {
     if (gen !== S.gen) return;
     $("heatmap-note").textContent = "heatmap unavailable: " + (err.message || err);
@@ -83,9 +86,8 @@ function colourGrid(h, mode, dangerGiB) {
   return { z, zmin, zmax, dev };
 }
 
-function drawHeatmap(h, mode, onRowClick) {
-  const gd = $("chart-heatmap");
-  if (!gd) return;
+/** The heatmap's trace and layout: colour grid, hover data, colour bar, the selected row. */
+function heatmapFigure(h, mode) {
   const t = chartTheme();
   const rowsByRank = {};
   const uniqueRanks = new Set(h.rows.map((r) => r.rank)).size === h.rows.length;
@@ -104,7 +106,7 @@ function drawHeatmap(h, mode, onRowClick) {
   const custom = h.z.map((row, i) => row.map((v, j) => [v, grid.dev ? grid.dev[i][j] : null]));
   const isHeadroom = mode !== "reserved";
   const colorbar = { title: { text: mode === "deviation" ? "vs median GiB" : mode + " GiB", side: "right", font: { color: t.muted, size: 11 } },
-    tickfont: { color: t.muted }, thickness: 12, outlinewidth: 0 };
+    tickfont: { color: t.muted }, thickness: 12, outlinewidth: 0, ...TICKS_AS_DRAWN };
   if (isHeadroom) {
     const s = grid.zmax;
     colorbar.tickvals = mode === "deviation" ? [grid.zmin, -0.76 * s, 0, 0.76 * s] : [grid.zmin, s / 2, s];
@@ -119,14 +121,12 @@ function drawHeatmap(h, mode, onRowClick) {
       (isHeadroom ? "min headroom %{customdata[0]:.2f} GiB<br>%{customdata[1]:+.2f} GiB vs the run's median" : "max reserved %{customdata[0]:.2f} GiB") +
       "<extra></extra>",
   };
-  const tall = Math.min(720, Math.max(300, 90 + h.rows.length * 14));
-  if (gd.style.height !== tall + "px") gd.style.height = tall + "px";
   const layout = baseLayout(t, {
     uirevision: "heat|" + S.run + "|" + S.x + "|" + mode,
     hovermode: "closest", showlegend: false,
     plot_bgcolor: t.nodata, // gaps (no sample in that bucket) show as this, explained in the note
     xaxis: xAxis(t, { showgrid: false }),
-    yaxis: { autorange: "reversed", tickfont: { color: t.muted }, title: { text: "rank", font: { color: t.muted, size: 11 }, standoff: 2 },
+    yaxis: { ...TICKS_AS_DRAWN, autorange: "reversed", tickfont: { color: t.muted }, title: { text: "rank", font: { color: t.muted, size: 11 }, standoff: 2 },
       tickformat: "d", gridcolor: "rgba(0,0,0,0)", zeroline: false, nticks: Math.min(h.rows.length, 20),
       tickvals: h.rows.length <= 40 ? ys : undefined }, // few rows: label every one; many: plotly thins them
     margin: { l: 52, r: 8, t: 8, b: 40 },
@@ -135,11 +135,20 @@ function drawHeatmap(h, mode, onRowClick) {
     const sy = S.selected.rank;
     layout.shapes = [{ type: "rect", xref: "paper", x0: 0, x1: 1, yref: "y", y0: sy - 0.5, y1: sy + 0.5, line: { color: t.text, width: 1.5 }, name: "selected rank" }];
   }
+  return { trace, layout, rows: h.rows.length, bucket: h.bucket, fraction };
+}
+
+function drawHeatmap(fig, mode, onRowClick) {
+  const gd = $("chart-heatmap");
+  if (!gd) return;
+  const tall = Math.min(720, Math.max(300, 90 + fig.rows * 14));
+  if (gd.style.height !== tall + "px") gd.style.height = tall + "px";
   // no mode bar: it would sit over the first rows, where a click means "open this rank"
-  window.Plotly.react(gd, [trace], layout, { displaylogo: false, responsive: true, displayModeBar: false });
+  window.Plotly.react(gd, [fig.trace], fig.layout, { displaylogo: false, responsive: true, displayModeBar: false });
   wireClicks(gd, onRowClick);
   markOnce("vramwatch:heatmap");
-  const unit = intText(h.bucket) + (S.x === "time" ? " s" : " steps");
+  const fraction = fig.fraction;
+  const unit = intText(fig.bucket) + (S.x === "time" ? " s" : " steps");
   const threshold = isNum(fraction) ? "dark red: headroom under " + Math.round(fraction * 100) + " % of the device (the low-headroom threshold)" : "";
   const what = mode === "deviation"
     ? "Worst headroom per bucket of " + unit + ", as its difference from the run's median in that bucket: red rows have less headroom than their peers, blue more; " + threshold + "."

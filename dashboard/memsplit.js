@@ -10,7 +10,7 @@
  * panel too when both are. One /chart request per refresh (every few polls). */
 
 import { GIB, gib, isNum, toGiB } from "./format.js";
-import { $, el } from "./dom.js";
+import { $, el, nextTask, timed } from "./dom.js";
 import { source } from "./api.js";
 import { S } from "./state.js";
 import { PLOT_CONFIG, baseLayout, chartTheme, drawChart, uirev, xAxis, yAxis } from "./chartbase.js";
@@ -71,8 +71,11 @@ export async function refreshMem() {
   $("mem-host-box").hidden = !hostOk;
   if (panel.hidden) return;
   const xs = S.x === "time" ? (s.ts || []).map((ts) => ts * 1000) : d.x;
-  if (devOk) drawDevice(xs, s);
-  if (hostOk) drawHost(xs, s, phases);
+  // one chart per task (each is a plotly redraw)
+  if (devOk) timed("memsplit", () => drawDevice(xs, s));
+  if (!hostOk) return;
+  await nextTask();
+  if (gen === S.gen) timed("memhost", () => drawHost(xs, s, phases));
 }
 
 function drawDevice(xs, s) {
