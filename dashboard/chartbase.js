@@ -120,21 +120,32 @@ export function labelRows(xs, minGap, maxRows) {
   return rows;
 }
 
+/** Layout arrays drawn item by item when only they changed (plotly's "arraydraw" edits). */
+const ITEMS = ["shapes", "annotations"];
+
 /**
- * What a redraw must redo beyond the data: every trace attribute but ``x`` / ``y``, the
- * layout but the x range, the annotations but the "live" ones (named ``live …``: a label
- * whose text follows the data every poll, redrawn on its own). Equal signatures mean only
- * data moved. Cost: one JSON.stringify of the figure without its arrays (a few KB).
+ * What a redraw must redo in full: every trace attribute but ``x`` / ``y``, the layout but
+ * the x range and the shapes and annotations (those are compared item by item, drawChart).
+ * Equal signatures mean only data, the x range or single shapes / labels moved. Cost: one
+ * JSON.stringify of the figure without its arrays (a few KB).
  */
 export function figureSignature(traces, layout) {
   const bare = traces.map((t) => { const { x, y, ...rest } = t; return rest; });
-  const { xaxis, annotations, transition, ...rest } = layout;
+  const { xaxis, shapes, annotations, transition, ...rest } = layout;
   const ax = xaxis ? { ...xaxis, range: null } : null;
-  const notes = (annotations || []).map((a) => (isLive(a) ? "live" : a));
-  return JSON.stringify([bare, rest, ax, notes]);
+  return JSON.stringify([bare, rest, ax]);
 }
 
-function isLive(a) { return typeof a.name === "string" && a.name.startsWith("live "); }
+/** ``relayout`` edits that turn the drawn shapes / annotations into ``layout``'s. */
+function itemEdits(drawn, layout) {
+  const edits = {};
+  for (const key of ITEMS) {
+    const was = drawn[key] || [], now = layout[key] || [];
+    if (was.length !== now.length) { edits[key] = now; continue; }
+    now.forEach((item, i) => { if (JSON.stringify(item) !== JSON.stringify(was[i])) edits[key + "[" + i + "]"] = item; });
+  }
+  return edits;
+}
 
 /**
  * Plotly.react, cheap when only data moved. plotly's full pipeline (defaults, margins,
@@ -143,10 +154,11 @@ function isLive(a) { return typeof a.name === "string" && a.name.startsWith("liv
  * signature (figureSignature) equals the last one drawn into ``gd``, the same react goes
  * through plotly's transition path with a zero duration: plotly then recomputes and re-plots
  * only the traces; a moved axis range is redrawn in a later animation frame (its own task).
- * Legend, shapes and annotations stay as drawn. A live annotation whose text or place
- * changed is redrawn alone (relayout of that annotation, another task) once the data are in.
- * Anything else that changed (a new event label, a renamed trace, a theme switch) takes the
- * full path. Returns plotly's promise.
+ * Legend, shapes and annotations stay as drawn; the shapes and labels that changed (the
+ * time-to-OOM label every poll, a new checkpoint band or event label now and then) are then
+ * redrawn alone, by one relayout of those items (plotly draws just them), in a later task.
+ * Anything else (a renamed trace, a new trace, a theme switch) takes the full path.
+ * Returns plotly's promise.
  */
 export function drawChart(gd, traces, layout, config) {
   const sig = figureSignature(traces, layout);
@@ -157,21 +169,16 @@ export function drawChart(gd, traces, layout, config) {
   // the x range as drawn: the relayout that ends an axis transition reports it (zoom.js)
   gd.__vwRange = layout.xaxis && Array.isArray(layout.xaxis.range) ? layout.xaxis.range.slice() : null;
   // counted for the tests and the benchmark: which path each draw took
-  const n = gd.__vwDraws || (gd.__vwDraws = { fast: 0, full: 0 });
+  const n = gd.__vwDraws || (gd.__vwDraws = { fast: 0, full: 0, items: 0 });
   n[fast ? "fast" : "full"]++;
   if (!fast) return window.Plotly.react(gd, traces, layout, config);
-  const old = (gd.layout && gd.layout.annotations) || [];
-  const fresh = layout.annotations || [];
-  const moved = [];
-  fresh.forEach((a, i) => { if (isLive(a) && old[i] && JSON.stringify(a) !== JSON.stringify(old[i])) moved.push(i); });
-  // the transition path does not redraw annotations: keep the drawn one, then relayout it
-  const shown = moved.length ? fresh.map((a, i) => (moved.includes(i) ? old[i] : a)) : fresh;
-  const done = window.Plotly.react(gd, traces, { ...layout, annotations: shown, transition: { duration: 0 } }, config);
-  if (!moved.length) return done;
-  return done.then(() => {
-    if (gd.__vwSig !== sig) return gd; // a newer draw took over
-    const update = {};
-    for (const i of moved) update["annotations[" + i + "]"] = fresh[i];
-    return window.Plotly.relayout(gd, update);
-  });
+  const drawn = gd.layout || {};
+  const edits = itemEdits(drawn, layout);
+  // the transition path draws no shapes or annotations: keep the drawn ones for it
+  const kept = { ...layout, transition: { duration: 0 } };
+  for (const key of ITEMS) kept[key] = drawn[key];
+  const done = window.Plotly.react(gd, traces, kept, config);
+  if (!Object.keys(edits).length) return done;
+  n.items++;
+  return done.then(() => (gd.__vwSig === sig ? window.Plotly.relayout(gd, edits) : gd)); // else a newer draw took over
 }

@@ -231,7 +231,7 @@ export function drawMain() {
     // a phone has no room for it among the event labels: the note below the chart says it
     if (gd.clientWidth > 600) annotations.push({ x: inView ? projection.x[1] : 1, xref: inView ? "x" : "paper", y: capacity / GIB, yref: "y", xanchor: "right", yanchor: "bottom",
       text: (inView ? "" : "→ ") + "OOM " + projection.when, showarrow: false, font: { size: 11, color: t.proj }, bgcolor: t.panel, borderpad: 2,
-      name: "live oom projection" }); // its text changes every step: redrawn alone (drawChart)
+      name: "oom projection" });
   }
   const groups = phaseBands(d, t, timeMode, xs, traces, shapes);
   eventMarkers(r, v, d, t, x0, xEnd, shapes, annotations);
