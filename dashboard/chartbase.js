@@ -120,31 +120,17 @@ export function labelRows(xs, minGap, maxRows) {
   return rows;
 }
 
-/** Layout arrays drawn item by item when only they changed (plotly's "arraydraw" edits). */
-const ITEMS = ["shapes", "annotations"];
-
 /**
- * What a redraw must redo in full: every trace attribute but ``x`` / ``y``, the layout but
- * the x range and the shapes and annotations (those are compared item by item, drawChart).
- * Equal signatures mean only data, the x range or single shapes / labels moved. Cost: one
- * JSON.stringify of the figure without its arrays (a few KB).
+ * What a redraw must redo in full: every trace attribute but ``x`` / ``y``, and the layout
+ * but the x range (shapes and annotations included: plotly redraws the whole figure for any
+ * edit of one of them anyway). Equal signatures mean only data and the x range moved. Cost:
+ * one JSON.stringify of the figure without its arrays (a few KB).
  */
 export function figureSignature(traces, layout) {
   const bare = traces.map((t) => { const { x, y, ...rest } = t; return rest; });
-  const { xaxis, shapes, annotations, transition, ...rest } = layout;
+  const { xaxis, transition, ...rest } = layout;
   const ax = xaxis ? { ...xaxis, range: null } : null;
   return JSON.stringify([bare, rest, ax]);
-}
-
-/** ``relayout`` edits that turn the drawn shapes / annotations into ``layout``'s. */
-function itemEdits(drawn, layout) {
-  const edits = {};
-  for (const key of ITEMS) {
-    const was = drawn[key] || [], now = layout[key] || [];
-    if (was.length !== now.length) { edits[key] = now; continue; }
-    now.forEach((item, i) => { if (JSON.stringify(item) !== JSON.stringify(was[i])) edits[key + "[" + i + "]"] = item; });
-  }
-  return edits;
 }
 
 /**
@@ -153,11 +139,9 @@ function itemEdits(drawn, layout) {
  * an idle 2-core machine, over 50 ms under load: a long task every poll. When the figure's
  * signature (figureSignature) equals the last one drawn into ``gd``, the same react goes
  * through plotly's transition path with a zero duration: plotly then recomputes and re-plots
- * only the traces; a moved axis range is redrawn in a later animation frame (its own task).
- * Legend, shapes and annotations stay as drawn; the shapes and labels that changed (the
- * time-to-OOM label every poll, a new checkpoint band or event label now and then) are then
- * redrawn alone, by one relayout of those items (plotly draws just them), in a later task.
- * Anything else (a renamed trace, a new trace, a theme switch) takes the full path.
+ * only the traces (about half the work: no legend, shapes, labels, margins); a moved axis
+ * range is redrawn in a later animation frame, its own task. Anything else that changed (a
+ * new checkpoint band or event label, a renamed trace, a theme switch) takes the full path.
  * Returns plotly's promise.
  */
 export function drawChart(gd, traces, layout, config) {
@@ -169,16 +153,12 @@ export function drawChart(gd, traces, layout, config) {
   // the x range as drawn: the relayout that ends an axis transition reports it (zoom.js)
   gd.__vwRange = layout.xaxis && Array.isArray(layout.xaxis.range) ? layout.xaxis.range.slice() : null;
   // counted for the tests and the benchmark: which path each draw took
-  const n = gd.__vwDraws || (gd.__vwDraws = { fast: 0, full: 0, items: 0 });
+  const n = gd.__vwDraws || (gd.__vwDraws = { fast: 0, full: 0 });
   n[fast ? "fast" : "full"]++;
   if (!fast) return window.Plotly.react(gd, traces, layout, config);
-  const drawn = gd.layout || {};
-  const edits = itemEdits(drawn, layout);
-  // the transition path draws no shapes or annotations: keep the drawn ones for it
-  const kept = { ...layout, transition: { duration: 0 } };
-  for (const key of ITEMS) kept[key] = drawn[key];
-  const done = window.Plotly.react(gd, traces, kept, config);
-  if (!Object.keys(edits).length) return done;
-  n.items++;
-  return done.then(() => (gd.__vwSig === sig ? window.Plotly.relayout(gd, edits) : gd)); // else a newer draw took over
+  // plotly compares arrays by identity: a rebuilt marker-size or hover-text array (equal, the
+  // signature says) would count as a change it cannot animate, and it would redraw in full
+  // after the transition. So only x and y are new; the rest is the trace as drawn.
+  const moved = traces.map((t, i) => ({ ...gd.data[i], x: t.x, y: t.y }));
+  return window.Plotly.react(gd, moved, { ...layout, transition: { duration: 0 } }, config);
 }

@@ -230,7 +230,7 @@ export function drawMain() {
     const inView = projection.x[1] <= shownEnd;
     // a phone has no room for it among the event labels: the note below the chart says it
     if (gd.clientWidth > 600) annotations.push({ x: inView ? projection.x[1] : 1, xref: inView ? "x" : "paper", y: capacity / GIB, yref: "y", xanchor: "right", yanchor: "bottom",
-      text: (inView ? "" : "→ ") + "OOM " + projection.when, showarrow: false, font: { size: 11, color: t.proj }, bgcolor: t.panel, borderpad: 2,
+      text: (inView ? "" : "→ ") + "OOM " + projection.roughly, showarrow: false, font: { size: 11, color: t.proj }, bgcolor: t.panel, borderpad: 2,
       name: "oom projection" });
   }
   const groups = phaseBands(d, t, timeMode, xs, traces, shapes);
@@ -298,8 +298,17 @@ function leakProjection(r, v, capacity, timeMode) {
     const secPerStep = isNum(v.seconds_to_oom) && v.steps_to_oom > 0 ? v.seconds_to_oom / v.steps_to_oom : medianStepSeconds();
     x = [lastTs * 1000, (lastTs + v.steps_to_oom * secPerStep) * 1000];
   } else x = [lastStep, lastStep + v.steps_to_oom];
-  const when = (isNum(v.seconds_to_oom) ? "in " + duration(v.seconds_to_oom) + " " : "") + "(" + intText(v.steps_to_oom) + " steps)";
-  return { x, y: [startLevel / GIB, capacity / GIB], when };
+  // the label on the chart in two significant digits (the note below says it exactly): it
+  // changes every hundred steps or so, not every step, so a poll does not redraw the figure
+  const roughly = (isNum(v.seconds_to_oom) ? "in ~" + duration(rough(v.seconds_to_oom, 10)) + " " : "in ") +
+    "(~" + intText(rough(v.steps_to_oom, 1)) + " steps)";
+  return { x, y: [startLevel / GIB, capacity / GIB], roughly };
+}
+
+/** ``n`` to two significant digits, and to a multiple of ``unit`` at least. */
+function rough(n, unit) {
+  const step = Math.max(unit, n >= 100 ? 10 ** (Math.floor(Math.log10(n)) - 1) : 1);
+  return Math.round(n / step) * step;
 }
 
 function phaseBands(d, t, timeMode, xs, traces, shapes) {
