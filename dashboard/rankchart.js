@@ -4,7 +4,10 @@
  *
  * Polling costs little: after the first full answer only the steps after the last one
  * drawn are fetched and appended; the full (downsampled) range is re-fetched every
- * FULL_EVERY_MS or when the appended tail grows past TAIL_MAX points. */
+ * FULL_EVERY_MS or when the appended tail grows past TAIL_MAX points (so at most
+ * MAIN_POINTS + TAIL_MAX points per line are drawn). A redraw that only adds points keeps
+ * the x axis end (axisEnd) and everything but the lines as they were, so it takes plotly's
+ * cheap path (chartbase.drawChart): no long task per poll. */
 
 import { GIB, alpha, duration, gib, intText, isNum, plotlyText, rankKey, slopeText, toGiB } from "./format.js";
 import { $, append, clear, el, markInteractive, markOnce, timed } from "./dom.js";
