@@ -146,7 +146,9 @@ def poll_windows(url: str, run: str, seconds: float, others: float) -> dict[str,
                 if anchor:
                     page.evaluate("id => document.getElementById(id).scrollIntoView({block: 'start'})", anchor)
                     page.wait_for_timeout(2000)  # the panels that came into view catch up
+                before = os.getloadavg()[0]
                 out[name] = measure_view(page, seconds if anchor is None else others)
+                out[name]["load"] = (before, os.getloadavg()[0])
         finally:
             browser.close()
     return out
@@ -275,7 +277,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name, view in views.items():
         rows += [
-            (f"long tasks, {name} ({view['window_ms'] / 1000:.0f} s): count, longest",
+            (f"long tasks, {name} ({view['window_ms'] / 1000:.0f} s, load {view['load'][0]:.1f} → "
+             f"{view['load'][1]:.1f}): count, longest",
              f"{view['long_tasks']}, {view['longest']:.0f} ms", f"{LONG_TASK_LIMIT_MS:.0f} ms",
              f"{view['longest'] / LONG_TASK_LIMIT_MS:.2f}"),
             ("  longest piece per component: " + pieces(view), "", "", ""),
