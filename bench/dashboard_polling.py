@@ -160,7 +160,13 @@ def measure_view(page: Any, seconds: float) -> dict[str, Any]:
     return page.evaluate("""t0 => {
                 const api = performance.getEntriesByType('resource')
                   .filter(e => e.startTime >= t0 && e.name.includes('/api/'));
-                const long = window.__long.filter(([s]) => s >= t0).map(([, d]) => d);
+                const longAt = window.__long.filter(([s]) => s >= t0);
+                const long = longAt.map(([, d]) => d);
+                // what ran inside each long task: the timed pieces that overlap it
+                const inside = longAt.map(([s, d]) => Math.round(d) + ' ms: ' + (performance.getEntriesByType('measure')
+                  .filter(m => m.startTime < s + d && m.startTime + m.duration > s)
+                  .map(m => m.name.replace('vramwatch:', '') + ' ' + Math.round(m.duration))
+                  .join(', ') || 'no timed piece'));
                 const parts = {};
                 for (const m of performance.getEntriesByType('measure')) {
                   if (m.startTime < t0) continue;
@@ -178,7 +184,7 @@ def measure_view(page: Any, seconds: float) -> dict[str, Any]:
                 }
                 return {parts, by, bytes: api.reduce((a, e) => a + e.transferSize, 0), requests: api.length,
                         long_tasks: long.length, longest: long.length ? Math.max(...long) : 0,
-                        long: long.map(Math.round), window_ms: performance.now() - t0, draws};
+                        long: long.map(Math.round), inside, window_ms: performance.now() - t0, draws};
             }""", t0)
 
 
@@ -283,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
              f"{view['longest'] / LONG_TASK_LIMIT_MS:.2f}"),
             ("  longest piece per component: " + pieces(view), "", "", ""),
         ]
+        rows += [("  inside a long task of " + what, "", "", "") for what in view["inside"]]
     last = views[VIEWS[-1][0]]["draws"]
     draws = ", ".join(f"{k.replace('chart-', '')} {v['fast']} / {v['full']}" for k, v in last.items())
     rows += [
