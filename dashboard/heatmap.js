@@ -24,11 +24,19 @@ function deviationScale(neutral) {
 const HEADROOM_SCALE = [[0, DANGER], [0.09, DANGER], [0.1, "#e66101"], [0.3, "#fdb863"], [0.6, "#80cdc1"], [1, "#1b7f79"]];
 const RESERVED_SCALE = [[0, "#0d0887"], [0.5, "#9c179e"], [0.8, "#ed7953"], [1, "#f0f921"]];
 
+// Past 256 ranks a row is about a pixel tall and plotly colours every cell one by one through
+// its d3 colour scale (~80 ns a cell) before PNG-encoding the image: 100 buckets (~6 px each)
+// instead of the collector's 240 keep that drawing task near 30 ms at 512 ranks. The rank
+// chart has the detail; the heatmap is there to find the row.
+const BIG_RUN = 256;
+const BIG_RUN_COLS = 100;
+
 export function refreshHeatmap(onRowClick) {
   const gen = S.gen, mode = S.heatMode, x = S.x;
   const field = mode === "reserved" ? "reserved" : "headroom";
   const current = () => gen === S.gen && mode === S.heatMode && x === S.x;
-  return Promise.all([source.heatmap(S.run, field, x), plotlyReady]).then(([h]) => {
+  const cols = S.ranks && S.ranks.length > BIG_RUN ? BIG_RUN_COLS : undefined;
+  return Promise.all([source.heatmap(S.run, field, x, cols), plotlyReady]).then(([h]) => {
     if (!current()) return null;
     // the colour grid (512 ranks x the buckets) in a few tasks, then plotly's drawing in its own
     return heatmapFigure(h, mode).then((fig) => nextTask().then(() => {
