@@ -290,6 +290,9 @@ def main(argv: list[str] | None = None) -> None:
             ("  longest piece per component: " + pieces(view), "", "", ""),
         ]
         rows += [("  inside a long task of " + what, "", "", "") for what in view["inside"]]
+    worst = max((v, k, name) for name, view in views.items() for k, v in view["parts"].items())
+    rows.append((f"longest timed piece of any view: {worst[1]} ({worst[2]})", f"{worst[0]:.0f} ms",
+                 f"{LONG_TASK_LIMIT_MS:.0f} ms", f"{worst[0] / LONG_TASK_LIMIT_MS:.2f}"))
     last = views[VIEWS[-1][0]]["draws"]
     draws = ", ".join(f"{k.replace('chart-', '')} {v['fast']} / {v['full']}" for k, v in last.items())
     rows += [
@@ -335,10 +338,10 @@ def main(argv: list[str] | None = None) -> None:
         " digits, so it changes every ~100 steps, not every poll). The"
         " heatmap's colour grid (in tasks of 60 columns / 128 rows) and its drawing are separate tasks, and so"
         " are the memory panel's two charts; every full plotly redraw is two tasks, its data preparation"
-        " (defaults, calc) and its drawing (`<chart> drawing`). What a full redraw of the 512-rank heatmap"
-        " spends (CPU profile, quiet machine, ~28 ms a draw): colouring every cell through plotly's d3"
-        " colour scale ~10 ms (150 buckets x 512 ranks), PNG-encoding that image ~3 ms, axes ~5 ms, colour"
-        " bar ~3 ms, defaults ~3 ms, calc ~2 ms, plus the browser's image decode and layout."
+        " (defaults, calc) and its drawing (`<chart> drawing`). The heatmap's drawing is the longest task"
+        " left: plotly colours every cell through its d3 colour scale (~80 ns a cell, ~10 ms at 150 buckets"
+        " x 512 ranks in a CPU profile) and PNG-encodes the image (~3 ms), then axes ~5 ms, colour bar"
+        " ~3 ms; past 256 ranks the page asks for 100 buckets (a row is about a pixel tall there)."
         " The verdict table keeps only the rows in view in the DOM and rewrites only the cells that"
         " changed. Pieces are timed with `performance.measure` (`window.__vwTiming`).\n\n"
         f"**Cold load** (fresh browser profile each time, median of {args.loads}; ms from navigation start):\n\n"
