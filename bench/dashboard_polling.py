@@ -122,9 +122,17 @@ performance.setResourceTimingBufferSize(100000);
 """
 
 
-def poll_window(url: str, run: str, seconds: float) -> dict[str, float]:
+#: where the tab looks while it is measured: the top of the run page (cards, rank chart,
+#: verdict table; what the page shows when opened), then scrolled to the panels below the
+#: fold, which refresh only while on screen (heatmap, fragmentation; memory, compare chart)
+VIEWS = (("top", None), ("heatmap & fragmentation", "chart-heatmap"), ("memory & compare", "chart-overlay"))
+
+
+def poll_windows(url: str, run: str, seconds: float, others: float) -> dict[str, dict[str, Any]]:
+    """One tab, measured over ``seconds`` at the top of the page, then ``others`` seconds at each other view."""
     from playwright.sync_api import sync_playwright
 
+    out: dict[str, dict[str, Any]] = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
         try:
@@ -134,12 +142,31 @@ def poll_window(url: str, run: str, seconds: float) -> dict[str, float]:
             page.goto(f"{url}/#/run/{run}")
             page.wait_for_function("performance.getEntriesByName('vramwatch:heatmap').length > 0", timeout=120_000)
             page.wait_for_timeout(3000)  # settle: the first full answers are in
-            t0 = page.evaluate("performance.now()")
-            page.wait_for_timeout(seconds * 1000)
-            return page.evaluate("""t0 => {
+            for name, anchor in VIEWS:
+                if anchor:
+                    page.evaluate("id => document.getElementById(id).scrollIntoView({block: 'start'})", anchor)
+                    page.wait_for_timeout(2000)  # the panels that came into view catch up
+                before = os.getloadavg()[0]
+                out[name] = measure_view(page, seconds if anchor is None else others)
+                out[name]["load"] = (before, os.getloadavg()[0])
+        finally:
+            browser.close()
+    return out
+
+
+def measure_view(page: Any, seconds: float) -> dict[str, Any]:
+    t0 = page.evaluate("performance.now()")
+    page.wait_for_timeout(seconds * 1000)
+    return page.evaluate("""t0 => {
                 const api = performance.getEntriesByType('resource')
                   .filter(e => e.startTime >= t0 && e.name.includes('/api/'));
-                const long = window.__long.filter(([s]) => s >= t0).map(([, d]) => d);
+                const longAt = window.__long.filter(([s]) => s >= t0);
+                const long = longAt.map(([, d]) => d);
+                // what ran inside each long task: the timed pieces that overlap it
+                const inside = longAt.map(([s, d]) => Math.round(d) + ' ms: ' + (performance.getEntriesByType('measure')
+                  .filter(m => m.startTime < s + d && m.startTime + m.duration > s)
+                  .map(m => m.name.replace('vramwatch:', '') + ' ' + Math.round(m.duration))
+                  .join(', ') || 'no timed piece'));
                 const parts = {};
                 for (const m of performance.getEntriesByType('measure')) {
                   if (m.startTime < t0) continue;
@@ -151,12 +178,14 @@ def poll_window(url: str, run: str, seconds: float) -> dict[str, float]:
                   const k = new URL(e.name).pathname.split('/').pop();
                   by[k] = (by[k] || 0) + e.transferSize;
                 }
+                const draws = {};
+                for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+                  if (gd.__vwDraws) draws[gd.id] = gd.__vwDraws;
+                }
                 return {parts, by, bytes: api.reduce((a, e) => a + e.transferSize, 0), requests: api.length,
                         long_tasks: long.length, longest: long.length ? Math.max(...long) : 0,
-                        window_ms: performance.now() - t0};
+                        long: long.map(Math.round), inside, window_ms: performance.now() - t0, draws};
             }""", t0)
-        finally:
-            browser.close()
 
 
 def cold_loads(url: str, runs: list[str], loads: int) -> dict[str, float]:
@@ -209,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ranks", type=int, default=512)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--others", type=float, default=20.0, help="seconds at each view below the fold")
     parser.add_argument("--loads", type=int, default=3)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
@@ -227,8 +257,10 @@ def main(argv: list[str] | None = None) -> None:
             idle_cpu = cpu_seconds(proc.pid) - c0  # ingest of the feeder alone
             c0 = cpu_seconds(proc.pid)
             w0 = time.monotonic()
-            tab = poll_window(url, RUN, args.seconds)
-            print("tab:", tab, flush=True)
+            load0 = os.getloadavg()[0]
+            views = poll_windows(url, RUN, args.seconds, args.others)
+            load1 = os.getloadavg()[0]
+            print("views:", views, flush=True)
             tab_cpu = cpu_seconds(proc.pid) - c0
             wall = time.monotonic() - w0
             old = old_pattern_bytes(url, RUN, 60.0)
@@ -240,20 +272,36 @@ def main(argv: list[str] | None = None) -> None:
             proc.terminate()
             proc.wait(30)
 
+    tab = views["top"]
     per_min = tab["bytes"] * 60000 / tab["window_ms"]
     cpu_share = max(0.0, tab_cpu - idle_cpu * wall / args.seconds) / wall
     load = os.getloadavg()
-    rows = [
-        ("long tasks while polling (count, longest)", f"{tab['long_tasks']}, {tab['longest']:.0f} ms",
-         f"{LONG_TASK_LIMIT_MS:.0f} ms", f"{tab['longest'] / LONG_TASK_LIMIT_MS:.2f}"),
+
+    def pieces(view: dict[str, Any]) -> str:
+        return ", ".join(f"{k} {v:.0f} ms" for k, v in sorted(view["parts"].items(), key=lambda kv: -kv[1]))
+
+    rows = []
+    for name, view in views.items():
+        rows += [
+            (f"long tasks, {name} ({view['window_ms'] / 1000:.0f} s, load {view['load'][0]:.1f} → "
+             f"{view['load'][1]:.1f}): count, longest",
+             f"{view['long_tasks']}, {view['longest']:.0f} ms", f"{LONG_TASK_LIMIT_MS:.0f} ms",
+             f"{view['longest'] / LONG_TASK_LIMIT_MS:.2f}"),
+            ("  longest piece per component: " + pieces(view), "", "", ""),
+        ]
+        rows += [("  inside a long task of " + what, "", "", "") for what in view["inside"]]
+    worst = max((v, k, name) for name, view in views.items() for k, v in view["parts"].items())
+    rows.append((f"longest timed piece of any view: {worst[1]} ({worst[2]})", f"{worst[0]:.0f} ms",
+                 f"{LONG_TASK_LIMIT_MS:.0f} ms", f"{worst[0] / LONG_TASK_LIMIT_MS:.2f}"))
+    last = views[VIEWS[-1][0]]["draws"]
+    draws = ", ".join(f"{k.replace('chart-', '')} {v['fast']} / {v['full']}" for k, v in last.items())
+    rows += [
+        ("  chart redraws since load, cheap (data only) / full: " + draws, "", "", ""),
         ("API bytes per minute per tab (wire, gzip)", f"{per_min / 1e6:.2f} MB",
          f"{old / 1e6:.2f} MB (previous polling)", f"{per_min / old:.2f}"),
         ("API requests per minute per tab", f"{tab['requests'] * 60000 / tab['window_ms']:.0f}", "", ""),
         ("  of the bytes: " + ", ".join(f"`{k}` {v * 60000 / tab['window_ms'] / 1e6:.2f} MB/min"
                                        for k, v in sorted(tab["by"].items(), key=lambda kv: -kv[1])), "", "", ""),
-        ("longest main-thread piece: " + ", ".join(f"{k} {v:.0f} ms" for k, v in sorted(tab["parts"].items(),
-                                                                                       key=lambda kv: -kv[1])),
-         "", "", ""),
         ("collector CPU per open tab", f"{cpu_share * 100:.1f} % of a core", "", ""),
     ]
     def marks(run: str) -> str:
@@ -268,12 +316,14 @@ def main(argv: list[str] | None = None) -> None:
          f"{loads['plotly full']:.0f} ms ({loads['plotly full bytes'] / 1e6:.1f} MB)"),
     ]
     body = (
-        f"Machine load average during the run: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min) on "
-        f"{os.cpu_count()} cores shared with other work; absolute times (long tasks too) scale with it.\n\n"
+        f"Machine load average (1 min) when the tab's windows began / ended: {load0:.1f} / {load1:.1f}; at the end "
+        f"of the run {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min), on {os.cpu_count()} cores shared "
+        f"with other work; absolute times (long tasks too) scale with it.\n\n"
         f"{args.ranks} ranks x {args.steps} steps (demo model, rank 7 leaking, checkpoints every 200 steps) in "
         f"SQLite, served by a `vramwatch serve` subprocess; a feeder posts one more step of every rank each second. "
-        f"One headless Chromium tab (1440x900) keeps the run page open; window {args.seconds:.0f} s after the "
-        f"page settled.\n\n"
+        f"One headless Chromium tab (1440x900) keeps the run page open: {args.seconds:.0f} s at the top of the page "
+        f"after it settled (bytes and requests are of this window), then {args.others:.0f} s scrolled to each group "
+        f"of panels below the fold. Long tasks: `PerformanceObserver('longtask')`; pieces: `window.__vwTiming`.\n\n"
         + table(["while polling", "measured", "limit", "ratio"], rows)
         + "\n\nThe page polls `/ranks` every second (past 256 ranks: the full list every third second, or, when"
         " the collector offers deltas, the compact rows of the changed ranks every other second and the full rows"
@@ -281,7 +331,18 @@ def main(argv: list[str] | None = None) -> None:
         " the steps after its last point (`/chart?start=`) and re-reads the full range every 30 s; phases and"
         " events every 3 s; the heatmap every 15 s and the compare chart every 10 s past 256 ranks, and only"
         " while on screen (panels below the fold catch up when scrolled to). A chart with no new points is not"
-        " redrawn. The verdict table keeps only the rows in view in the DOM and rewrites only the cells that"
+        " redrawn. A redraw that only moves data (the figure's signature without its x/y arrays and x range is"
+        " unchanged; the rank chart's axis end stays put while new points fit) goes through plotly's transition"
+        " path with zero duration: plotly recomputes and re-plots the traces only, a moved axis in a later frame,"
+        " and leaves legend, shapes and annotations as drawn (the chart's time-to-OOM label has two significant"
+        " digits, so it changes every ~100 steps, not every poll). The"
+        " heatmap's colour grid (in tasks of 60 columns / 128 rows) and its drawing are separate tasks, and so"
+        " are the memory panel's two charts; every full plotly redraw is two tasks, its data preparation"
+        " (defaults, calc) and its drawing (`<chart> drawing`). The heatmap's drawing is the longest task"
+        " left: plotly colours every cell through its d3 colour scale (~80 ns a cell, ~10 ms at 150 buckets"
+        " x 512 ranks in a CPU profile) and PNG-encodes the image (~3 ms), then axes ~5 ms, colour bar"
+        " ~3 ms; past 256 ranks the page asks for 100 buckets (a row is about a pixel tall there)."
+        " The verdict table keeps only the rows in view in the DOM and rewrites only the cells that"
         " changed. Pieces are timed with `performance.measure` (`window.__vwTiming`).\n\n"
         f"**Cold load** (fresh browser profile each time, median of {args.loads}; ms from navigation start):\n\n"
         + table(["page", "time"], cold)

@@ -56,7 +56,7 @@ const httpSource = {
   })),
   phases: (run, r) => getJSON(runPath(run) + "/phases" + query({ host: r.host, rank: r.rank })),
   events: (run, r) => getJSON(runPath(run) + "/events" + query({ host: r.host, rank: r.rank })),
-  heatmap: (run, field, x) => getJSON(runPath(run) + "/heatmap" + query({ field: field, x: x === "time" ? "ts" : "step" })),
+  heatmap: (run, field, x, cols) => getJSON(runPath(run) + "/heatmap" + query({ field: field, x: x === "time" ? "ts" : "step", cols: cols })),
 };
 
 // Routes a collector may not have (an older version): asked for only when its OpenAPI

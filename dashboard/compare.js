@@ -8,7 +8,7 @@ import { $, el, timed } from "./dom.js";
 import { plotlyReady, source } from "./api.js";
 import { S } from "./state.js";
 import { sortRanks, verdictOf } from "./verdict.js";
-import { PLOT_CONFIG, baseLayout, chartTheme, xAxis, yAxis } from "./chartbase.js";
+import { PLOT_CONFIG, baseLayout, chartTheme, drawChart, xAxis, yAxis } from "./chartbase.js";
 
 export const MAX_COMPARE = 12;
 export const OVERLAY_FIELDS = [
@@ -105,7 +105,7 @@ export function refreshOverlay() {
         legend: { orientation: "h", x: 0, y: -0.22, yanchor: "top", bgcolor: "rgba(0,0,0,0)" },
         margin: { l: 64, r: 10, t: 10, b: 40 },
       });
-      timed("compare", () => window.Plotly.react(gd, traces, layout, PLOT_CONFIG));
+      timed("compare", () => drawChart(gd, traces, layout, PLOT_CONFIG));
       const label = (OVERLAY_FIELDS.find((f) => f[0] === field) || [field, field])[1];
       $("overlay-hint").textContent = (S.compare ? ranks.length + " ranks ticked in the verdict table"
         : "the selected rank, the worst rank, rank 0 and the median rank — tick others in the verdict table") +

@@ -64,3 +64,11 @@ export function timed(name, fn) {
     performance.measure("vramwatch:" + name, { start: t0, end: performance.now() });
   }
 }
+
+/** A promise resolved in a later task: work after it is not part of the current task, so
+ * one poll's pieces (a grid, then its chart) are separate tasks, each well under 50 ms.
+ * scheduler.yield() where the browser has it (the continuation keeps its priority). */
+export function nextTask() {
+  if (window.scheduler && typeof window.scheduler.yield === "function") return window.scheduler.yield();
+  return new Promise((resolve) => setTimeout(resolve, 0));
+}

@@ -8,7 +8,7 @@ import { GIB, gib, intText, isNum, toGiB } from "./format.js";
 import { $ } from "./dom.js";
 import { S } from "./state.js";
 import { stateOf, verdictOf } from "./verdict.js";
-import { PLOT_CONFIG, baseLayout, chartTheme, uirev, xAxis, yAxis } from "./chartbase.js";
+import { PLOT_CONFIG, TICKS_AS_DRAWN, baseLayout, chartTheme, drawChart, uirev, xAxis, yAxis } from "./chartbase.js";
 import { wireZoom } from "./zoom.js";
 
 export const FRAG_HINT = "reserved − per-step peak (cached but unused even at the step's peak), inactive split blocks, allocator retries";
@@ -42,11 +42,11 @@ export function drawFrag() {
     uirevision: uirev("frag"),
     xaxis: xAxis(t, range ? { range: range, autorange: false } : {}),
     yaxis: yAxis(t),
-    yaxis2: { overlaying: "y", side: "right", showgrid: false, tickfont: { color: t.leak }, title: { text: "retries", font: { color: t.leak, size: 11 } },
+    yaxis2: { ...TICKS_AS_DRAWN, overlaying: "y", side: "right", showgrid: false, tickfont: { color: t.leak }, title: { text: "retries", font: { color: t.leak, size: 11 } },
       range: [0, Math.max(1, maxRetries) * 1.05], dtick: Math.max(1, Math.ceil(maxRetries / 4)), tickformat: ",d", zeroline: false },
     margin: { l: 64, r: 52, t: 30, b: 40 },
   });
-  window.Plotly.react(gd, traces, layout, PLOT_CONFIG);
+  drawChart(gd, traces, layout, PLOT_CONFIG);
   wireZoom(gd);
   const v = verdictOf(S.selected);
   const retryCount = lastNum(retries) || 0;

@@ -4,11 +4,11 @@
  * coloured danger whatever their peers do. A click on a row opens that rank. */
 
 import { GIB, intText, isNum } from "./format.js";
-import { $, markOnce, timed } from "./dom.js";
+import { $, markOnce, nextTask, timed } from "./dom.js";
 import { plotlyReady, source } from "./api.js";
 import { S, vocab } from "./state.js";
 import { totalOf } from "./verdict.js";
-import { baseLayout, chartTheme, xAxis } from "./chartbase.js";
+import { TICKS_AS_DRAWN, baseLayout, chartTheme, inTwoTasks, xAxis } from "./chartbase.js";
 
 export const HEAT_MODES = [
   ["deviation", "vs run median"], ["headroom", "headroom"], ["reserved", "reserved"],
@@ -24,23 +24,39 @@ function deviationScale(neutral) {
 const HEADROOM_SCALE = [[0, DANGER], [0.09, DANGER], [0.1, "#e66101"], [0.3, "#fdb863"], [0.6, "#80cdc1"], [1, "#1b7f79"]];
 const RESERVED_SCALE = [[0, "#0d0887"], [0.5, "#9c179e"], [0.8, "#ed7953"], [1, "#f0f921"]];
 
+// Past 256 ranks a row is about a pixel tall and plotly colours every cell one by one through
+// its d3 colour scale (~80 ns a cell) before PNG-encoding the image: 100 buckets (~6 px each)
+// instead of the collector's 240 keep that drawing task near 30 ms at 512 ranks. The rank
+// chart has the detail; the heatmap is there to find the row.
+const BIG_RUN = 256;
+const BIG_RUN_COLS = 100;
+
 export function refreshHeatmap(onRowClick) {
   const gen = S.gen, mode = S.heatMode, x = S.x;
   const field = mode === "reserved" ? "reserved" : "headroom";
-  return Promise.all([source.heatmap(S.run, field, x), plotlyReady]).then(([h]) => {
-    if (gen !== S.gen || mode !== S.heatMode || x !== S.x) return;
-    timed("heatmap", () => drawHeatmap(h, mode, onRowClick));
+  const current = () => gen === S.gen && mode === S.heatMode && x === S.x;
+  const cols = S.ranks && S.ranks.length > BIG_RUN ? BIG_RUN_COLS : undefined;
+  return Promise.all([source.heatmap(S.run, field, x, cols), plotlyReady]).then(([h]) => {
+    if (!current()) return null;
+    // the colour grid (512 ranks x the buckets) in a few tasks, then plotly's drawing in its own
+    return heatmapFigure(h, mode).then((fig) => nextTask().then(() => {
+      if (current()) timed("heatmap", () => drawHeatmap(fig, mode, onRowClick));
+    }));
   }, (err) => {
     if (gen !== S.gen) return;
     $("heatmap-note").textContent = "heatmap unavailable: " + (err.message || err);
   });
 }
 
-function median(values) {
-  if (!values.length) return null;
-  values.sort((a, b) => a - b);
-  const m = values.length >> 1;
-  return values.length % 2 ? values[m] : (values[m - 1] + values[m]) / 2;
+const COLS_PER_TASK = 60; // column medians of 512 ranks: a few ms per task
+const ROWS_PER_TASK = 128; // colour and hover values of up to 240 buckets per row
+
+/** Run ``fn(i)`` for i in [0, n), ``per`` at a time, each batch its own task (timed as ``name``). */
+async function inTasks(name, n, per, fn) {
+  for (let i0 = 0; i0 < n; i0 += per) {
+    if (i0) await nextTask();
+    timed(name, () => { for (let i = i0; i < Math.min(n, i0 + per); i++) fn(i); });
+  }
 }
 
 /**
@@ -48,50 +64,65 @@ function median(values) {
  * squashed by span·tanh(d/span) into (−span, span) (order kept, so the most deviant cell is
  * still the lowest; hover shows the real numbers), with span set by the deviations of the
  * latest quarter of the run, what the ranks do now. A cell under the low-headroom threshold
- * gets zmin, below every other value: the danger colour, whatever its peers do.
+ * gets zmin, below every other value: the danger colour, whatever its peers do. Also the
+ * hover values per cell ([value, deviation]). Split into tasks (inTasks): at 512 ranks x
+ * 240 buckets it is 120k cells.
  */
-function colourGrid(h, mode, dangerGiB) {
+async function colourGrid(h, mode, dangerGiB) {
   const rows = h.z.length, cols = h.x.length;
-  if (mode === "reserved") return { z: h.z, zmin: undefined, zmax: undefined, dev: null };
-  const dev = h.z.map(() => new Array(cols).fill(null));
-  let recent = 0;
+  const custom = new Array(rows);
+  if (mode === "reserved") {
+    await inTasks("heatmap-grid", rows, ROWS_PER_TASK, (i) => { custom[i] = h.z[i].map((v) => [v, null]); });
+    return { z: h.z, zmin: undefined, zmax: undefined, custom };
+  }
+  const med = new Array(cols).fill(null);
+  const column = new Float64Array(rows);
+  await inTasks("heatmap-grid", cols, COLS_PER_TASK, (j) => {
+    let n = 0;
+    for (let i = 0; i < rows; i++) { const v = h.z[i][j]; if (isNum(v)) column[n++] = v; }
+    if (!n) return;
+    const sorted = column.subarray(0, n).sort(); // typed: numeric order, no comparator calls
+    const m = n >> 1;
+    med[j] = n % 2 ? sorted[m] : (sorted[m - 1] + sorted[m]) / 2;
+  });
+  let recent = 0, top = 0;
   const from = Math.floor(cols * 0.75);
-  for (let j = 0; j < cols; j++) {
-    const column = [];
-    for (let i = 0; i < rows; i++) if (isNum(h.z[i][j])) column.push(h.z[i][j]);
-    const med = median(column);
-    for (let i = 0; i < rows; i++) {
-      const v = h.z[i][j];
-      if (!isNum(v) || med === null) continue;
-      dev[i][j] = v - med;
-      if (j >= from) recent = Math.max(recent, Math.abs(v - med));
+  for (let i = 0; i < rows; i++) {
+    const row = h.z[i];
+    for (let j = 0; j < cols; j++) {
+      const v = row[j];
+      if (!isNum(v)) continue;
+      if (v > top) top = v;
+      if (j >= from && med[j] !== null) recent = Math.max(recent, Math.abs(v - med[j]));
     }
   }
   const span = Math.max(0.5, recent / 2);
   let zmin, zmax;
   if (mode === "deviation") { zmax = span; zmin = -span - (2 * span) / 9; } else {
-    zmax = 0;
-    for (const row of h.z) for (const v of row) if (isNum(v) && v > zmax) zmax = v;
-    zmax = Math.max(zmax, 1);
+    zmax = Math.max(top, 1);
     zmin = -zmax / 9;
   }
-  const z = h.z.map((row, i) => row.map((v, j) => {
-    if (!isNum(v)) return null;
-    if (isNum(dangerGiB[i]) && v < dangerGiB[i]) return zmin;
-    return mode === "deviation" ? span * Math.tanh(dev[i][j] / span) : Math.max(v, 0);
-  }));
-  return { z, zmin, zmax, dev };
+  const z = new Array(rows);
+  await inTasks("heatmap-grid", rows, ROWS_PER_TASK, (i) => {
+    const danger = dangerGiB[i];
+    z[i] = h.z[i].map((v, j) => {
+      const d = isNum(v) && med[j] !== null ? v - med[j] : null;
+      if (!isNum(v)) return null;
+      if (isNum(danger) && v < danger) return zmin;
+      return mode === "deviation" ? (d === null ? null : span * Math.tanh(d / span)) : Math.max(v, 0);
+    });
+    custom[i] = h.z[i].map((v, j) => [v, isNum(v) && med[j] !== null ? v - med[j] : null]);
+  });
+  return { z, zmin, zmax, custom };
 }
 
-function drawHeatmap(h, mode, onRowClick) {
-  const gd = $("chart-heatmap");
-  if (!gd) return;
+/** The heatmap's trace and layout: colour grid, hover data, colour bar, the selected row. */
+async function heatmapFigure(h, mode) {
   const t = chartTheme();
   const rowsByRank = {};
   const uniqueRanks = new Set(h.rows.map((r) => r.rank)).size === h.rows.length;
   // y is the rank number (ranks are unique within a run); duplicates fall back to row index
   const ys = h.rows.map((r, i) => { const y = uniqueRanks ? r.rank : i; rowsByRank[y] = r; return y; });
-  S.heat = { rowsByRank };
   const xs = h.x.map((x) => (S.x === "time" ? x * 1000 : x));
   const totals = {};
   for (const r of S.ranks || []) totals[r.host + "\u0000" + r.rank] = totalOf(r);
@@ -100,11 +131,11 @@ function drawHeatmap(h, mode, onRowClick) {
     const total = totals[r.host + "\u0000" + r.rank];
     return isNum(fraction) && isNum(total) ? (fraction * total) / GIB : null;
   });
-  const grid = colourGrid(h, mode, dangerGiB);
-  const custom = h.z.map((row, i) => row.map((v, j) => [v, grid.dev ? grid.dev[i][j] : null]));
+  const grid = await colourGrid(h, mode, dangerGiB);
+  const custom = grid.custom;
   const isHeadroom = mode !== "reserved";
   const colorbar = { title: { text: mode === "deviation" ? "vs median GiB" : mode + " GiB", side: "right", font: { color: t.muted, size: 11 } },
-    tickfont: { color: t.muted }, thickness: 12, outlinewidth: 0 };
+    tickfont: { color: t.muted }, thickness: 12, outlinewidth: 0, ...TICKS_AS_DRAWN };
   if (isHeadroom) {
     const s = grid.zmax;
     colorbar.tickvals = mode === "deviation" ? [grid.zmin, -0.76 * s, 0, 0.76 * s] : [grid.zmin, s / 2, s];
@@ -119,14 +150,12 @@ function drawHeatmap(h, mode, onRowClick) {
       (isHeadroom ? "min headroom %{customdata[0]:.2f} GiB<br>%{customdata[1]:+.2f} GiB vs the run's median" : "max reserved %{customdata[0]:.2f} GiB") +
       "<extra></extra>",
   };
-  const tall = Math.min(720, Math.max(300, 90 + h.rows.length * 14));
-  if (gd.style.height !== tall + "px") gd.style.height = tall + "px";
   const layout = baseLayout(t, {
     uirevision: "heat|" + S.run + "|" + S.x + "|" + mode,
     hovermode: "closest", showlegend: false,
     plot_bgcolor: t.nodata, // gaps (no sample in that bucket) show as this, explained in the note
     xaxis: xAxis(t, { showgrid: false }),
-    yaxis: { autorange: "reversed", tickfont: { color: t.muted }, title: { text: "rank", font: { color: t.muted, size: 11 }, standoff: 2 },
+    yaxis: { ...TICKS_AS_DRAWN, autorange: "reversed", tickfont: { color: t.muted }, title: { text: "rank", font: { color: t.muted, size: 11 }, standoff: 2 },
       tickformat: "d", gridcolor: "rgba(0,0,0,0)", zeroline: false, nticks: Math.min(h.rows.length, 20),
       tickvals: h.rows.length <= 40 ? ys : undefined }, // few rows: label every one; many: plotly thins them
     margin: { l: 52, r: 8, t: 8, b: 40 },
@@ -135,11 +164,22 @@ function drawHeatmap(h, mode, onRowClick) {
     const sy = S.selected.rank;
     layout.shapes = [{ type: "rect", xref: "paper", x0: 0, x1: 1, yref: "y", y0: sy - 0.5, y1: sy + 0.5, line: { color: t.text, width: 1.5 }, name: "selected rank" }];
   }
+  return { trace, layout, rows: h.rows.length, bucket: h.bucket, fraction, rowsByRank };
+}
+
+function drawHeatmap(fig, mode, onRowClick) {
+  const gd = $("chart-heatmap");
+  if (!gd) return;
+  const tall = Math.min(720, Math.max(300, 90 + fig.rows * 14));
+  if (gd.style.height !== tall + "px") gd.style.height = tall + "px";
   // no mode bar: it would sit over the first rows, where a click means "open this rank"
-  window.Plotly.react(gd, [trace], layout, { displaylogo: false, responsive: true, displayModeBar: false });
+  window.Plotly.react(gd, [fig.trace], fig.layout, { displaylogo: false, responsive: true, displayModeBar: false });
+  inTwoTasks(gd);
+  S.heat = { rowsByRank: fig.rowsByRank }; // what a click on a row opens, as drawn
   wireClicks(gd, onRowClick);
   markOnce("vramwatch:heatmap");
-  const unit = intText(h.bucket) + (S.x === "time" ? " s" : " steps");
+  const fraction = fig.fraction;
+  const unit = intText(fig.bucket) + (S.x === "time" ? " s" : " steps");
   const threshold = isNum(fraction) ? "dark red: headroom under " + Math.round(fraction * 100) + " % of the device (the low-headroom threshold)" : "";
   const what = mode === "deviation"
     ? "Worst headroom per bucket of " + unit + ", as its difference from the run's median in that bucket: red rows have less headroom than their peers, blue more; " + threshold + "."

@@ -10,10 +10,10 @@
  * panel too when both are. One /chart request per refresh (every few polls). */
 
 import { GIB, gib, isNum, toGiB } from "./format.js";
-import { $, el } from "./dom.js";
+import { $, el, nextTask, timed } from "./dom.js";
 import { source } from "./api.js";
 import { S } from "./state.js";
-import { PLOT_CONFIG, baseLayout, chartTheme, uirev, xAxis, yAxis } from "./chartbase.js";
+import { PLOT_CONFIG, baseLayout, chartTheme, drawChart, uirev, xAxis, yAxis } from "./chartbase.js";
 
 export const MEM_FIELDS = [
   "ts", "reserved_bytes", "nvml_used_bytes", "foreign_used_bytes",
@@ -71,8 +71,11 @@ export async function refreshMem() {
   $("mem-host-box").hidden = !hostOk;
   if (panel.hidden) return;
   const xs = S.x === "time" ? (s.ts || []).map((ts) => ts * 1000) : d.x;
-  if (devOk) drawDevice(xs, s);
-  if (hostOk) drawHost(xs, s, phases);
+  // one chart per task (each is a plotly redraw)
+  if (devOk) timed("memsplit", () => drawDevice(xs, s));
+  if (!hostOk) return;
+  await nextTask();
+  if (gen === S.gen) timed("memhost", () => drawHost(xs, s, phases));
 }
 
 function drawDevice(xs, s) {
@@ -85,7 +88,7 @@ function drawDevice(xs, s) {
     area("outside the allocator (context, NCCL, workspaces)", split.outside, t.nvml),
   ];
   if (has(split.foreign)) traces.push(area("other processes on this GPU", split.foreign, t.leak));
-  window.Plotly.react($("chart-device-split"), traces, baseLayout(t, {
+  drawChart($("chart-device-split"), traces, baseLayout(t, {
     uirevision: uirev("devsplit"), xaxis: xAxis(t), yaxis: yAxis(t), margin: { l: 64, r: 14, t: 40, b: 40 },
   }), PLOT_CONFIG);
   const f = last(split.foreign), o = last(split.outside);
@@ -106,7 +109,7 @@ function drawHost(xs, s, phases) {
       text: peaks.map((p) => p.phase), mode: "markers", marker: { symbol: "triangle-up", size: 9, color: t.ckptLine },
       hovertemplate: "%{text}: RSS %{y:.2f} GiB" });
   }
-  window.Plotly.react($("chart-host"), traces, baseLayout(t, {
+  drawChart($("chart-host"), traces, baseLayout(t, {
     uirevision: uirev("host"), xaxis: xAxis(t), yaxis: yAxis(t), margin: { l: 64, r: 14, t: 40, b: 40 },
   }), PLOT_CONFIG);
   const top = peaks.reduce((m, p) => (p.host_rss_bytes > (m ? m.host_rss_bytes : -1) ? p : m), null);

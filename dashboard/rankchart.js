@@ -4,14 +4,17 @@
  *
  * Polling costs little: after the first full answer only the steps after the last one
  * drawn are fetched and appended; the full (downsampled) range is re-fetched every
- * FULL_EVERY_MS or when the appended tail grows past TAIL_MAX points. */
+ * FULL_EVERY_MS or when the appended tail grows past TAIL_MAX points (so at most
+ * MAIN_POINTS + TAIL_MAX points per line are drawn). A redraw that only adds points keeps
+ * the x axis end (axisEnd) and everything but the lines as they were, so it takes plotly's
+ * cheap path (chartbase.drawChart): no long task per poll. */
 
 import { GIB, alpha, duration, gib, intText, isNum, plotlyText, rankKey, slopeText, toGiB } from "./format.js";
 import { $, append, clear, el, markInteractive, markOnce, timed } from "./dom.js";
 import { ApiError, plotlyReady, source } from "./api.js";
 import { S } from "./state.js";
 import { checkpointPeak, stateOf, verdictOf } from "./verdict.js";
-import { PLOT_CONFIG, baseLayout, chartTheme, labelRows, medianStepSeconds, stepToX, uirev, xAxis, yAxis } from "./chartbase.js";
+import { PLOT_CONFIG, baseLayout, chartTheme, drawChart, labelRows, medianStepSeconds, stepToX, uirev, xAxis, yAxis } from "./chartbase.js";
 import { wireZoom } from "./zoom.js";
 
 export const MAIN_FIELDS = [
@@ -71,19 +74,23 @@ export async function refreshMain(onDrawn) {
     const added = appendTail(prev.series, series);
     data.tail += added;
     const sideSame = (!phases || phases.length === prev.phases.length) && (!events || events.length === prev.events.length);
-    if (!added && sideSame) return; // nothing new: no redraw
+    if (!added && sideSame && verdictSig(r) === prev.verdictSig) return; // nothing new: no redraw
   } else {
     data = { key: sel, series: series, zoomed: !!zoom, fullAt: now, tail: 0, phases: [], events: [] };
     if (prev) { data.phases = prev.phases; data.events = prev.events; }
   }
   if (phases) data.phases = phases;
   if (events) data.events = events;
+  data.verdictSig = verdictSig(r);
   if (!zoom && data.series.x.length) S.stepTs = { steps: data.series.x, ts: data.series.series.ts };
   S.mainData = data;
   timed("rank-chart", drawMain);
   markInteractive();
   if (onDrawn) setTimeout(() => { if (gen === S.gen && S.mainData) onDrawn(); }, 0);
 }
+
+/** The selected rank's verdict as drawn (markers, plateau, projection follow it). */
+function verdictSig(r) { return JSON.stringify(verdictOf(r)) + "|" + JSON.stringify(r.vw || null); }
 
 function drawNotEmbedded(r) {
   S.mainData = null;
@@ -202,8 +209,7 @@ export function drawMain() {
   const traces = [];
   const shapes = [];
   const annotations = [];
-  // The axis ends at the data (a little room on the right); a far-off projection leaves the plot.
-  const xEnd = dataEnd + Math.max((dataEnd - x0) * 0.02, timeMode ? 1000 : 1);
+  const xEnd = axisEnd(x0, dataEnd, timeMode);
 
   if (capacity) {
     traces.push({ name: "device total " + gib(capacity), x: [x0, xEnd], y: [capacity / GIB, capacity / GIB], mode: "lines",
@@ -221,13 +227,14 @@ export function drawMain() {
   }
   const projection = leakProjection(r, v, capacity, timeMode);
   if (projection) {
-    traces.push({ name: projection.label, x: projection.x, y: projection.y, mode: "lines+markers", line: { color: t.proj, width: 2, dash: "dot" },
+    traces.push({ name: "leak → OOM projection", x: projection.x, y: projection.y, mode: "lines+markers", line: { color: t.proj, width: 2, dash: "dot" },
       marker: { size: [0, 10], symbol: "x", color: t.proj }, hovertemplate: "projection %{y:.1f} GiB<extra></extra>" });
     const shownEnd = d.zoomed && S.zoomRange ? S.zoomRange[1] : xEnd;
     const inView = projection.x[1] <= shownEnd;
     // a phone has no room for it among the event labels: the note below the chart says it
     if (gd.clientWidth > 600) annotations.push({ x: inView ? projection.x[1] : 1, xref: inView ? "x" : "paper", y: capacity / GIB, yref: "y", xanchor: "right", yanchor: "bottom",
-      text: (inView ? "" : "→ ") + "OOM " + projection.when, showarrow: false, font: { size: 11, color: t.proj }, bgcolor: t.panel, borderpad: 2 });
+      text: (inView ? "" : "→ ") + "OOM " + projection.roughly, showarrow: false, font: { size: 11, color: t.proj }, bgcolor: t.panel, borderpad: 2,
+      name: "oom projection" });
   }
   const groups = phaseBands(d, t, timeMode, xs, traces, shapes);
   eventMarkers(r, v, d, t, x0, xEnd, shapes, annotations);
@@ -248,9 +255,24 @@ export function drawMain() {
     showlegend: gd.clientWidth > 600,
   });
   S.mainRange = range;
-  window.Plotly.react(gd, traces, layout, PLOT_CONFIG);
+  drawChart(gd, traces, layout, PLOT_CONFIG);
   wireZoom(gd);
   writeNote(r, v, haveNvml, groups, projection);
+}
+
+/**
+ * Where the x axis ends: at the data, with 2 % of the span to spare (a far-off projection
+ * leaves the plot). The end stays where it was while the new points still fit, so a poll
+ * that only appends points leaves the axis alone and the redraw stays on the cheap path
+ * (chartbase.drawChart); it moves on once the data reach it.
+ */
+function axisEnd(x0, dataEnd, timeMode) {
+  const key = uirev("main") + "|" + x0;
+  const end = dataEnd + Math.max((dataEnd - x0) * 0.02, timeMode ? 1000 : 1);
+  const kept = S.mainEnd;
+  if (kept && kept.key === key && kept.end >= dataEnd && kept.end <= end) return kept.end;
+  S.mainEnd = { key, end };
+  return end;
 }
 
 function drawTitle(r, s, zoomed) {
@@ -267,16 +289,29 @@ function leakProjection(r, v, capacity, timeMode) {
   const st = stateOf(r);
   if (r.vw && r.vw.death) return null; // a dead rank has nothing left to project
   if ((st !== "leak" && st !== "rising") || !isNum(v.slope_bytes_per_step) || v.slope_bytes_per_step <= 0 || !isNum(v.steps_to_oom) || !capacity) return null;
-  const lastStep = isNum(v.step) ? v.step : r.last_step;
-  const lastTs = isNum(v.ts) ? v.ts : r.last_ts;
+  // A polling page's delta rows (?compact=1) refresh steps_to_oom and last_step but not the
+  // verdict's own step / ts: project from the newest step, as a freshly loaded page does.
+  const behind = isNum(r.last_step) && (!isNum(v.step) || r.last_step > v.step);
+  const lastStep = behind ? r.last_step : v.step;
+  const stepX = behind && timeMode ? stepToX(lastStep) : null;
+  const lastTs = isNum(stepX) ? stepX / 1000 : isNum(v.ts) ? v.ts : r.last_ts;
   const startLevel = capacity - v.slope_bytes_per_step * v.steps_to_oom;
   let x;
   if (timeMode) {
     const secPerStep = isNum(v.seconds_to_oom) && v.steps_to_oom > 0 ? v.seconds_to_oom / v.steps_to_oom : medianStepSeconds();
     x = [lastTs * 1000, (lastTs + v.steps_to_oom * secPerStep) * 1000];
   } else x = [lastStep, lastStep + v.steps_to_oom];
-  const when = (isNum(v.seconds_to_oom) ? "in " + duration(v.seconds_to_oom) + " " : "") + "(" + intText(v.steps_to_oom) + " steps)";
-  return { x, y: [startLevel / GIB, capacity / GIB], when, label: "leak → OOM " + when };
+  // the label on the chart in two significant digits (the note below says it exactly): it
+  // changes every hundred steps or so, not every step, so a poll does not redraw the figure
+  const roughly = (isNum(v.seconds_to_oom) ? "in ~" + duration(rough(v.seconds_to_oom, 10)) + " " : "in ") +
+    "(~" + intText(rough(v.steps_to_oom, 1)) + " steps)";
+  return { x, y: [startLevel / GIB, capacity / GIB], roughly };
+}
+
+/** ``n`` to two significant digits, and to a multiple of ``unit`` at least. */
+function rough(n, unit) {
+  const step = Math.max(unit, n >= 100 ? 10 ** (Math.floor(Math.log10(n)) - 1) : 1);
+  return Math.round(n / step) * step;
 }
 
 function phaseBands(d, t, timeMode, xs, traces, shapes) {

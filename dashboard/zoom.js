@@ -40,6 +40,7 @@ function onRelayout(id, ev) {
   let lo = ev["xaxis.range[0]"], hi = ev["xaxis.range[1]"];
   if (ev["xaxis.range"]) { lo = ev["xaxis.range"][0]; hi = ev["xaxis.range"][1]; }
   if (lo === undefined || hi === undefined) return;
+  if (ownRange($(id), lo, hi)) return; // the end of plotly's axis transition to the range we drew
   const a = xToStep(lo), b = xToStep(hi);
   if (!isNum(a) || !isNum(b)) return;
   // fetch a little beyond the visible range so panning a bit does not show empty edges
@@ -48,6 +49,19 @@ function onRelayout(id, ev) {
   S.zoomRange = [lo, hi];
   relayoutOthers(id, { "xaxis.range": [lo, hi] });
   hooks.refresh().catch(hooks.error);
+}
+
+/**
+ * Whether a relayout event only reports the x range the page itself drew: a cheap redraw
+ * (chartbase.drawChart) that moves the axis finishes with a relayout to that range, which
+ * is no zoom. Compared in plotly's linear units (a date axis reports date strings).
+ */
+function ownRange(gd, lo, hi) {
+  const drawn = gd && gd.__vwRange;
+  const ax = gd && gd._fullLayout && gd._fullLayout.xaxis;
+  if (!drawn || !ax || !ax.r2l) return false;
+  const near = (a, b) => Math.abs(ax.r2l(a) - ax.r2l(b)) <= 1e-9 * Math.max(1, Math.abs(ax.r2l(b)));
+  return near(lo, drawn[0]) && near(hi, drawn[1]);
 }
 
 /** Zoom both charts to a window around ``step`` (a click on an event row). */

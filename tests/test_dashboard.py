@@ -438,3 +438,103 @@ def test_thousand_ranks_stay_usable(browser: Any, tmp_path: Path) -> None:
             assert page.errors == []
         finally:
             page.close()
+
+
+FIGURE = """id => { const gd = document.getElementById(id);
+    const xs = (t) => Array.from(t.x || []);
+    return {traces: gd.data.map(t => ({name: t.name, x: xs(t), y: Array.from(t.y || [])})),
+            shapes: JSON.stringify(gd.layout.shapes || []),
+            labels: (gd.layout.annotations || []).map(a => [a.text, a.name === 'oom projection' ? null : a.x]),
+            drawnLabels: Array.from(gd.querySelectorAll('.annotation-text')).map(a => a.textContent),
+            drawnShapes: gd.querySelectorAll('.shapelayer path').length,
+            draws: gd.__vwDraws,
+            calcLengths: gd.calcdata.map(c => c.length),
+            range: gd._fullLayout.xaxis.range.slice()}; }"""
+COUNT_PLOTS = """(() => { const gd = document.getElementById('chart-rank'); gd.__plots = 0;
+    gd.on('plotly_beforeplot', () => { gd.__plots++; }); return gd.__vwDraws.full; })()"""
+# the last vertex of a trace's drawn line, back in data units
+LAST_DRAWN_X = """name => { const gd = document.getElementById('chart-rank');
+    const i = gd._fullData.findIndex(t => t.name === name);
+    const path = gd.querySelectorAll('.scatterlayer .trace')[i].querySelector('path.js-line').getAttribute('d');
+    const nums = path.match(/-?[0-9.]+/g).map(Number);
+    return gd._fullLayout.xaxis.p2d(nums[nums.length - 2]); }"""
+
+
+def test_polled_chart_equals_a_fresh_draw(browser: Any, tmp_path: Path) -> None:
+    """The rank chart's cheap per-poll redraw (data only, plotly's transition path) leaves
+    what a full draw of the same data leaves: the same x/y arrays, bands, event lines and
+    labels; the new points are drawn; markers and labels are on the page."""
+    run, steps = "fast-path", 785  # the leak is detected at step 769; a checkpoint comes at 800, while polled
+    start = time.time() - steps * 0.1 - 40
+    gens = [simulate_trace("demo", steps=10**6, run=run, host="node-0", rank=r, start_ts=start, step_time_s=0.1,
+                           leak_rank=1, leak_onset=500, ckpt_every=400) for r in range(2)]
+    last = 0
+
+    def advance(n: int) -> None:
+        nonlocal last
+        last += n
+        body = []
+        for gen in gens:
+            for s in gen:
+                body.append(s)
+                if s["step"] >= last and s["phase"] == "train":
+                    break
+        resp = httpx.post(server.url + "/api/v1/samples", content=b"".join(orjson.dumps(s) + b"\n" for s in body),
+                          timeout=60, headers={"content-type": "application/x-ndjson"})
+        assert resp.status_code == 200, resp.text
+
+    reserved_last = ("(() => { const t = (document.getElementById('chart-rank').data || [])"
+                     ".find(t => t.name === 'reserved'); return t ? t.x[t.x.length - 1] : null; })()")
+    with BackgroundServer(str(tmp_path / "fast.db")) as server:
+        advance(steps)
+        polled, fresh = Page(browser), Page(browser)
+        try:
+            p = polled.page
+            p.goto(run_url(server.url, run, rank=1))
+            polled.ready()
+            p.wait_for_function(f"{reserved_last} === {last}", timeout=10_000)
+            end = p.evaluate("document.getElementById('chart-rank')._fullLayout.xaxis.range[1]")
+            # plotly announces each run of its full pipeline (_doPlot) with plotly_beforeplot
+            full0 = p.evaluate(COUNT_PLOTS)
+            for _ in range(8):  # past the axis end (2 % of the steps): the axis moves on the cheap path too
+                advance(4)
+                p.wait_for_function(f"{reserved_last} === {last}", timeout=10_000)
+            assert last > end
+            # the last redraw has finished (its transition and live label), then nothing moves
+            p.wait_for_function("!document.getElementById('chart-rank')._transitioning")
+            p.wait_for_timeout(1500)
+            a = p.evaluate(FIGURE, "chart-rank")
+            assert a["draws"]["fast"] >= 4, a["draws"]  # the polls took the cheap path
+            # ... and plotly redrew in full only for the draws that asked for it (none behind a cheap one)
+            assert p.evaluate("document.getElementById('chart-rank').__plots") == a["draws"]["full"] - full0
+            assert abs(p.evaluate(LAST_DRAWN_X, "reserved") - last) < 0.5  # and drew the new points
+            # the relayout that ends plotly's axis transition is not taken for a user's zoom
+            assert "zoomed" not in p.text_content("#rank-hint")
+            f = fresh.page
+            f.goto(run_url(server.url, run, rank=1))
+            fresh.ready()
+            f.wait_for_function(f"{reserved_last} === {last}", timeout=10_000)
+            f.wait_for_timeout(500)
+            b = f.evaluate(FIGURE, "chart-rank")
+        finally:
+            polled.close()
+            fresh.close()
+    assert [t["name"] for t in a["traces"]] == [t["name"] for t in b["traces"]]
+    for ta, tb in zip(a["traces"], b["traces"], strict=True):
+        assert ta["y"] == tb["y"], ta["name"]
+        # lines drawn to the axis end (device total, plateau) end where each page's axis does
+        if ta["name"].startswith(("device total", "plateau ")) and len(ta["x"]) == 2:
+            assert ta["x"][0] == tb["x"][0] and ta["x"][1] <= a["range"][1] and tb["x"][1] <= b["range"][1]
+        else:
+            assert ta["x"] == tb["x"], ta["name"]
+    assert len(next(t for t in a["traces"] if t["name"] == "reserved")["x"]) > steps  # raw steps, none downsampled
+    assert a["calcLengths"] == b["calcLengths"]  # plotly computed the same points
+    assert a["shapes"] == b["shapes"] and a["labels"] == b["labels"]
+    assert last <= a["range"][1] <= last * 1.03 and last <= b["range"][1] <= last * 1.03
+    # markers and labels are on the page: leak onset and detection, the OOM projection, checkpoints
+    texts = " | ".join(a["drawnLabels"])
+    assert "leak onset" in texts and "leak detected" in texts and "OOM in ~" in texts, texts
+    assert sorted(a["drawnLabels"]) == sorted(b["drawnLabels"])
+    assert a["drawnShapes"] == b["drawnShapes"] >= 3
+    assert a["shapes"].count("checkpoint band") == 2  # the one of step 800 came while polling
+    assert polled.errors == [] and fresh.errors == []
