@@ -424,6 +424,23 @@ def test_the_collectors_interval_hint_is_honoured_and_directives_parsed_safely(i
     assert stats["worker_errors"] == 0 and ingest.steps() == list(range(32))
 
 
+def test_the_hint_only_lengthens_the_configured_interval(ingest, tmp_path):
+    """A collector's hint asks a fleet for fewer requests; a rank configured for a longer
+    interval keeps it (the hint shorter than the configured interval is not taken)."""
+    ingest.reply_extra = {"flush_interval_s": 0.1}
+    sender = sender_for(ingest.url, tmp_path, interval_s=0.6)
+    sender.submit(samples(1)[0])
+    assert sender.flush(5)
+    assert sender.stats()["flush_interval_s"] == 0.6
+    before = len(ingest.requests)
+    for s in samples(30, start=1):  # a slow trickle for 1.2 s
+        sender.submit(s)
+        time.sleep(0.04)
+    requests = len(ingest.requests) - before
+    assert requests <= 4, f"{requests} POSTs in 1.2 s: the 0.1 s hint shortened a 0.6 s interval"
+    sender.close(2)
+
+
 @pytest.mark.parametrize("hint", [-1, 0, "soon", float("inf"), True, 10_000])
 def test_a_bad_interval_hint_is_ignored_or_clamped(hint):
     interval, directives = reply_hints({"flush_interval_s": hint, "directives": {"not": "a list"}})

@@ -8,7 +8,7 @@ Guarantees
 * A request carries at most ``batch_size`` samples and ``max_batch_bytes`` (1 MiB) of NDJSON.
 * A batch leaves when ``batch_size`` samples wait, or when the oldest has waited the flush
   interval: ``interval_s``, or the collector's ``flush_interval_s`` hint from its last
-  reply, and never less than 10x the last POST's latency (an overloaded collector gets
+  reply when that is longer, and never less than 10x the last POST's latency (an overloaded collector gets
   fewer, larger requests; capped at 10 s).
 * Queue overflow (the exporter cannot keep up) -> with a spool, the backlog is parked on
   disk in order; only past ``4 * max_queue`` (worker stuck) are the oldest samples dropped,
@@ -223,7 +223,9 @@ class BatchProcessor:
         return not self._queue and not self._inflight and (spool is None or not spool.pending())
 
     def _interval(self) -> float:
-        base = self._hint_s if self._hint_s is not None else self.interval_s
+        # the hint only lengthens: a collector asks a fleet for fewer requests, it never makes a
+        # rank configured for 5 s flush every second
+        base = self.interval_s if self._hint_s is None else max(self.interval_s, self._hint_s)
         return max(base, min(_LATENCY_CAP_S, _LATENCY_FACTOR * self._latency_s))
 
     # ---------------------------------------------------------- worker thread
