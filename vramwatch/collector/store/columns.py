@@ -14,8 +14,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -24,8 +25,27 @@ REBUILD_S = 300.0
 DEFAULT_BUDGET_BYTES = 64 * 2**20
 
 Key = tuple[tuple[int, ...], int, str, tuple[str, ...]]
-#: fetch(series id, after step) -> rows of (x, *fields)
-Fetch = Callable[[int, int], list[tuple[Any, ...]]]
+#: fetch(series id, after step) -> float64 array of rows (step, x, *fields), NaN = not measured
+Fetch = Callable[[int, int], np.ndarray]
+#: What a query yields for NULL so rows can stream into one float64 array without a Python
+#: object per value (``np.fromiter``): no stored number is negative (the wire accepts whole
+#: numbers from 0, fractions from 0 and timestamps after 2001), so -1 can only mean NULL.
+NULL_SENTINEL = -1
+
+
+def rows_to_block(cursor: Iterable[Sequence[float]], width: int, *, step_is_x: bool) -> np.ndarray:
+    """A query's rows as an (n, 2 + fields) float64 block (step, x, *fields), NULL -> NaN.
+
+    ``cursor`` yields (step, [x,] *fields) with NULLs as :data:`NULL_SENTINEL`; ``step_is_x``:
+    the x column was not selected (it is the step), so it is copied. Cost: one C pass over the
+    values (~0.15 µs a value with the cursor's own tuples) instead of a list of rows converted
+    by ``np.array`` (~0.3 µs a value, twice the memory at its peak)."""
+    cols = width - 1 if step_is_x else width
+    flat = np.fromiter(chain.from_iterable(cursor), dtype=np.float64).reshape(-1, cols)
+    if step_is_x:
+        flat = np.concatenate([flat[:, :1], flat], axis=1)
+    flat[:, 2:][flat[:, 2:] == NULL_SENTINEL] = np.nan
+    return flat
 
 
 @dataclass
@@ -54,8 +74,8 @@ class ColumnCache:
         """(x sorted ascending, values n x fields) for ``key`` = (series ids, phase id, x, fields).
 
         ``fetch(sid, after)`` returns the rows (step, x, *fields) of series ``sid`` with
-        step > ``after``. Cost: one primary-key range query per series for the new rows,
-        plus a stable sort when they land before the end of x.
+        step > ``after`` as a float64 block (:func:`rows_to_block`). Cost: one primary-key range
+        query per series for the new rows, plus a stable sort when they land before the end of x.
         """
         ids, _, _, fields = key
         now = time.monotonic()
@@ -68,9 +88,8 @@ class ColumnCache:
         with entry.lock:
             fresh = []
             for sid in ids:
-                rows = fetch(sid, entry.last_step.get(sid, -1))
-                if rows:
-                    block = np.array(rows, dtype=np.float64).reshape(len(rows), len(fields) + 2)  # None -> nan
+                block = fetch(sid, entry.last_step.get(sid, -1))
+                if block.size:
                     entry.last_step[sid] = int(block[:, 0].max())
                     fresh.append(block)
             if fresh:

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from vramwatch.collector.downsample import minmax_indices
-from vramwatch.collector.store.columns import ColumnCache, as_lists, window
+from vramwatch.collector.store.columns import NULL_SENTINEL, ColumnCache, as_lists, rows_to_block, window
 from vramwatch.collector.store.schema import (
     FIELD_COLUMNS,
     FLAG_NAMES,
@@ -269,13 +270,15 @@ class Reads:
         if not ids or (phase is not None and pid is None):
             return SeriesWindow([], {f: [] for f in fields}, 0, False)
         xcol = "step" if x == "step" else "ts"
-        cols = ", ".join(["step", xcol, *(FIELD_COLUMNS[f] for f in fields)])
+        values = (f"IFNULL({FIELD_COLUMNS[f]}, {NULL_SENTINEL})" for f in fields)
+        cols = ", ".join(["step", *(() if xcol == "step" else (xcol,)), *values])
         where = "series = ? AND step > ?" + ("" if pid is None else " AND phase = ?")
         sql = f"SELECT {cols} FROM samples WHERE {where} ORDER BY step"
         conn = self._reader()
 
-        def fetch(sid: int, after: int) -> list[tuple[Any, ...]]:
-            return conn.execute(sql, (sid, after) if pid is None else (sid, after, pid)).fetchall()
+        def fetch(sid: int, after: int) -> np.ndarray:
+            cursor = conn.execute(sql, (sid, after) if pid is None else (sid, after, pid))
+            return rows_to_block(cursor, len(fields) + 2, step_is_x=xcol == "step")
 
         xs, values = self._columns.columns((tuple(ids), -1 if pid is None else pid, xcol, tuple(fields)), fetch)
         xs, values = window(xs, values, start, end)
