@@ -273,20 +273,16 @@ class Store(Reads, Aggregates):
         one series adjacent (the table is clustered on the series), and per series one of
         its samples (for its key) and its number of rows.
 
-        Cost per sample: two dict look-ups (series, phase) and one ``itemgetter`` call; a
+        Cost per sample: two cached id look-ups (series, phase) and one ``itemgetter`` call; a
         sample lacking one of ``names`` (sparse) falls back to ``dict.get`` per name."""
         groups: dict[int, list[tuple[Any, ...]]] = {}
         firsts: dict[int, Sample] = {}
-        series_ids, phase_ids = self._series_ids, self._phase_ids
+        series_id, phase_id = self._series_id, self._phase_id
         values = itemgetter(*names) if len(names) > 1 else (lambda s: (s[names[0]],))
         extra_at = names.index("extra") + 4 if "extra" in names else -1
         for s in samples:
-            sid = series_ids.get((s["run"], s["host"], s["rank"], s.get("incarnation") or ""))
-            if sid is None:
-                sid = self._series_id(s)
-            pid = phase_ids.get(s["phase"])
-            if pid is None:
-                pid = self._phase_id(s["phase"])
+            sid = series_id(s)
+            pid = phase_id(s["phase"])
             try:
                 row = (sid, s["step"], pid, s.get("seq", 0), *values(s))
             except KeyError:  # sparse: a field some other sample of the batch carries
