@@ -292,8 +292,6 @@ def _decode_fast(data: bytes, gzipped: bool, max_decompressed: int, max_samples:
             text = b"".join(iter_inflated(data, limit))
         except BodyError:  # bad gzip or bigger than the fast bound: the slow path says which
             return None
-        if len(text) > limit:  # pragma: no cover - iter_inflated stops past the limit
-            return None
     else:
         text = data
     if len(text) > MAX_LINE_BYTES and text.lstrip()[:1] != b"[" and max(map(len, text.split(b"\n"))) > MAX_LINE_BYTES:
