@@ -94,9 +94,9 @@ async def _run_level(request: Request, run: str, what: str) -> Any:
         params.pop(key, None)
     answers = await _gather(request, _API + _quote(run) + "/" + what, params)
     if all(a.data is None for a in answers):
-        refused = next((a for a in answers if a.error and a.error[:1] == "4" and a.error != "404"), None)
-        if refused is not None and refused.error:  # a shard refused the parameters: say so, as a collector would
-            raise HTTPException(int(refused.error[:3]), refused.error[5:])
+        refused = next((a for a in answers if a.refused and a.status != 404), None)
+        if refused is not None and refused.status:  # a shard refused the parameters: say so, as a collector would
+            raise HTTPException(refused.status, refused.error)
         raise HTTPException(404, f"run: no shard knows run {run!r}")
     try:
         return _MERGED[what](run, answers, params)
@@ -131,7 +131,7 @@ async def _per_run(request: Request, run: str, what: str) -> Any:
                                                      dict(request.query_params))
     if answer.error is not None and not answer.stale:
         return JSONResponse({"detail": f"shard {peer.name}: {answer.error}", "shard": peer.name},
-                            status_code=int(answer.error[:3]) if answer.error.startswith("4") else 504)
+                            status_code=answer.status if answer.refused and answer.status else 504)
     return answer.data
 
 
@@ -189,8 +189,6 @@ async def _compare(request: Request, a: Annotated[str, Query(min_length=1)],
 async def _capture(request: Request, run: str) -> Any:
     """Ask a run's ranks for an allocator snapshot: forwarded to the shard owning the rank, or to
     every shard holding the run. The shards validate the body (their 4xx comes back as is)."""
-    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
-        raise HTTPException(415, "Content-Type: must be application/json")
     raw = await request.body()
     if len(raw) > 64 * 1024:
         raise HTTPException(413, "body: larger than 65536 bytes")
@@ -238,10 +236,14 @@ async def _download(request: Request, snapshot_id: str, shard: str | None = None
 
 def _add_run_routes(app: FastAPI, read: list[Any]) -> None:
     """The collector's read API, route by route (so the dashboard's OpenAPI check finds each)."""
+    from vramwatch.collector.routes_evidence import require_json
+
     for what in (*_MERGED, *_OWNED):
         app.add_api_route(_API + "{run:path}/" + what, _route(what), methods=["GET"], dependencies=read,
                           name=f"front_{what}")
-    app.add_api_route(_API + "{run:path}/capture", _capture, methods=["POST"], dependencies=read)
+    # JSON only, as on a collector: a cross-site form cannot ask for captures through the front either
+    app.add_api_route(_API + "{run:path}/capture", _capture, methods=["POST"],
+                      dependencies=[*read, Depends(require_json)])
     app.add_api_route("/api/v1/compare", _compare, methods=["GET"], dependencies=read)
     app.add_api_route("/api/v1/snapshots/{snapshot_id}", _download, methods=["GET"], dependencies=read)
 
@@ -265,7 +267,7 @@ def _add_pages(app: FastAPI, read: list[Any]) -> None:
 
 
 def create_front_app(settings: FrontSettings) -> FastAPI:
-    from vramwatch.collector.deps import token_matches
+    from vramwatch.collector.deps import supplied_token, token_matches
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -284,9 +286,7 @@ def create_front_app(settings: FrontSettings) -> FastAPI:
     def require_read(request: Request) -> None:
         if not settings.token:
             return
-        header = request.headers.get("authorization", "")
-        supplied = header[7:].strip() if header[:7].lower() == "bearer " else request.cookies.get("vramwatch_token")
-        if not token_matches(supplied, settings.token):
+        if not token_matches(supplied_token(request), settings.token):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
     read = [Depends(require_read)]

@@ -73,14 +73,13 @@ class Fanout:
         started = time.perf_counter()
         try:
             reply = await self._client.get(peer.url + path, params=params)
-            if reply.status_code == 404:
-                self.requests.labels(peer.name, "not_found").inc()
-                answer = ShardAnswer(peer.name, None, "404")
-                self._remember(self._fresh, key, (time.monotonic(), answer))
-                return answer
             if 400 <= reply.status_code < 500:  # the request was refused, the shard is fine: no stale answer
-                self.requests.labels(peer.name, "refused").inc()
-                return ShardAnswer(peer.name, None, f"{reply.status_code}: {_detail(reply)}"[:300])
+                status = reply.status_code
+                answer = ShardAnswer(peer.name, None, _detail(reply)[:300], status=status)
+                self.requests.labels(peer.name, "not_found" if status == 404 else "refused").inc()
+                if status == 404:  # "no such run here" is the common answer of most shards: cached
+                    self._remember(self._fresh, key, (time.monotonic(), answer))
+                return answer
             reply.raise_for_status()
             if len(reply.content) > MAX_PEER_BYTES:
                 raise ValueError(f"answer larger than {MAX_PEER_BYTES} bytes")
@@ -149,5 +148,4 @@ class Fanout:
         return reply
 
     def unreachable(self, answers: Sequence[ShardAnswer]) -> list[str]:
-        # a 4xx is the request's fault (an unknown run, a bad parameter), not the shard's
-        return [a.shard for a in answers if a.error and not a.error.startswith("4")]
+        return [a.shard for a in answers if a.error and not a.refused]

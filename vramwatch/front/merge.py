@@ -37,6 +37,13 @@ class ShardAnswer:
     data: Any
     error: str | None = None
     stale: bool = False  # data is the last known answer, the shard did not answer now
+    status: int | None = None  # the shard's 4xx when it refused the request (``error``: its detail)
+
+    @property
+    def refused(self) -> bool:
+        """The shard answered and refused this request (unknown run, bad parameter): the
+        request's fault, not the shard's, so it is not unreachable and has no stale answer."""
+        return self.status is not None and 400 <= self.status < 500
 
 
 def _min(a: Any, b: Any) -> Any:
@@ -174,10 +181,10 @@ def merge_advice(answers: Sequence[ShardAnswer]) -> dict[str, Any] | None:
 
 def merge_figures(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any] | None:
     """Every shard's per-rank compare figures of ``run`` as one document (None: no shard has it)."""
-    docs = [a.data for a in answers if isinstance(a.data, dict)]
-    if not docs:
+    found = [a for a in answers if isinstance(a.data, dict)]
+    if not found:
         return None
-    return {**RunFigures.join(run, docs).as_dict(), "shards": [a.shard for a in answers if isinstance(a.data, dict)]}
+    return {**RunFigures.join(run, [a.data for a in found]).as_dict(), "shards": [a.shard for a in found]}
 
 
 def snapshot_via_front(item: dict[str, Any]) -> dict[str, Any]:
