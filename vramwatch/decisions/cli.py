@@ -56,56 +56,52 @@ def _dump(doc: dict[str, Any]) -> None:
     sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
 
 
-def _remote(command: str, args: argparse.Namespace, path: str, params: dict[str, Any] | None = None) -> Any:
-    """GET ``path`` from ``--url`` (a collector or a front): None when it could not be reached
-    (one line printed; the command exits 1); a 4xx or a bad URL is a usage error (exit 2)."""
+def _remote(command: str, args: argparse.Namespace, run: str, what: str, read: Any,
+            params: dict[str, Any] | None = None) -> Any:
+    """``read(doc)`` of run ``run``'s ``what`` document from ``--url`` (a collector or a front):
+    None when it could not be reached (one line printed; the command exits 1); a 4xx, a bad URL
+    or a document ``read`` cannot take is a usage error (exit 2)."""
     from vramwatch import remote
+    from vramwatch.cli import UsageError
 
     try:
-        return remote.cli_call(command, args.url, lambda url: remote.get_json(url, path, params))
+        doc = remote.cli_call(command, args.url, lambda url: remote.get_json(url, remote.run_path(run, what), params))
     except remote.Outage:
         return None
+    try:
+        return read(doc)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"{args.url}: not a valid {what} document for {run!r} ({exc})") from None
 
 
 def _figures(command: str, source: str, args: argparse.Namespace) -> Any:
     """A run's compare figures: from ``--url`` (joined over every shard when it is a front), else
     replayed from the database or trace files. None: the server could not be reached."""
-    from vramwatch.cli import UsageError
-
     from .compare import RunFigures
 
-    if not args.url:
-        return RunFigures.of(_resolve(source, args))
-    from vramwatch import remote
+    if args.url:
+        return _remote(command, args, source, "figures", RunFigures.from_dict)
+    return RunFigures.of(_resolve(source, args))
 
-    doc = _remote(command, args, remote.run_path(source, "figures"))
-    if doc is None:
+
+def _both_figures(command: str, a: str, b: str, args: argparse.Namespace) -> tuple[Any, Any] | None:
+    """Both runs' figures, or None (after one line) when the server could not be reached."""
+    first = _figures(command, a, args)
+    if first is None:
         return None
-    try:
-        return RunFigures.from_dict(doc)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UsageError(f"{args.url}: not a figures document for {source!r} ({exc})") from None
+    second = _figures(command, b, args)
+    return None if second is None else (first, second)
 
 
 def _advice(args: argparse.Namespace) -> Any:
     """The advice: asked of ``--url`` (a front decides over every shard's ranks), else computed here."""
-    from vramwatch.cli import UsageError
-
     from .advice import advise, join
     from .readiness import ReadinessConfig
 
     if args.url:
-        from vramwatch import remote
-
         params = {"margin": args.margin, "target_tokens": args.target_tokens, "plateau_steps": args.plateau_steps,
                   "checkpoints": args.checkpoints, "reference": args.reference}
-        doc = _remote("advise", args, remote.run_path(args.run, "advice"), params)
-        if doc is None:
-            return None
-        try:
-            return join([doc])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"{args.url}: not an advice document for {args.run!r} ({exc})") from None
+        return _remote("advise", args, args.run, "advice", lambda doc: join([doc]), params)
     obs = _resolve(args.run, args)
     refs = [_resolve(r, args) for r in args.reference or []]
     config = ReadinessConfig(plateau_steps=args.plateau_steps, checkpoints=args.checkpoints, margin=args.margin)
@@ -149,10 +145,10 @@ def cmd_advise(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from .compare import compare, format_comparison
 
-    a, b = _figures("compare", args.run_a, args), _figures("compare", args.run_b, args)
-    if a is None or b is None:
+    both = _both_figures("compare", args.run_a, args.run_b, args)
+    if both is None:
         return 1
-    result = compare(a, b)
+    result = compare(*both)
     if args.json:
         _dump(result.as_dict())
     else:
@@ -165,10 +161,10 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
     from .gate import gate
 
-    baseline, candidate = _figures("gate", args.baseline, args), _figures("gate", args.candidate, args)
-    if baseline is None or candidate is None:
+    both = _both_figures("gate", args.baseline, args.candidate, args)
+    if both is None:
         return EXIT_UNREACHABLE
-    result = gate(baseline, candidate, args.max_growth)
+    result = gate(*both, args.max_growth)
     if result.worst is None:
         raise UsageError("nothing comparable between baseline and candidate (no shared rank and phase)")
     print(f"vramwatch gate: {result.line}")
