@@ -208,6 +208,19 @@ def _step_times() -> array[float]:
     return array("d")
 
 
+def folded_fields(sample: dict[str, Any]) -> tuple[Any, int | None, int | None, int | None, int | None, int | None]:
+    """(incarnation, ooms, peak, allocated, reserved, NVML used) of a sample, as the model reads
+    them: absent fields as None, an absent incarnation as ``""``. Subscripts for the common
+    sample that has them all (cheaper than six ``dict.get``), ``get`` for a sparse one."""
+    try:
+        return (sample["incarnation"], sample["ooms"], sample["peak_allocated_bytes"], sample["allocated_bytes"],
+                sample["reserved_bytes"], sample["nvml_used_bytes"])
+    except KeyError:
+        get = sample.get
+        return (get("incarnation", ""), get("ooms"), get("peak_allocated_bytes"), get("allocated_bytes"),
+                get("reserved_bytes"), get("nvml_used_bytes"))
+
+
 @dataclass(slots=True)
 class RankModelBuilder:
     """Online accumulator for one series; feed samples in arrival order with :meth:`update`.
@@ -250,14 +263,12 @@ class RankModelBuilder:
 
     def update(self, sample: dict[str, Any]) -> None:
         """Fold one schema-1 sample in: O(1), no allocation beyond the bounded buckets."""
-        get = sample.get
-        self.fold(sample, get("incarnation", ""), get("ooms"), get("peak_allocated_bytes"), get("allocated_bytes"),
-                  get("reserved_bytes"), get("nvml_used_bytes"))
+        self.fold(sample, *folded_fields(sample))
 
     def fold(self, sample: dict[str, Any], incarnation: Any, ooms: int | None, peak: int | None,
              allocated: int | None, reserved: int | None, used: int | None) -> None:
-        """:meth:`update` with the fields a caller already read (``RankTrack`` reads the same
-        ones): absent fields as None, an absent incarnation as ``""``."""
+        """:meth:`update` with :func:`folded_fields` already read (``RankTrack`` reads them once
+        for itself and the builder)."""
         self.samples += 1
         if incarnation != self.incarnation:
             # a new process starts with a fresh allocator: floor and slack are its own

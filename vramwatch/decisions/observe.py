@@ -19,7 +19,7 @@ from vramwatch.engine import TrendEngine
 from vramwatch.engine.blocks import keep_last
 from vramwatch.verdicts import headroom_bytes
 
-from .model import RankModelBuilder
+from .model import RankModelBuilder, folded_fields
 
 #: Engine events a track keeps (the latest): readiness reads only the recent ones.
 EVENTS_KEPT = 1000
@@ -104,15 +104,7 @@ class RankTrack:
             for event in new:
                 keep_last(self.events, event, EVENTS_KEPT)
                 self.plateau.feed(event)
-        try:  # subscripts are cheaper than .get; a sample lacking a field takes the except
-            incarnation, ooms = sample["incarnation"], sample["ooms"]
-            peak, allocated = sample["peak_allocated_bytes"], sample["allocated_bytes"]
-            reserved, used = sample["reserved_bytes"], sample["nvml_used_bytes"]
-        except KeyError:
-            get = sample.get
-            incarnation, ooms = get("incarnation", ""), get("ooms")
-            peak, allocated = get("peak_allocated_bytes"), get("allocated_bytes")
-            reserved, used = get("reserved_bytes"), get("nvml_used_bytes")
+        incarnation, ooms, peak, allocated, reserved, used = folded_fields(sample)
         # sparse samples (schema 2: dcgm, nvidia-smi, imports) fold in too: the builder skips what
         # it cannot split (no allocated/peak), headroom is judged on whatever level was measured
         self.builder.fold(sample, incarnation, ooms, peak, allocated, reserved, used)
