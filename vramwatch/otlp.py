@@ -215,6 +215,8 @@ def lifespan_hook(endpoint: str, interval_s: float = 15.0,
     except ImportError:
         raise ValueError("--otlp-endpoint needs the OpenTelemetry SDK: pip install 'vramwatch[otlp]'") from None
 
+    from vramwatch.collector.settings import background
+
     @contextlib.asynccontextmanager
     async def run(app: Any) -> AsyncIterator[None]:
         pusher = OtlpPusher(endpoint, interval_s, headers)
@@ -227,14 +229,11 @@ def lifespan_hook(endpoint: str, interval_s: float = 15.0,
                 except Exception:  # never let export take the collector down
                     log.exception("OTLP push failed")
 
-        task = asyncio.create_task(loop())
-        log.info("pushing OTLP metrics to %s every %g s", pusher.url, interval_s)
         try:
-            yield
+            async with background(loop()):
+                log.info("pushing OTLP metrics to %s every %g s", pusher.url, interval_s)
+                yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
             try:
                 await asyncio.to_thread(pusher.push, app.state.live)
             except Exception:

@@ -160,6 +160,8 @@ def lifespan_hook(config: WatchConfig) -> Callable[[Any], contextlib.AbstractAsy
     async def run(app: Any) -> AsyncIterator[None]:
         import httpx  # not at import time: `vramwatch --help` should not pay for it
 
+        from vramwatch.collector.settings import background
+
         poller = Poller(config)
         app.state.watch = poller
         token = app.state.settings.token
@@ -189,15 +191,12 @@ def lifespan_hook(config: WatchConfig) -> Callable[[Any], contextlib.AbstractAsy
                                     config.prometheus, exc, poller.failures, config.interval_s)
                 await asyncio.sleep(config.interval_s)
 
-        task = asyncio.create_task(loop())
-        log.info("watching dcgm-exporter series %s at %s every %g s", config.query, config.prometheus,
-                 config.interval_s)
         try:
-            yield
+            async with background(loop()):
+                log.info("watching dcgm-exporter series %s at %s every %g s", config.query, config.prometheus,
+                         config.interval_s)
+                yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
             await prom.aclose()
             await ingest.aclose()
 

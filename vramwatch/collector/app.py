@@ -40,7 +40,7 @@ from vramwatch.collector.pages import dashboard_dir, dashboard_plotly_js_path, p
 from vramwatch.collector.responses import JSONBytes
 from vramwatch.collector.restore import restore
 from vramwatch.collector.routes_evidence import make_router as evidence_router
-from vramwatch.collector.settings import Settings
+from vramwatch.collector.settings import Settings, background
 from vramwatch.collector.snapshots import DirectiveBoard, SnapshotStore
 from vramwatch.collector.store import Store, StoreError
 
@@ -167,18 +167,12 @@ def create_app(settings: Settings) -> FrontDoor:
         guard = getattr(app.state, "guard", None)
         if guard is not None:  # accept() failures: one rate-limited line, not a traceback each
             asyncio.get_running_loop().set_exception_handler(guard.loop_exception)
-        maintenance = asyncio.create_task(_maintenance(app, settings))
         try:
-            async with contextlib.AsyncExitStack() as hooks:
+            async with background(_maintenance(app, settings)), contextlib.AsyncExitStack() as hooks:
                 for hook in settings.lifespan_hooks:  # extensions: OTLP export, `vramwatch watch`
                     await hooks.enter_async_context(hook(app))
                 yield
         finally:
-            maintenance.cancel()
-            try:
-                await maintenance
-            except asyncio.CancelledError:
-                pass
             # every ingest commits before it answers, so there is nothing buffered to flush
             _close(app, settings)
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,3 +79,16 @@ class Settings:
             raise ValueError(f"min_free_bytes: must not be negative, got {self.min_free_bytes!r}")
         if self.health_reserve < 0:
             raise ValueError(f"health_reserve: must not be negative, got {self.health_reserve!r}")
+
+
+@contextlib.asynccontextmanager
+async def background(work: Coroutine[Any, Any, None]) -> AsyncIterator[asyncio.Task[None]]:
+    """Run ``work`` as a task while the block runs (a collector's maintenance, a lifespan hook's
+    loop); when the block ends, however it ends, the task is cancelled and awaited."""
+    task = asyncio.create_task(work)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
