@@ -390,3 +390,57 @@ def test_a_serving_collector_collects_its_young_generation_less_often(tmp_path) 
             assert gc.get_threshold()[0] == 50_000
     finally:
         gc.set_threshold(*before)
+
+
+def test_a_hook_sized_body_is_decoded_on_the_event_loop_and_a_bigger_or_bad_one_in_a_thread(
+        collector, monkeypatch) -> None:
+    """Where decoding runs (ingest.INLINE_FAST_BYTES): a hook's batch by the one-pass decoder on
+    the event loop (no thread hop); past 1 MiB inflated, or not plainly valid, in a worker thread
+    (so a big body never freezes /healthz), where the checked path still names the bad field."""
+    import asyncio
+    import random
+
+    from vramwatch.collector import ingest
+
+    where: list[tuple[str, bool]] = []
+
+    def traced(name, fn):
+        def call(*args, **kwargs):
+            try:
+                asyncio.get_running_loop()
+                on_loop = True
+            except RuntimeError:
+                on_loop = False
+            where.append((name, on_loop))
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(ingest, "decode_fast", traced("fast", ingest.decode_fast))
+    monkeypatch.setattr(ingest, "decode_body", traced("checked", ingest.decode_body))
+    rng = random.Random(7)
+
+    def batch(start: int, n: int, **overrides) -> list[dict]:
+        return [make_sample(i, allocated_bytes=100 * GiB + rng.randrange(GiB), **overrides)
+                for i in range(start, start + n)]
+
+    hook_sized = batch(0, 1000)
+    body = gz(ndjson(hook_sized))
+    assert len(body) > ingest.INLINE_GZIP_BYTES and len(ndjson(hook_sized)) < ingest.INLINE_FAST_BYTES
+    r = post(collector, hook_sized, gzip_body=True)
+    assert r.status_code == 200 and r.json()["accepted"] == 1000
+    assert where == [("fast", True)]
+
+    where.clear()
+    big = batch(1000, 4000)
+    assert len(ndjson(big)) > ingest.INLINE_FAST_BYTES
+    r = post(collector, big, gzip_body=True)
+    assert r.status_code == 200 and r.json()["accepted"] == 4000
+    assert where == [("fast", True), ("checked", False)]
+
+    where.clear()
+    bad = batch(5000, 1000)
+    bad[500]["reserved_bytes"] = -1
+    r = post(collector, bad, gzip_body=True)
+    assert r.status_code == 422 and "sample 500: reserved_bytes" in r.json()["detail"]
+    assert where == [("fast", True), ("checked", False)]
+    assert stored_count(collector) == 5000

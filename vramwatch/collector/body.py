@@ -253,7 +253,8 @@ def decode_body(
     per-sample validation.
     """
     budget = max_values if max_values is not None else VALUES_PER_SAMPLE * max_samples
-    fast = _decode_fast(data, gzipped, max_decompressed, max_samples, now, max_future_s, budget)
+    fast = _decode_fast(data, gzipped, _fast_limit(gzipped, max_decompressed, FAST_BODY_BYTES), max_samples, now,
+                        max_future_s, budget)
     if fast is not None:
         return DecodedBody(samples=fast, items=len(fast), fast=True)
     chunks = iter_inflated(data, max_decompressed) if gzipped else _iter_blocks(data)
@@ -279,15 +280,44 @@ def decode_body(
     return collector.out
 
 
-def _decode_fast(data: bytes, gzipped: bool, max_decompressed: int, max_samples: int, now: float | None,
+def decode_fast(
+    data: bytes,
+    *,
+    gzipped: bool,
+    max_inflated: int,
+    max_decompressed: int,
+    max_samples: int,
+    now: float | None = None,
+    max_future_s: float = 300.0,
+    max_errors: int = 50,
+    max_values: int | None = None,
+) -> DecodedBody | None:
+    """:func:`decode_body`'s one-pass fast path alone, for a body of at most ``max_inflated``
+    bytes once inflated: the batch, or None ("not plainly valid or bigger: call decode_body").
+
+    Cost: inflating and decoding at most ``max_inflated`` bytes (one C pass each), so a
+    caller can bound the time it spends here (the collector runs it on its event loop for
+    a hook-sized body, :mod:`vramwatch.collector.ingest`). ``max_errors`` is accepted so
+    both functions take the same arguments; the fast path names no errors."""
+    budget = max_values if max_values is not None else VALUES_PER_SAMPLE * max_samples
+    fast = _decode_fast(data, gzipped, _fast_limit(gzipped, max_decompressed, min(max_inflated, FAST_BODY_BYTES)),
+                        max_samples, now, max_future_s, budget)
+    return None if fast is None else DecodedBody(samples=fast, items=len(fast), fast=True)
+
+
+def _fast_limit(gzipped: bool, max_decompressed: int, bound: int) -> int:
+    """Most bytes the fast path decodes: ``bound``, and for gzip also ``max_decompressed``."""
+    return min(max_decompressed, bound) if gzipped else bound
+
+
+def _decode_fast(data: bytes, gzipped: bool, limit: int, max_samples: int, now: float | None,
                  max_future_s: float, budget: int) -> list[Sample] | None:
-    """The batch when the one-pass decoder accepts the whole body within every bound of the
-    slow path, else None (the slow path then decides: it inflates again, which costs only
-    bodies that are refused, too large or not canonical)."""
-    if decode_body_fast is None or len(data) > FAST_BODY_BYTES:
+    """The batch when the one-pass decoder accepts the whole body (at most ``limit`` bytes
+    inflated) within every bound of the slow path, else None (the slow path then decides: it
+    inflates again, which costs only bodies that are refused, too large or not canonical)."""
+    if decode_body_fast is None or len(data) > limit:
         return None
     if gzipped:
-        limit = min(max_decompressed, FAST_BODY_BYTES)
         try:
             text = b"".join(iter_inflated(data, limit))
         except BodyError:  # bad gzip or bigger than the fast bound: the slow path says which
@@ -341,5 +371,5 @@ def parse_body(data: bytes) -> list[Any]:
 
 __all__ = [
     "BLOCK_BYTES", "MAX_ARRAY_BYTES", "MAX_LINE_BYTES", "BodyError", "BodyTooLargeError", "DecodedBody",
-    "SampleError", "decode_body", "gunzip_limited", "iter_inflated", "parse_body",
+    "SampleError", "decode_body", "decode_fast", "gunzip_limited", "iter_inflated", "parse_body",
 ]

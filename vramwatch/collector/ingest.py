@@ -11,9 +11,10 @@ whole with 422, naming each bad sample's index and field, and nothing is stored.
 Bounds (docs/reliability.md): at most ``max_concurrent_ingest`` bodies are read and
 decoded at once (others wait ``ingest_queue_s``, then 503 with Retry-After: queued
 requests do not hold their bodies in memory); bodies are decoded in bounded blocks
-(:mod:`vramwatch.collector.body`); decoding of bodies over :data:`INLINE_BODY_BYTES` and
-commits of more than :data:`INLINE_COMMIT_SAMPLES` samples run in a worker thread so a big
-request never freezes ``/healthz``.
+(:mod:`vramwatch.collector.body`); decoding a body past :data:`INLINE_BODY_BYTES` that the
+one-pass decoder does not take within :data:`INLINE_FAST_BYTES` (a hook's batch always fits)
+and commits of more than :data:`INLINE_COMMIT_SAMPLES` samples run in a worker thread so a
+big request never freezes ``/healthz``.
 
 Cost (docs/benchmarks.md, "Ingest against its limit"): :func:`handle` is plain ASGI (headers
 read from the scope, the body from ``receive``, the reply sent as two messages), so a request
@@ -40,7 +41,7 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from vramwatch.collector.body import BodyError, BodyTooLargeError, DecodedBody, decode_body
+from vramwatch.collector.body import BodyError, BodyTooLargeError, DecodedBody, decode_body, decode_fast
 from vramwatch.collector.deps import bearer_value, refuse, token_matches
 from vramwatch.collector.live import SeriesLimitError
 from vramwatch.collector.openapi import INGEST_OPENAPI
@@ -57,10 +58,15 @@ MAX_ERRORS_LISTED = 50
 #: a commit on the event loop waits at most this long for a lock held elsewhere, then
 #: moves to a worker thread
 FAST_COMMIT_BUSY_S = 0.05
-#: bodies up to this size are decoded on the event loop (a thread hop costs more); gzip
-#: bodies inflate up to ~1000x, so their bound is lower
+#: bodies up to this size are decoded on the event loop by either path (a thread hop costs
+#: more); gzip bodies inflate up to ~1000x, so their bound is lower
 INLINE_BODY_BYTES = 64 * 1024
 INLINE_GZIP_BYTES = 8 * 1024
+#: a bigger body whose inflated size is at most this (a hook's batch: delivery's
+#: max_batch_bytes) is still decoded on the event loop when the one-pass fast path takes it:
+#: at most ~3 ms of C for 1 MiB, less than a commit, and the thread hop cost ~8 % of ingest
+#: CPU at 1000-sample batches (docs/benchmarks.md). Anything else goes to a worker thread.
+INLINE_FAST_BYTES = 1024 * 1024
 #: batches up to this many samples are committed on the event loop when the lock is free
 INLINE_COMMIT_SAMPLES = 2000
 #: the flush interval hinted to hooks: one POST per rank per this many seconds keeps the
@@ -239,6 +245,11 @@ async def _decode(body: bytes, gzipped: bool, settings: Settings, now: float) ->
                   max_errors=MAX_ERRORS_LISTED)
     if len(body) <= (INLINE_GZIP_BYTES if gzipped else INLINE_BODY_BYTES):
         return decode_body(body, **kwargs)  # type: ignore[arg-type]
+    fast = decode_fast(body, max_inflated=INLINE_FAST_BYTES, **kwargs)  # type: ignore[arg-type]
+    if fast is not None:
+        return fast
+    # bigger, or not plainly valid: decode_body names each bad sample (it tries the fast
+    # path once more, up to its own bound: only bodies past 1 MiB or refused pay twice)
     return await asyncio.to_thread(decode_body, body, **kwargs)  # type: ignore[arg-type]
 
 
