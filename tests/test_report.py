@@ -147,3 +147,36 @@ def test_remote_report_pages_through_every_rank_and_stops_on_a_front() -> None:
         return everyone  # full list whatever the page
 
     assert _all_rank_rows(front) == everyone and len(asked) == 2
+
+
+def test_a_rank_that_went_silent_is_embedded_first_as_the_live_page_orders_it(tmp_path, monkeypatch) -> None:
+    """The embedded ranks are the rank rows' worst-first order (severity with liveness, then
+    headroom): the order ``report --url`` and the dashboard use. A rank that stopped while the
+    others go on is "silent" and comes first, though it has the most headroom."""
+    import time as _time
+
+    from helpers import GiB, make_sample
+
+    from vramwatch import report
+    from vramwatch.collector.store import Store
+
+    now = _time.time()
+    samples = []
+    for rank in range(4):
+        last = 100 if rank == 2 else 200  # rank 2 went quiet 400 s before the others' last step
+        for step in range(last + 1):
+            allocated = (40 if rank == 2 else 100 + rank) * GiB
+            samples.append(make_sample(step, rank=rank, ts=now - 500 + 2 * step, allocated_bytes=allocated,
+                                       peak_allocated_bytes=allocated + GiB, reserved_bytes=allocated + 2 * GiB,
+                                       nvml_used_bytes=allocated + 3 * GiB))
+    db = str(tmp_path / "vw.db")
+    store = Store(db)
+    store.insert(samples)
+    store.close()
+    monkeypatch.setattr(report, "MAX_SERIES_RANKS", 2)
+    data = report.report_data(db, "run-a")
+    rows = {r["rank"]: r for r in data["ranks"]}
+    assert rows[2]["liveness"] == "silent" and {rows[r]["liveness"] for r in (0, 1, 3)} == {"live"}
+    order = [r["rank"] for r in sorted(data["ranks"], key=report._row_order)]
+    assert order[0] == 2 and order[1:] == [3, 1, 0]  # then least headroom first
+    assert sorted(key.split("\u0000")[1] for key in data["series"]) == ["0", "2", "3"]  # + rank 0, always

@@ -32,7 +32,7 @@ import orjson
 from vramwatch import postmortem, verdicts
 from vramwatch.collector.app import dashboard_dir, dashboard_plotly_js_path
 from vramwatch.collector.bundle import BundleError, bundle
-from vramwatch.collector.live import LiveState, SeriesState
+from vramwatch.collector.live import LiveState
 from vramwatch.collector.rows import MAX_RANK_ROWS, rank_rows
 from vramwatch.collector.snapshots import SnapshotStore
 from vramwatch.collector.store import Store
@@ -57,16 +57,6 @@ class ReportError(ValueError):
     """The report cannot be built (unknown run, missing database or front-end files)."""
 
 
-def _worst_first(states: list[SeriesState]) -> list[SeriesState]:
-    def key(s: SeriesState) -> tuple[int, float, int]:
-        summary = s.engine.summary()
-        headroom = summary.get("checkpoint_headroom_bytes") or summary.get("headroom_bytes")
-        return (-verdicts.severity(summary.get("state"), "live", s.ooms), headroom if headroom is not None else 1e30,
-                s.rank)
-
-    return sorted(states, key=key)
-
-
 def points_per_rank(ranks: int, budget: int = REPORT_POINTS) -> int:
     """Chart points for each of ``ranks`` embedded ranks: the budget shared, within bounds."""
     return max(MIN_RANK_POINTS, min(SERIES_POINTS, budget // max(1, ranks)))
@@ -87,7 +77,10 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
         live = LiveState()
         live.rebuild(store.iter_samples(run))
         states = live.for_run(run)
-        chosen = _worst_first(states)[:MAX_SERIES_RANKS]
+        rows = rank_rows(states, now=time.time())
+        # the ranks to embed: the rows' worst-first order, the one report --url uses too
+        by_key = {(s.host, s.rank): s for s in states}
+        chosen = [by_key[r["host"], r["rank"]] for r in sorted(rows, key=_row_order)[:MAX_SERIES_RANKS]]
         rank0 = [s for s in states if s.rank == 0 and s not in chosen]
         series: dict[str, Any] = {}
         phases: dict[str, Any] = {}
@@ -111,7 +104,7 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             "generated_at": time.time(),
             "db": os.path.basename(db_path),
             "runs": [r for r in live.run_summaries() if r["run"] == run],
-            "ranks": rank_rows(states, now=time.time()),
+            "ranks": rows,
             "series": series,
             "phases": phases,
             "events": events,
@@ -156,7 +149,7 @@ def _replace_once(page: str, old: str, new: str) -> str:
 
 
 def _row_order(row: dict[str, Any]) -> tuple[int, float, int]:
-    """The rows' worst-first order, as :func:`_worst_first` orders live states."""
+    """Worst first: severity (liveness and OOMs included), then least headroom, then rank."""
     verdict = row.get("verdict") or {}
     headroom = verdict.get("checkpoint_headroom_bytes") or verdict.get("headroom_bytes")
     return (-int(row.get("severity") or 0), headroom if headroom is not None else 1e30, int(row["rank"]))
