@@ -321,6 +321,39 @@ def test_an_invalid_request_is_answered_400_and_closed(collector) -> None:
     assert reply.startswith(b"HTTP/1.1 400") and reply.endswith(b"Invalid HTTP request received."), reply[:300]
 
 
+#: unusual requests and the status each protocol answers (httptools, h11): llhttp is the
+#: stricter parser (known upper-case methods, CRLF line ends, no line folding, no request with
+#: both Content-Length and Transfer-Encoding: the request-smuggling shapes) and extracts the
+#: path of an absolute-form target; h11 is lenient with line ends and folding. No client of the
+#: collector (the hook's http.client, httpx, curl, browsers, Prometheus) sends any of these.
+UNUSUAL = {
+    "unknown method": (b"FOO /healthz HTTP/1.1\r\n" + HOST + b"\r\n", 400, 405),
+    "lower-case method": (b"get /healthz HTTP/1.1\r\n" + HOST + b"\r\n", 400, 405),
+    "absolute-form target": (b"GET http://127.0.0.1/healthz HTTP/1.1\r\n" + HOST + b"\r\n", 200, 404),
+    "obsolete line folding": (b"GET /healthz HTTP/1.1\r\n" + HOST + b"X-A: a\r\n b\r\n\r\n", 400, 200),
+    "bare LF line ends": (b"GET /healthz HTTP/1.1\nHost: 127.0.0.1\n\n", 400, 200),
+    "Content-Length and Transfer-Encoding": (b"POST /api/v1/samples HTTP/1.1\r\n" + HOST
+                                             + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                                             400, 415),
+    "two Content-Lengths": (b"POST /api/v1/samples HTTP/1.1\r\n" + HOST
+                            + b"Content-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", 400, 400),
+    "no Host on HTTP/1.1": (b"GET /healthz HTTP/1.1\r\n\r\n", 421, 400),  # 421: the collector's Host check
+}
+
+
+def test_unusual_requests_get_each_parser_s_answer(collector, http) -> None:
+    answers = {}
+    for name, (request, *_) in UNUSUAL.items():
+        with _connect(collector.port) as sock:
+            sock.sendall(request)
+            reply = b""
+            while b"\r\n" not in reply and (chunk := sock.recv(65536)):
+                reply += chunk
+        answers[name] = int(reply.split(b" ", 2)[1]) if reply else None
+    column = 0 if http == "httptools" else 1
+    assert answers == {name: codes[column] for name, (_, *codes) in UNUSUAL.items()}
+
+
 def test_header_names_reach_the_app_in_lower_case(app_port) -> None:
     with _connect(app_port) as sock:
         sock.sendall(b"GET /echo-headers HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Mixed-Case: V\r\n\r\n")
