@@ -16,6 +16,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -386,3 +387,19 @@ def test_serve_uses_httptools_by_default_and_h11_on_request(tmp_path, monkeypatc
     with pytest.raises(ValueError, match="httptools package is not installed"):
         guard_module.http_protocol("httptools")
     assert main(["serve", "--db", str(tmp_path / "b.db"), "--http", "httptools"]) == 2
+
+
+def test_without_httptools_the_collector_serves_with_h11() -> None:
+    """An install without the package (not the server extra): the guard module imports and
+    the collector answers on h11."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['httptools'] = None\n"
+            "import httpx, tempfile, os\n"
+            "from vramwatch.collector.server import BackgroundServer\n"
+            "with tempfile.TemporaryDirectory() as tmp, BackgroundServer(os.path.join(tmp, 'vw.db')) as srv:\n"
+            "    print(srv.http, httpx.get(srv.url + '/healthz', timeout=10).status_code)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=str(Path(__file__).resolve().parent.parent))
+    assert out.stdout.split() == ["h11", "200"], out.stderr[-2000:]
