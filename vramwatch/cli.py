@@ -339,8 +339,8 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--body-timeout", type=_positive(float), default=10.0, metavar="SECONDS",
                    help="a request's body must arrive within this after its headers (default 10)")
     p.add_argument("--http", choices=["auto", "httptools", "h11"], default="auto",
-                   help="HTTP parser: httptools (C, the default when installed) or h11 (pure Python, "
-                        "about twice the CPU per request); auto: httptools when installed")
+                   help="HTTP parser: httptools (C, the default when installed) or h11 (pure Python: about "
+                        "twice httptools' CPU for the HTTP layer of a request); auto: httptools when installed")
     p.add_argument("--shutdown-timeout", type=_positive(float), default=10.0, metavar="SECONDS",
                    help="on SIGTERM, wait this long for running requests (default 10)")
     p.add_argument("--allowed-host", action="append", metavar="NAME",

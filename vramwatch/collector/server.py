@@ -129,8 +129,8 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8765, log_lev
     # the actual port (also when --port 0 asked for a free one)
     log.info("listening on http://%s:%d (HTTP: %s)", shown, bound_port, protocol)
     if http == "auto" and protocol == "h11":
-        log.warning("httptools is not installed: serving HTTP with h11 (about twice the server CPU per "
-                    "request; pip install 'vramwatch[server]')")
+        log.warning("httptools is not installed: serving HTTP with h11 (about twice the CPU in the HTTP "
+                    "layer of each request; pip install 'vramwatch[server]')")
     config = _config(settings, log_level, protocol)
     server = _Server(config)
     server.run(sockets=[sock])
