@@ -22,6 +22,7 @@ BENCHMARKS = {
     "front": "bench.front_bench",
     "series": "bench.series_bench",
     "decisions": "bench.decisions_bench",
+    "http": "bench.http_bench",
 }
 
 

@@ -199,7 +199,7 @@ def asgi_path_cpu(total: int, ranks: int, batch: int) -> float:
     """CPU ms per 1000 samples of the collector's ASGI app called in-process (lifespan, front
     door, ingest handler, decode thread, commit, engines, the maintenance task's checkpoints)
     with the same bodies, no socket and no HTTP parser: the server's CPU minus this is
-    uvicorn's (h11, transport, event-loop I/O)."""
+    uvicorn's (httptools by default, transport, event-loop I/O)."""
     import asyncio
 
     from vramwatch.collector.app import Settings, create_app
@@ -309,7 +309,8 @@ def write_cpu_section(res: dict[str, float], stages: list[tuple[str, float]], ar
     rows = [(name, f"{ms:.2f}", f"{ms / res['server_ms']:.0%}") for name, ms in summed]
     rows.append(("the app's own rest: front door, handler, thread hop, WAL checkpoints, metrics (the app "
                  "called in-process minus the stages)", f"{rest:.2f}", f"{rest / res['server_ms']:.0%}"))
-    rows.append(("uvicorn: HTTP parsing (h11), transport, socket I/O (server CPU minus the app called in-process)",
+    rows.append(("uvicorn: HTTP parsing (httptools), transport, socket I/O (server CPU minus the app "
+                 "called in-process)",
                  f"{http:.2f}", f"{http / res['server_ms']:.0%}"))
     rows += [(name, f"{ms:.2f}", "") for name, ms in stages if name.startswith("(alternative)")]
     body += ("\n\nWhere the collector's CPU goes (stages timed in-process on the same data in the same run, "

@@ -652,13 +652,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partition", type=float, default=120.0, metavar="SECONDS",
                         help="length of the network partition scenario (64 ranks); 0: skip it")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--http", choices=["auto", "httptools", "h11"], default="auto",
+                        help="the collector's HTTP parser (serve --http; default: httptools when installed)")
     parser.add_argument("--section", default="Load",
                         help="docs/benchmarks.md section to (re)write, e.g. 'Load: 4,096 ranks at 1 step/s' for a "
                              "capacity run that leaves the 10 Hz section alone")
     args = parser.parse_args(argv)
 
+    serve_args = ("--http", args.http)
     main_run = run_load(ranks=args.ranks, rate=args.rate, duration=args.duration, procs=args.procs,
-                        measure_restart=True, ranks_per_thread=args.ranks_per_thread)
+                        collector_args=serve_args, measure_restart=True, ranks_per_thread=args.ranks_per_thread)
     print(json.dumps({k: v for k, v in main_run.items() if k != "totals"}, indent=1), flush=True)
     sweep = []
     if not args.no_sweep:
@@ -666,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
             tries = []
             for _ in range(max(1, args.repeats)):
                 r = run_load(ranks=n, rate=args.rate, duration=args.sweep_duration, procs=args.procs,
-                             ranks_per_thread=args.ranks_per_thread)
+                             collector_args=serve_args, ranks_per_thread=args.ranks_per_thread)
                 print(json.dumps({k: v for k, v in r.items() if k not in ("totals",)}), flush=True)
                 tries.append(r)
             best = min(tries, key=lambda r: r["p99_ms"])

@@ -16,6 +16,7 @@ import httpx
 import orjson
 import pytest
 from helpers import make_sample, ndjson
+from prometheus_helpers import need_module
 
 from bench.load import CollectorProcess
 from vramwatch.collector.server import BackgroundServer
@@ -41,10 +42,20 @@ def _read_all(sock: socket.socket, timeout: float) -> tuple[bytes, float]:
 
 # ------------------------------------------------------------------ connections
 
+#: the guard's two protocols (vramwatch/collector/guard.py): each test below runs on both
+PROTOCOLS = ["httptools", "h11"]
 
+
+def _need(http: str) -> None:
+    if http == "httptools":
+        need_module("httptools", "httptools")  # the server extra: under CI=true its absence fails
+
+
+@pytest.mark.parametrize("http", PROTOCOLS)
 @pytest.mark.parametrize("how", ["idle", "trickled headers", "trickled body"])
-def test_slow_clients_are_cut_off_at_the_read_deadline(tmp_path, how) -> None:
-    with BackgroundServer(str(tmp_path / "vw.db"), header_timeout_s=1.0, body_timeout_s=1.0) as srv:
+def test_slow_clients_are_cut_off_at_the_read_deadline(tmp_path, how, http) -> None:
+    _need(http)
+    with BackgroundServer(str(tmp_path / "vw.db"), http=http, header_timeout_s=1.0, body_timeout_s=1.0) as srv:
         sock = _connect(srv)
         started = time.monotonic()
         stop = threading.Event()
@@ -79,9 +90,11 @@ def test_slow_clients_are_cut_off_at_the_read_deadline(tmp_path, how) -> None:
         assert httpx.get(srv.url + "/healthz", timeout=5).status_code == 200
 
 
-def test_connection_cap_answers_503_fast_and_healthz_still_answers(tmp_path, caplog) -> None:
+@pytest.mark.parametrize("http", PROTOCOLS)
+def test_connection_cap_answers_503_fast_and_healthz_still_answers(tmp_path, caplog, http) -> None:
+    _need(http)
     caplog.set_level(logging.WARNING, logger="vramwatch.collector")
-    with BackgroundServer(str(tmp_path / "vw.db"), max_connections=20, health_reserve=2,
+    with BackgroundServer(str(tmp_path / "vw.db"), http=http, max_connections=20, health_reserve=2,
                           header_timeout_s=30.0) as srv:
         idle = [_connect(srv) for _ in range(20)]
         time.sleep(0.3)

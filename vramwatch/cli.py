@@ -129,6 +129,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise UsageError("--otlp-endpoint: a federating front holds no ranks; set it on each collector")
         return cmd_front(args)
     from vramwatch.collector.app import Settings
+    from vramwatch.collector.guard import http_protocol
     from vramwatch.collector.server import ShutdownError, serve
     from vramwatch.collector.store import StoreError
 
@@ -156,9 +157,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logging.getLogger("vramwatch").warning(
             "listening on %s without a token: anyone on the network can write samples. "
             "Set VRAMWATCH_TOKEN or --token-file.", args.host)
+    try:
+        http_protocol(args.http)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     print(f"vramwatch collector: http://{args.host}:{args.port}/  db={settings.db_path}", file=sys.stderr)
     try:
-        serve(settings, host=args.host, port=args.port, log_level=args.log_level)
+        serve(settings, host=args.host, port=args.port, log_level=args.log_level, http=args.http)
     except ShutdownError as exc:
         print(f"vramwatch serve: {exc}", file=sys.stderr)
         return 1
@@ -333,6 +338,9 @@ def _add_serve(sub: Any) -> None:
                    help="a request's headers must arrive within this (default 10)")
     p.add_argument("--body-timeout", type=_positive(float), default=10.0, metavar="SECONDS",
                    help="a request's body must arrive within this after its headers (default 10)")
+    p.add_argument("--http", choices=["auto", "httptools", "h11"], default="auto",
+                   help="HTTP parser: httptools (C, the default when installed) or h11 (pure Python: about "
+                        "twice httptools' CPU for the HTTP layer of a request); auto: httptools when installed")
     p.add_argument("--shutdown-timeout", type=_positive(float), default=10.0, metavar="SECONDS",
                    help="on SIGTERM, wait this long for running requests (default 10)")
     p.add_argument("--allowed-host", action="append", metavar="NAME",

@@ -11,11 +11,19 @@ import threading
 import time
 from collections.abc import Iterator
 from types import TracebackType
+from typing import Any
 
 import uvicorn
 
 from vramwatch.collector.app import Settings, create_app
-from vramwatch.collector.guard import ConnectionGuard, guarded_protocol, raise_open_files_limit
+from vramwatch.collector.guard import (
+    MAX_HEAD_BYTES,
+    ConnectionGuard,
+    HttpChoice,
+    guarded_protocol,
+    http_protocol,
+    raise_open_files_limit,
+)
 from vramwatch.collector.store import Store
 
 log = logging.getLogger("vramwatch.collector")
@@ -49,13 +57,25 @@ class ShutdownError(RuntimeError):
     """The server stopped but could not close the database cleanly (e.g. disk full)."""
 
 
-def _config(settings: Settings, log_level: str) -> uvicorn.Config:
+def guarded_config(app: Any, guard: ConnectionGuard, http: HttpChoice = "auto", **options: Any) -> uvicorn.Config:
+    """uvicorn's config for ``app`` behind ``guard`` on protocol ``http``; ``options`` pass through."""
+    return uvicorn.Config(
+        app,
+        http=guarded_protocol(guard, http),
+        # the collector serves no WebSocket: an Upgrade header is ignored, the request answered
+        # as plain HTTP (the guard follows requests, not hand-overs to another protocol)
+        ws="none",
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        **options,
+    )
+
+
+def _config(settings: Settings, log_level: str, http: HttpChoice = "auto") -> uvicorn.Config:
     guard = ConnectionGuard(settings)
     app = create_app(settings)
     app.state.guard = guard
-    return uvicorn.Config(
-        app,
-        http=guarded_protocol(guard),
+    return guarded_config(
+        app, guard, http,
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=max(1, round(settings.shutdown_timeout_s)),
@@ -92,11 +112,14 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8765, log_level: str = "info") -> None:
+def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8765, log_level: str = "info",
+          http: HttpChoice = "auto") -> None:
     """Run in the foreground until SIGINT/SIGTERM; shutdown flushes and closes the DB.
+    ``http``: uvicorn's HTTP protocol (:func:`~vramwatch.collector.guard.http_protocol`).
 
     Raises :class:`ShutdownError` when the database could not be closed cleanly (the
     caller exits non-zero), StoreError when it cannot be opened."""
+    protocol = http_protocol(http)  # ValueError before anything starts
     check_database(settings.db_path)
     settings.bind_host = host
     _fit_connection_cap(settings)
@@ -104,8 +127,11 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8765, log_lev
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     # the actual port (also when --port 0 asked for a free one)
-    log.info("listening on http://%s:%d", shown, bound_port)
-    config = _config(settings, log_level)
+    log.info("listening on http://%s:%d (HTTP: %s)", shown, bound_port, protocol)
+    if http == "auto" and protocol == "h11":
+        log.warning("httptools is not installed: serving HTTP with h11 (about twice the CPU in the HTTP "
+                    "layer of each request; pip install 'vramwatch[server]')")
+    config = _config(settings, log_level, protocol)
     server = _Server(config)
     server.run(sockets=[sock])
     error = getattr(config.app.state, "shutdown_error", None)
@@ -128,12 +154,14 @@ class BackgroundServer:
         port: int = 0,
         token: str | None = None,
         log_level: str = "warning",
+        http: HttpChoice = "auto",
         **settings: object,
     ) -> None:
         self.settings = Settings(db_path=str(db_path), token=token, bind_host=host, **settings)  # type: ignore[arg-type]
         self.host = host
         self._requested_port = port
         self._log_level = log_level
+        self.http = http_protocol(http)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.port = port
@@ -152,7 +180,7 @@ class BackgroundServer:
         check_database(self.settings.db_path)
         sock = bind_socket(self.host, self._requested_port)
         self.port = sock.getsockname()[1]
-        self._server = uvicorn.Server(_config(self.settings, self._log_level))
+        self._server = uvicorn.Server(_config(self.settings, self._log_level, self.http))
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="vramwatch-collector", daemon=True
         )
