@@ -108,10 +108,20 @@ def test_body_fast_path_leaves_odd_bodies_to_the_slow_path() -> None:
     ok = [make_sample(i) for i in range(3)]
     assert decode(wire.encode_lines(ok)) == ok
     assert decode(orjson.dumps(ok[0])) == ok[:1]
-    for body in (b"", b"  \n", b"[]", wire.encode_lines(ok).replace(b"\n", b"\n\n"), b"[1]\n[2]"):
+    for body in (b"", b"  \n", b"[]", b"[1]\n[2]", wire.encode_lines(ok).replace(b"\n", b" \n{}\n")):
         assert decode(body) is None, body
+    # blank and white lines between samples: skipped by both paths, the same samples
+    for body in (wire.encode_lines(ok).replace(b"\n", b"\n\n"), b"  \n" + wire.encode_lines(ok) + b" \r\n\t\n"):
+        assert decode(body) == slow_body(body) == ok, body
     # the clock: a sample 10 minutes ahead is refused only against one
     ahead = wire.encode_lines([make_sample(0, ts=2_000_000_600.0)])
     assert decode(ahead) is not None
     assert decode(ahead, now=2_000_000_000.0) is None and slow_body(ahead, now=2_000_000_000.0) is None
     assert decode(ahead, now=2_000_000_400.0) == slow_body(ahead, now=2_000_000_400.0)
+
+
+@pytest.mark.parametrize("text", [b"", b"a", b"\n", b"\n\n", b"ab\ncde", b"abc\n", b"\nabcd", b"a\n" * 5 + b"xyz" * 9])
+def test_longest_line_without_splitting_is_the_split_longest(text: bytes) -> None:
+    from vramwatch.collector.body import _longest_line
+
+    assert _longest_line(text) == max(map(len, text.split(b"\n")))

@@ -318,13 +318,13 @@ def _decode_fast(data: bytes, gzipped: bool, limit: int, max_samples: int, now: 
     if decode_body_fast is None or len(data) > limit:
         return None
     if gzipped:
-        try:
-            text = b"".join(iter_inflated(data, limit))
+        try:  # one block: a single-member body inflates into one buffer, joined without a copy
+            text = b"".join(iter_inflated(data, limit, block=limit + 1))
         except BodyError:  # bad gzip or bigger than the fast bound: the slow path says which
             return None
     else:
         text = data
-    if len(text) > MAX_LINE_BYTES and text.lstrip()[:1] != b"[" and max(map(len, text.split(b"\n"))) > MAX_LINE_BYTES:
+    if len(text) > MAX_LINE_BYTES and text.lstrip()[:1] != b"[" and _longest_line(text) > MAX_LINE_BYTES:
         return None
     samples = decode_body_fast(text, now=now, max_future_s=max_future_s)
     if samples is None or len(samples) > max_samples:
@@ -333,6 +333,15 @@ def _decode_fast(data: bytes, gzipped: bool, limit: int, max_samples: int, now: 
             len(s) + len(s.get("extra") or ()) for s in samples) > budget:
         return None
     return samples
+
+
+def _longest_line(text: bytes) -> int:
+    """Length of the longest line of ``text`` without splitting it (no copy: one find per line)."""
+    longest = start = 0
+    while (end := text.find(b"\n", start)) >= 0:
+        longest = max(longest, end - start)
+        start = end + 1
+    return max(longest, len(text) - start)
 
 
 def _decode_array(first: bytes, chunks: Iterator[bytes], max_samples: int) -> list[Any]:
