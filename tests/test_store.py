@@ -16,6 +16,7 @@ from vramwatch.collector.store import (
     MIGRATIONS,
     SAMPLE_COLUMNS,
     SCHEMA_VERSION,
+    RunFullError,
     Store,
     StoreError,
     StoreLockedError,
@@ -357,4 +358,23 @@ def test_export_reads_only_the_fields_a_series_carried_and_still_returns_everyth
     assert list(store.iter_samples("run-a")) == [*plain, *later, make_sample(6, tokens=10)]
     row = store.series("run-a")[0]
     assert {"host_rss_bytes", "extra", "exit", "tokens", "allocated_bytes"} <= set(row.fields.split(","))
+    store.close()
+
+
+def test_a_rolled_back_batch_leaves_no_trace_in_the_caches(tmp_path) -> None:
+    """A batch refused after its rows were written (here: a run's cap) rolls back, and so do the
+    store's caches: the series it created and the fields it noted for an existing series. A
+    retry then records them in the database (reads select only a series' noted fields)."""
+    store = Store(str(tmp_path / "vw.db"))
+    store.insert([make_sample(i) for i in range(3)])
+    sparse_field = "host_rss_bytes"
+    batch = [make_sample(3, **{sparse_field: 7 * GiB}), make_sample(0, rank=1)]
+    with pytest.raises(RunFullError):
+        store.insert(batch, max_samples_per_run=4)
+    assert len(store._series_ids) == 1 and sparse_field not in store._series_fields[1]
+    store.insert(batch)
+    (noted,) = store._conn.execute("SELECT fields FROM series WHERE rank = 0").fetchone()
+    assert sparse_field in noted.split(",")
+    xs, cols = store.query_columns("run-a", None, 0, [sparse_field])
+    assert xs == [0, 1, 2, 3] and cols[sparse_field] == [None, None, None, 7 * GiB]
     store.close()
