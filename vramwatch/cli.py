@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 EXIT_USAGE = 2
 
@@ -38,6 +40,8 @@ def _positive(kind: type) -> object:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
         return value
@@ -52,6 +56,8 @@ def _non_negative(kind: type) -> object:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
         if value < 0:
             raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
         return value
@@ -70,12 +76,45 @@ def _existing_files(paths: Sequence[str]) -> list[Path]:
     return out
 
 
+def _read_secret(flag: str, path: str) -> str:
+    """The stripped text of a token file, else a UsageError naming ``flag`` (unreadable, not UTF-8)."""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read {flag} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"cannot read {flag} {path}: not a UTF-8 text file") from None
+
+
+@contextlib.contextmanager
+def _output(path: str) -> Iterator[IO[bytes]]:
+    """A binary file that appears at ``path`` only complete: written beside it under a temporary
+    name and renamed when the block ends without an exception (else removed), so a failed or
+    interrupted command never leaves a half-written file. A path that cannot be written (missing
+    or read-only directory, a directory) is a UsageError naming it."""
+    target = Path(path)
+    try:
+        if target.is_dir():
+            raise IsADirectoryError(21, "Is a directory")
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+    try:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # what open() would have made, not mkstemp's 0600
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def _read_token(args: argparse.Namespace) -> str | None:
     if getattr(args, "token_file", None):
-        try:
-            token = Path(args.token_file).read_text().strip()
-        except OSError as exc:
-            raise UsageError(f"cannot read --token-file {args.token_file}: {exc.strerror}") from None
+        token = _read_secret("--token-file", args.token_file)
         if not token:
             raise UsageError(f"--token-file {args.token_file} is empty")
         return token
@@ -109,10 +148,7 @@ def cmd_front(args: argparse.Namespace) -> int:
         raise UsageError("--peers: no peer given")
     peer_token = None
     if args.peer_token_file:
-        try:
-            peer_token = Path(args.peer_token_file).read_text().strip() or None
-        except OSError as exc:
-            raise UsageError(f"cannot read --peer-token-file {args.peer_token_file}: {exc.strerror}") from None
+        peer_token = _read_secret("--peer-token-file", args.peer_token_file) or None
     settings = FrontSettings(peers=source, token=_read_token(args) if args.auth_read else None,
                              peer_token=peer_token or _read_token(args), timeout_s=args.peer_timeout)
     print(f"vramwatch front: http://{args.host}:{args.port}/  shards={len(source.current())}", file=sys.stderr)
@@ -246,17 +282,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         if args.run not in store.runs():
             raise UsageError(f"no run named {args.run!r} in {store.path}")
-        out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115
-        try:
+        with _output(args.out) if args.out else contextlib.nullcontext(sys.stdout.buffer) as out:
             count = 0
             for sample in store.iter_samples(args.run):
                 out.write(encode(sample) + b"\n")
                 count += 1
-        finally:
-            if args.out:
-                out.close()
-            else:
-                out.flush()
+            out.flush()
     finally:
         store.close()
     print(f"exported {count} samples of run {args.run!r}", file=sys.stderr)
@@ -268,7 +299,8 @@ def _remote_report(args: argparse.Namespace) -> str | None:
     from vramwatch.report import render_report, report_data_remote
 
     try:
-        data = remote.cli_call("report", args.url, lambda url: report_data_remote(url, args.run))
+        data = remote.cli_call("report", args.url, lambda url: report_data_remote(url, args.run),
+                               f"document for the report of {args.run!r}")
     except remote.Outage:
         return None
     return render_report(data)
@@ -282,9 +314,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         page = _remote_report(args)
         if page is None:
             return 1
-        Path(args.out).write_text(page, encoding="utf-8")
-        print(f"wrote {args.out} ({len(page) // 1024} KiB)", file=sys.stderr)
-        return 0
+        return _write_report(args.out, page)
     db = _db_path(args)
     try:
         store = Store(db, readonly=True)
@@ -294,9 +324,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.run not in known:
         raise UsageError(f"no run named {args.run!r} in {db}")
-    html = build_report(db, args.run)
-    Path(args.out).write_text(html, encoding="utf-8")
-    print(f"wrote {args.out} ({len(html) // 1024} KiB)", file=sys.stderr)
+    return _write_report(args.out, build_report(db, args.run))
+
+
+def _write_report(out: str, page: str) -> int:
+    with _output(out) as fh:
+        fh.write(page.encode("utf-8"))
+    print(f"wrote {out} ({len(page) // 1024} KiB)", file=sys.stderr)
     return 0
 
 

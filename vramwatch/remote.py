@@ -24,20 +24,31 @@ class Outage(Exception):
     """The collector or front could not be reached (a CLI exits 1; a 4xx is the caller's error: exit 2)."""
 
 
-def cli_call(command: str, url: str | None, call: Callable[[str], T]) -> T:
-    """Run ``call(base_url(url))`` for CLI ``command``: a bad URL or a 4xx raises the CLI's
-    UsageError (exit 2, the server's message); an outage prints one line and raises :class:`Outage`."""
+#: what reading a document of the wrong shape raises (a list where an object was due, a missing
+#: key, a string where a number was): the server's fault, reported as such, never a traceback
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)
+
+
+def cli_call(command: str, url: str | None, call: Callable[[str], T], what: str = "answer") -> T:
+    """Run ``call(base_url(url))`` for CLI ``command``: a bad URL, a 4xx, or an answer ``call``
+    cannot read (not JSON, or JSON of the wrong shape: ``call`` should read everything it
+    needs, so a malformed ``what`` is caught here) raises the CLI's UsageError (exit 2, one
+    line); an outage prints one line and raises :class:`Outage`."""
     from vramwatch.cli import UsageError
 
     try:
-        return call(base_url(url))
+        base = base_url(url)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    try:
+        return call(base)
     except RemoteError as exc:
         if exc.status is not None and 400 <= exc.status < 500:
             raise UsageError(exc.detail) from None
         print(f"vramwatch {command}: error: {exc.detail}", file=sys.stderr)
         raise Outage from None
+    except MALFORMED as exc:
+        raise UsageError(f"{base}: not a valid {what} ({type(exc).__name__}: {exc})") from None
 
 
 class RemoteError(Exception):

@@ -17,19 +17,23 @@ this app instead of a collector. It stores nothing and can run as several replic
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
 from starlette.background import BackgroundTask
 
 from vramwatch import __about__, verdicts
+from vramwatch.collector.params import OptionalRank
+from vramwatch.collector.responses import install_error_handlers
+from vramwatch.collector.routes_evidence import CaptureRequest
 from vramwatch.decisions.compare import RunFigures
 from vramwatch.decisions.compare import compare as compare_runs
 from vramwatch.front import merge
@@ -115,18 +119,15 @@ async def _owner(request: Request, run: str, rank: int, host: str | None) -> Pee
     raise HTTPException(404, f"rank: no shard owns rank {rank} of run {run!r}")
 
 
-async def _per_run(request: Request, run: str, what: str) -> Any:
-    """Run-level answers merged; one rank's series/chart/phases from the shard that owns it."""
-    if what not in _OWNED:
-        return await _run_level(request, run, what)
-    rank_text = request.query_params.get("rank")
-    if rank_text is None:
+async def _per_rank(request: Request, run: str, what: str, rank: int | None) -> Any:
+    """One rank's series/chart/phases from the shard that owns it (``rank`` parsed as a
+    collector parses it: :data:`~vramwatch.collector.params.OptionalRank`); phases of no
+    rank merged from every shard."""
+    if rank is None:
         if what == "phases":
             return merge.merge_lists(await _gather(request, _API + _quote(run) + "/phases"))
         raise HTTPException(422, "rank: required")
-    if not rank_text.isdigit():
-        raise HTTPException(422, f"rank: not a non-negative integer: {rank_text!r}")
-    peer = await _owner(request, run, int(rank_text), request.query_params.get("host"))
+    peer = await _owner(request, run, rank, request.query_params.get("host"))
     answer = await request.app.state.fanout.get_one(peer, _API + _quote(run) + "/" + what,
                                                      dict(request.query_params))
     if answer.error is not None and not answer.stale:
@@ -164,8 +165,12 @@ def _add_status_routes(app: FastAPI, read: list[Any]) -> None:
 
 
 def _route(what: str) -> Callable[..., Any]:
-    async def handler(request: Request, run: str) -> Any:
-        return await _per_run(request, run, what)
+    if what in _OWNED:
+        async def handler(request: Request, run: str, rank: OptionalRank = None) -> Any:
+            return await _per_rank(request, run, what, rank)
+    else:
+        async def handler(request: Request, run: str) -> Any:  # type: ignore[misc]
+            return await _run_level(request, run, what)
 
     handler.__name__ = f"front_{what}"
     handler.__doc__ = (f"A run's {what} from the shard that owns the rank" if what in _OWNED
@@ -192,15 +197,14 @@ async def _capture(request: Request, run: str) -> Any:
     raw = await request.body()
     if len(raw) > 64 * 1024:
         raise HTTPException(413, "body: larger than 65536 bytes")
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise HTTPException(422, "body: not JSON") from None
-    if not isinstance(body, dict):
-        raise HTTPException(422, "body: must be a JSON object")
-    rank = body.get("rank")
-    if isinstance(rank, int) and not isinstance(rank, bool):
-        peers = [await _owner(request, run, rank, body.get("host"))]
+    try:  # the collector's own model: a body a shard would refuse is refused here, before routing on it
+        asked = CaptureRequest.model_validate_json(raw or b"null")
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from None
+    body = asked.model_dump(exclude_unset=True)
+    if asked.rank is not None:
+        peers = [await _owner(request, run, asked.rank, asked.host)]
     else:
         answers = await _gather(request, _API + _quote(run) + "/ranks")
         by_name = {p.name: p for p in await _peers(request.app.state.settings)}
@@ -280,6 +284,7 @@ def create_front_app(settings: FrontSettings) -> FastAPI:
 
     app = FastAPI(title="vramwatch front", version=__about__.__version__, lifespan=lifespan)
     app.state.settings = settings
+    install_error_handlers(app)
     # merged rank tables are megabytes of repetitive JSON; browsers ask for gzip
     app.add_middleware(GZipMiddleware, minimum_size=16 * 1024, compresslevel=1)
 
