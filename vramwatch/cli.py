@@ -249,23 +249,31 @@ def cmd_import(args: argparse.Namespace) -> int:
         from vramwatch.importers.cli import cmd_import as import_other
 
         return import_other(args, _db_path(args), UsageError)
+    from vramwatch.importers import ImportStats
+    from vramwatch.importers.cli import report_skipped
+
     paths = _existing_files(args.paths)
+    check = ImportStats(skip_invalid=True)
+    on_bad = check.bad if args.skip_invalid else None  # counts and names the first few bad lines
     try:
-        # pass 1: validate everything, so bad input changes nothing
-        total = sum(1 for p in paths for _ in iter_samples(p))
+        # pass 1: validate everything, so bad input changes nothing (unless --skip-invalid)
+        total = sum(1 for p in paths for _ in iter_samples(p, on_bad))
+        check.rows = total + check.skipped
         store = Store(_db_path(args))
     except WireError as exc:
-        raise UsageError(f"{exc} (nothing imported)") from None
+        raise UsageError(f"{exc} (nothing imported; use --skip-invalid to skip bad rows)") from None
     except (OSError, EOFError) as exc:
         raise UsageError(f"cannot read trace: {exc}") from None
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     try:
-        accepted, duplicates = store.insert_stream(sample for p in paths for sample in iter_samples(p))
+        accepted, duplicates = store.insert_stream(
+            sample for p in paths for sample in iter_samples(p, (lambda e: None) if on_bad else None))
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     finally:
         store.close()
+    report_skipped(check, "import")
     print(f"imported {accepted} samples ({duplicates} already present) of {total} into {store.path}",
           file=sys.stderr)
     return 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -38,8 +38,10 @@ def iter_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
                 raise WireError(f"{path}:{lineno}", f"invalid JSON: {exc}") from None
 
 
-def iter_samples(path: str | os.PathLike[str]) -> Iterator[Sample]:
-    """Validated samples from a trace file; the first bad line raises WireError naming it.
+def iter_samples(path: str | os.PathLike[str], on_bad: Callable[[WireError], None] | None = None
+                 ) -> Iterator[Sample]:
+    """Validated samples from a trace file; the first bad line raises WireError naming it
+    (file:line: field), or with ``on_bad`` is handed to it and skipped (``import --skip-invalid``).
 
     A canonical line is decoded and validated in one pass (:mod:`vramwatch.wire_decode`, when
     msgspec is installed); any other line takes ``orjson.loads`` + ``validate``, which
@@ -57,9 +59,14 @@ def iter_samples(path: str | os.PathLike[str]) -> Iterator[Sample]:
                 try:
                     sample = validate(orjson.loads(line))
                 except orjson.JSONDecodeError as exc:
-                    raise WireError(f"{path}:{lineno}", f"invalid JSON: {exc}") from None
+                    error = WireError(f"{path}:{lineno}", f"invalid JSON: {exc}")
                 except WireError as exc:
-                    raise WireError(f"{path}:{lineno}: {exc.field}", exc.message) from None
+                    error = WireError(f"{path}:{lineno}: {exc.field}", exc.message)
+                if sample is None:
+                    if on_bad is None:
+                        raise error
+                    on_bad(error)
+                    continue
             yield sample
 
 

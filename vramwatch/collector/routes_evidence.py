@@ -94,7 +94,9 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
             chunks.append(chunk)
         try:
             info = store.save(run=_name("run", run), host=_name("host", host), rank=rank, step=step,
-                              trigger=_name("trigger", trigger), directive=directive, gz=b"".join(chunks))
+                              trigger=_name("trigger", trigger),
+                              directive=None if directive is None else _name("directive", directive),
+                              gz=b"".join(chunks))
         except SnapshotError as exc:
             return _error(exc)
         return JSONResponse(info.to_dict(), status_code=201)
