@@ -331,9 +331,10 @@ def _umask() -> int:
     (["postmortem", RUN, "--silent-after", "inf"], "--silent-after"),
     (["gate", RUN, RUN, "--max-growth", "nan"], "--max-growth"),
     (["capture", RUN, "--steps", "inf"], "--steps"),
+    (["demo", "--ranks", "100000000", "--duration", "1"], "ranks"),      # one thread per rank: hung, then OOM
 ])
 def test_option_values_outside_what_the_api_takes_are_exit_2_naming_the_option(cli_db, argv, needle) -> None:
-    err = _one_line_error(_cli(*argv, *(["--db", str(cli_db)] if argv[0] != "capture" else [])))
+    err = _one_line_error(_cli(*argv, *(["--db", str(cli_db)] if argv[0] not in ("capture", "demo") else [])))
     assert needle in err
 
 
@@ -410,3 +411,23 @@ def test_one_bad_row_in_a_good_file_refuses_the_whole_import_and_names_it(cli_db
     assert re.search(r"import: skipped [12] invalid rows", skipping.stderr), skipping.stderr
     with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute(COUNTS).fetchone()[0] > before[0]
+
+
+# ------------------------------------------------------------------ watch: a Prometheus that answers nonsense
+
+@pytest.mark.parametrize("name", ["html", "list", "wrong-types"])
+def test_watch_keeps_polling_through_answers_of_the_wrong_shape(fake_servers, tmp_path, caplog, name) -> None:
+    """A list answer raised AttributeError inside the polling task, which ended it: the collector
+    kept serving, silently watching nothing (and printed a traceback at shutdown)."""
+    from vramwatch.watch import WatchConfig, lifespan_hook
+
+    config = WatchConfig(fake_servers[name], interval_s=0.05, lookback_s=1, timeout_s=2)
+    with BackgroundServer(str(tmp_path / "vw.db"), lifespan_hooks=(lifespan_hook(config),)) as server:
+        poller = server.app.state.watch
+        deadline = time.monotonic() + 20
+        while poller.failures < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert poller.failures >= 3 and poller.posted == 0  # still polling, each poll a named failure
+    said = [r.getMessage() for r in caplog.records if "poll of" in r.getMessage()]
+    assert said and all(fake_servers[name] in m for m in said)
+    assert not [r for r in caplog.records if r.exc_info]

@@ -206,8 +206,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from vramwatch.demo import run_demo
+    from vramwatch.demo import check_arguments, run_demo
 
+    try:
+        check_arguments(args.ranks, args.steps_per_s, args.duration)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     run_demo(ranks=args.ranks, duration=args.duration, port=args.port, db=args.db,
              steps_per_s=args.steps_per_s, host=args.host)
     return 0
