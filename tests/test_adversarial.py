@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -197,6 +198,17 @@ def test_a_good_capture_body_still_works(world, where) -> None:
     base = world.a.url if where == "collector" else world.front.url
     r = httpx.post(f"{base}/api/v1/runs/{RUN}/capture", json={"rank": 1, "steps": 3})
     assert r.status_code == 200 and r.json()["ranks"] == [1]
+
+
+def test_a_client_leaving_mid_body_is_no_traceback_on_the_front(world, caplog) -> None:
+    request = (f"POST /api/v1/runs/{RUN}/capture HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               "Content-Type: application/json\r\nContent-Length: 50\r\n\r\n{").encode()
+    with socket.create_connection((world.front.host, world.front.port)) as sock:
+        sock.sendall(request)
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and not any(r.exc_info for r in caplog.records):
+        time.sleep(0.05)
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []  # was ClientDisconnect, logged
 
 
 def test_snapshot_upload_names_must_be_printable_and_a_refusal_stores_nothing(world) -> None:

@@ -29,6 +29,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
 
 from vramwatch import __about__, verdicts
 from vramwatch.collector.params import OptionalRank
@@ -194,7 +195,10 @@ async def _compare(request: Request, a: Annotated[str, Query(min_length=1)],
 async def _capture(request: Request, run: str) -> Any:
     """Ask a run's ranks for an allocator snapshot: forwarded to the shard owning the rank, or to
     every shard holding the run. The shards validate the body (their 4xx comes back as is)."""
-    raw = await request.body()
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing to log
+        return Response(status_code=400)
     if len(raw) > 64 * 1024:
         raise HTTPException(413, "body: larger than 65536 bytes")
     try:  # the collector's own model: a body a shard would refuse is refused here, before routing on it
