@@ -344,9 +344,13 @@ def _umask() -> int:
     (["gate", RUN, RUN, "--max-growth", "nan"], "--max-growth"),
     (["capture", RUN, "--steps", "inf"], "--steps"),
     (["demo", "--ranks", "100000000", "--duration", "1"], "ranks"),      # one thread per rank: hung, then OOM
+    (["serve", "--port", "0", "--min-free-mb", "inf"], "--min-free-mb"),  # was int(inf): OverflowError
+    (["serve", "--port", "0", "--retention-days", "nan"], "--retention-days"),
+    (["serve", "--port", "0", "--shutdown-timeout", "nan"], "--shutdown-timeout"),
+    (["serve", "--port", "0", "--peers-prometheus", "not-a-url"], "--peers-prometheus"),  # served 0 shards
 ])
 def test_option_values_outside_what_the_api_takes_are_exit_2_naming_the_option(cli_db, argv, needle) -> None:
-    err = _one_line_error(_cli(*argv, *(["--db", str(cli_db)] if argv[0] not in ("capture", "demo") else [])))
+    err = _one_line_error(_cli(*argv, "--db", str(cli_db)) if argv[0] != "capture" else _cli(*argv))
     assert needle in err
 
 

@@ -26,13 +26,18 @@ class Peer:
     url: str  # base URL without a trailing slash
 
 
+def _is_http_url(text: str) -> bool:
+    parts = urllib.parse.urlsplit(text)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 def parse_peer(text: str) -> Peer:
     text = text.strip()
     name = None
     if "=" in text and not text.startswith(("http://", "https://")):
         name, text = (part.strip() for part in text.split("=", 1))
     parts = urllib.parse.urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not _is_http_url(text):
         raise PeerError(f"peers: {text!r} is not an http(s) URL")
     url = text.rstrip("/")
     return Peer(name or (parts.netloc + parts.path.rstrip("/")), url)
@@ -52,6 +57,8 @@ class PeerSource:
 
     def __init__(self, *, static: list[Peer] | None = None, file: str | None = None,
                  prometheus: str | None = None, job: str = "vramwatch", refresh_s: float = 30.0) -> None:
+        if prometheus is not None and not _is_http_url(prometheus):
+            raise PeerError(f"--peers-prometheus: {prometheus!r} is not an http(s) URL")
         self._static = static or []
         self._file = Path(file) if file else None
         self._prometheus = prometheus.rstrip("/") if prometheus else None
