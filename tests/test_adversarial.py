@@ -153,6 +153,15 @@ def test_one_ranks_document_of_an_unknown_rank_or_host_is_a_404_naming_it(world,
     assert ok.status_code == 200 and ok.json()["x"]
 
 
+def test_a_refusal_relayed_by_the_front_or_the_cli_names_the_field(world) -> None:
+    # a collector's validation list used to reach people as a Python repr of dicts
+    r = httpx.get(f"{world.front.url}/api/v1/runs/{RUN}/advice", params={"margin": "x"})
+    assert r.status_code == 422 and r.json()["detail"].startswith("margin: Input should be a valid number")
+    refs = [arg for _ in range(9) for arg in ("--reference", RUN)]
+    err = _one_line_error(_cli("advise", RUN, *refs, "--url", world.a.url))
+    assert "answered 422: reference: List should have at most 8 items" in err, err
+
+
 @pytest.mark.parametrize("phase", ["", "x" * 33, "tr ain", "\u200b"])
 def test_series_phase_must_be_a_phase_name(world, phase) -> None:
     r = httpx.get(f"{world.a.url}/api/v1/runs/{RUN}/series", params={"rank": 0, "phase": phase})

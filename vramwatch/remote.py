@@ -51,6 +51,16 @@ def cli_call(command: str, url: str | None, call: Callable[[str], T], what: str 
         raise UsageError(f"{base}: not a valid {what} ({type(exc).__name__}: {exc})") from None
 
 
+def detail_text(detail: Any) -> str:
+    """An error answer's ``detail`` as one line for a person: a validation list
+    (``[{"loc": ["query", "rank"], "msg": ...}]``) as ``rank: msg; ...``, so the field is named."""
+    if isinstance(detail, list) and all(isinstance(e, dict) and "msg" in e for e in detail):
+        # loc is ["query"|"body"|"path", field, ...]: the field, or "body" for the body itself
+        return "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:] or e.get('loc', ()))}: {e['msg']}"
+                         for e in detail)
+    return detail if isinstance(detail, str) else str(detail)
+
+
 class RemoteError(Exception):
     def __init__(self, status: int | None, detail: str) -> None:
         super().__init__(detail)
@@ -99,7 +109,7 @@ def _call(url: str, path: str, query: str, timeout: float, max_bytes: int, data:
     except urllib.error.HTTPError as exc:
         text = exc.read(64 * 1024).decode("utf-8", "replace")
         try:
-            text = json.loads(text).get("detail", text)
+            text = detail_text(json.loads(text).get("detail", text))
         except (ValueError, AttributeError):
             pass
         raise RemoteError(exc.code, f"{url} answered {exc.code}: {text}") from None

@@ -40,6 +40,7 @@ from vramwatch.decisions.compare import compare as compare_runs
 from vramwatch.front import merge
 from vramwatch.front.fanout import Fanout
 from vramwatch.front.peers import Peer, PeerSource
+from vramwatch.remote import detail_text
 
 _API = "/api/v1/runs/"
 #: per-rank requests forwarded to the owning shard
@@ -220,7 +221,7 @@ async def _capture(request: Request, run: str) -> Any:
     done = [data for status, data in replies if status == 200 and isinstance(data, dict)]
     if not done:
         status, data = replies[0]
-        detail = data.get("detail") if isinstance(data, dict) else data
+        detail = detail_text(data.get("detail") if isinstance(data, dict) else data)
         raise HTTPException(status if 400 <= status < 500 else 504, f"shard {peers[0].name}: {detail}")
     return {"run": run, "directives": sum(int(d.get("directives", 0)) for d in done),
             "ranks": sorted({r for d in done for r in d.get("ranks", [])})}
