@@ -186,6 +186,7 @@ CAPTURE_BODIES = [
     (b'{"rank": 0, "step": 5}', "step"),        # a typo of "steps": was silently ignored
     (b'{"rank": 0, "steps": 0}', "steps"),
     (b'{"rank": 9007199254740993}', "rank"),
+    (b'{"rank": 18446744073709551616}', "rank"),  # past 64 bits: echoed exactly (orjson cannot)
 ]
 
 

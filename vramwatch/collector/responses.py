@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
@@ -22,24 +23,26 @@ def json_error(status: int, detail: str, **extra: Any) -> Response:
 
 
 async def validation_error(request: Any, exc: Any) -> Response:
-    """FastAPI's 422 for a request that failed validation (same ``detail`` list, each entry
-    naming its field in ``loc``), rendered by orjson: the input echoed back may be a float
-    the stdlib encoder refuses (``{"rank": 1e309}`` parses to inf, ``NaN`` to nan), which
-    turned the 422 into a 500. orjson writes them as null. A body that is not UTF-8 is echoed
-    with replacement characters."""
+    """FastAPI's 422 for a request that failed validation (the same ``detail`` list, each entry
+    naming its field in ``loc``) for any input it echoes back: ``{"rank": 1e309}`` parses to
+    inf and ``NaN`` to nan, which the JSON encoder refused (the 422 became a 500), and a body
+    that is not UTF-8 made the encoder raise. Non-finite numbers are echoed as null, bytes
+    with replacement characters; integers of any size stay exact (stdlib JSON, not orjson)."""
     from fastapi.encoders import jsonable_encoder
+    from fastapi.responses import JSONResponse
 
-    return JSONBytes({"detail": jsonable_encoder(_text_bytes(exc.errors()))}, status_code=422)
+    return JSONResponse({"detail": jsonable_encoder(_echoable(exc.errors()))}, status_code=422)
 
 
-def _text_bytes(value: Any) -> Any:
-    # jsonable_encoder decodes bytes as strict UTF-8 (a body of b"\xff" raised in the handler)
+def _echoable(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, dict):
-        return {k: _text_bytes(v) for k, v in value.items()}
+        return {k: _echoable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_text_bytes(v) for v in value]
+        return [_echoable(v) for v in value]
     return value
 
 
