@@ -457,3 +457,32 @@ def test_watch_keeps_polling_through_answers_of_the_wrong_shape(fake_servers, tm
     said = [r.getMessage() for r in caplog.records if "poll of" in r.getMessage()]
     assert said and all(fake_servers[name] in m for m in said)
     assert not [r for r in caplog.records if r.exc_info]
+
+
+# ------------------------------------------------------------------ front: a shard that answers nonsense
+
+FRONT_GETS = [
+    ("/healthz", {}), ("/api/v1/shards", {}), ("/api/v1/runs", {}), (f"/api/v1/runs/{RUN}/ranks", {}),
+    (f"/api/v1/runs/{RUN}/events", {}), (f"/api/v1/runs/{RUN}/snapshots", {}), (f"/api/v1/runs/{RUN}/heatmap", {}),
+    (f"/api/v1/runs/{RUN}/postmortem", {}), (f"/api/v1/runs/{RUN}/advice", {}), (f"/api/v1/runs/{RUN}/figures", {}),
+    (f"/api/v1/runs/{RUN}/series", {"rank": 0}), (f"/api/v1/runs/{RUN}/chart", {"rank": 0}),
+    (f"/api/v1/runs/{RUN}/phases", {}), ("/api/v1/compare", {"a": RUN, "b": RUN}),
+]
+
+
+@pytest.mark.parametrize("name", ["list", "wrong-types", "html"])
+def test_a_shard_answering_the_wrong_shape_is_a_502_never_a_500(world, fake_servers, name) -> None:
+    """Merging read the shard documents unguarded on /runs, the per-rank routes (owner lookup),
+    phases, compare and capture: a shard of another version, or something else at its address,
+    made them 500s."""
+    settings = FrontSettings(peers=PeerSource(static=parse_peers([world.a.url, fake_servers[name]])),
+                             timeout_s=5.0, cache_ttl_s=0)
+    with BackgroundFront(settings) as front, httpx.Client(base_url=front.url, timeout=30) as client:
+        for path, query in FRONT_GETS:
+            r = client.get(path, params=query)
+            assert r.status_code in (200, 404, 502, 504) and "json" in r.headers["content-type"], (path, r.text)
+            if r.status_code == 502:
+                assert "malformed" in r.json()["detail"], (path, r.text)
+        # the good shard's capture still answers for its ranks
+        r = client.post(f"/api/v1/runs/{RUN}/capture", json={"steps": 2})
+        assert r.status_code == 200 and set(r.json()["ranks"]) <= {0, 1}, r.text

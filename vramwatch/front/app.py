@@ -17,7 +17,8 @@ this app instead of a collector. It stores nothing and can run as several replic
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -40,7 +41,7 @@ from vramwatch.decisions.compare import compare as compare_runs
 from vramwatch.front import merge
 from vramwatch.front.fanout import Fanout
 from vramwatch.front.peers import Peer, PeerSource
-from vramwatch.remote import detail_text
+from vramwatch.remote import MALFORMED, detail_text
 
 _API = "/api/v1/runs/"
 #: per-rank requests forwarded to the owning shard
@@ -85,6 +86,17 @@ async def _peers(settings: FrontSettings) -> list[Peer]:
     return await asyncio.to_thread(settings.peers.current)
 
 
+@contextlib.contextmanager
+def _malformed_is_502(what: str) -> Iterator[None]:
+    """Around code that reads shard answers: one of the wrong shape (another version of
+    vramwatch, or something else at that address) is a 502 naming ``what``, not a 500."""
+    try:
+        yield
+    except MALFORMED as exc:
+        raise HTTPException(502, f"{what}: a shard answered a malformed document ({type(exc).__name__}: {exc})"
+                            ) from None
+
+
 async def _gather(request: Request, path: str, params: dict[str, Any] | None = None) -> list[merge.ShardAnswer]:
     settings: FrontSettings = request.app.state.settings
     return await request.app.state.fanout.get_all(await _peers(settings), path, params)
@@ -104,20 +116,19 @@ async def _run_level(request: Request, run: str, what: str) -> Any:
         if refused is not None and refused.status:  # a shard refused the parameters: say so, as a collector would
             raise HTTPException(refused.status, refused.error)
         raise HTTPException(404, f"run: no shard knows run {run!r}")
-    try:
+    with _malformed_is_502(what):
         return _MERGED[what](run, answers, params)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise HTTPException(502, f"{what}: a shard answered a malformed document ({type(exc).__name__}: {exc})"
-                            ) from None
 
 
 async def _owner(request: Request, run: str, rank: int, host: str | None) -> Peer:
     by_name = {p.name: p for p in await _peers(request.app.state.settings)}
-    for row in merge.merge_ranks(await _gather(request, _API + _quote(run) + "/ranks")):
-        if row.get("rank") == rank and (host is None or row.get("host") == host):
-            peer = by_name.get(row["shard"])
-            if peer is not None:
-                return peer
+    answers = await _gather(request, _API + _quote(run) + "/ranks")
+    with _malformed_is_502("ranks"):
+        for row in merge.merge_ranks(answers):
+            if row.get("rank") == rank and (host is None or row.get("host") == host):
+                peer = by_name.get(row["shard"])
+                if peer is not None:
+                    return peer
     raise HTTPException(404, f"rank: no shard owns rank {rank} of run {run!r}")
 
 
@@ -127,7 +138,9 @@ async def _per_rank(request: Request, run: str, what: str, rank: int | None) -> 
     rank merged from every shard."""
     if rank is None:
         if what == "phases":
-            return merge.merge_lists(await _gather(request, _API + _quote(run) + "/phases"))
+            answers = await _gather(request, _API + _quote(run) + "/phases")
+            with _malformed_is_502("phases"):
+                return merge.merge_lists(answers)
         raise HTTPException(422, "rank: required")
     peer = await _owner(request, run, rank, request.query_params.get("host"))
     answer = await request.app.state.fanout.get_one(peer, _API + _quote(run) + "/" + what,
@@ -162,7 +175,9 @@ def _add_status_routes(app: FastAPI, read: list[Any]) -> None:
 
     @app.get("/api/v1/runs", dependencies=read)
     async def runs(request: Request) -> list[dict[str, Any]]:
-        return merge.merge_runs(await _gather(request, "/api/v1/runs"))
+        answers = await _gather(request, "/api/v1/runs")
+        with _malformed_is_502("runs"):
+            return merge.merge_runs(answers)
 
 
 
@@ -185,12 +200,13 @@ async def _compare(request: Request, a: Annotated[str, Query(min_length=1)],
     """Two runs side by side per rank, each joined from every shard holding part of it."""
     answers = await asyncio.gather(*(_gather(request, _API + _quote(r) + "/figures") for r in (a, b)))
     figures = []
-    for field, run, shard_answers in (("a", a, answers[0]), ("b", b, answers[1])):
-        doc = merge.merge_figures(run, shard_answers)
-        if doc is None:
-            raise HTTPException(404, f"{field}: no shard knows run {run!r}")
-        figures.append(RunFigures.from_dict(doc))
-    return compare_runs(figures[0], figures[1]).as_dict()
+    with _malformed_is_502("figures"):
+        for field, run, shard_answers in (("a", a, answers[0]), ("b", b, answers[1])):
+            doc = merge.merge_figures(run, shard_answers)
+            if doc is None:
+                raise HTTPException(404, f"{field}: no shard knows run {run!r}")
+            figures.append(RunFigures.from_dict(doc))
+        return compare_runs(figures[0], figures[1]).as_dict()
 
 
 async def _capture(request: Request, run: str) -> Any:
@@ -218,13 +234,23 @@ async def _capture(request: Request, run: str) -> Any:
             raise HTTPException(404, f"run: no reachable shard holds run {run!r}")
     fanout: Fanout = request.app.state.fanout
     replies = await asyncio.gather(*(fanout.post_one(p, _API + _quote(run) + "/capture", body) for p in peers))
-    done = [data for status, data in replies if status == 200 and isinstance(data, dict)]
+    done = [read for status, data in replies if status == 200 and (read := _capture_reply(data)) is not None]
     if not done:
         status, data = replies[0]
+        if status == 200:
+            raise HTTPException(502, f"shard {peers[0].name}: a malformed capture answer: {str(data)[:200]}")
         detail = detail_text(data.get("detail") if isinstance(data, dict) else data)
         raise HTTPException(status if 400 <= status < 500 else 504, f"shard {peers[0].name}: {detail}")
-    return {"run": run, "directives": sum(int(d.get("directives", 0)) for d in done),
-            "ranks": sorted({r for d in done for r in d.get("ranks", [])})}
+    return {"run": run, "directives": sum(n for n, _ in done), "ranks": sorted({r for _, ranks in done for r in ranks})}
+
+
+def _capture_reply(data: Any) -> tuple[int, list[int]] | None:
+    """(directives, ranks) of a shard's capture answer; None when it is malformed (that shard then
+    counts as not done, like one that failed, and the others' captures still answer)."""
+    try:
+        return int(data["directives"]), [int(r) for r in data["ranks"]]
+    except MALFORMED:
+        return None
 
 
 async def _download(request: Request, snapshot_id: str, shard: str | None = None) -> Response:
