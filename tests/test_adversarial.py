@@ -364,6 +364,36 @@ def test_option_values_outside_what_the_api_takes_are_exit_2_naming_the_option(c
     assert needle in err
 
 
+def _damaged_copy(db: Path, dest: Path) -> Path:
+    """``db`` with every page after the first overwritten: it opens (the header and the schema
+    page are intact) and fails where a command first reads a table."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+    data = bytearray(db.read_bytes())
+    data[page:] = b"\xde" * (len(data) - page)
+    dest.write_bytes(bytes(data))
+    return dest
+
+
+@pytest.mark.parametrize("argv", [["export", RUN, "--out", "{out}"], ["report", RUN, "--out", "{out}"],
+                                  ["advise", RUN], ["compare", RUN, RUN], ["gate", RUN, RUN], ["postmortem", RUN]])
+def test_a_damaged_database_is_one_line_and_exit_2(cli_db, tmp_path, argv) -> None:
+    db = _damaged_copy(cli_db, tmp_path / "damaged.db")
+    out = tmp_path / "out"
+    err = _one_line_error(_cli(*[a.format(out=out) for a in argv], "--db", str(db)))  # was sqlite3's traceback
+    assert "damaged.db" in err and "malformed" in err
+    assert not out.exists()
+
+
+@pytest.mark.xfail(strict=True, reason="collector/server.py (not this helper's): the lifespan's restore reads "
+                   "the damaged pages after check_database passed, and uvicorn logs its traceback")
+def test_serve_on_a_damaged_database_is_one_line_and_exit_2(cli_db, tmp_path) -> None:
+    db = _damaged_copy(cli_db, tmp_path / "damaged.db")
+    err = _one_line_error(_cli("serve", "--port", "0", "--db", str(db)))
+    assert "damaged.db" in err
+
+
 @pytest.mark.parametrize("flag", ["--token-file", "--peer-token-file"])
 def test_a_token_file_that_is_not_text_is_one_line_and_exit_2(tmp_path, flag) -> None:
     token = tmp_path / "token"

@@ -464,10 +464,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
+    import sqlite3
+
     try:
         return args.func(args)
     except UsageError as exc:
         print(f"vramwatch {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except sqlite3.DatabaseError as exc:
+        # a damaged file opens fine and fails where a command first reads a bad page, deep
+        # inside it; any output file is not left behind (_output), so this is the whole story
+        db = getattr(args, "db", None) or "the database"
+        print(f"vramwatch {args.command}: error: cannot read {db}: {exc} "
+              "(check it with: sqlite3 FILE 'PRAGMA integrity_check')", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
