@@ -469,6 +469,25 @@ def test_one_bad_row_in_a_good_file_refuses_the_whole_import_and_names_it(cli_db
         assert conn.execute(COUNTS).fetchone()[0] > before[0]
 
 
+@pytest.mark.parametrize(("table", "needle"), [
+    ("keys = 5", "keys: must be a table"),                                     # was AttributeError
+    ("[keys]\nx = 5", "keys.x: must be a table"),                              # was AttributeError
+    ('[keys.x]\nfield = "allocated_bytes"\nscale = inf', "keys.x.scale"),      # inf bytes per unit
+    ('[keys.x]\nfield = "allocated_bytes"\nscale = true', "keys.x.scale"),     # was a scale of 1
+    ('[keys.x]\nfield = "allocated_bytes"\nlevel = "no"', "keys.x.level"),     # was bool("no") = True
+    ('[keys.x]\nfield = "allocated_bytes"\ncapacity_percent_of = 5', "keys.x"),
+])
+def test_a_tensorboard_key_table_of_the_wrong_shape_names_the_key(tmp_path, table, needle) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text(table + "\n")
+    events = tmp_path / "events.out.tfevents.1.host"
+    events.write_bytes(b"\0" * 64)
+    err = _one_line_error(_cli("import", "--from", "tensorboard", "--db", str(tmp_path / "vw.db"),
+                               "--keys", str(keys), str(events)))
+    assert f"{keys}:" in err and needle in err
+    assert not (tmp_path / "vw.db").exists()
+
+
 # ------------------------------------------------------------------ watch: a Prometheus that answers nonsense
 
 @pytest.mark.parametrize("name", ["html", "list", "wrong-types"])
