@@ -233,8 +233,8 @@ def test_snapshot_upload_names_must_be_printable_and_a_refusal_stores_nothing(wo
 # ------------------------------------------------------------------ CLI
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, **(env or {}), "PYTHONPATH": str(Path(__file__).parent.parent)}
-    environ.pop("VRAMWATCH_URL", None)
+    environ = {k: v for k, v in os.environ.items() if k not in ("VRAMWATCH_URL", "VRAMWATCH_TOKEN")}
+    environ.update(env or {}, PYTHONPATH=str(Path(__file__).parent.parent))
     return subprocess.run([sys.executable, "-m", "vramwatch", *args], capture_output=True, text=True,
                           env=environ, timeout=60)
 
@@ -392,6 +392,20 @@ def test_serve_on_a_damaged_database_is_one_line_and_exit_2(cli_db, tmp_path) ->
     db = _damaged_copy(cli_db, tmp_path / "damaged.db")
     err = _one_line_error(_cli("serve", "--port", "0", "--db", str(db)))
     assert "damaged.db" in err
+
+
+@pytest.mark.parametrize(("env", "needle"), [
+    ({"VRAMWATCH_URL": "http://"}, "VRAMWATCH_URL: not an http(s) URL"),      # was an "outage", exit 1
+    ({"VRAMWATCH_URL": "http://[::1"}, "VRAMWATCH_URL: not an http(s) URL"),  # was urllib's bare message
+    ({"VRAMWATCH_URL": "http://host:port"}, "VRAMWATCH_URL: not an http(s) URL"),
+    ({"VRAMWATCH_TOKEN": "a\nb"}, "VRAMWATCH_TOKEN"),                        # was blamed on the answer
+    ({"VRAMWATCH_TOKEN": "\u20ac"}, "VRAMWATCH_TOKEN"),
+])
+def test_bad_client_settings_in_the_environment_are_exit_2_naming_the_variable(env, needle) -> None:
+    for argv in (["capture", RUN], ["postmortem", RUN, "--url", "http://127.0.0.1:9"]):
+        if "VRAMWATCH_URL" in env and "--url" in argv:
+            continue
+        assert needle in _one_line_error(_cli(*argv, env=env))
 
 
 @pytest.mark.parametrize("flag", ["--token-file", "--peer-token-file"])

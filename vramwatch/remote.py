@@ -38,6 +38,7 @@ def cli_call(command: str, url: str | None, call: Callable[[str], T], what: str 
 
     try:
         base = base_url(url)
+        _token()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     try:
@@ -73,9 +74,25 @@ def base_url(url: str | None) -> str:
     from vramwatch.config import client_env
 
     value = (url or client_env()[0] or "http://127.0.0.1:8765").rstrip("/")
-    if urllib.parse.urlsplit(value).scheme not in ("http", "https"):
-        raise ValueError(f"--url: not an http(s) URL: {value!r}")
+    try:  # urlsplit raises for "http://[::1"; .port for a port that is not a number
+        parts = urllib.parse.urlsplit(value)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{'--url' if url else 'VRAMWATCH_URL'}: not an http(s) URL: {value!r}")
     return value
+
+
+def _token() -> str | None:
+    """``$VRAMWATCH_TOKEN``, checked: it travels in an HTTP header, where a newline or a character
+    outside Latin-1 cannot go (http.client raised, deep in the request)."""
+    from vramwatch.config import client_env
+
+    token = client_env()[1]
+    if token is not None and not (token.isprintable() and all(ord(c) < 256 for c in token)):
+        raise ValueError("VRAMWATCH_TOKEN: must be printable text (it is sent in an HTTP header)")
+    return token
 
 
 def run_path(run: str, what: str) -> str:
@@ -95,9 +112,7 @@ def get_json(url: str, path: str, params: dict[str, Any] | None = None, *, timeo
 
 
 def _call(url: str, path: str, query: str, timeout: float, max_bytes: int, data: bytes | None = None) -> Any:
-    from vramwatch.config import client_env
-
-    token = client_env()[1]
+    token = _token()
     headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     if data is not None:
         headers["Content-Type"] = "application/json"
