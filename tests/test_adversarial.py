@@ -502,6 +502,23 @@ def test_a_tensorboard_key_table_of_the_wrong_shape_names_the_key(tmp_path, tabl
     assert not (tmp_path / "vw.db").exists()
 
 
+# ------------------------------------------------------------------ the hook's settings
+
+@pytest.mark.parametrize(("env", "kwargs", "needle"), [
+    ({"VRAMWATCH_EXIT_TIMEOUT": "inf"}, {}, "VRAMWATCH_EXIT_TIMEOUT"),  # was accepted: an exit that never ends
+    ({"VRAMWATCH_EXIT_TIMEOUT": "1e309"}, {}, "VRAMWATCH_EXIT_TIMEOUT"),
+    ({}, {"exit_timeout_s": float("inf")}, "exit_timeout_s"),
+    ({}, {"flush_interval_s": float("inf")}, "flush_interval_s"),        # was accepted: never flushes
+    ({}, {"backoff_max_s": float("nan")}, "backoff_max_s"),
+    ({}, {"max_queue": True}, "max_queue"),                              # was a queue of 1
+])
+def test_hook_settings_out_of_range_are_a_value_error_naming_them(env, kwargs, needle) -> None:
+    from vramwatch.config import Config
+
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        Config.from_env(env, **kwargs)
+
+
 # ------------------------------------------------------------------ watch: a Prometheus that answers nonsense
 
 @pytest.mark.parametrize("name", ["html", "list", "wrong-types"])
