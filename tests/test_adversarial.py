@@ -502,6 +502,34 @@ def test_a_tensorboard_key_table_of_the_wrong_shape_names_the_key(tmp_path, tabl
     assert not (tmp_path / "vw.db").exists()
 
 
+def _corrupt_gzip(data: bytes, dest: Path) -> Path:
+    """``data`` gzipped, with bytes in the middle of the deflate stream flipped (not truncated:
+    the decoder fails mid-file with zlib.error, not at the end with EOFError)."""
+    packed = bytearray(gzip.compress(data, mtime=0))
+    for i in range(len(packed) // 3, len(packed) // 3 + 64):
+        packed[i] ^= 0x55
+    dest.write_bytes(bytes(packed))
+    return dest
+
+
+@pytest.mark.parametrize("argv", [["import", "--db", "{db}", "{bad}"], ["advise", "{bad}"],
+                                  ["compare", "{bad}", "{good}"], ["gate", "{good}", "{bad}"],
+                                  ["import", "--from", "nvidia-smi", "--db", "{db}", "{csv}", "{smi}"]])
+def test_a_corrupt_gzip_input_is_one_line_naming_the_file(tmp_path, argv) -> None:
+    rows = ndjson(_trace(0, steps=400, run="gz"))
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(rows)
+    files = {"bad": _corrupt_gzip(rows, tmp_path / "bad.jsonl.gz"), "good": good, "db": tmp_path / "vw.db",
+             "csv": DATA / "nvidia_smi_units.csv",
+             "smi": _corrupt_gzip((DATA / "nvidia_smi_units.csv").read_bytes() * 40, tmp_path / "smi.csv.gz")}
+    err = _one_line_error(_cli(*[a.format(**files) for a in argv]))  # was zlib.error's traceback
+    named = files["smi"] if "nvidia-smi" in argv else files["bad"]
+    assert str(named) in err and ("corrupt" in err or "Error -3" in err), err
+    if (tmp_path / "vw.db").exists():
+        with contextlib.closing(sqlite3.connect(tmp_path / "vw.db")) as conn:
+            assert conn.execute("SELECT count(*) FROM samples").fetchone() == (0,)
+
+
 # ------------------------------------------------------------------ the hook's settings
 
 @pytest.mark.parametrize(("env", "kwargs", "needle"), [

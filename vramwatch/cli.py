@@ -247,7 +247,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     from vramwatch.collector.store import Store, StoreError
-    from vramwatch.wire import WireError, iter_samples
+    from vramwatch.wire import WireError
 
     if args.source != "jsonl":  # other tools' files (vramwatch/importers)
         from vramwatch.importers.cli import cmd_import as import_other
@@ -261,18 +261,15 @@ def cmd_import(args: argparse.Namespace) -> int:
     on_bad = check.bad if args.skip_invalid else None  # counts and names the first few bad lines
     try:
         # pass 1: validate everything, so bad input changes nothing (unless --skip-invalid)
-        total = sum(1 for p in paths for _ in iter_samples(p, on_bad))
+        total = sum(1 for _ in _trace_samples(paths, on_bad))
         check.rows = total + check.skipped
         store = Store(_db_path(args))
     except WireError as exc:
         raise UsageError(f"{exc} (nothing imported; use --skip-invalid to skip bad rows)") from None
-    except (OSError, EOFError) as exc:
-        raise UsageError(f"cannot read trace: {exc}") from None
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     try:
-        accepted, duplicates = store.insert_stream(
-            sample for p in paths for sample in iter_samples(p, (lambda e: None) if on_bad else None))
+        accepted, duplicates = store.insert_stream(_trace_samples(paths, (lambda e: None) if on_bad else None))
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     finally:
@@ -281,6 +278,18 @@ def cmd_import(args: argparse.Namespace) -> int:
     print(f"imported {accepted} samples ({duplicates} already present) of {total} into {store.path}",
           file=sys.stderr)
     return 0
+
+
+def _trace_samples(paths: Sequence[Path], on_bad: Any) -> Iterator[Any]:
+    """Every sample of the trace files (``wire.iter_samples``); a file that cannot be read at all
+    (truncated gzip, a directory) is a UsageError naming it."""
+    from vramwatch.wire import iter_samples
+
+    for path in paths:
+        try:
+            yield from iter_samples(path, on_bad)
+        except (OSError, EOFError) as exc:
+            raise UsageError(f"cannot read {path}: {exc}") from None
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -18,8 +19,32 @@ from vramwatch.wire import Sample, WireError, encode_lines, validate
 def _open_read(path: str | os.PathLike[str]) -> IO[bytes]:
     raw = open(path, "rb")  # noqa: SIM115 - closed by the caller's with-block
     if raw.peek(2)[:2] == b"\x1f\x8b":  # sniff, so a misnamed gzip still reads
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+        return _Gunzip(fileobj=raw, mode="rb")  # type: ignore[return-value]
     return raw
+
+
+class _Gunzip(gzip.GzipFile):
+    """A GzipFile whose corrupt deflate data raises ``BadGzipFile`` (an OSError, which every
+    reader of trace files reports as an unreadable file) instead of ``zlib.error`` (which
+    none expected: a traceback from import, advise, compare and gate)."""
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return super().read(size)
+        except zlib.error as exc:
+            raise gzip.BadGzipFile(f"corrupt gzip data: {exc}") from None
+
+    def readline(self, size: int | None = -1) -> bytes:
+        try:
+            return super().readline(size)
+        except zlib.error as exc:
+            raise gzip.BadGzipFile(f"corrupt gzip data: {exc}") from None
+
+    def __next__(self) -> bytes:
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
 
 
 def iter_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
