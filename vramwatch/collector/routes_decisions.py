@@ -15,11 +15,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 
+from vramwatch.decisions import MAX_CHECKPOINTS, MAX_PLATEAU_STEPS
 from vramwatch.decisions.advice import advise
 from vramwatch.decisions.compare import RunFigures
 from vramwatch.decisions.compare import compare as compare_runs
 from vramwatch.decisions.observe import RunObservation, observe
-from vramwatch.decisions.readiness import MAX_CHECKPOINTS, MAX_PLATEAU_STEPS, ReadinessConfig
+from vramwatch.decisions.readiness import ReadinessConfig
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
 router = APIRouter()

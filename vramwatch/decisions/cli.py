@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from vramwatch.decisions.readiness import MAX_CHECKPOINTS, MAX_PLATEAU_STEPS
+from vramwatch.decisions import MAX_CHECKPOINTS, MAX_PLATEAU_STEPS
 from vramwatch.units import gib
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 

@@ -27,17 +27,9 @@ VERDICTS = ("ready", "not_ready", "unsafe")  # best first; severity is the index
 #: Why a rank is unsafe, in the order reasons are listed (advice acts on these, not on text).
 CAUSES = ("oom", "leak", "fragmentation", "unstable", "margin")
 
-#: the largest thresholds a caller may set: a plateau of 2**53 steps already never holds;
-#: the checkpoint bound keeps a typo (an extra digit or three) from reading as "never ready"
-MAX_PLATEAU_STEPS = 2**53
-MAX_CHECKPOINTS = 10_000
-
-
 @dataclass(frozen=True)
 class ReadinessConfig:
-    """Thresholds; the defaults are the seed's (2,000 steps, one checkpoint, 5 % margin).
-    The bounds a caller may ask for (the API's and the CLI's): :data:`MAX_PLATEAU_STEPS`,
-    :data:`MAX_CHECKPOINTS`."""
+    """Thresholds; the defaults are the seed's (2,000 steps, one checkpoint, 5 % margin)."""
 
     plateau_steps: int = 2000
     checkpoints: int = 1
