@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -34,14 +35,19 @@ def _port(text: str) -> int:
     return value
 
 
+def _finite(value: float, text: str) -> None:
+    # float("nan") and float("inf") parse: a NaN compares false with every bound, inf passes "> 0"
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+
+
 def _positive(kind: type) -> object:
     def parse(text: str) -> float | int:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value != value or value in (float("inf"), float("-inf")):
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        _finite(value, text)
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
         return value
@@ -56,8 +62,7 @@ def _non_negative(kind: type) -> object:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value != value or value in (float("inf"), float("-inf")):
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        _finite(value, text)
         if value < 0:
             raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
         return value
@@ -483,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except sqlite3.DatabaseError as exc:
         # a damaged file opens fine and fails where a command first reads a bad page, deep
         # inside it; any output file is not left behind (_output), so this is the whole story
-        db = getattr(args, "db", None) or "the database"
+        db = _db_path(args) if hasattr(args, "db") else "the database"
         print(f"vramwatch {args.command}: error: cannot read {db}: {exc} "
               "(check it with: sqlite3 FILE 'PRAGMA integrity_check')", file=sys.stderr)
         return EXIT_USAGE

@@ -16,6 +16,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"steps": args.steps}
     if args.rank is not None:
         body["rank"] = args.rank
+
     def ask(url: str) -> str:
         answer = remote.post_json(url, remote.run_path(args.run, "capture"), body, timeout=10)
         return ", ".join(str(int(r)) for r in answer.get("ranks", []))
@@ -33,6 +34,7 @@ def _remote_postmortem(args: argparse.Namespace) -> int:
     from vramwatch import postmortem, remote
 
     path = remote.run_path(args.run, "postmortem")
+
     def ask(url: str) -> str:
         # read (and render) the whole answer before printing any of it
         doc = remote.get_json(url, path, {"silent_after_s": args.silent_after})

@@ -74,9 +74,10 @@ def base_url(url: str | None) -> str:
     from vramwatch.config import client_env
 
     value = (url or client_env()[0] or "http://127.0.0.1:8765").rstrip("/")
-    try:  # urlsplit raises for "http://[::1"; .port for a port that is not a number
-        parts = urllib.parse.urlsplit(value)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+    try:
+        parts = urllib.parse.urlsplit(value)  # raises for "http://[::1"
+        _ = parts.port  # raises for a port that is not a number in 0..65535
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
     except ValueError:
         ok = False
     if not ok:
