@@ -162,6 +162,15 @@ def test_a_refusal_relayed_by_the_front_or_the_cli_names_the_field(world) -> Non
     assert "answered 422: reference: List should have at most 8 items" in err, err
 
 
+def test_a_repeated_parameter_means_on_a_front_what_it_means_on_a_collector(world) -> None:
+    # the shards read the last of a repeated scalar; the front merged with the list: a 502
+    query = [("cols", "20"), ("cols", "32")]
+    on_a, on_front = (httpx.get(f"{base}/api/v1/runs/{RUN}/heatmap", params=query) for base in (world.a.url,
+                                                                                                 world.front.url))
+    assert on_a.status_code == on_front.status_code == 200, on_front.text
+    assert len(on_front.json()["x"]) == len(on_a.json()["x"])
+
+
 @pytest.mark.parametrize("phase", ["", "x" * 33, "tr ain", "\u200b"])
 def test_series_phase_must_be_a_phase_name(world, phase) -> None:
     r = httpx.get(f"{world.a.url}/api/v1/runs/{RUN}/series", params={"rank": 0, "phase": phase})

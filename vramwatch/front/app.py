@@ -52,12 +52,17 @@ def _snapshots(run: str, answers: Sequence[merge.ShardAnswer], params: dict[str,
     return [merge.snapshot_via_front(s) for s in merge.merge_lists(answers, order=("ts", "rank"))]
 
 
+def _last(value: Any) -> Any:
+    """A query value as the shards read it: of a repeated scalar parameter, the last one."""
+    return value[-1] if isinstance(value, list) else value
+
+
 #: run-level requests merged across shards, and how: (run, every shard's answer, query) -> document
 _MERGED: dict[str, Callable[[str, Sequence[merge.ShardAnswer], dict[str, Any]], Any]] = {
     "ranks": lambda run, answers, params: merge.merge_ranks(answers),
     "events": lambda run, answers, params: merge.merge_lists(answers),
     "snapshots": _snapshots,
-    "heatmap": lambda run, answers, params: merge.merge_heatmap(answers, int(params.get("cols", 240))),
+    "heatmap": lambda run, answers, params: merge.merge_heatmap(answers, int(_last(params.get("cols", 240)))),
     "postmortem": lambda run, answers, params: merge.merge_postmortem(run, answers),
     "advice": lambda run, answers, params: merge.merge_advice(answers),
     "figures": lambda run, answers, params: merge.merge_figures(run, answers),
