@@ -438,13 +438,33 @@ def test_bad_client_settings_in_the_environment_are_exit_2_naming_the_variable()
     assert _one_line_errors(jobs) == []
 
 
-def test_a_token_file_that_is_not_text_is_one_line_and_exit_2(tmp_path) -> None:
-    token = tmp_path / "token"
-    token.write_bytes(b"\xc0\xff secret")
+def test_a_token_or_peers_file_that_is_not_text_is_one_line_and_exit_2(tmp_path) -> None:
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xc0\xff secret")
     serve = ["serve", "--db", str(tmp_path / "vw.db"), "--port", "0"]
-    jobs = [([*serve, "--token-file", str(token)], None, "--token-file"),
-            ([*serve, "--peer-token-file", str(token), "--peers", "http://127.0.0.1:9"], None, "--peer-token-file")]
+    jobs = [([*serve, "--token-file", str(binary)], None, "--token-file"),
+            ([*serve, "--peer-token-file", str(binary), "--peers", "http://127.0.0.1:9"], None, "--peer-token-file"),
+            ([*serve, "--peers-file", str(binary)], None, "--peers-file")]
     assert _one_line_errors(jobs) == []  # each was UnicodeDecodeError's traceback
+
+
+def test_a_peer_list_that_turns_bad_keeps_the_last_good_one(tmp_path) -> None:
+    """A front re-reads its peers file and asks Prometheus on every request's peer look-up: a file
+    rewritten to binary, or targets that are not objects, raised there (every request a 500)."""
+    peers = tmp_path / "peers.txt"
+    peers.write_text("http://127.0.0.1:9\n")
+    source = PeerSource(file=str(peers))
+    assert [p.url for p in source.current()] == ["http://127.0.0.1:9"]
+    peers.write_bytes(b"\xff\xfe")
+    os.utime(peers, (time.time() + 5, time.time() + 5))  # a new mtime, whatever the clock's resolution
+    assert [p.url for p in source.current()] == ["http://127.0.0.1:9"]
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Replies)
+    srv.reply = (200, "application/json", b'{"data": {"activeTargets": [1, "x", null]}}')  # type: ignore[attr-defined]
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert PeerSource(prometheus=f"http://127.0.0.1:{srv.server_address[1]}").current() == []
+    finally:
+        srv.shutdown()
 
 
 # ------------------------------------------------------------------ importers: one bad row in a good file

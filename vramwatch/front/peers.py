@@ -12,6 +12,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -78,8 +79,8 @@ class PeerSource:
             mtime = os.stat(self._file).st_mtime
             if mtime == self._mtime:
                 return
-            peers = parse_peers(self._file.read_text().replace(",", "\n").splitlines())
-        except (OSError, PeerError) as exc:
+            peers = parse_peers(self._file.read_text(encoding="utf-8").replace(",", "\n").splitlines())
+        except (OSError, PeerError, UnicodeDecodeError) as exc:
             if strict:
                 raise PeerError(f"--peers-file {self._file}: {exc}") from None
             return  # keep the last good list
@@ -88,9 +89,14 @@ class PeerSource:
     def _discover(self) -> None:
         try:
             reply = httpx.get(f"{self._prometheus}/api/v1/targets", params={"state": "active"}, timeout=5)
-            targets = reply.json()["data"]["activeTargets"]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            return  # Prometheus away: keep the last list
+            peers = self._peers_of(reply.json()["data"]["activeTargets"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            # Prometheus away, or an answer of another shape (not a list of target objects: it
+            # failed every front request): keep the last list
+            return
+        self._from_prom = sorted(set(peers), key=lambda p: p.name)
+
+    def _peers_of(self, targets: list[dict[str, Any]]) -> list[Peer]:
         peers = []
         for target in targets:
             if target.get("labels", {}).get("job") != self._job:
@@ -98,7 +104,7 @@ class PeerSource:
             scrape = urllib.parse.urlsplit(target.get("scrapeUrl", ""))
             base = scrape.path.removesuffix("/metrics")
             peers.append(Peer(scrape.netloc + base, f"{scrape.scheme}://{scrape.netloc}{base}"))
-        self._from_prom = sorted(set(peers), key=lambda p: p.name)
+        return peers
 
     def current(self) -> list[Peer]:
         with self._lock:
