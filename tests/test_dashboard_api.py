@@ -175,5 +175,6 @@ def test_chart_rejects_bad_requests(feed: Feed) -> None:
     assert r.status_code == 422 and "end" in r.json()["detail"]
     assert httpx.get(base, params={"rank": 0, "points": 5}).status_code == 422
     assert httpx.get(f"{feed.url}/api/v1/runs/nope/chart", params={"rank": 0}).status_code == 404
-    nobody = httpx.get(base, params={"rank": 7}).json()
-    assert nobody["x"] == [] and nobody["raw_points"] == 0
+    # a rank the run never had is a wrong address (as on a front), not an empty chart
+    nobody = httpx.get(base, params={"rank": 7})
+    assert nobody.status_code == 404 and nobody.json()["detail"].startswith("rank: no rank 7")

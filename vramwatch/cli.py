@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import math
 import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 EXIT_USAGE = 2
 
@@ -32,12 +35,19 @@ def _port(text: str) -> int:
     return value
 
 
+def _finite(value: float, text: str) -> None:
+    # float("nan") and float("inf") parse: a NaN compares false with every bound, inf passes "> 0"
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+
+
 def _positive(kind: type) -> object:
     def parse(text: str) -> float | int:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        _finite(value, text)
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
         return value
@@ -52,6 +62,7 @@ def _non_negative(kind: type) -> object:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        _finite(value, text)
         if value < 0:
             raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
         return value
@@ -70,12 +81,45 @@ def _existing_files(paths: Sequence[str]) -> list[Path]:
     return out
 
 
+def _read_secret(flag: str, path: str) -> str:
+    """The stripped text of a token file, else a UsageError naming ``flag`` (unreadable, not UTF-8)."""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read {flag} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"cannot read {flag} {path}: not a UTF-8 text file") from None
+
+
+@contextlib.contextmanager
+def _output(path: str) -> Iterator[IO[bytes]]:
+    """A binary file that appears at ``path`` only complete: written beside it under a temporary
+    name and renamed when the block ends without an exception (else removed), so a failed or
+    interrupted command never leaves a half-written file. A path that cannot be written (missing
+    or read-only directory, a directory) is a UsageError naming it."""
+    target = Path(path)
+    try:
+        if target.is_dir():
+            raise IsADirectoryError(21, "Is a directory")
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+    try:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # what open() would have made, not mkstemp's 0600
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def _read_token(args: argparse.Namespace) -> str | None:
     if getattr(args, "token_file", None):
-        try:
-            token = Path(args.token_file).read_text().strip()
-        except OSError as exc:
-            raise UsageError(f"cannot read --token-file {args.token_file}: {exc.strerror}") from None
+        token = _read_secret("--token-file", args.token_file)
         if not token:
             raise UsageError(f"--token-file {args.token_file} is empty")
         return token
@@ -109,10 +153,7 @@ def cmd_front(args: argparse.Namespace) -> int:
         raise UsageError("--peers: no peer given")
     peer_token = None
     if args.peer_token_file:
-        try:
-            peer_token = Path(args.peer_token_file).read_text().strip() or None
-        except OSError as exc:
-            raise UsageError(f"cannot read --peer-token-file {args.peer_token_file}: {exc.strerror}") from None
+        peer_token = _read_secret("--peer-token-file", args.peer_token_file) or None
     settings = FrontSettings(peers=source, token=_read_token(args) if args.auth_read else None,
                              peer_token=peer_token or _read_token(args), timeout_s=args.peer_timeout)
     print(f"vramwatch front: http://{args.host}:{args.port}/  shards={len(source.current())}", file=sys.stderr)
@@ -175,8 +216,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from vramwatch.demo import run_demo
+    from vramwatch.demo import check_arguments, run_demo
 
+    try:
+        check_arguments(args.ranks, args.steps_per_s, args.duration)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     run_demo(ranks=args.ranks, duration=args.duration, port=args.port, db=args.db,
              steps_per_s=args.steps_per_s, host=args.host)
     return 0
@@ -212,32 +257,49 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     from vramwatch.collector.store import Store, StoreError
-    from vramwatch.wire import WireError, iter_samples
+    from vramwatch.wire import WireError
 
     if args.source != "jsonl":  # other tools' files (vramwatch/importers)
         from vramwatch.importers.cli import cmd_import as import_other
 
         return import_other(args, _db_path(args), UsageError)
+    from vramwatch.importers import ImportStats
+    from vramwatch.importers.cli import report_skipped
+
     paths = _existing_files(args.paths)
+    check = ImportStats(skip_invalid=True)
+    on_bad = check.bad if args.skip_invalid else None  # counts and names the first few bad lines
     try:
-        # pass 1: validate everything, so bad input changes nothing
-        total = sum(1 for p in paths for _ in iter_samples(p))
+        # pass 1: validate everything, so bad input changes nothing (unless --skip-invalid)
+        total = sum(1 for _ in _trace_samples(paths, on_bad))
+        check.rows = total + check.skipped
         store = Store(_db_path(args))
     except WireError as exc:
-        raise UsageError(f"{exc} (nothing imported)") from None
-    except (OSError, EOFError) as exc:
-        raise UsageError(f"cannot read trace: {exc}") from None
+        raise UsageError(f"{exc} (nothing imported; use --skip-invalid to skip bad rows)") from None
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     try:
-        accepted, duplicates = store.insert_stream(sample for p in paths for sample in iter_samples(p))
+        accepted, duplicates = store.insert_stream(_trace_samples(paths, (lambda e: None) if on_bad else None))
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     finally:
         store.close()
+    report_skipped(check, "import")
     print(f"imported {accepted} samples ({duplicates} already present) of {total} into {store.path}",
           file=sys.stderr)
     return 0
+
+
+def _trace_samples(paths: Sequence[Path], on_bad: Any) -> Iterator[Any]:
+    """Every sample of the trace files (``wire.iter_samples``); a file that cannot be read at all
+    (truncated gzip, a directory) is a UsageError naming it."""
+    from vramwatch.wire import iter_samples
+
+    for path in paths:
+        try:
+            yield from iter_samples(path, on_bad)
+        except (OSError, EOFError) as exc:
+            raise UsageError(f"cannot read {path}: {exc}") from None
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -251,17 +313,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         if args.run not in store.runs():
             raise UsageError(f"no run named {args.run!r} in {store.path}")
-        out = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115
-        try:
+        with _output(args.out) if args.out else contextlib.nullcontext(sys.stdout.buffer) as out:
             count = 0
             for sample in store.iter_samples(args.run):
                 out.write(encode(sample) + b"\n")
                 count += 1
-        finally:
-            if args.out:
-                out.close()
-            else:
-                out.flush()
+            out.flush()
     finally:
         store.close()
     print(f"exported {count} samples of run {args.run!r}", file=sys.stderr)
@@ -273,7 +330,8 @@ def _remote_report(args: argparse.Namespace) -> str | None:
     from vramwatch.report import render_report, report_data_remote
 
     try:
-        data = remote.cli_call("report", args.url, lambda url: report_data_remote(url, args.run))
+        data = remote.cli_call("report", args.url, lambda url: report_data_remote(url, args.run),
+                               f"document for the report of {args.run!r}")
     except remote.Outage:
         return None
     return render_report(data)
@@ -287,9 +345,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         page = _remote_report(args)
         if page is None:
             return 1
-        Path(args.out).write_text(page, encoding="utf-8")
-        print(f"wrote {args.out} ({len(page) // 1024} KiB)", file=sys.stderr)
-        return 0
+        return _write_report(args.out, page)
     db = _db_path(args)
     try:
         store = Store(db, readonly=True)
@@ -299,9 +355,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.run not in known:
         raise UsageError(f"no run named {args.run!r} in {db}")
-    html = build_report(db, args.run)
-    Path(args.out).write_text(html, encoding="utf-8")
-    print(f"wrote {args.out} ({len(html) // 1024} KiB)", file=sys.stderr)
+    return _write_report(args.out, build_report(db, args.run))
+
+
+def _write_report(out: str, page: str) -> int:
+    with _output(out) as fh:
+        fh.write(page.encode("utf-8"))
+    print(f"wrote {out} ({len(page) // 1024} KiB)", file=sys.stderr)
     return 0
 
 
@@ -426,10 +486,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
+    import sqlite3
+
     try:
         return args.func(args)
     except UsageError as exc:
         print(f"vramwatch {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except sqlite3.DatabaseError as exc:
+        # a damaged file opens fine and fails where a command first reads a bad page, deep
+        # inside it; any output file is not left behind (_output), so this is the whole story
+        db = _db_path(args) if hasattr(args, "db") else "the database"
+        print(f"vramwatch {args.command}: error: cannot read {db}: {exc} "
+              "(check it with: sqlite3 FILE 'PRAGMA integrity_check')", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

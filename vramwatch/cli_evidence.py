@@ -16,12 +16,15 @@ def cmd_capture(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"steps": args.steps}
     if args.rank is not None:
         body["rank"] = args.rank
+
+    def ask(url: str) -> str:
+        answer = remote.post_json(url, remote.run_path(args.run, "capture"), body, timeout=10)
+        return ", ".join(str(int(r)) for r in answer.get("ranks", []))
+
     try:
-        path = remote.run_path(args.run, "capture")
-        answer = remote.cli_call("capture", args.url, lambda url: remote.post_json(url, path, body, timeout=10))
+        ranks = remote.cli_call("capture", args.url, ask, "capture answer")
     except remote.Outage:
         return 1
-    ranks = ", ".join(str(r) for r in answer.get("ranks", []))
     print(f"capture of {args.steps} steps requested from rank(s) {ranks} of {args.run!r}: each rank records "
           f"allocator history at its next ingest reply; snapshots appear under /api/v1/runs/<run>/snapshots")
     return 0
@@ -31,15 +34,18 @@ def _remote_postmortem(args: argparse.Namespace) -> int:
     from vramwatch import postmortem, remote
 
     path = remote.run_path(args.run, "postmortem")
+
+    def ask(url: str) -> str:
+        # read (and render) the whole answer before printing any of it
+        doc = remote.get_json(url, path, {"silent_after_s": args.silent_after})
+        text = postmortem.render_text(postmortem.from_dict(doc))
+        return json.dumps(doc) + "\n" if args.json else text + "\n"
+
     try:
-        params = {"silent_after_s": args.silent_after}
-        doc = remote.cli_call("postmortem", args.url, lambda url: remote.get_json(url, path, params))
+        out = remote.cli_call("postmortem", args.url, ask, f"postmortem document for {args.run!r}")
     except remote.Outage:
         return 1
-    if args.json:
-        sys.stdout.write(json.dumps(doc) + "\n")
-    else:
-        print(postmortem.render_text(postmortem.from_dict(doc)))
+    sys.stdout.write(out)
     return 0
 
 

@@ -11,6 +11,7 @@ module under ``vramwatch/`` reads a variable missing from it).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,8 +62,8 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(text)
     except ValueError:
         raise ValueError(f"{name}: must be a number, got {text!r}") from None
-    if not value >= 0:
-        raise ValueError(f"{name}: must be >= 0, got {text!r}")
+    if not 0 <= value < math.inf:  # inf: an exit handler that never gives up on a dead collector
+        raise ValueError(f"{name}: must be a finite number >= 0, got {text!r}")
     return value
 
 
@@ -106,11 +107,14 @@ class Config:
 
         if self.peak not in PEAK_POLICIES:
             raise ValueError(f"peak: must be one of {', '.join(PEAK_POLICIES)}, got {self.peak!r}")
-        for name in ("flush_interval_s", "nvml_interval_s", "host_interval_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: must be positive, got {getattr(self, name)!r}")
+        for name in ("flush_interval_s", "nvml_interval_s", "host_interval_s", "backoff_max_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name}: must be a positive finite number, got {getattr(self, name)!r}")
+        if not 0 <= self.exit_timeout_s < math.inf:  # inf: a process that never exits while a collector is down
+            raise ValueError(f"exit_timeout_s: must be a finite number >= 0, got {self.exit_timeout_s!r}")
         for name in ("batch_size", "max_queue", "max_spool_bytes", "snapshot_max_entries"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name}: must be a positive integer, got {getattr(self, name)!r}")
 
     @classmethod

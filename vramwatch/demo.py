@@ -27,6 +27,20 @@ from typing import Any
 from vramwatch.hook import Monitor
 from vramwatch.probe.simulated import SimulatedProbe
 
+#: every simulated rank is a Monitor (a delivery thread) in this one process: a typo of
+#: --ranks 100000000 would exhaust memory before the first sample
+MAX_RANKS = 1024
+
+
+def check_arguments(ranks: int, steps_per_s: float, duration: float | None) -> None:
+    """ValueError naming the first argument :func:`run_demo` cannot run with."""
+    if not 1 <= ranks <= MAX_RANKS:
+        raise ValueError(f"ranks: must be 1..{MAX_RANKS} (one thread each in this process), got {ranks}")
+    if steps_per_s <= 0:
+        raise ValueError(f"steps_per_s: must be positive, got {steps_per_s}")
+    if duration is not None and duration <= 0:
+        raise ValueError(f"duration: must be positive, got {duration}")
+
 
 def run_demo(
     *,
@@ -48,12 +62,7 @@ def run_demo(
     redone after a restart), ``samples`` (recorded by the hooks), ``delivered`` (accepted
     by the collector) and ``restarts``.
     """
-    if ranks < 1:
-        raise ValueError(f"ranks: must be at least 1, got {ranks}")
-    if steps_per_s <= 0:
-        raise ValueError(f"steps_per_s: must be positive, got {steps_per_s}")
-    if duration is not None and duration <= 0:
-        raise ValueError(f"duration: must be positive, got {duration}")
+    check_arguments(ranks, steps_per_s, duration)
     from vramwatch.collector.server import BackgroundServer  # the [server] extra
 
     say = print_fn or (lambda line: print(line, flush=True))

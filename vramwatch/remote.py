@@ -24,20 +24,42 @@ class Outage(Exception):
     """The collector or front could not be reached (a CLI exits 1; a 4xx is the caller's error: exit 2)."""
 
 
-def cli_call(command: str, url: str | None, call: Callable[[str], T]) -> T:
-    """Run ``call(base_url(url))`` for CLI ``command``: a bad URL or a 4xx raises the CLI's
-    UsageError (exit 2, the server's message); an outage prints one line and raises :class:`Outage`."""
+#: what reading a document of the wrong shape raises (a list where an object was due, a missing
+#: key, a string where a number was): the server's fault, reported as such, never a traceback
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)
+
+
+def cli_call(command: str, url: str | None, call: Callable[[str], T], what: str = "answer") -> T:
+    """Run ``call(base_url(url))`` for CLI ``command``: a bad URL, a 4xx, or an answer ``call``
+    cannot read (not JSON, or JSON of the wrong shape: ``call`` should read everything it
+    needs, so a malformed ``what`` is caught here) raises the CLI's UsageError (exit 2, one
+    line); an outage prints one line and raises :class:`Outage`."""
     from vramwatch.cli import UsageError
 
     try:
-        return call(base_url(url))
+        base = base_url(url)
+        _token()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    try:
+        return call(base)
     except RemoteError as exc:
         if exc.status is not None and 400 <= exc.status < 500:
             raise UsageError(exc.detail) from None
         print(f"vramwatch {command}: error: {exc.detail}", file=sys.stderr)
         raise Outage from None
+    except MALFORMED as exc:
+        raise UsageError(f"{base}: not a valid {what} ({type(exc).__name__}: {exc})") from None
+
+
+def detail_text(detail: Any) -> str:
+    """An error answer's ``detail`` as one line for a person: a validation list
+    (``[{"loc": ["query", "rank"], "msg": ...}]``) as ``rank: msg; ...``, so the field is named."""
+    if isinstance(detail, list) and all(isinstance(e, dict) and "msg" in e for e in detail):
+        # loc is ["query"|"body"|"path", field, ...]: the field, or "body" for the body itself
+        return "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:] or e.get('loc', ()))}: {e['msg']}"
+                         for e in detail)
+    return detail if isinstance(detail, str) else str(detail)
 
 
 class RemoteError(Exception):
@@ -52,9 +74,26 @@ def base_url(url: str | None) -> str:
     from vramwatch.config import client_env
 
     value = (url or client_env()[0] or "http://127.0.0.1:8765").rstrip("/")
-    if urllib.parse.urlsplit(value).scheme not in ("http", "https"):
-        raise ValueError(f"--url: not an http(s) URL: {value!r}")
+    try:
+        parts = urllib.parse.urlsplit(value)  # raises for "http://[::1"
+        _ = parts.port  # raises for a port that is not a number in 0..65535
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{'--url' if url else 'VRAMWATCH_URL'}: not an http(s) URL: {value!r}")
     return value
+
+
+def _token() -> str | None:
+    """``$VRAMWATCH_TOKEN``, checked: it travels in an HTTP header, where a newline or a character
+    outside Latin-1 cannot go (http.client raised, deep in the request)."""
+    from vramwatch.config import client_env
+
+    token = client_env()[1]
+    if token is not None and not (token.isprintable() and all(ord(c) < 256 for c in token)):
+        raise ValueError("VRAMWATCH_TOKEN: must be printable text (it is sent in an HTTP header)")
+    return token
 
 
 def run_path(run: str, what: str) -> str:
@@ -74,9 +113,7 @@ def get_json(url: str, path: str, params: dict[str, Any] | None = None, *, timeo
 
 
 def _call(url: str, path: str, query: str, timeout: float, max_bytes: int, data: bytes | None = None) -> Any:
-    from vramwatch.config import client_env
-
-    token = client_env()[1]
+    token = _token()
     headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     if data is not None:
         headers["Content-Type"] = "application/json"
@@ -88,7 +125,7 @@ def _call(url: str, path: str, query: str, timeout: float, max_bytes: int, data:
     except urllib.error.HTTPError as exc:
         text = exc.read(64 * 1024).decode("utf-8", "replace")
         try:
-            text = json.loads(text).get("detail", text)
+            text = detail_text(json.loads(text).get("detail", text))
         except (ValueError, AttributeError):
             pass
         raise RemoteError(exc.code, f"{url} answered {exc.code}: {text}") from None

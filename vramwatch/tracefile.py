@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Iterable, Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -18,8 +19,32 @@ from vramwatch.wire import Sample, WireError, encode_lines, validate
 def _open_read(path: str | os.PathLike[str]) -> IO[bytes]:
     raw = open(path, "rb")  # noqa: SIM115 - closed by the caller's with-block
     if raw.peek(2)[:2] == b"\x1f\x8b":  # sniff, so a misnamed gzip still reads
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+        return _Gunzip(fileobj=raw, mode="rb")  # type: ignore[return-value]
     return raw
+
+
+class _Gunzip(gzip.GzipFile):
+    """A GzipFile whose corrupt deflate data raises ``BadGzipFile`` (an OSError, which every
+    reader of trace files reports as an unreadable file) instead of ``zlib.error`` (which
+    none expected: a traceback from import, advise, compare and gate)."""
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return super().read(size)
+        except zlib.error as exc:
+            raise gzip.BadGzipFile(f"corrupt gzip data: {exc}") from None
+
+    def readline(self, size: int | None = -1) -> bytes:
+        try:
+            return super().readline(size)
+        except zlib.error as exc:
+            raise gzip.BadGzipFile(f"corrupt gzip data: {exc}") from None
+
+    def __next__(self) -> bytes:
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
 
 
 def iter_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
@@ -38,8 +63,10 @@ def iter_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
                 raise WireError(f"{path}:{lineno}", f"invalid JSON: {exc}") from None
 
 
-def iter_samples(path: str | os.PathLike[str]) -> Iterator[Sample]:
-    """Validated samples from a trace file; the first bad line raises WireError naming it.
+def iter_samples(path: str | os.PathLike[str], on_bad: Callable[[WireError], None] | None = None
+                 ) -> Iterator[Sample]:
+    """Validated samples from a trace file; the first bad line raises WireError naming it
+    (file:line: field), or with ``on_bad`` is handed to it and skipped (``import --skip-invalid``).
 
     A canonical line is decoded and validated in one pass (:mod:`vramwatch.wire_decode`, when
     msgspec is installed); any other line takes ``orjson.loads`` + ``validate``, which
@@ -57,9 +84,14 @@ def iter_samples(path: str | os.PathLike[str]) -> Iterator[Sample]:
                 try:
                     sample = validate(orjson.loads(line))
                 except orjson.JSONDecodeError as exc:
-                    raise WireError(f"{path}:{lineno}", f"invalid JSON: {exc}") from None
+                    error = WireError(f"{path}:{lineno}", f"invalid JSON: {exc}")
                 except WireError as exc:
-                    raise WireError(f"{path}:{lineno}: {exc.field}", exc.message) from None
+                    error = WireError(f"{path}:{lineno}: {exc.field}", exc.message)
+                if sample is None:
+                    if on_bad is None:
+                        raise error
+                    on_bad(error)
+                    continue
             yield sample
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vramwatch.importers.common import ImportStats
-from vramwatch.importers.prometheus import DEFAULT_RUN, samples_from_results
+from vramwatch.importers.prometheus import DEFAULT_RUN, results_of, samples_from_results
 from vramwatch.wire import encode_lines
 
 if TYPE_CHECKING:
@@ -132,12 +132,14 @@ class Poller:
         response = await prom.get("/api/v1/query_range", params={
             "query": self.config.query, "start": f"{start:.3f}", "end": f"{end:.3f}",
             "step": f"{self.config.interval_s:g}"})
-        body = response.json()
-        if response.status_code != 200 or body.get("status") != "success":
-            raise RuntimeError(f"Prometheus answered {response.status_code}: {body.get('error', body)}")
+        where = f"{self.config.prometheus} query_range"
+        if response.status_code != 200:
+            raise RuntimeError(f"Prometheus answered {response.status_code}: {response.text[:300]}")
+        # an answer of any other shape (a proxy's page, a list) is a failed poll, named, and
+        # the next poll tries again: it must not end the polling task
+        results = results_of(response.json(), where)
         stats = ImportStats(skip_invalid=True)
-        samples = list(samples_from_results(body["data"]["result"], self.config.run, self.config.step_s,
-                                            f"{self.config.prometheus} query_range", stats))
+        samples = list(samples_from_results(results, self.config.run, self.config.step_s, where, stats))
         self.skipped += stats.skipped
         for error in stats.errors[:3]:
             log.warning("skipped a dcgm point: %s", error)

@@ -18,7 +18,16 @@ from fastapi.responses import Response
 from vramwatch import __about__, verdicts
 from vramwatch.collector.deps import LiveDep, StoreDep, require_read_auth
 from vramwatch.collector.live import LiveState, SeriesState
-from vramwatch.collector.params import Bound, OptionalRank, Points, Rank, check_range, field_list
+from vramwatch.collector.params import (
+    Bound,
+    OptionalRank,
+    Phase,
+    Points,
+    Rank,
+    check_range,
+    field_list,
+    require_rank,
+)
 from vramwatch.collector.rows import COMPACT_COLUMNS, MAX_RANK_ROWS, rank_rows
 from vramwatch.collector.store import FIELD_COLUMNS, Store
 
@@ -129,14 +138,14 @@ def series(
     fields: str = ",".join(DEFAULT_SERIES_FIELDS),
     points: Points = 2000,
     x: Annotated[str, Query(pattern="^(step|ts)$")] = "step",
-    phase: str = "train",
+    phase: Phase = "train",
     start: Bound = None,
     end: Bound = None,
 ) -> dict[str, Any]:
     # "ts" is allowed as a field with x=step: the dashboard maps steps to wall time
     names = field_list(fields, FIELD_COLUMNS, [k for k in FIELD_COLUMNS if k != "ts"])
     check_range(start, end)
-    find_run(live, run, store)
+    require_rank(((s.host, s.rank) for s in find_run(live, run, store)), run, rank, host)
     window = store.series_window(run, host, rank, names, phase=phase, x=x, start=start, end=end, points=points)
     return {"run": run, "host": host, "rank": rank, "x_axis": x, "x": window.x, "series": window.series,
             "raw_points": window.raw_points, "downsampled": window.downsampled}

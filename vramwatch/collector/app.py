@@ -37,7 +37,7 @@ from vramwatch.collector.front import FrontDoor
 from vramwatch.collector.live import LiveState, tune_gc_for_serving
 from vramwatch.collector.openapi import sample_json_schema
 from vramwatch.collector.pages import dashboard_dir, dashboard_plotly_js_path, plotly_js_path
-from vramwatch.collector.responses import JSONBytes
+from vramwatch.collector.responses import JSONBytes, install_error_handlers
 from vramwatch.collector.restore import restore
 from vramwatch.collector.routes_evidence import make_router as evidence_router
 from vramwatch.collector.settings import Settings, background
@@ -181,6 +181,7 @@ def create_app(settings: Settings) -> FrontDoor:
     app.state.settings = settings
     app.state.shutdown_error = None
     app.state.refusals = RateLimitedLog(log)
+    install_error_handlers(app)
     # /metrics for thousands of ranks and /ranks polls are megabytes of repetitive text;
     # Prometheus and browsers ask for gzip. Level 1: most of the gain for little CPU.
     app.add_middleware(GZipMiddleware, minimum_size=16 * 1024, compresslevel=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
@@ -19,3 +20,34 @@ class JSONBytes(Response):
 
 def json_error(status: int, detail: str, **extra: Any) -> Response:
     return JSONBytes({"detail": detail, **extra}, status_code=status)
+
+
+async def validation_error(request: Any, exc: Any) -> Response:
+    """FastAPI's 422 for a request that failed validation (the same ``detail`` list, each entry
+    naming its field in ``loc``) for any input it echoes back: ``{"rank": 1e309}`` parses to
+    inf and ``NaN`` to nan, which the JSON encoder refused (the 422 became a 500), and a body
+    that is not UTF-8 made the encoder raise. Non-finite numbers are echoed as null, bytes
+    with replacement characters; integers of any size stay exact (stdlib JSON, not orjson)."""
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"detail": jsonable_encoder(_echoable(exc.errors()))}, status_code=422)
+
+
+def _echoable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _echoable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_echoable(v) for v in value]
+    return value
+
+
+def install_error_handlers(app: Any) -> None:
+    """The error renderers every vramwatch app (collector, front) shares."""
+    from fastapi.exceptions import RequestValidationError
+
+    app.add_exception_handler(RequestValidationError, validation_error)

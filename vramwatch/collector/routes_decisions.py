@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 
+from vramwatch.decisions import MAX_CHECKPOINTS, MAX_PLATEAU_STEPS
 from vramwatch.decisions.advice import advise
 from vramwatch.decisions.compare import RunFigures
 from vramwatch.decisions.compare import compare as compare_runs
@@ -30,7 +31,7 @@ _lock = threading.Lock()
 
 Margin = Annotated[float, Query(ge=0.0, lt=1.0, allow_inf_nan=False)]
 Tokens = Annotated[int | None, Query(ge=1, le=2**53)]
-Steps = Annotated[int, Query(ge=0, le=2**53)]
+Steps = Annotated[int, Query(ge=0, le=MAX_PLATEAU_STEPS)]
 
 
 def _version(request: Request, run: str, field: str = "run") -> int:
@@ -70,7 +71,7 @@ def advice(
     margin: Margin = LOW_HEADROOM_FRACTION,
     target_tokens: Tokens = None,
     plateau_steps: Steps = 2000,
-    checkpoints: Annotated[int, Query(ge=0, le=10_000)] = 1,
+    checkpoints: Annotated[int, Query(ge=0, le=MAX_CHECKPOINTS)] = 1,
     reference: Annotated[list[str] | None, Query(max_length=8)] = None,
 ) -> dict[str, Any]:
     """Readiness, largest tokens per step that fit, a target's projection and the recommendation.

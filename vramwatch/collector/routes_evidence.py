@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from vramwatch import postmortem as _postmortem
 from vramwatch.collector.snapshots import DEFAULT_STEPS, MAX_STEPS, SnapshotError
@@ -24,6 +24,11 @@ _CHUNK = 1 << 20
 
 
 class CaptureRequest(BaseModel):
+    """The capture body. Strict: ``true`` or ``"0"`` is not a rank, ``1.0`` not a step count,
+    and an unknown key (``"step"`` for ``steps``) is refused rather than silently ignored."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
     rank: int | None = Field(None, ge=0, le=MAX_INT, description="one rank; all ranks of the run when omitted")
     host: str | None = Field(None, max_length=MAX_NAME)
     steps: int = Field(DEFAULT_STEPS, ge=1, le=MAX_STEPS, description="steps of allocator history to record")
@@ -89,7 +94,9 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
             chunks.append(chunk)
         try:
             info = store.save(run=_name("run", run), host=_name("host", host), rank=rank, step=step,
-                              trigger=_name("trigger", trigger), directive=directive, gz=b"".join(chunks))
+                              trigger=_name("trigger", trigger),
+                              directive=None if directive is None else _name("directive", directive),
+                              gz=b"".join(chunks))
         except SnapshotError as exc:
             return _error(exc)
         return JSONResponse(info.to_dict(), status_code=201)

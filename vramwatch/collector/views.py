@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 
-from vramwatch.collector.params import Bound, Points, Rank, check_range, field_list
+from vramwatch.collector.params import Bound, Points, Rank, check_range, field_list, require_rank
 from vramwatch.collector.store import FIELD_COLUMNS, Store
 from vramwatch.verdicts import headroom_bytes
 
@@ -482,10 +482,12 @@ def get_chart(
 ) -> dict[str, Any]:
     names = field_list(fields, CHART_FIELDS, CHART_FIELDS)
     check_range(start, end)
-    doc = run_chart(request.app.state.store, run, rank, host=host, fields=names, points=points, start=start, end=end)
-    if doc is None:
+    store = request.app.state.store
+    known = store.series(run)
+    if not known:
         raise HTTPException(404, f"run: no run named {run!r}")
-    return doc
+    require_rank(((r.host, r.rank) for r in known), run, rank, host)
+    return run_chart(store, run, rank, host=host, fields=names, points=points, start=start, end=end) or {}
 
 
 __all__ = [

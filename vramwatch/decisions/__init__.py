@@ -5,3 +5,9 @@ Flat modules, one concern each: :mod:`.model` (floor + transient memory model pe
 :mod:`.advice`, :mod:`.compare`, :mod:`.gate`, :mod:`.scenarios` (simulator truth). See
 docs/decisions.md.
 """
+
+#: the largest readiness thresholds a caller may set (the API's bounds and the CLI's; here, not in
+#: readiness.py, so the CLI's argument parser does not import the engine): a plateau of 2**53
+#: steps already never holds; the checkpoint bound keeps a typo from reading as "never ready"
+MAX_PLATEAU_STEPS = 2**53
+MAX_CHECKPOINTS = 10_000

@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from vramwatch.decisions import MAX_CHECKPOINTS, MAX_PLATEAU_STEPS
 from vramwatch.units import gib
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
@@ -29,14 +30,22 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _tokens(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number of tokens: {text!r}") from None
-    if value <= 0 or value > 2**53:
-        raise argparse.ArgumentTypeError(f"must be a positive number of tokens, got {text}")
-    return value
+def _whole(low: int, high: int, what: str) -> Any:
+    """An argparse type: a whole number of ``what`` in ``[low, high]`` (the API's bounds)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number of {what}: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {low}..{high} {what}, got {text}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+_tokens = _whole(1, 2**53, "tokens")
 
 
 def _resolve(source: str, args: argparse.Namespace) -> Any:
@@ -62,16 +71,13 @@ def _remote(command: str, args: argparse.Namespace, run: str, what: str, read: A
     None when it could not be reached (one line printed; the command exits 1); a 4xx, a bad URL
     or a document ``read`` cannot take is a usage error (exit 2)."""
     from vramwatch import remote
-    from vramwatch.cli import UsageError
 
     try:
-        doc = remote.cli_call(command, args.url, lambda url: remote.get_json(url, remote.run_path(run, what), params))
+        return remote.cli_call(command, args.url, lambda url: read(remote.get_json(url, remote.run_path(run, what),
+                                                                                   params)),
+                               f"{what} document for {run!r}")
     except remote.Outage:
         return None
-    try:
-        return read(doc)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UsageError(f"{args.url}: not a valid {what} document for {run!r} ({exc})") from None
 
 
 def _figures(command: str, source: str, args: argparse.Namespace) -> Any:
@@ -186,9 +192,9 @@ def register(sub: Any, add_db: Any) -> None:
     p.add_argument("--target-tokens", type=_tokens, metavar="N", help="project a proposed tokens per step per rank")
     p.add_argument("--reference", action="append", metavar="RUN",
                    help="the same job at another batch setting (fits tokens across runs); repeatable")
-    p.add_argument("--plateau-steps", type=_tokens, default=2000, metavar="N",
+    p.add_argument("--plateau-steps", type=_whole(0, MAX_PLATEAU_STEPS, "steps"), default=2000, metavar="N",
                    help="steps a plateau must hold to be ready (default 2000)")
-    p.add_argument("--checkpoints", type=int, default=1, metavar="N",
+    p.add_argument("--checkpoints", type=_whole(0, MAX_CHECKPOINTS, "checkpoints"), default=1, metavar="N",
                    help="checkpoints that must be passed to be ready (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     _add_url(p)

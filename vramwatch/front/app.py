@@ -17,24 +17,31 @@ this app instead of a collector. It stores nothing and can run as several replic
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
 from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
 
 from vramwatch import __about__, verdicts
+from vramwatch.collector.params import OptionalRank
+from vramwatch.collector.responses import install_error_handlers
+from vramwatch.collector.routes_evidence import CaptureRequest
 from vramwatch.decisions.compare import RunFigures
 from vramwatch.decisions.compare import compare as compare_runs
 from vramwatch.front import merge
 from vramwatch.front.fanout import Fanout
 from vramwatch.front.peers import Peer, PeerSource
+from vramwatch.remote import MALFORMED, detail_text
 
 _API = "/api/v1/runs/"
 #: per-rank requests forwarded to the owning shard
@@ -45,12 +52,17 @@ def _snapshots(run: str, answers: Sequence[merge.ShardAnswer], params: dict[str,
     return [merge.snapshot_via_front(s) for s in merge.merge_lists(answers, order=("ts", "rank"))]
 
 
+def _last(value: Any) -> Any:
+    """A query value as the shards read it: of a repeated scalar parameter, the last one."""
+    return value[-1] if isinstance(value, list) else value
+
+
 #: run-level requests merged across shards, and how: (run, every shard's answer, query) -> document
 _MERGED: dict[str, Callable[[str, Sequence[merge.ShardAnswer], dict[str, Any]], Any]] = {
     "ranks": lambda run, answers, params: merge.merge_ranks(answers),
     "events": lambda run, answers, params: merge.merge_lists(answers),
     "snapshots": _snapshots,
-    "heatmap": lambda run, answers, params: merge.merge_heatmap(answers, int(params.get("cols", 240))),
+    "heatmap": lambda run, answers, params: merge.merge_heatmap(answers, int(_last(params.get("cols", 240)))),
     "postmortem": lambda run, answers, params: merge.merge_postmortem(run, answers),
     "advice": lambda run, answers, params: merge.merge_advice(answers),
     "figures": lambda run, answers, params: merge.merge_figures(run, answers),
@@ -79,6 +91,17 @@ async def _peers(settings: FrontSettings) -> list[Peer]:
     return await asyncio.to_thread(settings.peers.current)
 
 
+@contextlib.contextmanager
+def _malformed_is_502(what: str) -> Iterator[None]:
+    """Around code that reads shard answers: one of the wrong shape (another version of
+    vramwatch, or something else at that address) is a 502 naming ``what``, not a 500."""
+    try:
+        yield
+    except MALFORMED as exc:
+        raise HTTPException(502, f"{what}: a shard answered a malformed document ({type(exc).__name__}: {exc})"
+                            ) from None
+
+
 async def _gather(request: Request, path: str, params: dict[str, Any] | None = None) -> list[merge.ShardAnswer]:
     settings: FrontSettings = request.app.state.settings
     return await request.app.state.fanout.get_all(await _peers(settings), path, params)
@@ -98,35 +121,33 @@ async def _run_level(request: Request, run: str, what: str) -> Any:
         if refused is not None and refused.status:  # a shard refused the parameters: say so, as a collector would
             raise HTTPException(refused.status, refused.error)
         raise HTTPException(404, f"run: no shard knows run {run!r}")
-    try:
+    with _malformed_is_502(what):
         return _MERGED[what](run, answers, params)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise HTTPException(502, f"{what}: a shard answered a malformed document ({type(exc).__name__}: {exc})"
-                            ) from None
 
 
 async def _owner(request: Request, run: str, rank: int, host: str | None) -> Peer:
     by_name = {p.name: p for p in await _peers(request.app.state.settings)}
-    for row in merge.merge_ranks(await _gather(request, _API + _quote(run) + "/ranks")):
-        if row.get("rank") == rank and (host is None or row.get("host") == host):
-            peer = by_name.get(row["shard"])
-            if peer is not None:
-                return peer
+    answers = await _gather(request, _API + _quote(run) + "/ranks")
+    with _malformed_is_502("ranks"):
+        for row in merge.merge_ranks(answers):
+            if row.get("rank") == rank and (host is None or row.get("host") == host):
+                peer = by_name.get(row["shard"])
+                if peer is not None:
+                    return peer
     raise HTTPException(404, f"rank: no shard owns rank {rank} of run {run!r}")
 
 
-async def _per_run(request: Request, run: str, what: str) -> Any:
-    """Run-level answers merged; one rank's series/chart/phases from the shard that owns it."""
-    if what not in _OWNED:
-        return await _run_level(request, run, what)
-    rank_text = request.query_params.get("rank")
-    if rank_text is None:
+async def _per_rank(request: Request, run: str, what: str, rank: int | None) -> Any:
+    """One rank's series/chart/phases from the shard that owns it (``rank`` parsed as a
+    collector parses it: :data:`~vramwatch.collector.params.OptionalRank`); phases of no
+    rank merged from every shard."""
+    if rank is None:
         if what == "phases":
-            return merge.merge_lists(await _gather(request, _API + _quote(run) + "/phases"))
+            answers = await _gather(request, _API + _quote(run) + "/phases")
+            with _malformed_is_502("phases"):
+                return merge.merge_lists(answers)
         raise HTTPException(422, "rank: required")
-    if not rank_text.isdigit():
-        raise HTTPException(422, f"rank: not a non-negative integer: {rank_text!r}")
-    peer = await _owner(request, run, int(rank_text), request.query_params.get("host"))
+    peer = await _owner(request, run, rank, request.query_params.get("host"))
     answer = await request.app.state.fanout.get_one(peer, _API + _quote(run) + "/" + what,
                                                      dict(request.query_params))
     if answer.error is not None and not answer.stale:
@@ -159,13 +180,19 @@ def _add_status_routes(app: FastAPI, read: list[Any]) -> None:
 
     @app.get("/api/v1/runs", dependencies=read)
     async def runs(request: Request) -> list[dict[str, Any]]:
-        return merge.merge_runs(await _gather(request, "/api/v1/runs"))
+        answers = await _gather(request, "/api/v1/runs")
+        with _malformed_is_502("runs"):
+            return merge.merge_runs(answers)
 
 
 
 def _route(what: str) -> Callable[..., Any]:
-    async def handler(request: Request, run: str) -> Any:
-        return await _per_run(request, run, what)
+    if what in _OWNED:
+        async def handler(request: Request, run: str, rank: OptionalRank = None) -> Any:
+            return await _per_rank(request, run, what, rank)
+    else:
+        async def handler(request: Request, run: str) -> Any:  # type: ignore[misc]
+            return await _run_level(request, run, what)
 
     handler.__name__ = f"front_{what}"
     handler.__doc__ = (f"A run's {what} from the shard that owns the rank" if what in _OWNED
@@ -178,29 +205,32 @@ async def _compare(request: Request, a: Annotated[str, Query(min_length=1)],
     """Two runs side by side per rank, each joined from every shard holding part of it."""
     answers = await asyncio.gather(*(_gather(request, _API + _quote(r) + "/figures") for r in (a, b)))
     figures = []
-    for field, run, shard_answers in (("a", a, answers[0]), ("b", b, answers[1])):
-        doc = merge.merge_figures(run, shard_answers)
-        if doc is None:
-            raise HTTPException(404, f"{field}: no shard knows run {run!r}")
-        figures.append(RunFigures.from_dict(doc))
-    return compare_runs(figures[0], figures[1]).as_dict()
+    with _malformed_is_502("figures"):
+        for field, run, shard_answers in (("a", a, answers[0]), ("b", b, answers[1])):
+            doc = merge.merge_figures(run, shard_answers)
+            if doc is None:
+                raise HTTPException(404, f"{field}: no shard knows run {run!r}")
+            figures.append(RunFigures.from_dict(doc))
+        return compare_runs(figures[0], figures[1]).as_dict()
 
 
 async def _capture(request: Request, run: str) -> Any:
     """Ask a run's ranks for an allocator snapshot: forwarded to the shard owning the rank, or to
     every shard holding the run. The shards validate the body (their 4xx comes back as is)."""
-    raw = await request.body()
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing to log
+        return Response(status_code=400)
     if len(raw) > 64 * 1024:
         raise HTTPException(413, "body: larger than 65536 bytes")
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise HTTPException(422, "body: not JSON") from None
-    if not isinstance(body, dict):
-        raise HTTPException(422, "body: must be a JSON object")
-    rank = body.get("rank")
-    if isinstance(rank, int) and not isinstance(rank, bool):
-        peers = [await _owner(request, run, rank, body.get("host"))]
+    try:  # the collector's own model: a body a shard would refuse is refused here, before routing on it
+        asked = CaptureRequest.model_validate_json(raw or b"null")
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from None
+    body = asked.model_dump(exclude_unset=True)
+    if asked.rank is not None:
+        peers = [await _owner(request, run, asked.rank, asked.host)]
     else:
         answers = await _gather(request, _API + _quote(run) + "/ranks")
         by_name = {p.name: p for p in await _peers(request.app.state.settings)}
@@ -209,13 +239,23 @@ async def _capture(request: Request, run: str) -> Any:
             raise HTTPException(404, f"run: no reachable shard holds run {run!r}")
     fanout: Fanout = request.app.state.fanout
     replies = await asyncio.gather(*(fanout.post_one(p, _API + _quote(run) + "/capture", body) for p in peers))
-    done = [data for status, data in replies if status == 200 and isinstance(data, dict)]
+    done = [read for status, data in replies if status == 200 and (read := _capture_reply(data)) is not None]
     if not done:
         status, data = replies[0]
-        detail = data.get("detail") if isinstance(data, dict) else data
+        if status == 200:
+            raise HTTPException(502, f"shard {peers[0].name}: a malformed capture answer: {str(data)[:200]}")
+        detail = detail_text(data.get("detail") if isinstance(data, dict) else data)
         raise HTTPException(status if 400 <= status < 500 else 504, f"shard {peers[0].name}: {detail}")
-    return {"run": run, "directives": sum(int(d.get("directives", 0)) for d in done),
-            "ranks": sorted({r for d in done for r in d.get("ranks", [])})}
+    return {"run": run, "directives": sum(n for n, _ in done), "ranks": sorted({r for _, ranks in done for r in ranks})}
+
+
+def _capture_reply(data: Any) -> tuple[int, list[int]] | None:
+    """(directives, ranks) of a shard's capture answer; None when it is malformed (that shard then
+    counts as not done, like one that failed, and the others' captures still answer)."""
+    try:
+        return int(data["directives"]), [int(r) for r in data["ranks"]]
+    except MALFORMED:
+        return None
 
 
 async def _download(request: Request, snapshot_id: str, shard: str | None = None) -> Response:
@@ -280,6 +320,7 @@ def create_front_app(settings: FrontSettings) -> FastAPI:
 
     app = FastAPI(title="vramwatch front", version=__about__.__version__, lifespan=lifespan)
     app.state.settings = settings
+    install_error_handlers(app)
     # merged rank tables are megabytes of repetitive JSON; browsers ask for gzip
     app.add_middleware(GZipMiddleware, minimum_size=16 * 1024, compresslevel=1)
 

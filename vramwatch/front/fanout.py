@@ -22,17 +22,19 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from vramwatch.front.merge import ShardAnswer
 from vramwatch.front.peers import Peer
+from vramwatch.remote import detail_text
 
 #: the largest document read from a shard (a 4,096-rank /ranks page is a few MB)
 MAX_PEER_BYTES = 64 * 2**20
 
 
 def _detail(reply: httpx.Response) -> str:
+    """A shard's error message as one line that still names the field (:func:`detail_text`)."""
     try:
         detail = reply.json().get("detail", reply.text)
     except (ValueError, AttributeError):
         detail = reply.text
-    return detail if isinstance(detail, str) else str(detail)
+    return detail_text(detail)
 
 
 class Fanout:

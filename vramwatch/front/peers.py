@@ -12,6 +12,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -26,13 +27,18 @@ class Peer:
     url: str  # base URL without a trailing slash
 
 
+def _is_http_url(text: str) -> bool:
+    parts = urllib.parse.urlsplit(text)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 def parse_peer(text: str) -> Peer:
     text = text.strip()
     name = None
     if "=" in text and not text.startswith(("http://", "https://")):
         name, text = (part.strip() for part in text.split("=", 1))
     parts = urllib.parse.urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not _is_http_url(text):
         raise PeerError(f"peers: {text!r} is not an http(s) URL")
     url = text.rstrip("/")
     return Peer(name or (parts.netloc + parts.path.rstrip("/")), url)
@@ -52,6 +58,8 @@ class PeerSource:
 
     def __init__(self, *, static: list[Peer] | None = None, file: str | None = None,
                  prometheus: str | None = None, job: str = "vramwatch", refresh_s: float = 30.0) -> None:
+        if prometheus is not None and not _is_http_url(prometheus):
+            raise PeerError(f"--peers-prometheus: {prometheus!r} is not an http(s) URL")
         self._static = static or []
         self._file = Path(file) if file else None
         self._prometheus = prometheus.rstrip("/") if prometheus else None
@@ -71,8 +79,8 @@ class PeerSource:
             mtime = os.stat(self._file).st_mtime
             if mtime == self._mtime:
                 return
-            peers = parse_peers(self._file.read_text().replace(",", "\n").splitlines())
-        except (OSError, PeerError) as exc:
+            peers = parse_peers(self._file.read_text(encoding="utf-8").replace(",", "\n").splitlines())
+        except (OSError, PeerError, UnicodeDecodeError) as exc:
             if strict:
                 raise PeerError(f"--peers-file {self._file}: {exc}") from None
             return  # keep the last good list
@@ -81,9 +89,14 @@ class PeerSource:
     def _discover(self) -> None:
         try:
             reply = httpx.get(f"{self._prometheus}/api/v1/targets", params={"state": "active"}, timeout=5)
-            targets = reply.json()["data"]["activeTargets"]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            return  # Prometheus away: keep the last list
+            peers = self._peers_of(reply.json()["data"]["activeTargets"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            # Prometheus away, or an answer of another shape (not a list of target objects: it
+            # failed every front request): keep the last list
+            return
+        self._from_prom = sorted(set(peers), key=lambda p: p.name)
+
+    def _peers_of(self, targets: list[dict[str, Any]]) -> list[Peer]:
         peers = []
         for target in targets:
             if target.get("labels", {}).get("job") != self._job:
@@ -91,7 +104,7 @@ class PeerSource:
             scrape = urllib.parse.urlsplit(target.get("scrapeUrl", ""))
             base = scrape.path.removesuffix("/metrics")
             peers.append(Peer(scrape.netloc + base, f"{scrape.scheme}://{scrape.netloc}{base}"))
-        self._from_prom = sorted(set(peers), key=lambda p: p.name)
+        return peers
 
     def current(self) -> list[Peer]:
         with self._lock:

@@ -16,6 +16,7 @@ yields validated, sparse samples (only what the source measured).
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 
 from vramwatch.wire import Sample
@@ -42,13 +43,22 @@ def iter_import(paths: Iterable[str | os.PathLike[str]], fmt: str, options: Impo
 
     Raises :class:`RowError` (a :class:`~vramwatch.wire.WireError`) naming file, line and
     column at the first bad row, unless ``options.skip_invalid``: then ``stats`` counts it.
-    OSError/EOFError/UnicodeDecodeError pass through for the caller to report.
+    A file that cannot be read raises :class:`UnreadableInput` (an OSError) naming it.
     """
     reader = FORMATS[fmt]
     stats = stats if stats is not None else ImportStats()
     stats.skip_invalid = options.skip_invalid
     for path in paths:
-        yield from reader(os.fspath(path), options, stats)
+        name = os.fspath(path)
+        try:
+            yield from reader(name, options, stats)
+        except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
+            # a file that cannot be read at all (truncated gzip, not UTF-8): say which one
+            raise UnreadableInput(f"{name}: {exc}") from None
+
+
+class UnreadableInput(OSError):
+    """An input file that cannot be read (not a bad row: ``--skip-invalid`` cannot skip it)."""
 
 
 def input_paths(paths: Iterable[str], fmt: str) -> list[str]:
@@ -66,5 +76,5 @@ def input_paths(paths: Iterable[str], fmt: str) -> list[str]:
     return out
 
 
-__all__ = ["CHOICES", "FORMATS", "NATIVE", "ImportOptions", "ImportStats", "RowError", "input_paths",
-           "iter_import", "parse_size"]
+__all__ = ["CHOICES", "FORMATS", "NATIVE", "ImportOptions", "ImportStats", "RowError", "UnreadableInput",
+           "input_paths", "iter_import", "parse_size"]

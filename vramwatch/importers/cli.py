@@ -51,7 +51,8 @@ def options(args: argparse.Namespace) -> ImportOptions:
                          skip_invalid=skip, keys_path=args.keys)
 
 
-def _report(stats: ImportStats, what: str) -> None:
+def report_skipped(stats: ImportStats, what: str) -> None:
+    """One line on stderr when ``--skip-invalid`` skipped rows: how many, and the first."""
     if stats.skipped:
         print(f"{what}: skipped {stats.skipped} invalid rows of {stats.rows}; first: {stats.errors[0]}",
               file=sys.stderr)
@@ -101,7 +102,7 @@ def cmd_import(args: argparse.Namespace, db_path: str, usage_error: type[Excepti
         raise usage_error(str(exc)) from None
     finally:
         store.close()
-    _report(check, "import")
+    report_skipped(check, "import")
     print(f"imported {accepted} samples ({duplicates} already present) of {total} from {args.source} "
           f"into {store.path}", file=sys.stderr)
     return 0

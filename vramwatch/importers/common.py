@@ -76,7 +76,7 @@ class ImportStats:
 
     MAX_ERRORS = 20
 
-    def bad(self, error: RowError) -> None:
+    def bad(self, error: WireError) -> None:
         """A bad row: raise it (strict), or count it and keep going (``--skip-invalid``)."""
         if not self.skip_invalid:
             raise error

@@ -68,17 +68,28 @@ def load_keys(extra_path: str | None = None) -> dict[str, KeyMapping]:
 
 
 def _parse_keys(doc: dict[str, Any], where: str) -> dict[str, KeyMapping]:
+    """The ``[keys.TAG]`` tables of a key-table document; a value of the wrong type is a RowError
+    naming ``keys.TAG.NAME`` (TOML has booleans, infinities and bare numbers a typo can produce)."""
+    keys = doc.get("keys", {})
+    if not isinstance(keys, dict):
+        raise RowError(where, 0, "keys", f"must be a table of [keys.\"TAG\"] entries, got {keys!r}")
     out = {}
-    for tag, entry in doc.get("keys", {}).items():
+    for tag, entry in keys.items():
+        if not isinstance(entry, dict):
+            raise RowError(where, 0, f"keys.{tag}", f"must be a table (field = ..., scale = ...), got {entry!r}")
         field = entry.get("field")
         valid = isinstance(field, str) and (field in FIELDS or (field.startswith("extra.") and len(field) > 6))
         if not valid:
             raise RowError(where, 0, f"keys.{tag}", f"field must be a schema-1 field or extra.NAME, got {field!r}")
-        scale = entry.get("scale", 1)
-        if not isinstance(scale, int | float) or not scale > 0:
-            raise RowError(where, 0, f"keys.{tag}", f"scale must be a positive number, got {scale!r}")
-        out[tag] = KeyMapping(tag, field, float(scale), bool(entry.get("level", False)),
-                              entry.get("capacity_percent_of"), str(entry.get("source", "")))
+        scale, level = entry.get("scale", 1), entry.get("level", False)
+        percent_of, source = entry.get("capacity_percent_of"), entry.get("source", "")
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale < math.inf:
+            raise RowError(where, 0, f"keys.{tag}.scale", f"must be a positive finite number, got {scale!r}")
+        if not isinstance(level, bool):
+            raise RowError(where, 0, f"keys.{tag}.level", f"must be true or false, got {level!r}")
+        if not (percent_of is None or isinstance(percent_of, str)) or not isinstance(source, str):
+            raise RowError(where, 0, f"keys.{tag}", "capacity_percent_of and source must be strings")
+        out[tag] = KeyMapping(tag, field, float(scale), level, percent_of, source)
     return out
 
 
