@@ -414,8 +414,6 @@ def test_a_damaged_database_is_one_line_and_exit_2(cli_db, tmp_path) -> None:
     assert not out.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="collector/server.py (not this helper's): the lifespan's restore reads "
-                   "the damaged pages after check_database passed, and uvicorn logs its traceback")
 def test_serve_on_a_damaged_database_is_one_line_and_exit_2(cli_db, tmp_path) -> None:
     db = _damaged_copy(cli_db, tmp_path / "damaged.db")
     err = _one_line_error(_cli("serve", "--port", "0", "--db", str(db)))

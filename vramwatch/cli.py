@@ -202,7 +202,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http_protocol(args.http)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(f"vramwatch collector: http://{args.host}:{args.port}/  db={settings.db_path}", file=sys.stderr)
     try:
         serve(settings, host=args.host, port=args.port, log_level=args.log_level, http=args.http)
     except ShutdownError as exc:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -96,7 +97,7 @@ async def _maintenance(app: FastAPI, settings: Settings) -> None:
             log.warning("maintenance: %s", exc)
 
 
-def _close(app: FastAPI, settings: Settings) -> None:
+def close_state(app: Any, settings: Settings) -> None:
     """Caches first, the store last (its close folds the WAL into the main file). A failure
     is one line and a flag server.py turns into a non-zero exit."""
     views = _views()
@@ -138,13 +139,23 @@ def _views() -> _Views | None:
     return _Views(views)
 
 
-def _open_state(app: FastAPI, settings: Settings) -> None:
+def open_state(app: Any, settings: Settings) -> None:
+    """Open the store and rebuild the live state of running runs on ``app.state`` (the lifespan
+    does it when nothing did before). ``vramwatch serve`` calls it before it listens, so a
+    database that cannot be read (damaged pages the restore reaches) fails as one
+    :class:`StoreError` line instead of a traceback in the lifespan.
+    Cost: the restore's replay of recent runs (seconds for millions of samples)."""
     from vramwatch.collector.metrics import build_registry
 
     store = Store(settings.db_path, exclusive=True)  # a second collector on the file refuses to start
     live = LiveState()
     tune_gc_for_serving()
-    done = restore(live, store, cutoff=time.time() - settings.finished_after_s)
+    try:
+        done = restore(live, store, cutoff=time.time() - settings.finished_after_s)
+    except sqlite3.DatabaseError as exc:
+        with contextlib.suppress(StoreError, sqlite3.Error):
+            store.close()
+        raise StoreError(f"cannot read database {settings.db_path}: {exc}") from None
     if done["samples"] or done["retired_runs"]:
         log.info("rebuilt live state from %d stored samples in %.1f s (%d finished runs listed, not replayed)",
                  done["samples"], done["seconds"], done["retired_runs"])
@@ -163,7 +174,8 @@ def create_app(settings: Settings) -> FrontDoor:
     ``.routes`` and the rest are the FastAPI app's)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        _open_state(app, settings)
+        if getattr(app.state, "store", None) is None:
+            open_state(app, settings)
         guard = getattr(app.state, "guard", None)
         if guard is not None:  # accept() failures: one rate-limited line, not a traceback each
             asyncio.get_running_loop().set_exception_handler(guard.loop_exception)
@@ -174,7 +186,7 @@ def create_app(settings: Settings) -> FrontDoor:
                 yield
         finally:
             # every ingest commits before it answers, so there is nothing buffered to flush
-            _close(app, settings)
+            close_state(app, settings)
 
     app = FastAPI(title="vramwatch collector", version=__about__.__version__, lifespan=lifespan,
                   default_response_class=JSONBytes)

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from typing import Any
 
 import uvicorn
 
-from vramwatch.collector.app import Settings, create_app
+from vramwatch.collector.app import Settings, close_state, create_app, open_state
 from vramwatch.collector.guard import (
     MAX_HEAD_BYTES,
     ConnectionGuard,
@@ -123,7 +124,14 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8765, log_lev
     check_database(settings.db_path)
     settings.bind_host = host
     _fit_connection_cap(settings)
-    sock = bind_socket(host, port)
+    config = _config(settings, log_level, protocol)
+    open_state(config.app, settings)  # StoreError (one line) when the restore cannot read the file
+    print(f"vramwatch collector: http://{host}:{port}/  db={settings.db_path}", file=sys.stderr)
+    try:
+        sock = bind_socket(host, port)
+    except BaseException:
+        close_state(config.app, settings)
+        raise
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     # the actual port (also when --port 0 asked for a free one)
@@ -131,7 +139,6 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8765, log_lev
     if http == "auto" and protocol == "h11":
         log.warning("httptools is not installed: serving HTTP with h11 (about twice the CPU in the HTTP "
                     "layer of each request; pip install 'vramwatch[server]')")
-    config = _config(settings, log_level, protocol)
     server = _Server(config)
     server.run(sockets=[sock])
     error = getattr(config.app.state, "shutdown_error", None)
