@@ -372,3 +372,24 @@ def test_advise_compare_gate_report_over_a_front_equal_one_collector(tmp_path: P
     dead = f"http://127.0.0.1:{__import__('prometheus_helpers').free_port()}"
     assert _cli("advise", "cand", "--url", dead)[0] == 1
     assert _cli("gate", "base", "cand", "--url", dead)[0] == 3
+
+
+def test_a_front_has_the_collectors_host_check_and_read_deadline() -> None:
+    """The front listens like a collector, so it is protected like one: a Host that is not a
+    loopback name is refused (421: a page on an attacker's DNS name cannot reach a loopback
+    front), and a client that trickles its headers is cut off at the header deadline (408)."""
+    import socket
+
+    settings = FrontSettings(peers=PeerSource(static=parse_peers(["http://127.0.0.1:9"])), header_timeout_s=0.5)
+    with BackgroundFront(settings) as front:
+        ok = httpx.get(f"{front.url}/healthz", timeout=10)
+        assert ok.status_code != 421
+        rebound = httpx.get(f"{front.url}/api/v1/runs", headers={"Host": "evil.example"}, timeout=10)
+        assert rebound.status_code == 421 and "evil.example" in rebound.json()["detail"]
+        with socket.create_connection(("127.0.0.1", front.port), timeout=10) as sock:
+            started = time.monotonic()
+            sock.sendall(b"GET /api/v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a")  # and never more
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+            assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 5

@@ -155,7 +155,10 @@ def cmd_front(args: argparse.Namespace) -> int:
     if args.peer_token_file:
         peer_token = _read_secret("--peer-token-file", args.peer_token_file) or None
     settings = FrontSettings(peers=source, token=_read_token(args) if args.auth_read else None,
-                             peer_token=peer_token or _read_token(args), timeout_s=args.peer_timeout)
+                             peer_token=peer_token or _read_token(args), timeout_s=args.peer_timeout,
+                             bind_host=args.host, allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
+                             header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                             max_connections=args.max_connections)
     print(f"vramwatch front: http://{args.host}:{args.port}/  shards={len(source.current())}", file=sys.stderr)
     try:
         serve_front(settings, host=args.host, port=args.port, log_level=args.log_level)

@@ -18,7 +18,7 @@ import ipaddress
 import logging
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -54,13 +54,13 @@ __all__ = [
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
-def allowed_hosts_for(settings: Settings) -> frozenset[str] | None:
+def allowed_hosts_for(bind_host: str, allowed_hosts: Sequence[str] | None) -> frozenset[str] | None:
     """Host names (without port) a request may name; None: any. Explicit ``allowed_hosts``
     win; a loopback bind allows only loopback names; a wildcard or LAN bind allows any
-    (set ``--allowed-host`` to restrict it)."""
-    if settings.allowed_hosts is not None:
-        return frozenset(h.lower().strip("[]") for h in settings.allowed_hosts)
-    host = settings.bind_host.strip("[]")
+    (set ``--allowed-host`` to restrict it). The collector's rule and the front's."""
+    if allowed_hosts is not None:
+        return frozenset(h.lower().strip("[]") for h in allowed_hosts)
+    host = bind_host.strip("[]")
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -220,4 +220,4 @@ def create_app(settings: Settings) -> FrontDoor:
     app.include_router(decisions_router, dependencies=[Depends(require_read_auth)])
     app.include_router(pages.router)
     pages.mount_static(app)
-    return FrontDoor(app, allowed_hosts_for(settings))
+    return FrontDoor(app, allowed_hosts_for(settings.bind_host, settings.allowed_hosts))

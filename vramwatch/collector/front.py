@@ -46,8 +46,10 @@ def _host_name(value: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
-class FrontDoor:
-    """See the module docstring. ``allowed_hosts``: names a ``Host`` header may carry (None: any)."""
+class HostCheck:
+    """The Host check and the quiet cancel of the module docstring, around any ASGI ``app``
+    (the federating front serves behind it too). ``allowed_hosts``: names a ``Host`` header
+    may carry (None: any)."""
 
     def __init__(self, app: Any, allowed_hosts: frozenset[str] | None) -> None:
         self.app: ASGIApp = app
@@ -79,19 +81,12 @@ class FrontDoor:
                                     scope.get("method"), scope.get("path"))
             if not started:
                 try:
-                    await send_json(send, 503, {"detail": "collector is shutting down; retry"})
+                    await send_json(send, 503, {"detail": "shutting down; retry"})
                 except Exception:
                     pass
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path, method = scope["path"], scope["method"]
-        if path == "/api/v1/samples" and method == "POST":
-            scope["app"] = self.app  # what Request.app reads (the 401's log line)
-            await ingest.send_outcome(send, await ingest.handle(scope, receive, self.app.state))
-        elif path == "/healthz" and method == "GET":
-            await JSONBytes(api.healthz(self.app.state.live))(scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
+        await self.app(scope, receive, send)
 
     def _host_allowed(self, scope: Scope) -> bool:
         assert self.allowed_hosts is not None
@@ -104,5 +99,19 @@ class FrontDoor:
         host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
         self._host_refusals.warning("refused a request for Host %r (allowed: %s; see --allowed-host)",
                                     host[:100], ", ".join(sorted(self.allowed_hosts or ())))
-        await send_json(send, 421, {"detail": f"host: {host[:100]!r} is not a name this collector serves "
+        await send_json(send, 421, {"detail": f"host: {host[:100]!r} is not a name this server serves "
                                               "(--allowed-host)"})
+
+
+class FrontDoor(HostCheck):
+    """:class:`HostCheck` plus the collector's hot routes (see the module docstring)."""
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        if path == "/api/v1/samples" and method == "POST":
+            scope["app"] = self.app  # what Request.app reads (the 401's log line)
+            await ingest.send_outcome(send, await ingest.handle(scope, receive, self.app.state))
+        elif path == "/healthz" and method == "GET":
+            await JSONBytes(api.healthz(self.app.state.live))(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)

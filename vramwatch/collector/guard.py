@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import h11
 import orjson
@@ -44,7 +44,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from vramwatch.collector.deps import RateLimitedLog
-from vramwatch.collector.settings import Settings
 
 try:  # the server extra installs it; without it the collector serves with h11
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -66,10 +65,20 @@ def _raw_response(status: int, reason: str, detail: str) -> bytes:
             "connection: close\r\nretry-after: 1\r\n\r\n").encode() + body
 
 
+class GuardLimits(Protocol):
+    """What a guard reads of a server's settings (the collector's ``Settings``, the
+    front's ``FrontSettings``)."""
+
+    header_timeout_s: float
+    body_timeout_s: float
+    max_connections: int
+    health_reserve: int
+
+
 class ConnectionGuard:
     """The limits and counters shared by every connection of one server."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: GuardLimits) -> None:
         self.header_timeout_s = settings.header_timeout_s
         self.body_timeout_s = settings.body_timeout_s
         self.max_connections = settings.max_connections

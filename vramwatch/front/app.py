@@ -36,6 +36,7 @@ from vramwatch import __about__, verdicts
 from vramwatch.collector.params import OptionalRank
 from vramwatch.collector.responses import install_error_handlers
 from vramwatch.collector.routes_evidence import CaptureRequest
+from vramwatch.collector.settings import Settings
 from vramwatch.decisions.compare import RunFigures
 from vramwatch.decisions.compare import compare as compare_runs
 from vramwatch.front import merge
@@ -78,6 +79,15 @@ class FrontSettings:
     peer_token: str | None = None
     timeout_s: float = 2.0
     cache_ttl_s: float = 1.0
+    #: where it listens, and the Host names a request may carry (a collector's rule:
+    #: ``collector.app.allowed_hosts_for``; a loopback bind allows loopback names only)
+    bind_host: str = "127.0.0.1"
+    allowed_hosts: tuple[str, ...] | None = None
+    #: read deadlines and connection cap: the collector's guard and defaults (collector/guard.py)
+    header_timeout_s: float = Settings.header_timeout_s
+    body_timeout_s: float = Settings.body_timeout_s
+    max_connections: int = Settings.max_connections
+    health_reserve: int = Settings.health_reserve
 
 
 def _quote(run: str) -> str:

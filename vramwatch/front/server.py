@@ -9,12 +9,18 @@ from types import TracebackType
 
 import uvicorn
 
-from vramwatch.collector.server import bind_socket
+from vramwatch.collector.app import allowed_hosts_for
+from vramwatch.collector.front import HostCheck
+from vramwatch.collector.guard import ConnectionGuard
+from vramwatch.collector.server import bind_socket, guarded_config
 from vramwatch.front.app import FrontSettings, create_front_app
 
 
 def _config(settings: FrontSettings, log_level: str) -> uvicorn.Config:
-    return uvicorn.Config(create_front_app(settings), log_level=log_level, access_log=False,
+    """The front behind the collector's protections: its Host check (DNS rebinding) and its
+    connection guard (read deadlines, head bound, connection cap), on httptools when installed."""
+    app = HostCheck(create_front_app(settings), allowed_hosts_for(settings.bind_host, settings.allowed_hosts))
+    return guarded_config(app, ConnectionGuard(settings), log_level=log_level, access_log=False,
                           timeout_graceful_shutdown=5, timeout_keep_alive=30)
 
 
