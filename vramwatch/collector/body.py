@@ -252,11 +252,11 @@ def decode_body(
     valid body; otherwise inflating again plus the bounded pass, C-level except the
     per-sample validation.
     """
-    budget = max_values if max_values is not None else VALUES_PER_SAMPLE * max_samples
-    fast = _decode_fast(data, gzipped, _fast_limit(gzipped, max_decompressed, FAST_BODY_BYTES), max_samples, now,
-                        max_future_s, budget)
+    fast = decode_fast(data, gzipped=gzipped, max_inflated=FAST_BODY_BYTES, max_decompressed=max_decompressed,
+                       max_samples=max_samples, now=now, max_future_s=max_future_s, max_values=max_values)
     if fast is not None:
-        return DecodedBody(samples=fast, items=len(fast), fast=True)
+        return fast
+    budget = max_values if max_values is not None else VALUES_PER_SAMPLE * max_samples
     chunks = iter_inflated(data, max_decompressed) if gzipped else _iter_blocks(data)
     first = b""
     for first in chunks:
@@ -300,14 +300,11 @@ def decode_fast(
     a hook-sized body, :mod:`vramwatch.collector.ingest`). ``max_errors`` is accepted so
     both functions take the same arguments; the fast path names no errors."""
     budget = max_values if max_values is not None else VALUES_PER_SAMPLE * max_samples
-    fast = _decode_fast(data, gzipped, _fast_limit(gzipped, max_decompressed, min(max_inflated, FAST_BODY_BYTES)),
-                        max_samples, now, max_future_s, budget)
+    limit = min(max_inflated, FAST_BODY_BYTES)
+    if gzipped:
+        limit = min(limit, max_decompressed)
+    fast = _decode_fast(data, gzipped, limit, max_samples, now, max_future_s, budget)
     return None if fast is None else DecodedBody(samples=fast, items=len(fast), fast=True)
-
-
-def _fast_limit(gzipped: bool, max_decompressed: int, bound: int) -> int:
-    """Most bytes the fast path decodes: ``bound``, and for gzip also ``max_decompressed``."""
-    return min(max_decompressed, bound) if gzipped else bound
 
 
 def _decode_fast(data: bytes, gzipped: bool, limit: int, max_samples: int, now: float | None,
