@@ -172,6 +172,25 @@ def test_keep_alive_idleness_is_not_the_header_deadline_and_a_request_s_first_by
     assert DEADLINE_S * 0.8 < closed - started < DEADLINE_S * 3, closed - started
 
 
+@contextlib.contextmanager
+def _dripping(sock: socket.socket, data: bytes) -> Iterator[None]:
+    """Send ``data`` on ``sock`` every 0.2 s in a thread until the block ends (or the socket closes)."""
+    stop = threading.Event()
+
+    def drip() -> None:
+        while not stop.wait(0.2):
+            try:
+                sock.send(data)
+            except OSError:
+                return
+
+    threading.Thread(target=drip, daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 def test_blank_lines_do_not_hold_a_connection_open(collector, http) -> None:
     """h11 answers a run of blank lines 400; llhttp skips them without beginning a request, so
     the guard counts them as a request's first bytes and closes at the header deadline (a
@@ -179,19 +198,9 @@ def test_blank_lines_do_not_hold_a_connection_open(collector, http) -> None:
     with _connect(collector.port) as sock:
         sock.sendall(_get("/healthz"))  # a request read in full: the connection's first deadline is over
         assert _read_response(sock, bytearray())[0] == 200
-        stop = threading.Event()
-
-        def blank_lines() -> None:
-            while not stop.wait(0.2):
-                try:
-                    sock.send(b"\r\n")
-                except OSError:
-                    return
-
-        threading.Thread(target=blank_lines, daemon=True).start()
-        started = time.monotonic()
-        reply, closed = _read_until_closed(sock)
-        stop.set()
+        with _dripping(sock, b"\r\n"):
+            started = time.monotonic()
+            reply, closed = _read_until_closed(sock)
     assert reply.startswith(b"HTTP/1.1 408" if http == "httptools" else b"HTTP/1.1 400"), reply[:200]
     assert closed - started < DEADLINE_S * 3
 
@@ -215,19 +224,9 @@ def test_an_answer_already_sent_is_not_followed_by_a_408(app_port) -> None:
     closed at the body deadline without a second, unsolicited response."""
     with _connect(app_port) as sock:
         sock.sendall(b"POST /early HTTP/1.1\r\n" + HOST + b"Content-Length: 100000\r\n\r\n")
-        stop = threading.Event()
-
-        def trickle() -> None:
-            while not stop.wait(0.2):
-                try:
-                    sock.send(b" ")
-                except OSError:
-                    return
-
-        threading.Thread(target=trickle, daemon=True).start()
-        started = time.monotonic()
-        reply, closed = _read_until_closed(sock)
-        stop.set()
+        with _dripping(sock, b" "):
+            started = time.monotonic()
+            reply, closed = _read_until_closed(sock)
     assert reply.startswith(b"HTTP/1.1 413") and reply.count(b"HTTP/1.1 ") == 1, reply[:300]
     assert closed - started < DEADLINE_S * 4
 
