@@ -217,7 +217,7 @@ def throughput(repeats: int = 3) -> dict[str, float]:
                 pass
 
         def orjson_validate() -> None:
-            # the pure-Python path (no msgspec; what ingest's validate costs per sample)
+            # the dict path: the same structs by msgspec.convert (the hook's and the importers' cost)
             loads, validate = orjson.loads, wire.validate
             with open(path, "rb") as fh:
                 while lines := fh.readlines(1 << 20):
@@ -415,9 +415,9 @@ one {speed["bytes_per_sample"]:.0f}-byte-per-line JSONL file, CPU time of the pr
 **analyze / bare orjson parse of the same file: {speed["analyze"]:,.0f} / {speed["decode"]:,.0f} samples/s =
 {ratio:.2f}** (goal >= 0.5, issue 12). `decode` (the limit) is bare orjson, one `loads` per line, lines read
 in 1 MiB chunks; `decode+validate` is `wire.iter_samples`, what analyze does per line: one msgspec pass into
-structs generated from the field table plus the checks a struct cannot express (`vramwatch/wire/decode.py`,
-msgspec from the `server` extra); `orjson + wire.validate` is the pure-Python path (analyze without msgspec,
-and the per-sample validation ingest runs); `engine only` feeds pre-validated dicts to one `TrendEngine`
+structs generated from the field table plus the checks a struct cannot express (`vramwatch/wire/structs.py`);
+`orjson + wire.validate` is the dict path (the same structs by `msgspec.convert`: what the hook and the importers
+pay per sample, and a line not accepted as written); `engine only` feeds pre-validated dicts to one `TrendEngine`
 per series. Per sample, analyze ≈ decode+validate + engine, in parses of the same line: decode+validate
 {speed["decode"] / speed["decode+validate"]:.2f}, the engine alone {speed["decode"] / speed["engine only"]:.2f}; analyze
 reads a plainly valid schema-1 line's decoded struct directly (`TrendEngine.update_struct`), so it does not pay for

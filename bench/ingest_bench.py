@@ -113,15 +113,15 @@ def _chained(bodies: list[bytes], engine_factory: object,
     """The route's stages run one batch after the other as the handler runs them (so each
     stage pays for the caches the others leave cold), CPU seconds summed per stage; garbage
     collections are timed apart (``gc.callbacks``) and taken out of the stage they fell in.
-    ``decode``: inflated body -> samples (default: the route's one-pass decoder)."""
+    ``decode``: inflated body -> samples (default: the route's one-pass decoder of a whole text)."""
     import gc
 
     from vramwatch.collector.body import iter_inflated
     from vramwatch.collector.live import LiveState
     from vramwatch.collector.store import Store
-    from vramwatch.wire.decode import decode_body_fast
+    from vramwatch.wire import decode_samples
 
-    decode = decode or (lambda raw: decode_body_fast(raw, now=time.time()))  # type: ignore[misc]
+    decode = decode or (lambda raw: decode_samples(raw, now=time.time()))  # type: ignore[misc]
     clock = time.process_time
     spent = dict.fromkeys(("gunzip", "decode", "insert", "live", "gc"), 0.0)
     gc_started = [0.0]
@@ -168,13 +168,10 @@ def stage_costs(total: int, ranks: int, batch: int) -> list[tuple[str, float]]:
     from vramwatch.decisions.live import DecisionEngine
     from vramwatch.engine import TrendEngine
     from vramwatch.wire import validate
-    from vramwatch.wire.decode import decode_body_fast
 
     bodies = make_bodies(min(total, 64_000), ranks, batch)
     n = sum(gzip.decompress(b).count(b"\n") for b in bodies)
     per_k = 1000 / (n / 1000)
-    if decode_body_fast is None:
-        raise SystemExit("stage costs need msgspec (the server extra)")
     runs = {}
     for name, factory in (("none", _NoEngine), ("trend", TrendEngine), ("decision", DecisionEngine)):
         tries = [_chained(bodies, factory) for _ in range(2)]
@@ -184,15 +181,15 @@ def stage_costs(total: int, ranks: int, batch: int) -> list[tuple[str, float]]:
                   for _ in range(2)) * per_k
     return [
         ("gunzip", full["gunzip"] * per_k),
-        ("decode + validate in one pass (`wire.decode.decode_body_fast`)", full["decode"] * per_k),
+        ("decode + validate in one pass (`wire.decode_samples`)", full["decode"] * per_k),
         ("SQLite insert (`Store.insert`)", full["insert"] * per_k),
         ("live state, engines excluded", runs["none"]["live"] * per_k),
         ("trend engine (`TrendEngine.update`)", (runs["trend"]["live"] - runs["none"]["live"]) * per_k),
         ("decisions on top of it (`DecisionEngine.update` minus its trend engine)",
          (full["live"] - runs["trend"]["live"]) * per_k),
         ("garbage collection (all stages)", full["gc"] * per_k),
-        ("(alternative) JSON parse + validate (`parse_body` + `wire.validate`, the checked path), chained the same "
-         "way", checked),
+        ("(alternative) JSON parse + validate (`parse_body` + `wire.validate`, a refused block's path), chained "
+         "the same way", checked),
     ]
 
 

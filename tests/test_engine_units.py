@@ -20,7 +20,7 @@ from vramwatch.engine import EngineConfig, TrendEngine
 from vramwatch.engine.analyze import analyze_paths, format_table
 from vramwatch.engine.stats import mann_kendall_z, noise_sigma, rolling_min, theil_sen
 from vramwatch.probe.simulated import simulate_trace
-from vramwatch.wire import decode as wire_decode
+from vramwatch.wire.structs import as_sample
 
 GB = 1_000_000_000
 TOTAL = 80 * GB
@@ -451,9 +451,11 @@ def _messy_lines() -> list[bytes]:
     return out
 
 
-@pytest.mark.skipif(wire_decode.decode_line_lazy is None, reason="msgspec not installed")
 def test_the_struct_path_gives_the_same_events_and_summaries_as_the_dict_path() -> None:
-    lazy, fast, sample_of = wire_decode.decode_line_lazy, wire_decode.decode_line_fast, wire_decode.sample_of
+    def lazy(line: bytes) -> Any:
+        return wire.decode_line(line, lazy=True)
+
+    fast, sample_of = wire.decode_line, as_sample
     by_dict: dict[Any, TrendEngine] = {}
     by_struct: dict[Any, TrendEngine] = {}
     events: dict[str, list[Any]] = {"dict": [], "struct": []}
@@ -482,14 +484,13 @@ def test_the_struct_path_gives_the_same_events_and_summaries_as_the_dict_path() 
         assert (other.samples, other.out_of_order) == (engine.samples, engine.out_of_order)
 
 
-@pytest.mark.skipif(wire_decode.decode_line_lazy is None, reason="msgspec not installed")
 def test_analyze_gives_the_same_document_with_and_without_the_struct_path(tmp_path, monkeypatch) -> None:
     from vramwatch.engine import analyze
 
     path = tmp_path / "messy.jsonl"
     path.write_bytes(b"\n".join(_messy_lines()) + b"\n{not json\n")
     lazy_doc = analyze_paths([path])
-    monkeypatch.setattr(analyze, "decode_line_lazy", wire_decode.decode_line_fast)  # dicts only
+    monkeypatch.setattr(analyze, "decode_line", lambda line, lazy=False: wire.decode_line(line))  # dicts only
     assert analyze_paths([path]) == lazy_doc
     assert lazy_doc["skipped_lines"] == 1 and sum(len(s["events"]) for s in lazy_doc["series"]) > 50
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import math
-import os
 
 import orjson
 import pytest
@@ -15,7 +14,7 @@ from hypothesis import strategies as st
 from vramwatch import wire
 from vramwatch.collector import body as wire_body
 from vramwatch.wire import WireError, validate
-from vramwatch.wire import decode as wire_decode
+from vramwatch.wire.validate import _refusal
 
 
 def test_valid_sample_round_trips_unchanged() -> None:
@@ -171,51 +170,51 @@ def agreement_corpus() -> list[dict]:
 
 
 def assert_paths_agree(candidate: dict) -> tuple[bool, bool]:
-    """Both fast paths against the full check on one candidate: ``_plainly_valid`` (on the dict,
-    what ingest uses) and ``decode_line_fast`` (on its JSON line, what analyze uses) may only
-    accept what the slow path accepts, and must return what it returns (values and types)."""
-    from vramwatch.wire.decode import decode_line_fast
-    from vramwatch.wire.validate import _plainly_valid, _validate_slow
-
+    """One acceptor, three forms, one message producer, on one candidate: ``validate`` (the dict,
+    what the hook, importers and ingest's per-sample path use), ``decode_line`` (its JSON line,
+    what analyze and trace files use) and ``decode_samples`` (a body of it) accept the same
+    samples with the same values and types; the refusal message names a fault exactly when the
+    Structs refuse (never the generic one, never a fault in an accepted sample)."""
     try:
-        slow = _validate_slow(dict(candidate), None, 300.0)
-    except WireError:
-        slow = None
-    plain = _plainly_valid(candidate)
-    if plain:
-        assert slow == candidate, candidate
+        accepted = validate(dict(candidate))
+    except WireError as exc:
+        accepted = None
+        assert exc.field != "sample" or "not accepted" not in exc.message, candidate
+    fault = _refusal(dict(candidate), None, 300.0)
+    assert (accepted is None) == (fault is not None), (candidate, fault)
     line = orjson.dumps(candidate)
     try:
         expected = validate(orjson.loads(line))
     except WireError:
         expected = None
-    got = decode_line_fast(line) if decode_line_fast is not None else None
+    got = wire.decode_line(line)
     if got is not None:
         assert expected is not None, line
         assert orjson.dumps(got, option=orjson.OPT_SORT_KEYS) == orjson.dumps(expected, option=orjson.OPT_SORT_KEYS)
         assert list(got) == [f.name for f in wire.FIELD_TABLE if f.name in got]  # the table's order
-    return plain, got is not None
+        assert wire.decode_samples(line + b"\n" + line) == [got, got]
+    elif expected is not None:  # refused as written: only a whole float of a whole-number field
+        assert any(type(v) is float and v.is_integer() for v in candidate.values()), line
+    return accepted is not None, got is not None
 
 
-def test_fast_path_accepts_exactly_what_the_full_check_accepts() -> None:
-    """validate() and analyze short-cut canonical samples; the short cuts must never accept more."""
+def test_every_form_accepts_what_the_acceptor_accepts_and_a_refusal_names_its_field() -> None:
+    """validate(), trace lines and bodies go through one acceptor; the message producer agrees with it."""
     import random
 
     rng = random.Random(7)
-    checked = fast = fast_line = 0
+    checked = accepted = accepted_line = 0
     for s in agreement_corpus():
         for _ in range(3):
             candidate = dict(s)
             name, value = rng.choice(MUTATIONS)
             if rng.random() < 0.7:
                 candidate[name] = value
-            plain, line_ok = assert_paths_agree(candidate)
-            fast += plain
-            fast_line += line_ok
+            ok, line_ok = assert_paths_agree(candidate)
+            accepted += ok
+            accepted_line += line_ok
             checked += 1
-    assert checked > 1000 and fast > 200
-    if os.environ.get("CI") or wire_decode.decode_line_fast is not None:  # msgspec is in the server extra
-        assert fast_line > 200
+    assert checked > 1000 and accepted > 200 and accepted_line > 200
 
 
 _VALUES = st.one_of(
@@ -230,31 +229,29 @@ _VALUES = st.one_of(
 @given(base=st.sampled_from(agreement_corpus()[::7]),
        changes=st.dictionaries(st.sampled_from([*wire.FIELDS, "bogus"]), _VALUES, max_size=3),
        drop=st.sets(st.sampled_from(list(wire.FIELDS)), max_size=2))
-def test_fast_paths_agree_with_the_full_check_on_generated_samples(base: dict, changes: dict, drop: set) -> None:
+def test_every_form_and_the_refusal_agree_on_generated_samples(base: dict, changes: dict, drop: set) -> None:
     candidate = {k: v for k, v in base.items() if k not in drop}
     candidate.update(changes)
     assert_paths_agree(candidate)
 
 
-def test_line_fast_path_leaves_odd_lines_to_the_full_check() -> None:
-    """Lines the one-pass decoder does not take: the slow path normalises or names the field."""
-    from vramwatch.wire.decode import decode_line_fast
-
-    if decode_line_fast is None:
-        assert not os.environ.get("CI"), "msgspec (server extra) missing in CI"
-        pytest.skip("msgspec not installed")
+def test_lines_not_accepted_as_written_are_rewritten_or_named_by_validate() -> None:
+    """Lines the one-pass decoder does not take as written: validate() rewrites or names the field."""
     good = make_sample(3)
-    assert decode_line_fast(orjson.dumps(good)) == good
+    assert wire.decode_line(orjson.dumps(good)) == good
+    assert validate({**good, "step": 3.0}) == good  # a whole float: the number it is
+    assert wire.decode_line(orjson.dumps(make_sample(3, seq=None))) == good  # an explicit null optional: absent
     odd = [
-        orjson.dumps({**make_sample(3), "step": 3.0}),  # a whole float: validate turns it into 3
-        orjson.dumps(make_sample(3, seq=None)),  # an explicit null optional: validate drops it
+        orjson.dumps({**make_sample(3), "step": 3.0}),
         orjson.dumps(make_sample(3, bogus=1)),  # unknown: validate names it
         orjson.dumps(make_sample(3))[:-1] + b',"run":"a\\u202eb"}',  # duplicate key, last wins, invisible
         b"",
         b"[]",
+        b'{"a":' * 5000 + b"1" + b"}" * 5000,  # nested past the decoder's depth: refused, not raised
     ]
     for line in odd:
-        assert decode_line_fast(line) is None, line
+        assert wire.decode_line(line) is None, line[:80]
+        assert wire.decode_samples(line) is None, line[:80]
 
 
 @pytest.mark.parametrize("present", [
@@ -362,22 +359,15 @@ def test_docs_field_table_is_up_to_date() -> None:
     assert doc.read_text(encoding="utf-8") == wire.fields_markdown(), f"docs/fields.md is stale: run {REGENERATE}"
 
 
-def test_fast_path_shape_cache_is_bounded_and_still_decides_right() -> None:
-    """Shapes (schema, key order, value types) are cached up to a bound; past it every sample is
-    still judged, just without caching: a client varying its key order cannot grow memory."""
-    import random
+def test_name_caches_are_bounded_and_every_sample_is_still_judged() -> None:
+    """Names already checked are remembered up to a bound; past it every sample is still judged,
+    just without remembering: a client varying its names cannot grow memory."""
+    from vramwatch.wire import structs
 
-    from vramwatch.wire.validate import _SHAPES, _plainly_valid
-
-    rng = random.Random(3)
-    base = make_sample(5, uuid="GPU-1", incarnation="i-1", host_rss_bytes=7, exit=False, extra={"loss": 0.5})
-    keys = list(base)
-    for i in range(1200):
-        rng.shuffle(keys)
-        sample = {k: base[k] for k in keys}
-        assert _plainly_valid(sample) and validate(sample) is sample
-        bad = dict(sample, ooms=-1) if i % 2 else dict(sample, reserved_bytes=H200_TOTAL + 1)
-        assert not _plainly_valid(bad)
-        with pytest.raises(WireError):
-            validate(bad)
-    assert len(_SHAPES) <= 1024
+    for i in range(5000):
+        sample = make_sample(5, run=f"run-{i}", extra={f"k{i}": 1.0})
+        assert validate(sample) is sample
+        with pytest.raises(WireError) as info:
+            validate(dict(sample, host=f"h\u202e{i}"))
+        assert info.value.field == "host"
+    assert len(structs._known_names) <= 4096 and len(structs._known_keys) <= 4096

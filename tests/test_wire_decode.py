@@ -1,9 +1,8 @@
-"""The one-pass trace decoder (msgspec, server extra) changes nothing but speed: analyze and
-import give the same documents, counts and errors with it and without it."""
+"""The one-pass decoders (a trace line, a body's text: msgspec Structs generated from the field
+table) change nothing but speed: analyze, trace files and bodies give the same samples, documents,
+counts and errors as ``orjson.loads`` + ``wire.validate`` (the same acceptor on the dict)."""
 
 from __future__ import annotations
-
-import os
 
 import orjson
 import pytest
@@ -13,13 +12,7 @@ from vramwatch import wire
 from vramwatch.collector import body as wire_body
 from vramwatch.engine import analyze
 from vramwatch.probe.simulated import simulate_trace
-from vramwatch.wire import decode as wire_decode
-
-
-def require_msgspec() -> None:
-    if wire_decode.decode_line_fast is None:
-        assert not os.environ.get("CI"), "msgspec (server extra) must be installed in CI"
-        pytest.skip("msgspec not installed")
+from vramwatch.wire import tracefile
 
 
 def messy_trace(path) -> None:
@@ -40,12 +33,15 @@ def messy_trace(path) -> None:
     path.write_bytes(b"\n".join(lines) + b"\n")
 
 
+def not_as_written(line: bytes, lazy: bool = False) -> None:
+    return None  # every line through orjson.loads + wire.validate
+
+
 def test_analyze_is_the_same_with_and_without_the_one_pass_decoder(tmp_path, monkeypatch) -> None:
-    require_msgspec()
     path = tmp_path / "messy.jsonl"
     messy_trace(path)
     fast = analyze.analyze_paths([path])
-    monkeypatch.setattr(analyze, "decode_line_lazy", None)  # analyze decodes with decode_line_lazy
+    monkeypatch.setattr(analyze, "decode_line", not_as_written)
     slow = analyze.analyze_paths([path])
     assert orjson.dumps(fast) == orjson.dumps(slow)
     assert fast["skipped_lines"] == 5 and len(fast["series"]) == 3
@@ -54,13 +50,12 @@ def test_analyze_is_the_same_with_and_without_the_one_pass_decoder(tmp_path, mon
 
 
 def test_iter_samples_is_the_same_with_and_without_the_one_pass_decoder(tmp_path, monkeypatch) -> None:
-    require_msgspec()
     path = tmp_path / "clean.jsonl"
     samples = list(simulate_trace("fragmentation", steps=400, run="r", rank=2, seed=5))
     samples.append({**make_sample(500), "step": 500.0})
     path.write_bytes(wire.encode_lines(samples))
     fast = list(wire.iter_samples(path))
-    monkeypatch.setattr(wire_decode, "decode_line_fast", None)
+    monkeypatch.setattr(tracefile, "decode_line", not_as_written)
     slow = list(wire.iter_samples(path))
     assert fast == slow and len(fast) == len(samples) and fast[-1]["step"] == 500
     assert [{k: type(v) for k, v in s.items()} for s in fast] == [{k: type(v) for k, v in s.items()} for s in slow]
@@ -80,7 +75,6 @@ def test_body_fast_path_returns_what_parse_body_and_validate_return() -> None:
 
     from test_wire import MUTATIONS, agreement_corpus
 
-    require_msgspec()
     rng = random.Random(11)
     corpus = agreement_corpus()
     accepted = refused = 0
@@ -94,7 +88,7 @@ def test_body_fast_path_returns_what_parse_body_and_validate_return() -> None:
             batch.append(candidate)
         for body in (wire.encode_lines(batch), orjson.dumps(batch), wire.encode_lines(batch).replace(b"\n", b"\r\n")):
             expected = slow_body(body)
-            got = wire_decode.decode_body_fast(body)
+            got = wire.decode_samples(body)
             if got is None:
                 refused += 1
                 continue
@@ -105,8 +99,7 @@ def test_body_fast_path_returns_what_parse_body_and_validate_return() -> None:
 
 
 def test_body_fast_path_leaves_odd_bodies_to_the_slow_path() -> None:
-    require_msgspec()
-    decode = wire_decode.decode_body_fast
+    decode = wire.decode_samples
     ok = [make_sample(i) for i in range(3)]
     assert decode(wire.encode_lines(ok)) == ok
     assert decode(orjson.dumps(ok[0])) == ok[:1]
@@ -122,8 +115,13 @@ def test_body_fast_path_leaves_odd_bodies_to_the_slow_path() -> None:
     assert decode(ahead, now=2_000_000_400.0) == slow_body(ahead, now=2_000_000_400.0)
 
 
-@pytest.mark.parametrize("text", [b"", b"a", b"\n", b"\n\n", b"ab\ncde", b"abc\n", b"\nabcd", b"a\n" * 5 + b"xyz" * 9])
-def test_longest_line_without_splitting_is_the_split_longest(text: bytes) -> None:
-    from vramwatch.collector.body import _longest_line
+@pytest.mark.parametrize("text", [b"", b"a", b"\n", b"\n\n", b"ab\ncde", b"abc\n", b"\nabcd", b"a\n" * 5 + b"xyz" * 9,
+                                  b"a" * 10 + b"\n" + b"b" * 11, b"\n".join(b"x" * n for n in (3, 9, 10, 9, 1))])
+@pytest.mark.parametrize("limit", [1, 3, 9, 10, 11, 100])
+def test_long_line_check_by_windows_is_the_split_longest(text: bytes, limit: int, monkeypatch) -> None:
+    from vramwatch.collector import body
 
-    assert _longest_line(text) == max(map(len, text.split(b"\n")))
+    monkeypatch.setattr(body, "MAX_LINE_BYTES", limit)
+    for start, end in ((0, len(text)), (1, len(text)), (0, max(0, len(text) - 1))):
+        block = body._Block(1, text, start, end)
+        assert block.has_long_line() == (max(map(len, text[start:end].split(b"\n"))) > limit)

@@ -36,7 +36,7 @@ from vramwatch.collector.deps import (  # noqa: F401 - public names kept for imp
 )
 from vramwatch.collector.front import FrontDoor
 from vramwatch.collector.live import LiveState, tune_gc_for_serving
-from vramwatch.collector.openapi import sample_json_schema
+from vramwatch.collector.openapi import INGEST_OPERATION, sample_json_schema
 from vramwatch.collector.pages import dashboard_dir, dashboard_plotly_js_path, plotly_js_path
 from vramwatch.collector.responses import JSONBytes, install_error_handlers
 from vramwatch.collector.restore import restore
@@ -203,12 +203,13 @@ def create_app(settings: Settings) -> FrontDoor:
             from fastapi.openapi.utils import get_openapi
 
             spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            spec["paths"] = {ingest.PATH: {"post": INGEST_OPERATION}, **spec["paths"]}
             spec.setdefault("components", {}).setdefault("schemas", {})["Sample"] = sample_json_schema()
             app.openapi_schema = spec
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    app.include_router(ingest.router)
+    app.router.routes.append(ingest.Route())
     app.include_router(evidence_router(require_ingest_auth, require_read_auth))
     app.include_router(api.health_router)
     app.include_router(api.router)

@@ -1,28 +1,24 @@
 """Request bodies of ``POST /api/v1/samples``: inflate, split, decode and validate *while
 counting*, so no body can make the collector build more objects than the limits allow.
+:func:`decode_body` is the one function that turns a body into samples.
 
 Guarantees (docs/reliability.md, "memory per request"):
 
 * gzip is inflated in blocks of :data:`BLOCK_BYTES` (256 KiB); past ``max_decompressed`` bytes the
   body is refused (413) before the next block is produced;
-* NDJSON (and a single JSON object, which is one line) is decoded one block of complete
-  lines at a time. The lines of a block are counted (one C-level regex pass) *before* they
-  are decoded: at ``max_samples`` + 1 the body is refused (413) without decoding that block.
-  A line may be at most :data:`MAX_LINE_BYTES` long, so one line cannot hide millions of
-  values;
+* NDJSON (and a single JSON object, which is one line) is decoded one block of complete lines
+  (about :data:`BLOCK_BYTES`) at a time; at ``max_samples`` + 1 samples the body is refused (413).
+  A line may be at most :data:`MAX_LINE_BYTES` long, so one line cannot hide millions of values;
 * a JSON array (``[...]``) is decoded whole, so it may be at most :data:`MAX_ARRAY_BYTES`
   once inflated (about 10,000 typical samples; NDJSON has no such cap);
-* each decoded item is validated at once; valid samples are kept (they are the batch), an
-  invalid one is counted and at most ``max_errors`` of them are described;
+* each block (or the array) is decoded and validated in one C pass
+  (:func:`vramwatch.wire.decode_samples`, the wire's one acceptor). A block it does not take
+  whole is parsed again line by line (orjson; its lines are counted before they are decoded)
+  and each item validated (:func:`vramwatch.wire.validate`, the same acceptor), so every bad
+  sample is counted and the first ``max_errors`` are named; only such a block is parsed twice;
 * the kept samples may hold at most :data:`VALUES_PER_SAMPLE` x ``max_samples`` fields and
-  extra keys in all (413 past it: the hook halves the batch).
-
-Fast path: a body of at most :data:`FAST_BODY_BYTES` once inflated (a hook's batch always is) is
-first decoded and validated in one C pass (:func:`vramwatch.wire.decode.decode_body_fast`,
-msgspec). It only ever says "all valid, within every bound above" (then its samples are the
-batch, identical to the slow path's) or "not plainly so"; then the body is decoded again by the
-bounded path below, which refuses it or names each bad sample and field exactly as before. Its
-memory stays within the JSON array bound (it decodes at most :data:`FAST_BODY_BYTES` at once).
+  extra keys in all (413 past it: the hook halves the batch);
+* JSON nested deeper than :data:`MAX_DEPTH` levels is refused (400), never a RecursionError.
 
 Peak memory of one request is then about: the raw body (at most ``max_body_bytes``) +
 one block and its decoded objects (at most ~10 MB for a hostile block of tiny values) +
@@ -35,14 +31,13 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
-from vramwatch.wire import FIELD_TABLE, MAX_EXTRA_KEYS, Sample, WireError, validate
-from vramwatch.wire.decode import decode_body_fast
+from vramwatch.wire import FIELD_TABLE, MAX_EXTRA_KEYS, Sample, WireError, decode_samples, validate
 
 #: gzip output and raw input are handled in blocks of this many bytes (small: one block is
 #: one C call holding the GIL, and its objects are the transient memory)
@@ -55,13 +50,13 @@ MAX_LINE_BYTES = 64 * 1024
 VALUES_PER_SAMPLE = 32
 #: largest JSON array body once inflated (decoded whole: ~35 bytes of Python per byte at worst)
 MAX_ARRAY_BYTES = 4 * 1024 * 1024
-#: bodies up to this size once inflated try the one-pass decoder first (the array bound: the
-#: same worst-case memory); a hook's batch is at most 1 MiB (delivery's max_batch_bytes)
-FAST_BODY_BYTES = MAX_ARRAY_BYTES
+#: deepest JSON nesting a body may hold (orjson's limit; a sample nests two levels)
+MAX_DEPTH = 1024
 #: most fields plus extra keys one valid sample can hold (the field budget is exact only past it)
 _MOST_VALUES = len(FIELD_TABLE) + MAX_EXTRA_KEYS
 
 _NON_BLANK_LINE = re.compile(rb"[^ \t\r\n][^\n]*")
+_NOT_BLANK = re.compile(rb"[^ \t\r\n\x0b\x0c]")  # what bytes.isspace() does not count as blank
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -80,6 +75,14 @@ class BodyTooLargeError(BodyError):
     status = 413
 
 
+class InflatedTooLargeError(BodyTooLargeError):
+    """A gzip body inflates past the limit it was given (``limit``)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"decompressed body exceeds {limit} bytes")
+        self.limit = limit
+
+
 @dataclass
 class SampleError:
     index: int
@@ -96,8 +99,6 @@ class DecodedBody:
     errors: list[SampleError] = field(default_factory=list)
     items: int = 0
     rejected: int = 0
-    #: decoded by the one-pass fast path (see the module docstring)
-    fast: bool = False
 
 
 # ---------------------------------------------------------------- gzip
@@ -125,7 +126,7 @@ def iter_inflated(data: bytes, limit: int, block: int = BLOCK_BYTES) -> Iterator
             if out:
                 size += len(out)
                 if size > limit:
-                    raise BodyTooLargeError(f"decompressed body exceeds {limit} bytes")
+                    raise InflatedTooLargeError(limit)
                 yield out
             elif not pending and not inflater.eof:
                 raise BodyError("truncated gzip data")
@@ -141,53 +142,87 @@ def gunzip_limited(data: bytes, limit: int) -> bytes:
     return b"".join(iter_inflated(data, limit))
 
 
-def _iter_blocks(data: bytes, block: int = BLOCK_BYTES) -> Iterator[bytes]:
-    for start in range(0, len(data), block):
-        yield data[start:start + block]
+def gzip_size(data: bytes) -> int:
+    """The inflated size a gzip body's trailer declares (of its last member, modulo 2**32): exact
+    for what a hook sends, a claim only for anything else (inflating enforces the real limit)."""
+    return int.from_bytes(data[-4:], "little") if len(data) >= 18 else 0
 
 
 # ---------------------------------------------------------------- lines
 
 
-def _line_blocks(chunks: Iterator[bytes]) -> Iterator[tuple[int, bytes]]:
-    """(number of the block's first line, block of whole lines) from arbitrary chunks."""
+class _Block(NamedTuple):
+    """Whole lines ``buf[start:end]`` (no newline at either end), the first of them numbered ``lineno``."""
+
+    lineno: int
+    buf: bytes
+    start: int
+    end: int
+
+    def view(self) -> memoryview:
+        return memoryview(self.buf)[self.start:self.end]
+
+    def has_long_line(self) -> bool:
+        """Whether a line is longer than MAX_LINE_BYTES: one rfind per window of that size, not per line."""
+        buf, pos, end = self.buf, self.start, self.end
+        while end - pos > MAX_LINE_BYTES:
+            newline = buf.rfind(b"\n", pos, pos + MAX_LINE_BYTES + 1)
+            if newline < 0:
+                return True
+            pos = newline + 1
+        return False
+
+
+def _line_blocks(chunks: Iterable[bytes]) -> Iterator[_Block]:
+    """Blocks of whole lines, about BLOCK_BYTES each, from arbitrary chunks (views of the chunks:
+    a body that is one chunk is never copied)."""
     carry = b""
     lineno = 1
     for chunk in chunks:
         buf = carry + chunk if carry else chunk
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            carry = buf
-        else:
-            block, carry = buf[:cut], buf[cut + 1:]
-            yield lineno, block
-            lineno += block.count(b"\n") + 1
+        start = 0
+        while True:
+            end = start + BLOCK_BYTES
+            cut = buf.rfind(b"\n", start, end) if end < len(buf) else buf.rfind(b"\n", start)
+            if cut < 0:
+                break
+            yield _Block(lineno, buf, start, cut)
+            lineno += buf.count(b"\n", start, cut) + 1
+            start = cut + 1
+        carry = buf[start:] if start else buf
         if len(carry) > MAX_LINE_BYTES:
             raise BodyTooLargeError(f"line {lineno}: longer than {MAX_LINE_BYTES} bytes")
     if carry:
-        yield lineno, carry
+        yield _Block(lineno, carry, 0, len(carry))
 
 
-def _decode_lines_slowly(block: bytes, lineno: int) -> list[Any]:
+def _invalid(exc: orjson.JSONDecodeError) -> str:
+    if exc.msg.startswith("depth limit"):  # orjson's refusal of deep nesting: name the limit
+        return f"JSON nested deeper than {MAX_DEPTH} levels"
+    return f"invalid JSON: {exc}"
+
+
+def _decode_lines_slowly(block: _Block) -> list[Any]:
     """Per-line decoding of one block, to name the first bad line."""
     items = []
-    for number, line in enumerate(block.split(b"\n"), lineno):
+    for number, line in enumerate(block.buf[block.start:block.end].split(b"\n"), block.lineno):
         if line.strip():
             try:
                 items.append(orjson.loads(line))
             except orjson.JSONDecodeError as exc:
-                raise BodyError(f"line {number}: invalid JSON: {exc}") from None
+                raise BodyError(f"line {number}: {_invalid(exc)}") from None
     return items
 
 
-def _decode_block(block: bytes, lineno: int, room: int, max_samples: int) -> list[Any]:
-    lines = _NON_BLANK_LINE.findall(block)
+def _parse_block(block: _Block, room: int, max_samples: int) -> list[Any]:
+    """The items of one block, parsed (not validated); its lines are counted first."""
+    lines = _NON_BLANK_LINE.findall(block.view())
     if len(lines) > room:
         raise BodyTooLargeError(f"more than {max_samples} samples; at most {max_samples} per request")
     if not lines:
         return []
     if max(map(len, lines)) > MAX_LINE_BYTES:
-        raise BodyTooLargeError(f"a line near line {lineno} is longer than {MAX_LINE_BYTES} bytes")
+        raise BodyTooLargeError(f"a line near line {block.lineno} is longer than {MAX_LINE_BYTES} bytes")
     # one C call for the whole block: NDJSON of objects is an array once lines are joined
     try:
         items = orjson.loads(b"[" + b",".join(lines) + b"]")
@@ -195,22 +230,81 @@ def _decode_block(block: bytes, lineno: int, room: int, max_samples: int) -> lis
             return items
     except orjson.JSONDecodeError:
         pass
-    return _decode_lines_slowly(block, lineno)
+    return _decode_lines_slowly(block)
+
+
+def _parse_array(text: bytes, max_samples: int) -> list[Any]:
+    try:
+        items = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise BodyError(_invalid(exc)) from None
+    if type(items) is not list:  # pragma: no cover - '[' always parses to a list
+        raise BodyError("must be a JSON array or NDJSON")
+    if len(items) > max_samples:
+        raise BodyTooLargeError(f"{len(items)} samples; at most {max_samples} per request")
+    return items
+
+
+def _array_text(first: bytes, chunks: Iterator[bytes]) -> bytes:
+    parts, size = [first], len(first)
+    for chunk in chunks:
+        size += len(chunk)
+        if size > MAX_ARRAY_BYTES:
+            raise BodyTooLargeError(
+                f"a JSON array body may be at most {MAX_ARRAY_BYTES} bytes; send NDJSON (one sample "
+                "per line) for bigger batches")
+        parts.append(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 # ---------------------------------------------------------------- bodies
 
 
-class _Collector:
-    def __init__(self, now: float | None, max_future_s: float, max_errors: int, max_values: int) -> None:
+class _Batch:
+    """The samples of one body as its blocks are decoded: kept while all are valid, errors
+    named, counts and the field budget enforced."""
+
+    def __init__(self, max_samples: int, now: float | None, max_future_s: float, max_errors: int,
+                 max_values: int) -> None:
         self.out = DecodedBody()
+        self.max_samples = max_samples
         self.now = now
         self.max_future_s = max_future_s
         self.max_errors = max_errors
         self.max_values = max_values
-        self.values = 0
+        self.values_bound = 0  # an upper bound of the kept samples' values, while under the budget
+        self.values: int | None = None  # their exact count, once the bound passed the budget
 
-    def add(self, items: list[Any]) -> None:
+    def lines(self, block: _Block) -> None:
+        samples = decode_samples(block.view(), now=self.now, max_future_s=self.max_future_s)
+        if samples is None:  # not every line accepted as written: parse line by line, name each
+            self._validate(_parse_block(block, self.max_samples - self.out.items, self.max_samples))
+            return
+        if block.end - block.start > MAX_LINE_BYTES and block.has_long_line():
+            raise BodyTooLargeError(f"a line near line {block.lineno} is longer than {MAX_LINE_BYTES} bytes")
+        if self.out.items + len(samples) > self.max_samples:
+            raise BodyTooLargeError(f"more than {self.max_samples} samples; at most {self.max_samples} per request")
+        self._keep(samples)
+
+    def array(self, text: bytes) -> None:
+        samples = decode_samples(text, now=self.now, max_future_s=self.max_future_s)
+        if samples is None:
+            self._validate(_parse_array(text, self.max_samples))
+        elif len(samples) > self.max_samples:
+            raise BodyTooLargeError(f"{len(samples)} samples; at most {self.max_samples} per request")
+        else:
+            self._keep(samples)
+
+    def _keep(self, samples: list[Sample]) -> None:
+        out = self.out
+        first = out.items
+        out.items += len(samples)
+        if out.rejected:
+            return  # all or nothing: a refused sample was seen, nothing more is kept
+        self._budget(samples, first)
+        out.samples.extend(samples)
+
+    def _validate(self, items: list[Any]) -> None:
         out = self.out
         for item in items:
             index = out.items
@@ -224,14 +318,29 @@ class _Collector:
                     out.errors.append(SampleError(index, exc.field, exc.message))
                 continue
             if not out.rejected:
-                extra = sample.get("extra")
-                self.values += len(sample) + (len(extra) if extra else 0)
-                if self.values > self.max_values:
-                    out.samples = []
-                    raise BodyTooLargeError(
-                        f"more than {self.max_values} fields and extra keys in all (sample {index}); "
-                        "split the batch")
+                self._budget([sample], index)
                 out.samples.append(sample)
+
+    def _budget(self, samples: list[Sample], first: int) -> None:
+        """Fields plus extra keys of the kept samples, at most ``max_values``: an upper bound
+        while it is under the budget (a hook's batch always is), counted exactly past it."""
+        if self.values is None:
+            bound = self.values_bound + len(samples) * _MOST_VALUES
+            if bound <= self.max_values:
+                self.values_bound = bound
+                return
+            self.values = sum(map(_values, self.out.samples))
+        for index, sample in enumerate(samples, first):
+            self.values += _values(sample)
+            if self.values > self.max_values:
+                self.out.samples = []
+                raise BodyTooLargeError(f"more than {self.max_values} fields and extra keys in all (sample "
+                                        f"{index}); split the batch")
+
+
+def _values(sample: Sample) -> int:
+    extra = sample.get("extra")
+    return len(sample) + (len(extra) if extra else 0)
 
 
 def decode_body(
@@ -248,134 +357,50 @@ def decode_body(
     """Decode and validate a request body in bounded blocks (see the module docstring).
 
     Raises :class:`BodyError` (400) or :class:`BodyTooLargeError` (413) for the body as a
-    whole; per-sample problems are returned in ``errors``. CPU: one C pass (msgspec) for a
-    valid body; otherwise inflating again plus the bounded pass, C-level except the
-    per-sample validation.
+    whole (:class:`InflatedTooLargeError` past ``max_decompressed``); per-sample problems are
+    returned in ``errors``. CPU: inflating, and one C pass per block of a valid body; a block
+    with a refused sample is parsed again (orjson) and its items validated one by one.
     """
-    fast = decode_fast(data, gzipped=gzipped, max_inflated=FAST_BODY_BYTES, max_decompressed=max_decompressed,
-                       max_samples=max_samples, now=now, max_future_s=max_future_s, max_values=max_values)
-    if fast is not None:
-        return fast
     budget = max_values if max_values is not None else VALUES_PER_SAMPLE * max_samples
-    chunks = iter_inflated(data, max_decompressed) if gzipped else _iter_blocks(data)
+    batch = _Batch(max_samples, now, max_future_s, max_errors, budget)
+    chunks = iter_inflated(data, max_decompressed) if gzipped else iter((data,))
     first = b""
     for first in chunks:
-        if first.strip():
+        if first and not first.isspace():
             break
     else:
         raise BodyError("is empty")
-    collector = _Collector(now, max_future_s, max_errors, budget)
-    if first.lstrip()[:1] == b"[":
-        collector.add(_decode_array(first, chunks, max_samples))
-        return collector.out
+    if _NOT_BLANK.search(first).group() == b"[":  # type: ignore[union-attr]
+        batch.array(_array_text(first, chunks))
+        return batch.out
 
     def rest() -> Iterator[bytes]:
         yield first
         yield from chunks
 
-    for lineno, block in _line_blocks(rest()):
-        collector.add(_decode_block(block, lineno, max_samples - collector.out.items, max_samples))
-    if collector.out.items == 0:
+    for block in _line_blocks(rest()):
+        batch.lines(block)
+    if batch.out.items == 0:
         raise BodyError("is empty")
-    return collector.out
-
-
-def decode_fast(
-    data: bytes,
-    *,
-    gzipped: bool,
-    max_inflated: int,
-    max_decompressed: int,
-    max_samples: int,
-    now: float | None = None,
-    max_future_s: float = 300.0,
-    max_errors: int = 50,
-    max_values: int | None = None,
-) -> DecodedBody | None:
-    """:func:`decode_body`'s one-pass fast path alone, for a body of at most ``max_inflated``
-    bytes once inflated: the batch, or None ("not plainly valid or bigger: call decode_body").
-
-    Cost: inflating and decoding at most ``max_inflated`` bytes (one C pass each), so a
-    caller can bound the time it spends here (the collector runs it on its event loop for
-    a hook-sized body, :mod:`vramwatch.collector.ingest`). ``max_errors`` is accepted so
-    both functions take the same arguments; the fast path names no errors."""
-    budget = max_values if max_values is not None else VALUES_PER_SAMPLE * max_samples
-    limit = min(max_inflated, FAST_BODY_BYTES)
-    if gzipped:
-        limit = min(limit, max_decompressed)
-    fast = _decode_fast(data, gzipped, limit, max_samples, now, max_future_s, budget)
-    return None if fast is None else DecodedBody(samples=fast, items=len(fast), fast=True)
-
-
-def _decode_fast(data: bytes, gzipped: bool, limit: int, max_samples: int, now: float | None,
-                 max_future_s: float, budget: int) -> list[Sample] | None:
-    """The batch when the one-pass decoder accepts the whole body (at most ``limit`` bytes
-    inflated) within every bound of the slow path, else None (the slow path then decides: it
-    inflates again, which costs only bodies that are refused, too large or not canonical)."""
-    if decode_body_fast is None or len(data) > limit:
-        return None
-    if gzipped:
-        try:  # one block: a single-member body inflates into one buffer, joined without a copy
-            text = b"".join(iter_inflated(data, limit, block=limit + 1))
-        except BodyError:  # bad gzip or bigger than the fast bound: the slow path says which
-            return None
-    else:
-        text = data
-    if len(text) > MAX_LINE_BYTES and text.lstrip()[:1] != b"[" and _longest_line(text) > MAX_LINE_BYTES:
-        return None
-    samples = decode_body_fast(text, now=now, max_future_s=max_future_s)
-    if samples is None or len(samples) > max_samples:
-        return None
-    if len(samples) * _MOST_VALUES > budget and sum(
-            len(s) + len(s.get("extra") or ()) for s in samples) > budget:
-        return None
-    return samples
-
-
-def _longest_line(text: bytes) -> int:
-    """Length of the longest line of ``text`` without splitting it (no copy: one find per line)."""
-    longest = start = 0
-    while (end := text.find(b"\n", start)) >= 0:
-        longest = max(longest, end - start)
-        start = end + 1
-    return max(longest, len(text) - start)
-
-
-def _decode_array(first: bytes, chunks: Iterator[bytes], max_samples: int) -> list[Any]:
-    parts, size = [first], len(first)
-    for chunk in chunks:
-        size += len(chunk)
-        if size > MAX_ARRAY_BYTES:
-            raise BodyTooLargeError(
-                f"a JSON array body may be at most {MAX_ARRAY_BYTES} bytes; send NDJSON (one sample "
-                "per line) for bigger batches")
-        parts.append(chunk)
-    try:
-        items = orjson.loads(b"".join(parts))
-    except orjson.JSONDecodeError as exc:
-        raise BodyError(f"invalid JSON: {exc}") from None
-    if type(items) is not list:  # pragma: no cover - '[' always parses to a list
-        raise BodyError("must be a JSON array or NDJSON")
-    if len(items) > max_samples:
-        raise BodyTooLargeError(f"{len(items)} samples; at most {max_samples} per request")
-    return items
+    return batch.out
 
 
 def parse_body(data: bytes) -> list[Any]:
     """Decode a whole body (array, one object or NDJSON) without validating; for tools and
     tests. Bounded like :func:`decode_body` (no sample-count limit)."""
-    first = data.lstrip()[:1]
-    if not first:
+    found = _NOT_BLANK.search(data)
+    if found is None:
         raise BodyError("is empty")
-    if first == b"[":
-        return _decode_array(data, iter(()), 2**62)
+    if found.group() == b"[":
+        return _parse_array(_array_text(data, iter(())), 2**62)
     items: list[Any] = []
-    for lineno, block in _line_blocks(_iter_blocks(data)):
-        items.extend(_decode_block(block, lineno, 2**62, 2**62))
+    for block in _line_blocks((data,)):
+        items.extend(_parse_block(block, 2**62, 2**62))
     return items
 
 
 __all__ = [
-    "BLOCK_BYTES", "MAX_ARRAY_BYTES", "MAX_LINE_BYTES", "BodyError", "BodyTooLargeError", "DecodedBody",
-    "SampleError", "decode_body", "decode_fast", "gunzip_limited", "iter_inflated", "parse_body",
+    "BLOCK_BYTES", "MAX_ARRAY_BYTES", "MAX_DEPTH", "MAX_LINE_BYTES", "BodyError", "BodyTooLargeError", "DecodedBody",
+    "InflatedTooLargeError", "SampleError", "decode_body", "gunzip_limited", "gzip_size", "iter_inflated",
+    "parse_body",
 ]

@@ -5,11 +5,12 @@
 * **quiet cancel**: a request still running when shutdown cancels it ends with 503 (if
   nothing was sent yet) and one log line for all of them, instead of a CancelledError
   traceback each;
-* **hot routes**: ``POST /api/v1/samples`` and ``GET /healthz`` are handled here, without
-  FastAPI's routing, middleware stack and dependency resolution (the same handlers the
-  routers register, so the OpenAPI document and the behaviour are the same). A hook's
-  POST is small and frequent: the per-request overhead is what limits a collector serving
-  thousands of ranks (docs/benchmarks.md).
+* **hot routes**: ``POST /api/v1/samples`` (:func:`vramwatch.collector.ingest.route`, the
+  ingest route itself) and ``GET /healthz`` are answered here, without FastAPI's routing,
+  middleware stack and dependency resolution (the app's router holds the same callables, so
+  the behaviour is the same either way). A hook's POST is small and frequent: the
+  per-request overhead is what limits a collector serving thousands of ranks
+  (docs/benchmarks.md).
 
 Anything else goes to the FastAPI app, whose attributes (``state``, ``routes``, ...) this
 object also exposes.
@@ -108,9 +109,9 @@ class FrontDoor(HostCheck):
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
-        if path == "/api/v1/samples" and method == "POST":
-            scope["app"] = self.app  # what Request.app reads (the 401's log line)
-            await ingest.send_outcome(send, await ingest.handle(scope, receive, self.app.state))
+        if path == ingest.PATH and method == "POST":
+            scope["app"] = self.app  # what the route and Request.app read (state, the 401's log line)
+            await ingest.route(scope, receive, send)
         elif path == "/healthz" and method == "GET":
             await JSONBytes(api.healthz(self.app.state.live))(scope, receive, send)
         else:

@@ -10,17 +10,25 @@ whole with 422, naming each bad sample's index and field, and nothing is stored.
 
 Bounds (docs/reliability.md): at most ``max_concurrent_ingest`` bodies are read and
 decoded at once (others wait ``ingest_queue_s``, then 503 with Retry-After: queued
-requests do not hold their bodies in memory); bodies are decoded in bounded blocks
-(:mod:`vramwatch.collector.body`); decoding a body past :data:`INLINE_BODY_BYTES` that the
-one-pass decoder does not take within :data:`INLINE_FAST_BYTES` (a hook's batch always fits)
-and commits of more than :data:`INLINE_COMMIT_SAMPLES` samples run in a worker thread so a
-big request never freezes ``/healthz``.
+requests do not hold their bodies in memory); bodies are decoded in bounded blocks by one
+function (:func:`vramwatch.collector.body.decode_body`).
 
-Cost (docs/benchmarks.md, "Ingest against its limit"): :func:`handle` is plain ASGI (headers
+Where the work runs: one threshold, :data:`INLINE_BYTES` of JSON text. A body holding at most
+that much (a hook's batch always does) is decoded on the event loop and committed there when
+the writer is free (a thread hop would cost more than the work: ~8 % of ingest CPU at
+1000-sample batches, docs/benchmarks.md); anything bigger is decoded and committed in a worker
+thread, so a big request never freezes ``/healthz``. Every body is decoded once.
+
+The route: :func:`route` is the one ``POST /api/v1/samples``. The front door
+(:class:`~vramwatch.collector.front.FrontDoor`) calls it before any routing, and the app's
+router holds the same callable (for the app without its front door); the OpenAPI document
+describes it from :data:`~vramwatch.collector.openapi.INGEST_OPERATION`.
+
+Cost (docs/benchmarks.md, "Ingest against its limit"): :func:`route` is plain ASGI (headers
 read from the scope, the body from ``receive``, the reply sent as two messages), so a request
 pays no FastAPI routing, dependency resolution or Request/Response objects; a valid body is
-decoded and validated in one C pass (:mod:`vramwatch.collector.body`'s fast path); per 1000
-samples the store's insert and the engines are most of what is left.
+decoded and validated in one C pass per block; per 1000 samples the store's insert and the
+engines are most of what is left.
 """
 
 from __future__ import annotations
@@ -30,45 +38,39 @@ import logging
 import shutil
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import Response
+import starlette.routing
+from fastapi import HTTPException, Request
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from vramwatch.collector.body import BodyError, BodyTooLargeError, DecodedBody, decode_body, decode_fast
-from vramwatch.collector.deps import bearer_value, refuse, token_matches
+from vramwatch.collector.body import (
+    BodyError,
+    BodyTooLargeError,
+    DecodedBody,
+    InflatedTooLargeError,
+    decode_body,
+    gzip_size,
+)
+from vramwatch.collector.deps import RateLimitedLog, bearer_value, refuse, token_matches
 from vramwatch.collector.live import SeriesLimitError
-from vramwatch.collector.openapi import INGEST_OPENAPI
-from vramwatch.collector.responses import JSONBytes
 from vramwatch.collector.routes_evidence import reply_directives
 from vramwatch.collector.settings import Settings
 from vramwatch.collector.store import InsertResult, RunFullError, Store, StoreBusyError, StoreError
 
 log = logging.getLogger("vramwatch.collector")
 
-router = APIRouter()
-
 MAX_ERRORS_LISTED = 50
-#: a commit on the event loop waits at most this long for a lock held elsewhere, then
-#: moves to a worker thread
-FAST_COMMIT_BUSY_S = 0.05
-#: bodies up to this size are decoded on the event loop by either path (a thread hop costs
-#: more); gzip bodies inflate up to ~1000x, so their bound is lower
-INLINE_BODY_BYTES = 64 * 1024
-INLINE_GZIP_BYTES = 8 * 1024
-#: a bigger body whose inflated size is at most this (a hook's batch: delivery's
-#: max_batch_bytes) is still decoded on the event loop when the one-pass fast path takes it:
-#: at most ~3 ms of C for 1 MiB, less than a commit, and the thread hop cost ~8 % of ingest
-#: CPU at 1000-sample batches (docs/benchmarks.md). Anything else goes to a worker thread.
-INLINE_FAST_BYTES = 1024 * 1024
-#: batches up to this many samples are committed on the event loop when the lock is free
-INLINE_COMMIT_SAMPLES = 2000
+#: The one threshold for moving work off the event loop: a body of at most this many bytes of
+#: JSON text (its length, or what a gzip body's trailer declares; inflating on the loop stops
+#: there) is decoded and committed on the loop, anything bigger in a worker thread. A hook's
+#: batch is at most this (delivery's max_batch_bytes): ~3 ms of C to decode, about as much to
+#: commit 1000 samples.
+INLINE_BYTES = 1024 * 1024
 #: the flush interval hinted to hooks: one POST per rank per this many seconds keeps the
 #: collector near this many requests per second in all (see flush_hint)
 HINT_TARGET_RPS = 400.0
@@ -92,9 +94,6 @@ class Outcome:
     duplicates: int = 0
     rejected: int = 0
     headers: dict[str, str] = field(default_factory=dict)
-
-    def response(self) -> Response:
-        return JSONBytes(self.doc, status_code=self.status, headers=self.headers or None)
 
 
 class IngestRefused(Exception):
@@ -152,13 +151,13 @@ class Ingestor:
         self.disk = DiskGuard(app_state.store, settings.min_free_bytes)
         self.commit_lock = threading.Lock()
         self.slots = asyncio.Semaphore(settings.max_concurrent_ingest)
-        #: bodies decoded by the one-pass fast path / by the checked path (collector.body)
-        self.decodes: Counter[str] = Counter()
+        #: clients that left before sending their whole body: one line now and then, no traceback
+        self.left = RateLimitedLog(log, interval_s=10.0)
 
-    # Normally a commit takes about a millisecond and runs right on the event loop (a
-    # thread hop costs more than it saves under load). When the database is locked by
-    # someone else, the lock is held by a waiting commit, or the batch is big, it runs in a
-    # worker thread instead: only ingest stalls, never the event loop (health, reads, /metrics).
+    # A hook-sized batch is committed right on the event loop (a thread hop costs more than it
+    # saves under load). When the database is locked by someone else, the lock is held by a
+    # waiting commit, or the body was not small (INLINE_BYTES), it runs in a worker thread
+    # instead: only ingest stalls, never the event loop (health, reads, /metrics).
     def _commit(self, samples: list[Any], now: float, busy_timeout_s: float | None) -> InsertResult:
         settings, live = self.settings, self.state.live
         live.check_capacity(samples, max_series=settings.max_series, max_ranks_per_run=settings.max_ranks_per_run)
@@ -173,10 +172,12 @@ class Ingestor:
         with self.commit_lock:
             return self._commit(samples, now, None)  # the store's full busy timeout (10 s)
 
-    async def commit(self, samples: list[Any], now: float) -> InsertResult:
-        if len(samples) <= INLINE_COMMIT_SAMPLES and self.commit_lock.acquire(blocking=False):
+    async def commit(self, samples: list[Any], now: float, *, inline: bool) -> InsertResult:
+        """Store and judge a batch; on the event loop when ``inline`` and the writer is free (it
+        waits for no lock there: a database locked elsewhere sends the commit to a thread)."""
+        if inline and self.commit_lock.acquire(blocking=False):
             try:
-                return self._commit(samples, now, FAST_COMMIT_BUSY_S)
+                return self._commit(samples, now, 0.0)
             except StoreBusyError:
                 pass  # locked elsewhere: wait for it off the loop
             finally:
@@ -239,18 +240,21 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _decode(body: bytes, gzipped: bool, settings: Settings, now: float) -> DecodedBody:
-    kwargs = dict(gzipped=gzipped, max_decompressed=settings.max_decompressed_bytes,
-                  max_samples=settings.max_batch_samples, now=now, max_future_s=settings.max_future_s,
-                  max_errors=MAX_ERRORS_LISTED)
-    if len(body) <= (INLINE_GZIP_BYTES if gzipped else INLINE_BODY_BYTES):
-        return decode_body(body, **kwargs)  # type: ignore[arg-type]
-    fast = decode_fast(body, max_inflated=INLINE_FAST_BYTES, **kwargs)  # type: ignore[arg-type]
-    if fast is not None:
-        return fast
-    # bigger, or not plainly valid: decode_body names each bad sample (it tries the fast
-    # path once more, up to its own bound: only bodies past 1 MiB or refused pay twice)
-    return await asyncio.to_thread(decode_body, body, **kwargs)  # type: ignore[arg-type]
+async def _decode(body: bytes, gzipped: bool, settings: Settings, now: float) -> tuple[DecodedBody, bool]:
+    """The decoded body, and whether it was small enough to be decoded on the event loop
+    (:data:`INLINE_BYTES`: then its commit may run there too)."""
+    limit = settings.max_decompressed_bytes
+    kwargs: dict[str, Any] = dict(gzipped=gzipped, max_samples=settings.max_batch_samples, now=now,
+                                  max_future_s=settings.max_future_s, max_errors=MAX_ERRORS_LISTED)
+    if len(body) <= INLINE_BYTES and (not gzipped or gzip_size(body) <= INLINE_BYTES):
+        inline_limit = min(limit, INLINE_BYTES) if gzipped else limit
+        try:
+            return decode_body(body, max_decompressed=inline_limit, **kwargs), True
+        except InflatedTooLargeError:
+            if inline_limit == limit:
+                raise
+            # the trailer understated the size (several gzip members, or a lie): inflate in a thread
+    return await asyncio.to_thread(decode_body, body, max_decompressed=limit, **kwargs), False
 
 
 async def _take_slot(ingestor: Ingestor) -> None:
@@ -285,17 +289,16 @@ async def _ingest(scope: Scope, receive: Receive, ingestor: Ingestor) -> Outcome
     try:
         body = await _read_body(receive, settings.max_body_bytes)
         now = time.time()
-        decoded = await _decode(body, gzipped, settings, now)
+        decoded, inline = await _decode(body, gzipped, settings, now)
         del body
     finally:
         ingestor.slots.release()
-    ingestor.decodes["fast" if decoded.fast else "checked"] += 1
     if decoded.rejected:
         return _rejected(decoded)
     ingestor.disk.check()
     samples = decoded.samples
     try:
-        result = await ingestor.commit(samples, now)
+        result = await ingestor.commit(samples, now, inline=inline)
     except (RunFullError, SeriesLimitError) as exc:
         return Outcome(422, {"detail": f"{exc}; nothing stored", "accepted": 0, "rejected": len(samples),
                              "errors": []}, rejected=len(samples))
@@ -321,8 +324,8 @@ def _outcome_of(exc: Exception) -> Outcome:
 
 
 async def handle(scope: Scope, receive: Receive, state: Any) -> Outcome:
-    """One ingest request, as plain ASGI (the front door calls it without FastAPI's routing,
-    dependency resolution or Request/Response objects): its outcome, counted once."""
+    """One ingest request: its outcome, counted once. Raises ``ClientDisconnect`` when the client
+    left before sending its whole body (nothing is answered, counted or stored)."""
     started = time.perf_counter()
     try:
         outcome = await _ingest(scope, receive, state.ingestor)
@@ -335,7 +338,7 @@ async def handle(scope: Scope, receive: Receive, state: Any) -> Outcome:
 
 
 async def send_outcome(send: Send, outcome: Outcome) -> None:
-    """The reply, as :meth:`Outcome.response` would send it (same status, headers, JSON)."""
+    """The reply: status, the outcome's headers, its document as JSON."""
     body = orjson.dumps(outcome.doc)
     headers = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in outcome.headers.items()]
     headers += [(b"content-length", str(len(body)).encode()), (b"content-type", b"application/json")]
@@ -343,9 +346,34 @@ async def send_outcome(send: Send, outcome: Outcome) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-@router.post("/api/v1/samples", openapi_extra=INGEST_OPENAPI)
-async def ingest(request: Request) -> Response:
-    """Store a batch of samples (all or nothing); see the module docstring. (Requests reach
-    :func:`handle` through the front door; this route is the same code, for the OpenAPI
-    document and for the app mounted without its front door.)"""
-    return (await handle(request.scope, request.receive, request.app.state)).response()
+PATH = "/api/v1/samples"
+
+
+async def route(scope: Scope, receive: Receive, send: Send) -> None:
+    """``POST /api/v1/samples``, as plain ASGI: store a batch of samples (all or nothing); see the
+    module docstring. A client that leaves mid-body gets one civil log line (rate-limited: a
+    crowd leaving at once is one line with a count), never a traceback."""
+    state = scope["app"].state
+    try:
+        outcome = await handle(scope, receive, state)
+    except ClientDisconnect:
+        client = scope.get("client") or ("?", 0)
+        state.ingestor.left.warning("ingest: a client (%s) left before sending its whole body; nothing stored",
+                                    client[0])
+        return
+    await send_outcome(send, outcome)
+
+
+class Route(starlette.routing.Route):
+    """:func:`route` in an app's router (raw ASGI: no Request/Response objects), for the app
+    without its front door; the OpenAPI document describes it apart (it is no FastAPI route)."""
+
+    def __init__(self) -> None:
+        super().__init__(PATH, endpoint=_Endpoint(), methods=["POST"], include_in_schema=False)
+
+
+class _Endpoint:
+    """An object, not a function, so the router hands it the ASGI call unwrapped."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await route(scope, receive, send)

@@ -13,7 +13,14 @@ def sample_json_schema() -> dict[str, Any]:
     return wire.sample_json_schema()
 
 
-INGEST_OPENAPI: dict[str, Any] = {
+#: The OpenAPI operation of ``POST /api/v1/samples`` (vramwatch.collector.ingest.route: plain
+#: ASGI, so it is described here rather than by FastAPI).
+INGEST_OPERATION: dict[str, Any] = {
+    "summary": "Ingest",
+    "description": "Store a batch of samples, all or nothing. 200 with accepted/duplicates; 401 without the "
+                   "token; 413 past a size or count limit; 415 for a content type or encoding not accepted; "
+                   "422 naming each bad sample's index and field; 503 busy (Retry-After); 507 disk full.",
+    "operationId": "ingest_api_v1_samples_post",
     "requestBody": {
         "required": True,
         "description": "Samples as a JSON array (at most 4 MiB inflated), one JSON object, or NDJSON; "
@@ -27,4 +34,5 @@ INGEST_OPENAPI: dict[str, Any] = {
             "application/x-ndjson": {"schema": {"type": "string"}},
         },
     },
+    "responses": {"200": {"description": "Stored", "content": {"application/json": {"schema": {"type": "object"}}}}},
 }

@@ -23,8 +23,8 @@ import orjson
 
 from vramwatch.units import gib
 
-from ..wire import Sample, WireError, validate
-from ..wire.decode import decode_line_lazy, sample_of
+from ..wire import Sample, WireError, decode_line, validate
+from ..wire.structs import as_sample
 from .config import EngineConfig
 from .core import TrendEngine
 
@@ -72,10 +72,6 @@ class _BadLines:
             self.named.append(f"{where}: {field}: {message}" if field else f"{where}: {message}")
 
 
-def _not_plain(line: bytes) -> None:
-    return None  # without msgspec every line takes orjson + wire.validate
-
-
 def _open(path: str) -> IO[bytes]:
     raw = open(path, "rb")  # noqa: SIM115 - closed by the caller's with-block
     if raw.peek(2)[:2] == b"\x1f\x8b":  # sniff, so a misnamed gzip still reads
@@ -90,15 +86,14 @@ def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: Engine
     Kept flat because it is the hot path. Lines are read in ~1 MiB chunks but each is
     decoded and folded in at once, while its dict is still in cache (decoding a whole chunk
     first and folding afterwards measured ~30 % slower). Each line is its own JSON document.
-    A canonical line is decoded and validated in one C pass (:mod:`vramwatch.wire.decode`,
-    when msgspec is installed); any other line takes ``orjson.loads`` + ``wire.validate``,
-    which normalise it or name the bad field: the same samples, errors and counts either way.
-    A plainly valid schema-1 line stays a decoded struct that the engine reads by attribute
-    (``TrendEngine.update_struct``: the same verdicts as its dict, which is built only for the
-    samples the engine keeps); building every sample's dict cost as much as the engine itself.
+    A line is decoded and validated in one C pass (:func:`vramwatch.wire.decode_line`); a line
+    it does not accept as written takes ``orjson.loads`` + ``wire.validate``, which rewrite whole
+    floats or name the bad field. A plainly valid schema-1 line stays a decoded struct that the
+    engine reads by attribute (``TrendEngine.update_struct``: the same verdicts as its dict,
+    which is built only for the samples the engine keeps); building every sample's dict cost as
+    much as the engine itself.
     """
     loads = orjson.loads
-    fast = decode_line_lazy or _not_plain
     entry: Any = None
     key: tuple[str, str, int] | None = None
     number = 0
@@ -107,7 +102,7 @@ def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: Engine
             for line in lines:
                 number += 1
                 try:
-                    sample = fast(line) or validate(loads(line))
+                    sample = decode_line(line, lazy=True) or validate(loads(line))
                 except orjson.JSONDecodeError as exc:
                     if line.strip():  # a blank line is no sample and no error
                         bad.add(f"{name}:{number}", "", f"invalid JSON: {exc}")
@@ -125,7 +120,7 @@ def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: Engine
                     entry = series.get(key)
                     if entry is None:
                         entry = series[key] = _Series(config)
-                new = entry.update(sample) if plain else entry.update_struct(sample, sample_of)
+                new = entry.update(sample) if plain else entry.update_struct(sample, as_sample)
                 if new:
                     entry.keep(new)
 

@@ -10,14 +10,15 @@ The package is the bottom layer: it imports nothing else of vramwatch.
 | module | what |
 |---|---|
 | ``fields`` | :data:`FIELD_TABLE` (every field: kind, unit, schemas, store column), ``Sample``, ``WireError`` |
-| ``validate`` | :func:`validate`: one decoded sample, fast path for canonical samples, slow path naming the field |
-| ``decode`` | one C pass (msgspec Structs generated from the table) for trace lines and request bodies |
-| ``codec`` | samples to JSON lines and back |
+| ``structs`` | the acceptor: one msgspec Struct per schema, generated from the table, and the checks after it |
+| ``validate`` | :func:`validate` (a dict), :func:`decode_line` (a JSON line), :func:`decode_samples` (a |
+| | body's text), all through ``structs``; the error naming a refused sample's field |
+| ``codec`` | samples to JSON lines |
 | ``tracefile`` | trace files (``.jsonl``, ``.jsonl.gz``): read, stream, write |
 | ``schema`` | the JSON Schema and ``docs/fields.md``, derived from the table |
 """
 
-from vramwatch.wire.codec import decode_line, encode, encode_lines
+from vramwatch.wire.codec import encode, encode_lines
 from vramwatch.wire.fields import (
     ALLOCATORS,
     FIELD_BY_NAME,
@@ -44,7 +45,7 @@ from vramwatch.wire.fields import (
 )
 from vramwatch.wire.schema import fields_markdown, sample_json_schema
 from vramwatch.wire.tracefile import TraceWriter, iter_file, iter_samples, write_file
-from vramwatch.wire.validate import validate
+from vramwatch.wire.validate import decode_line, decode_samples, validate
 
 __all__ = [
     "ALLOCATORS",
@@ -68,6 +69,7 @@ __all__ = [
     "TraceWriter",
     "WireError",
     "decode_line",
+    "decode_samples",
     "encode",
     "encode_lines",
     "fields_markdown",

@@ -1,13 +1,12 @@
-"""Samples to and from JSON lines (orjson)."""
+"""Samples to JSON lines (orjson); reading them back is :mod:`vramwatch.wire.validate`'s."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import orjson
 
-from vramwatch.wire.fields import Sample, WireError
+from vramwatch.wire.fields import Sample
 
 
 def encode(sample: Sample) -> bytes:
@@ -18,10 +17,3 @@ def encode(sample: Sample) -> bytes:
 def encode_lines(samples: Iterable[Sample]) -> bytes:
     """NDJSON body: one sample per line, newline-terminated."""
     return b"".join(orjson.dumps(s) + b"\n" for s in samples)
-
-
-def decode_line(line: bytes | str) -> Any:
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise WireError("body", f"invalid JSON: {exc}") from None

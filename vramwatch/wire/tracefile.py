@@ -14,9 +14,8 @@ from typing import IO, Any
 import orjson
 
 from vramwatch.wire.codec import encode_lines
-from vramwatch.wire.decode import decode_line_fast
 from vramwatch.wire.fields import Sample, WireError
-from vramwatch.wire.validate import validate
+from vramwatch.wire.validate import decode_line, validate
 
 
 def _open_read(path: str | os.PathLike[str]) -> IO[bytes]:
@@ -71,14 +70,13 @@ def iter_samples(path: str | os.PathLike[str], on_bad: Callable[[WireError], Non
     """Validated samples from a trace file; the first bad line raises WireError naming it
     (file:line: field), or with ``on_bad`` is handed to it and skipped (``import --skip-invalid``).
 
-    A canonical line is decoded and validated in one pass (:mod:`vramwatch.wire.decode`, when
-    msgspec is installed); any other line takes ``orjson.loads`` + ``validate``, which
-    normalise it or name the bad field: the same samples and errors either way.
+    A line is decoded and validated in one C pass (:func:`~vramwatch.wire.validate.decode_line`);
+    a line it does not accept as written takes ``orjson.loads`` + ``validate``, which rewrite
+    whole floats or name the bad field.
     """
-    fast = decode_line_fast
     with _open_read(path) as fh:
         for lineno, line in enumerate(fh, 1):
-            sample = None if fast is None else fast(line)
+            sample = decode_line(line)
             if sample is None:
                 if not line.strip():
                     continue
