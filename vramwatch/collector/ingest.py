@@ -151,8 +151,9 @@ class Ingestor:
         self.disk = DiskGuard(app_state.store, settings.min_free_bytes)
         self.commit_lock = threading.Lock()
         self.slots = asyncio.Semaphore(settings.max_concurrent_ingest)
-        #: clients that left before sending their whole body: one line now and then, no traceback
-        self.left = RateLimitedLog(log, interval_s=10.0)
+        #: clients that left before sending their whole body: counted, one log line now and then
+        self.clients_left = 0
+        self._left_log = RateLimitedLog(log, interval_s=10.0)
 
     # A hook-sized batch is committed right on the event loop (a thread hop costs more than it
     # saves under load). When the database is locked by someone else, the lock is held by a
@@ -183,6 +184,13 @@ class Ingestor:
             finally:
                 self.commit_lock.release()
         return await asyncio.to_thread(self._commit_waiting, samples, now)
+
+    def client_left(self, scope: Scope) -> None:
+        """A client left before sending its whole body: nothing was stored or answered."""
+        self.clients_left += 1
+        client = scope.get("client") or ("?", 0)
+        self._left_log.warning("ingest: a client (%s) left before sending its whole body; nothing stored",
+                               client[0])
 
     def flush_hint(self) -> float:
         """Seconds between flushes the hooks are asked for: more ranks, longer batches."""
@@ -357,9 +365,7 @@ async def route(scope: Scope, receive: Receive, send: Send) -> None:
     try:
         outcome = await handle(scope, receive, state)
     except ClientDisconnect:
-        client = scope.get("client") or ("?", 0)
-        state.ingestor.left.warning("ingest: a client (%s) left before sending its whole body; nothing stored",
-                                    client[0])
+        state.ingestor.client_left(scope)
         return
     await send_outcome(send, outcome)
 
