@@ -371,11 +371,11 @@ def _canary(url: str, rate: float, duration: float, start_at: float, token: str 
     """One rank-sized POST (10 samples, gzip, keep-alive, the hook's own transport) every
     ``1 / rate`` s from an otherwise idle process: the ingest latency a rank sees when its
     own process is not starved of CPU (on a real cluster each rank has its own cores)."""
-    from vramwatch.delivery import HttpTransport
+    from vramwatch.delivery import HttpExporter
     from vramwatch.probe.simulated import simulate_trace
     from vramwatch.wire import encode_lines
 
-    transport = HttpTransport(url, token=token)
+    transport = HttpExporter(url, token=token)
     latencies: list[float] = []
     failures = 0
     while time.time() < start_at:

@@ -1,4 +1,4 @@
-/* Memory outside torch and on the host (issue 14, items 4-5), for the selected rank.
+/* Memory outside torch and on the host, for the selected rank.
  *
  * Device: NVML's used memory split into this process's allocator (reserved), what the
  * process holds outside the allocator (NVML used − reserved − foreign: CUDA context, NCCL,
@@ -6,7 +6,7 @@
  * notebook kernel). Host: the trainer's RSS, its children's RSS (DataLoader workers), the
  * node's available memory, pinned host memory; checkpoint-phase host peaks are marked
  * (FSDP state_dict materialisation kills hosts through the OOM-killer, no CUDA hook sees it).
- * Sources are sparse (issue 15): a chart whose fields were never sent is hidden, and the
+ * Sources are sparse: a chart whose fields were never sent is hidden, and the
  * panel too when both are. One /chart request per refresh (every few polls). */
 
 import { GIB, gib, isNum, toGiB } from "./format.js";
@@ -14,15 +14,12 @@ import { $, el, nextTask, timed } from "./dom.js";
 import { source } from "./api.js";
 import { S } from "./state.js";
 import { PLOT_CONFIG, baseLayout, chartTheme, drawChart, uirev, xAxis, yAxis } from "./chartbase.js";
+import { CHART_FIELDS, FIELD_LABELS } from "./fields.js";
 
-export const MEM_FIELDS = [
-  "ts", "reserved_bytes", "nvml_used_bytes", "foreign_used_bytes",
-  "host_rss_bytes", "host_children_rss_bytes", "host_available_bytes", "host_pinned_bytes",
-];
-const HOST_LINES = [
-  ["host_rss_bytes", "trainer RSS", "#3b82c4"], ["host_children_rss_bytes", "children RSS (workers)", "#8e6cc0"],
-  ["host_available_bytes", "node available", "#3a9a5b"], ["host_pinned_bytes", "pinned", "#c08a2e"],
-];
+export const MEM_FIELDS = ["ts", ...CHART_FIELDS.device, ...CHART_FIELDS.host];
+const HOST_COLORS = ["#3b82c4", "#8e6cc0", "#3a9a5b", "#c08a2e", "#c0504d", "#4aa3a3"];
+/** One line per host field of the table: [field, name, colour]. */
+const HOST_LINES = CHART_FIELDS.host.map((f, i) => [f, FIELD_LABELS[f] || f, HOST_COLORS[i % HOST_COLORS.length]]);
 const POINTS = 600;
 
 export function memPanel() {

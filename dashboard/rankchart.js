@@ -16,11 +16,9 @@ import { S } from "./state.js";
 import { checkpointPeak, stateOf, verdictOf } from "./verdict.js";
 import { PLOT_CONFIG, baseLayout, chartTheme, drawChart, labelRows, medianStepSeconds, stepToX, uirev, xAxis, yAxis } from "./chartbase.js";
 import { wireZoom } from "./zoom.js";
+import { CHART_FIELDS } from "./fields.js";
 
-export const MAIN_FIELDS = [
-  "ts", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes",
-  "total_bytes", "inactive_split_bytes", "alloc_retries",
-];
+export const MAIN_FIELDS = ["ts", ...CHART_FIELDS.rank];
 const MAIN_POINTS = 2000; // min/max pairs: 1000 buckets, about one per pixel column
 const FULL_EVERY_MS = 30000;
 const TAIL_MAX = 1000;

@@ -1,14 +1,11 @@
 /* One rank's verdict as the page shows it: state, liveness, deaths (OOM / restart / crash),
  * severity order and the headroom figures. The vocabulary (state list, severity, the
- * low-headroom threshold) comes from GET /api/v1/meta (state.js `vocab`), never retyped.
- * Fields the collector or engine may not send yet are derived here as a fallback only. */
+ * low-headroom threshold) comes from GET /api/v1/meta (state.js `vocab`), never retyped;
+ * liveness, deaths, counts and severity come with every /ranks row (collector/rows.py). */
 
 import { isNum } from "./format.js";
 import { vocab } from "./state.js";
 
-// Fallback only, when /ranks rows carry no `liveness`: a rank whose last sample is this much
-// older than its run's newest, and behind it in steps, is shown silent.
-const SILENT_FALLBACK_S = 60;
 const PHASE_CAUSE = /ckpt|checkpoint|save|eval|val/i;
 
 export function verdictOf(r) { return (r && r.verdict) || {}; }
@@ -23,74 +20,27 @@ function lastEvent(r, type) {
   return evs.length ? evs[evs.length - 1] : null;
 }
 
-/** Newest sample time and step of a run: what "silent" is measured against. */
-export function runClock(rows) {
-  let newest = 0, maxStep = 0;
-  for (const r of rows) {
-    if (isNum(r.last_ts) && r.last_ts > newest) newest = r.last_ts;
-    if (isNum(r.last_step) && r.last_step > maxStep) maxStep = r.last_step;
-  }
-  return { newest, maxStep };
-}
-
 /**
  * Everything the table, cards and charts say about a rank's life, computed once per poll
  * and kept on the row as ``r.vw``: liveness, OOM and restart counts, how and when it died,
  * severity (sort key: higher is worse) and the state as displayed.
  */
 export function annotate(rows) {
-  const run = runClock(rows);
-  for (const r of rows) r.vw = describe(r, run);
-  return run;
+  for (const r of rows) r.vw = describe(r);
 }
 
-function describe(r, run) {
-  const v = verdictOf(r);
-  let liveness = r.liveness;
-  if (!liveness) {
-    const behind = isNum(r.last_ts) && run.newest - r.last_ts > SILENT_FALLBACK_S && r.last_step < run.maxStep;
-    liveness = behind ? "silent" : "live";
-  }
-  const events = r.events || [];
-  const oomEvent = lastEvent(r, "oom");
-  const ooms = isNum(r.ooms) ? r.ooms : Math.max(eventsOf(r, "oom").length, (r.last && r.last.ooms) || 0);
-  const restarts = isNum(r.restarts) ? r.restarts : eventsOf(r, "restart").length;
-  // An OOM with no restart after it: the process died there (a restart is a new process).
-  const oomIsLast = !!oomEvent && events.lastIndexOf(oomEvent) > events.lastIndexOf(lastEvent(r, "restart"));
-  let death = null;
-  if (r.died !== undefined) {
-    // the collector's word: how and when the rank stopped (null: it did not)
-    const d = r.died;
-    death = d ? { how: d.how === "oom" ? "out of memory" : d.how, step: d.step, ts: isNum(d.ts) ? d.ts : r.last_ts } : null;
-  } else if (oomIsLast || (ooms > 0 && !restarts && liveness !== "live")) {
-    death = { how: "out of memory", step: oomEvent ? oomEvent.step : r.last_step,
-      ts: oomEvent && isNum(oomEvent.ts) ? oomEvent.ts : r.last_ts };
-  } else if (liveness === "silent") {
-    death = { how: "silent", step: r.last_step, ts: r.last_ts };
-  } else if (liveness === "exited") {
-    death = { how: "exited", step: r.last_step, ts: r.last_ts };
-  }
-  const shown = shownState(r, v);
-  return { liveness, ooms, restarts, death, severity: severityOf(r, liveness, ooms), ...shown };
-}
-
-/** Sort key, higher is worse: the collector's when it sends one, else the same rule from
- * the meta vocabulary (a silent rank, then one that hit an OOM, outranks any state). */
-export function severityOf(r, liveness, ooms) {
-  if (isNum(r.severity)) return r.severity;
-  const sev = vocab.severity || {};
-  const n = (vocab.states || []).length;
-  const base = sev[stateOf(r)] !== undefined ? sev[stateOf(r)] : -1;
-  if (liveness === "silent") return base + 2 * n + 1;
-  if (ooms) return base + n;
-  return base;
+function describe(r) {
+  // the collector's word: how and when the rank stopped (null: it did not)
+  const d = r.died;
+  const death = d ? { how: d.how === "oom" ? "out of memory" : d.how, step: d.step, ts: isNum(d.ts) ? d.ts : r.last_ts } : null;
+  return { liveness: r.liveness, ooms: r.ooms, restarts: r.restarts, death, severity: r.severity, ...shownState(r, verdictOf(r)) };
 }
 
 /** A checkpoint's one-time ratchet is not a growing problem: show its cause instead of "rising". */
 function shownState(r, v) {
   const state = stateOf(r);
   const brk = lastEvent(r, "plateau_break");
-  const cause = v.plateau_break_cause ? String(v.plateau_break_cause) : brk && brk.cause ? String(brk.cause) : null;
+  const cause = v.plateau_break_cause ? String(v.plateau_break_cause) : null;
   const phaseCause = (!!brk && brk.relevel === true) || (cause !== null && PHASE_CAUSE.test(cause));
   if (state === "rising" && phaseCause) {
     return { shown: "ratchet", cause: cause, title: "reserved stepped up once at a " + (cause || "marked phase") +
@@ -105,21 +55,17 @@ function shownState(r, v) {
 /** The smallest headroom of a rank: at the training step boundary or at the checkpoint peak. */
 export function worstHeadroom(r) {
   const v = verdictOf(r);
-  if (isNum(v.worst_headroom_bytes)) return v.worst_headroom_bytes;
-  const values = [v.headroom_bytes, v.checkpoint_headroom_bytes].filter(isNum);
-  return values.length ? Math.min(...values) : null;
+  return isNum(v.worst_headroom_bytes) ? v.worst_headroom_bytes : null;
 }
 
-/** Checkpoint peak as the engine reports it: the highest when it says so, else the latest. */
+/** The highest checkpoint peak of the rank's current process, as the engine reports it. */
 export function checkpointPeak(r) {
   const v = verdictOf(r);
-  if (isNum(v.checkpoint_peak_max_bytes)) return { bytes: v.checkpoint_peak_max_bytes, which: "highest" };
-  return { bytes: isNum(v.checkpoint_peak_bytes) ? v.checkpoint_peak_bytes : null, which: "latest" };
+  return { bytes: isNum(v.checkpoint_peak_max_bytes) ? v.checkpoint_peak_max_bytes : null, which: "highest" };
 }
 
 export function totalOf(r) {
-  const v = verdictOf(r);
-  return v.total_bytes || (r.last && r.last.total_bytes) || null;
+  return verdictOf(r).total_bytes || null;
 }
 
 /** The one low-headroom rule (vramwatch.verdicts.is_low_headroom): under the meta fraction of the device. */

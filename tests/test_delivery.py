@@ -25,7 +25,6 @@ from vramwatch.delivery import (
     ExportResult,
     Failure,
     HttpExporter,
-    HttpTransport,
     InMemoryExporter,
     Outcome,
 )
@@ -41,7 +40,7 @@ def sender_for(url: str, tmp_path: Path, **kwargs) -> BatchSender:
     kwargs.setdefault("interval_s", 0.05)
     kwargs.setdefault("backoff_initial_s", 0.05)
     kwargs.setdefault("backoff_max_s", 0.2)
-    return BatchSender(HttpTransport(url, token=kwargs.pop("token", None)), spool_path=tmp_path / "spool.jsonl",
+    return BatchSender(HttpExporter(url, token=kwargs.pop("token", None)), spool_path=tmp_path / "spool.jsonl",
                        **kwargs)
 
 
@@ -203,7 +202,7 @@ def test_invalid_samples_are_dropped_before_sending_and_counted(ingest, tmp_path
 
 def test_bounded_close_when_the_collector_is_down_spools_everything(tmp_path):
     spool = tmp_path / "spool.jsonl"
-    sender = BatchSender(HttpTransport(dead_url()), spool_path=spool, interval_s=0.05)
+    sender = BatchSender(HttpExporter(dead_url()), spool_path=spool, interval_s=0.05)
     for s in samples(1000):
         sender.submit(s)
     started = time.monotonic()
@@ -219,7 +218,7 @@ def test_bounded_close_when_the_collector_is_down_spools_everything(tmp_path):
 def test_bounded_close_when_the_collector_hangs(ingest, tmp_path):
     ingest.delay_s = 5.0  # accepts the connection, answers far too late
     spool = tmp_path / "spool.jsonl"
-    sender = BatchSender(HttpTransport(ingest.url, timeout_s=10), spool_path=spool, interval_s=0.02)
+    sender = BatchSender(HttpExporter(ingest.url, timeout_s=10), spool_path=spool, interval_s=0.02)
     for s in samples(50):
         sender.submit(s)
     time.sleep(0.2)  # the worker is now stuck in its POST
@@ -237,7 +236,7 @@ def test_leftover_spools_of_earlier_processes_are_replayed_first(tmp_path):
     old = tmp_path / "run.rank0.old-incarnation.jsonl"
     old.write_bytes(b"".join(json.dumps(s).encode() + b"\n" for s in samples(30)))
     with ScriptedIngest() as server:
-        sender = BatchSender(HttpTransport(server.url), spool_path=tmp_path / "run.rank0.new.jsonl",
+        sender = BatchSender(HttpExporter(server.url), spool_path=tmp_path / "run.rank0.new.jsonl",
                              adopt_spools=[old], interval_s=0.05)
         for s in samples(10, start=30):
             sender.submit(s)
@@ -266,7 +265,7 @@ def test_overflow_goes_to_the_spool_in_order_and_only_a_stuck_worker_drops(inges
 
 def test_spool_size_cap_drops_and_counts(tmp_path):
     spool = tmp_path / "spool.jsonl"
-    sender = BatchSender(HttpTransport(dead_url()), spool_path=spool, max_spool_bytes=20_000, interval_s=0.02)
+    sender = BatchSender(HttpExporter(dead_url()), spool_path=spool, max_spool_bytes=20_000, interval_s=0.02)
     for s in samples(200):
         sender.submit(s)
     sender.close(1.0)
@@ -277,7 +276,7 @@ def test_spool_size_cap_drops_and_counts(tmp_path):
 
 
 def test_gzip_body_is_smaller_than_the_json(ingest, tmp_path):
-    transport = HttpTransport(ingest.url)
+    transport = HttpExporter(ingest.url)
     body = b"".join(json.dumps(s).encode() + b"\n" for s in samples(200))
     assert len(gzip.compress(body)) < len(body) / 4
     answer = transport.send(body, 200)
@@ -288,7 +287,7 @@ def test_gzip_body_is_smaller_than_the_json(ingest, tmp_path):
 @pytest.mark.parametrize("url", ["ftp://collector", "http://:80", "collector:notaport"])
 def test_bad_url_names_the_argument(url):
     with pytest.raises(ValueError, match=r"^url: must be http"):
-        HttpTransport(url)
+        HttpExporter(url)
 
 
 # ---------------------------------------------------------------- issue 10: bounded replies, warn once, back off
@@ -386,7 +385,7 @@ def test_the_spool_cap_holds_per_rank_across_restarts(tmp_path):
         old.write_bytes(line * (cap // 2 // len(line)))
         os.utime(old, (1000 + restart, 1000 + restart))
     files = sorted(tmp_path.glob("run.rank0.*.jsonl"))
-    sender = BatchSender(HttpTransport(dead_url()), spool_path=tmp_path / "run.rank0.new.jsonl",
+    sender = BatchSender(HttpExporter(dead_url()), spool_path=tmp_path / "run.rank0.new.jsonl",
                          adopt_spools=files, max_spool_bytes=cap, interval_s=0.02)
     for s in samples(100, start=1000):
         sender.submit(s)
@@ -467,7 +466,7 @@ def test_one_shared_worker_drives_many_processors_each_with_its_own_queue_and_in
 
     worker = SharedWorker()
     threads_before = threading.active_count()
-    senders = [BatchSender(HttpTransport(ingest.url), spool_path=tmp_path / f"r{rank}.jsonl", interval_s=0.05,
+    senders = [BatchSender(HttpExporter(ingest.url), spool_path=tmp_path / f"r{rank}.jsonl", interval_s=0.05,
                            worker=worker) for rank in range(40)]
     assert threading.active_count() == threads_before  # no thread per sender
     for rank, sender in enumerate(senders):
@@ -528,7 +527,7 @@ def test_a_keep_alive_connection_the_server_closed_is_replaced_at_once_not_backe
 
 def test_requests_are_bounded_by_bytes_as_well_as_by_count(ingest, tmp_path):
     big = {f"metric_{i}": float(i) for i in range(60)}  # samples with many extra numbers: ~2 KB each
-    sender = BatchSender(HttpTransport(ingest.url), spool_path=tmp_path / "s.jsonl", interval_s=30,
+    sender = BatchSender(HttpExporter(ingest.url), spool_path=tmp_path / "s.jsonl", interval_s=30,
                          batch_size=512)
     sender.max_batch_bytes = 20_000
     for s in samples(100, extra=big):

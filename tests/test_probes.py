@@ -447,10 +447,9 @@ def test_mig_instance_memory_is_the_instance_not_the_whole_gpu():
     assert (reading.process_used_bytes, reading.foreign_used_bytes) == (4 * GiB, GiB)
 
 
-def test_one_host_poller_per_process_shared_by_every_monitor(monkeypatch):
+def test_one_host_poller_per_process_shared_by_every_monitor():
     from vramwatch.probe import host
 
-    monkeypatch.setattr(host, "FIELDS", {name: "i" for name in host.HOST_FIELDS})
     before = sum(t.name == "vramwatch-host" for t in threading.enumerate())
     first = host.HostPoller.start(0.05, pinned=lambda: 4096)
     second = host.HostPoller.start(0.05)
@@ -482,11 +481,10 @@ def test_every_test_module_holds_tests():
     assert not empty, f"test modules without tests: {empty}"
 
 
-def test_a_phase_sample_carries_the_host_peak_of_the_phase_even_when_freed_before_it_ends(monkeypatch):
+def test_a_phase_sample_carries_the_host_peak_of_the_phase_even_when_freed_before_it_ends():
     """A checkpoint that materialises a state dict on the host and frees it: the phase's RSS peak."""
     from vramwatch.probe import host
 
-    monkeypatch.setattr(host, "FIELDS", {name: "i" for name in host.HOST_FIELDS})
     poller = host.HostPoller.start(60.0)
     try:
         baseline = poller.poll_once()["host_rss_bytes"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import os
 
 import orjson
 import pytest
@@ -371,3 +372,34 @@ def test_name_caches_are_bounded_and_every_sample_is_still_judged() -> None:
             validate(dict(sample, host=f"h\u202e{i}"))
         assert info.value.field == "host"
     assert len(structs._known_names) <= 4096 and len(structs._known_keys) <= 4096
+
+
+def test_dashboard_field_lists_are_up_to_date() -> None:
+    from pathlib import Path
+
+    from vramwatch.wire.schema import REGENERATE_JS
+
+    module = Path(__file__).resolve().parents[1] / "dashboard" / "fields.js"
+    assert module.read_text(encoding="utf-8") == wire.fields_js(), f"dashboard/fields.js is stale: run {REGENERATE_JS}"
+
+
+def test_a_field_declared_once_reaches_the_probe_store_metrics_report_and_charts() -> None:
+    """The lists other modules keep of sample fields are the table's, not retyped."""
+    from vramwatch import report
+    from vramwatch.collector.metrics import SERIES_FAMILIES
+    from vramwatch.collector.store import reads
+    from vramwatch.probe import host
+
+    assert wire.fields_of(group="host") == host.HOST_FIELDS and len(host.HOST_FIELDS) == 4
+    assert set(host.read_host(os.getpid(), pinned=lambda: 4096)) == set(host.HOST_FIELDS)  # what the poller reads
+    families = {name: (kind, doc) for name, kind, doc, _ in SERIES_FAMILIES}
+    for f in wire.FIELD_TABLE:
+        if f.metric is not None:
+            assert families[f.metric.name] == (f.metric.kind, f.metric.help)
+    assert families["vramwatch_ooms"][0] == "counter" and families["vramwatch_host_pinned_bytes"][0] == "gauge"
+    assert wire.fields_of(phase_marker=True) == reads._PHASE_FIELDS
+    assert {"ts", "peak_allocated_bytes", "host_rss_bytes"} <= set(reads._PHASE_FIELDS)
+    charted = {f.name for f in wire.FIELD_TABLE if f.charts}
+    assert set(report.SERIES_FIELDS) == {"ts", *charted} and set(wire.fields_of(group="host")) <= charted
+    assert all(set(f.charts) <= set(wire.CHARTS) for f in wire.FIELD_TABLE)
+    assert all(f.label for f in wire.FIELD_TABLE if "host" in f.charts)  # the host chart names each line

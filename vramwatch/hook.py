@@ -64,10 +64,8 @@ from vramwatch.delivery import BatchSender, FileExporter, HttpExporter, leftover
 from vramwatch.evidence.capture import CaptureAgent, attach_capture
 from vramwatch.probe import BaseProbe, make_probe
 from vramwatch.probe.host import HostPoller
-from vramwatch.wire import FIELDS, MAX_INT, PHASE_RE, SCHEMA_VERSION
+from vramwatch.wire import MAX_INT, PHASE_RE, SCHEMA_VERSION
 
-_SEQ_ON_WIRE = "seq" in FIELDS  # until the collector's schema has it, a repeated phase is not numbered
-_FLAGS_ON_WIRE = _SEQ_ON_WIRE and "exit" in FIELDS and "oom_marked" in FIELDS
 _EXTRA_KEY_RE = re.compile(r"[^\x00-\x1f\x7f]{1,64}\Z")
 
 
@@ -341,7 +339,7 @@ class Monitor:
             self._seq_step, self._seq_counts = step, {}
         n = self._seq_counts.get(name, 0)
         self._seq_counts[name] = n + 1
-        return n if _SEQ_ON_WIRE else 0
+        return n
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -365,7 +363,7 @@ class Monitor:
             was_active, self._active = self._active, False
         if self._pid != os.getpid():
             return True
-        if was_active and _FLAGS_ON_WIRE and not lifecycle.dying_of_an_exception():
+        if was_active and not lifecycle.dying_of_an_exception():
             self._mark_exit()  # a clean close: the post-mortem tells it from a silent death
         delivered = True
         deadline = time.monotonic() + timeout  # one budget for the close hooks and the sender
@@ -394,7 +392,7 @@ class Monitor:
         """Send a fresh sample marked ``oom_marked`` now (call it from torch's out-of-memory observer,
         on the training thread, before the error unwinds: the reading shows the risen ``ooms``).
         Never raises."""
-        if not (self._active and _FLAGS_ON_WIRE):
+        if not self._active:
             return
         try:
             step = self._last_step

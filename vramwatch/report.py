@@ -38,14 +38,10 @@ from vramwatch.collector.snapshots import SnapshotStore
 from vramwatch.collector.store import Store
 from vramwatch.collector.views import run_chart, run_heatmap
 from vramwatch.evidence import postmortem
+from vramwatch.wire import FIELD_TABLE
 
-#: Fields the run page charts (the rank chart's list in rankchart.js, and memsplit.js's
-#: device split / host memory fields).
-SERIES_FIELDS = (
-    "ts", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes",
-    "total_bytes", "inactive_split_bytes", "alloc_retries",
-    "foreign_used_bytes", "host_rss_bytes", "host_children_rss_bytes", "host_available_bytes", "host_pinned_bytes",
-)
+#: Fields the run page charts (every field a dashboard chart fetches: wire.Field.charts)
+SERIES_FIELDS = ("ts", *(f.name for f in FIELD_TABLE if f.charts))
 #: most points embedded for one rank, and for all ranks together (spikes survive: min/max envelope)
 SERIES_POINTS = 2000
 REPORT_POINTS = 16_000

@@ -27,13 +27,7 @@ from fastapi.middleware.gzip import GZipMiddleware
 
 from vramwatch import __about__
 from vramwatch.collector import api, ingest, pages
-from vramwatch.collector.deps import (  # noqa: F401 - public names kept for importers
-    RateLimitedLog,
-    require_ingest_auth,
-    require_read_auth,
-    supplied_token,
-    token_matches,
-)
+from vramwatch.collector.deps import RateLimitedLog, require_ingest_auth, require_read_auth
 from vramwatch.collector.front import FrontDoor
 from vramwatch.collector.live import LiveState, tune_gc_for_serving
 from vramwatch.collector.openapi import INGEST_OPERATION, sample_json_schema

@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 from vramwatch import verdicts
 from vramwatch.__about__ import __version__
 from vramwatch.decisions.readiness import VERDICTS as READINESS_VERDICTS
+from vramwatch.wire import FIELD_TABLE
 
 #: Label names of every per-rank family, in exposition order. ``Hostname``/``UUID``/``gpu``
 #: are spelled as dcgm-exporter spells them.
@@ -83,40 +84,14 @@ def _fragmentation(row: Row) -> int | None:
 #: (name, type, help, getter). Counters are named without ``_total``; the suffix is added
 #: on exposition as prometheus_client does. A getter returning None skips the sample.
 SERIES_FAMILIES: tuple[tuple[str, str, str, Callable[[Row], Any]], ...] = (
-    ("vramwatch_memory_allocated_bytes", "gauge",
-     "Bytes held by live tensors (torch allocated_bytes) in the latest sample.", _sample("allocated_bytes")),
-    ("vramwatch_memory_reserved_bytes", "gauge",
-     "Bytes reserved by the caching allocator in the latest sample.", _sample("reserved_bytes")),
-    ("vramwatch_memory_peak_allocated_bytes", "gauge",
-     "Peak allocated bytes since the previous sample.", _sample("peak_allocated_bytes")),
-    ("vramwatch_memory_active_bytes", "gauge",
-     "Active bytes (allocated plus blocks awaiting cross-stream frees).", _sample("active_bytes")),
-    ("vramwatch_inactive_split_bytes", "gauge",
-     "Free bytes inside split allocator segments (not releasable).", _sample("inactive_split_bytes")),
-    ("vramwatch_device_used_bytes", "gauge",
-     "Device-wide used bytes reported by NVML (absent when NVML is unavailable).", _sample("nvml_used_bytes")),
-    ("vramwatch_process_used_bytes", "gauge",
-     "Bytes NVML attributes to the training process.", _sample("process_used_bytes")),
-    ("vramwatch_device_total_bytes", "gauge", "Device memory capacity in bytes.", _sample("total_bytes")),
-    ("vramwatch_foreign_used_bytes", "gauge",
-     "Device memory NVML lists for other processes on this GPU (a stale notebook kernel, another job).",
-     _sample("foreign_used_bytes")),
-    ("vramwatch_host_rss_bytes", "gauge", "Resident host memory of the training process.", _sample("host_rss_bytes")),
-    ("vramwatch_host_children_rss_bytes", "gauge",
-     "Resident host memory of the training process's children (DataLoader workers).",
-     _sample("host_children_rss_bytes")),
-    ("vramwatch_host_available_bytes", "gauge", "MemAvailable of the node.", _sample("host_available_bytes")),
-    ("vramwatch_host_pinned_bytes", "gauge", "Pinned host memory held by torch's host allocator.",
-     _sample("host_pinned_bytes")),
+    # the latest value of every sample field the wire table gives a family (wire.Field.metric)
+    *((f.metric.name, f.metric.kind, f.metric.help, _sample(f.name)) for f in FIELD_TABLE if f.metric is not None),
     ("vramwatch_headroom_bytes", "gauge",
      "Capacity minus what the device holds at the latest training step boundary "
      "(vramwatch.verdicts.headroom_bytes).", _headroom),
     ("vramwatch_outside_allocator_bytes", "gauge",
      "NVML used minus allocator reserved: CUDA context, NCCL, cuBLAS workspaces, other leaks.",
      _outside_allocator),
-    ("vramwatch_alloc_retries", "counter",
-     "Allocator retries (cudaMalloc failed, caches flushed, retried) in this process.", _sample("alloc_retries")),
-    ("vramwatch_ooms", "counter", "Out-of-memory errors raised by the allocator in this process.", _sample("ooms")),
     ("vramwatch_plateau_breaks", "counter",
      "Plateau breaks the trend engine found on this rank since the collector started.",
      _summary("plateau_breaks")),
@@ -149,9 +124,6 @@ SERIES_FAMILIES: tuple[tuple[str, str, str, Callable[[Row], Any]], ...] = (
     ("vramwatch_readiness", "gauge",
      "Readiness of the batch setting: 0 ready, 1 not_ready, 2 unsafe.",
      lambda row: _READINESS.get(row[3].get("readiness"))),
-    ("vramwatch_step", "gauge", "Training step of the latest sample.", _sample("step")),
-    ("vramwatch_last_sample_timestamp_seconds", "gauge",
-     "Timestamp (rank's clock) of the latest sample.", _sample("ts")),
     ("vramwatch_last_received_timestamp_seconds", "gauge",
      "When the collector last received a sample for this rank (collector's clock).", lambda row: row[4].last_seen),
 )

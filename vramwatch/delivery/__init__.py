@@ -10,8 +10,7 @@
   backoff, bounded per rank across restarts;
 * typed results (:mod:`vramwatch.delivery.results`): nothing matches message text.
 
-``BatchSender`` (processor + spooling stack), ``HttpTransport`` and ``FileTransport`` are the
-earlier names, kept importable.
+``BatchSender`` is the processor with its spooling stack (what the hook runs).
 """
 
 from vramwatch.delivery.exporters import (
@@ -26,10 +25,7 @@ from vramwatch.delivery.processor import BatchProcessor, BatchSender, SharedWork
 from vramwatch.delivery.results import Directive, ExportResult, Failure, Outcome
 from vramwatch.delivery.spool import Backoff, Spool, SpoolingExporter, leftover_spools, spool_prefix
 
-HttpTransport = HttpExporter
-FileTransport = FileExporter
-
 __all__ = ["INGEST_PATH", "MAX_REPLY_BYTES", "Backoff", "BatchProcessor", "BatchSender", "Directive", "ExportResult",
-           "Exporter", "Failure", "FileExporter", "FileTransport", "HttpExporter", "HttpTransport",
+           "Exporter", "Failure", "FileExporter", "HttpExporter",
            "InMemoryExporter", "Outcome", "SharedWorker", "Spool", "SpoolingExporter", "leftover_spools",
            "spool_prefix"]

@@ -258,7 +258,7 @@ class HttpExporter:
         return []
 
     def send(self, body: bytes, count: int, timeout: float | None = None) -> dict[str, Any]:
-        """One POST of an NDJSON body; the collector's answer (compatibility with ``HttpTransport``)."""
+        """One POST of an NDJSON body; the collector's answer."""
         result = self.export(body.splitlines(keepends=True), timeout)
         return {"accepted": result.accepted, "duplicates": result.duplicates, "outcome": result.outcome.value}
 

@@ -12,8 +12,7 @@ checkpoint's host peak is caught):
   torch cannot say.
 
 Reading all four costs ~0.1-1 ms (more with many children): never on the training thread
-per step. Off Linux (no ``/proc``) the fields are None, never zeros. The fields are sent
-only when the wire schema knows them (:data:`HOST_FIELDS` in ``wire.FIELDS``).
+per step. Off Linux (no ``/proc``) the fields are None, never zeros.
 
 Phase peaks: a checkpoint can materialise a whole state dict on the host and free it before
 the phase ends (FSDP ``state_dict``: the host OOM-killer's favourite moment). So a phase
@@ -33,9 +32,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vramwatch.wire import FIELDS
+from vramwatch.wire import fields_of
 
-HOST_FIELDS = ("host_rss_bytes", "host_children_rss_bytes", "host_available_bytes", "host_pinned_bytes")
+#: the sample fields this poller fills (the table's "host" group)
+HOST_FIELDS = fields_of(group="host")
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PROC = Path("/proc")
 
@@ -172,11 +172,8 @@ class HostPoller:
         self._thread.start()
 
     @classmethod
-    def start(cls, interval_s: float, pinned: Callable[[], int | None] | None = None) -> HostPoller | None:
-        """This process's shared poller (started on first use), or None when the wire schema has
-        no host fields yet (nothing would be sent). Pair with :meth:`release`."""
-        if not all(name in FIELDS for name in HOST_FIELDS):
-            return None
+    def start(cls, interval_s: float, pinned: Callable[[], int | None] | None = None) -> HostPoller:
+        """This process's shared poller (started on first use). Pair with :meth:`release`."""
         with _shared_lock:
             poller = _shared.get(os.getpid())
             if poller is None or poller._stop.is_set():

@@ -47,7 +47,6 @@ from typing import Any
 
 from vramwatch.config import PEAK_POLICIES
 from vramwatch.probe.base import BaseProbe
-from vramwatch.wire import FIELDS
 
 from .nvml import NvmlPoller, open_device
 
@@ -219,7 +218,7 @@ class TorchCudaProbe(BaseProbe):
                 sample["total_bytes"] = reading.total_bytes
             if reading.process_used_bytes is not None:
                 sample["process_used_bytes"] = reading.process_used_bytes
-            if reading.foreign_used_bytes is not None and _FOREIGN_ON_WIRE:
+            if reading.foreign_used_bytes is not None:
                 sample["foreign_used_bytes"] = reading.foreign_used_bytes
         return sample, allocated, self._interval_peak(allocated, allocated_stat["peak"])
 
@@ -290,7 +289,6 @@ def _empty_stats() -> dict[str, Any]:
 
 
 _EMPTY_STATS = _empty_stats()
-_FOREIGN_ON_WIRE = "foreign_used_bytes" in FIELDS  # until the collector's schema has it, do not send it
 
 
 __all__ = ["PEAK_POLICIES", "NoCudaError", "TorchCudaProbe", "load_torch_cuda"]

@@ -9,18 +9,20 @@ The package is the bottom layer: it imports nothing else of vramwatch.
 
 | module | what |
 |---|---|
-| ``fields`` | :data:`FIELD_TABLE` (every field: kind, unit, schemas, store column), ``Sample``, ``WireError`` |
+| ``fields`` | :data:`FIELD_TABLE` (every field: kind, unit, schemas, store column, group, metric, charts), |
+| | ``Sample``, ``WireError`` |
 | ``structs`` | the acceptor: one msgspec Struct per schema, generated from the table, and the checks after it |
 | ``validate`` | :func:`validate` (a dict), :func:`decode_line` (a JSON line), :func:`decode_samples` (a |
 | | body's text), all through ``structs``; the error naming a refused sample's field |
 | ``codec`` | samples to JSON lines |
 | ``tracefile`` | trace files (``.jsonl``, ``.jsonl.gz``): read, stream, write |
-| ``schema`` | the JSON Schema and ``docs/fields.md``, derived from the table |
+| ``schema`` | the JSON Schema, ``docs/fields.md`` and ``dashboard/fields.js``, derived from the table |
 """
 
 from vramwatch.wire.codec import encode, encode_lines
 from vramwatch.wire.fields import (
     ALLOCATORS,
+    CHARTS,
     FIELD_BY_NAME,
     FIELD_TABLE,
     FIELDS,
@@ -37,18 +39,21 @@ from vramwatch.wire.fields import (
     SCHEMA_VERSIONS,
     TRAIN_PHASE,
     Field,
+    Metric,
     Sample,
     WireError,
+    fields_of,
     fully_measured,
     invisible_character,
     series_key,
 )
-from vramwatch.wire.schema import fields_markdown, sample_json_schema
+from vramwatch.wire.schema import fields_js, fields_markdown, sample_json_schema
 from vramwatch.wire.tracefile import TraceWriter, iter_file, iter_samples, write_file
 from vramwatch.wire.validate import decode_line, decode_samples, validate
 
 __all__ = [
     "ALLOCATORS",
+    "CHARTS",
     "FIELDS",
     "FIELD_BY_NAME",
     "FIELD_TABLE",
@@ -65,6 +70,7 @@ __all__ = [
     "SCHEMA_VERSIONS",
     "TRAIN_PHASE",
     "Field",
+    "Metric",
     "Sample",
     "TraceWriter",
     "WireError",
@@ -72,7 +78,9 @@ __all__ = [
     "decode_samples",
     "encode",
     "encode_lines",
+    "fields_js",
     "fields_markdown",
+    "fields_of",
     "fully_measured",
     "invisible_character",
     "iter_file",

@@ -60,6 +60,21 @@ _CONTROL_RE = re.compile(f"[{_INVISIBLE}]")
 
 
 @dataclass(frozen=True)
+class Metric:
+    """The ``/metrics`` family of a field: its latest value per rank."""
+
+    name: str
+    help: str
+    #: "gauge", or "counter" for a count that only grows within a process (exposed as ``name_total``)
+    kind: str = "gauge"
+
+
+#: the dashboard's charts a field may be drawn in: the rank chart (allocator levels against the
+#: device), the device split (allocator / outside it / other processes) and host memory
+CHARTS = ("rank", "device", "host")
+
+
+@dataclass(frozen=True)
 class Field:
     """One sample field. ``kind`` selects the validation rule:
 
@@ -81,6 +96,17 @@ class Field:
     table: str = "samples"
     #: the store column (default: the field's name; none when ``table`` is "")
     column: str = ""
+    #: where the value comes from: "identity", "time", "allocator" (torch), "device" (NVML),
+    #: "host" (the host poller), "step" (the training loop), "user" (extra), "marker" (flags)
+    group: str = ""
+    #: its family on ``/metrics``, if any
+    metric: Metric | None = None
+    #: the dashboard charts (:data:`CHARTS`) that fetch it, and its line's name where a chart draws
+    #: one line per field (host memory)
+    charts: tuple[str, ...] = ()
+    label: str = ""
+    #: carried by every phase marker (``/phases``: a checkpoint's own peak, levels and host peaks)
+    phase_marker: bool = False
 
     def __post_init__(self) -> None:
         if self.table and not self.column:
@@ -98,59 +124,91 @@ _ALL = SCHEMA_VERSIONS
 _MEASURED = {"required": (1,), "nullable": (2,)}  # schema 1 requires it; schema 2: not measured = null
 _OPTIONAL = {"nullable": _ALL}  # a measurement any schema may leave out (null = not measured)
 
+_ID = {"group": "identity"}
+_ALLOC = {"group": "allocator"}
+_DEVICE = {"group": "device"}
+_HOST = {"group": "host", **_OPTIONAL, "charts": ("host",)}
+_M = Metric
+
 #: Every field, in the order samples are written.
 FIELD_TABLE: tuple[Field, ...] = (
-    Field("schema", "i", "", "Wire schema version: 1 or 2 (kept, so an export is what was sent).", required=_ALL),
-    Field("run", "s", "", "Run name: one training job.", required=_ALL, table="series"),
-    Field("host", "s", "", "Host name of the rank.", required=_ALL, table="series"),
-    Field("rank", "i", "", "Global rank.", required=_ALL, table="series"),
-    Field("step", "i", "step", "Training step the sample belongs to.", required=_ALL),
-    Field("ts", "ts", "s", "Unix time of the reading.", required=_ALL),
+    Field("schema", "i", "", "Wire schema version: 1 or 2 (kept, so an export is what was sent).", required=_ALL,
+          **_ID),
+    Field("run", "s", "", "Run name: one training job.", required=_ALL, table="series", **_ID),
+    Field("host", "s", "", "Host name of the rank.", required=_ALL, table="series", **_ID),
+    Field("rank", "i", "", "Global rank.", required=_ALL, table="series", **_ID),
+    Field("step", "i", "step", "Training step the sample belongs to.", required=_ALL, group="time",
+          metric=_M("vramwatch_step", "Training step of the latest sample.")),
+    Field("ts", "ts", "s", "Unix time of the reading.", required=_ALL, group="time", phase_marker=True,
+          metric=_M("vramwatch_last_sample_timestamp_seconds", "Timestamp (rank's clock) of the latest sample.")),
     Field("phase", "phase", "", "`train` for step boundaries, else the phase (checkpoint, eval, ...).",
-          required=_ALL),
+          required=_ALL, group="time"),
     Field("seq", "i", "", "Number of a phase among same-named phases at one step (default 0): two checkpoints "
-          "at one step are two samples."),
+          "at one step are two samples.", group="time"),
     Field("allocated_bytes", "b", "bytes", "Bytes held by live tensors (torch allocated).", **_MEASURED,
-          column="allocated"),
+          column="allocated", **_ALLOC, charts=("rank",), phase_marker=True,
+          metric=_M("vramwatch_memory_allocated_bytes",
+                    "Bytes held by live tensors (torch allocated_bytes) in the latest sample.")),
     Field("reserved_bytes", "b", "bytes", "Bytes reserved by the caching allocator.", **_MEASURED,
-          column="reserved"),
+          column="reserved", **_ALLOC, charts=("rank", "device"), phase_marker=True,
+          metric=_M("vramwatch_memory_reserved_bytes",
+                    "Bytes reserved by the caching allocator in the latest sample.")),
     Field("peak_allocated_bytes", "b", "bytes",
           "Peak allocated since the previous sample (the phase's peak for a phase sample).", **_MEASURED,
-          column="peak"),
+          column="peak", **_ALLOC, charts=("rank",), phase_marker=True,
+          metric=_M("vramwatch_memory_peak_allocated_bytes", "Peak allocated bytes since the previous sample.")),
     Field("inactive_split_bytes", "b", "bytes", "Free bytes inside split allocator segments.", **_MEASURED,
-          column="inactive_split"),
+          column="inactive_split", **_ALLOC, charts=("rank",),
+          metric=_M("vramwatch_inactive_split_bytes", "Free bytes inside split allocator segments (not releasable).")),
     Field("alloc_retries", "b", "count", "Allocator retries (cudaMalloc failed, caches flushed) so far.",
-          **_MEASURED),
-    Field("ooms", "b", "count", "Out-of-memory errors raised by the allocator so far.", **_MEASURED),
+          **_MEASURED, **_ALLOC, charts=("rank",),
+          metric=_M("vramwatch_alloc_retries",
+                    "Allocator retries (cudaMalloc failed, caches flushed, retried) in this process.", "counter")),
+    Field("ooms", "b", "count", "Out-of-memory errors raised by the allocator so far.", **_MEASURED, **_ALLOC,
+          metric=_M("vramwatch_ooms", "Out-of-memory errors raised by the allocator in this process.", "counter")),
     Field("nvml_used_bytes", "b", "bytes", "Device-wide used bytes from NVML.", required=(1,), nullable=_ALL,
-          column="nvml_used"),
-    Field("total_bytes", "b", "bytes", "Device memory capacity (> 0).", required=_ALL, column="total"),
-    Field("local_rank", "i", "", "Rank within the host.", table="series"),
-    Field("world_size", "i", "", "Number of ranks in the run.", table="series"),
-    Field("uuid", "s", "", "GPU UUID.", table="series"),
-    Field("gpu", "i", "", "GPU index on the host.", table="series"),
-    Field("pid", "i", "", "Process id of the rank.", table="series"),
+          column="nvml_used", **_DEVICE, charts=("rank", "device"), phase_marker=True,
+          metric=_M("vramwatch_device_used_bytes",
+                    "Device-wide used bytes reported by NVML (absent when NVML is unavailable).")),
+    Field("total_bytes", "b", "bytes", "Device memory capacity (> 0).", required=_ALL, column="total", **_DEVICE,
+          charts=("rank",), phase_marker=True,
+          metric=_M("vramwatch_device_total_bytes", "Device memory capacity in bytes.")),
+    Field("local_rank", "i", "", "Rank within the host.", table="series", **_ID),
+    Field("world_size", "i", "", "Number of ranks in the run.", table="series", **_ID),
+    Field("uuid", "s", "", "GPU UUID.", table="series", **_ID),
+    Field("gpu", "i", "", "GPU index on the host.", table="series", **_ID),
+    Field("pid", "i", "", "Process id of the rank.", table="series", **_ID),
     Field("process_used_bytes", "b", "bytes", "Bytes NVML attributes to this process.", **_OPTIONAL,
-          column="process_used"),
+          column="process_used", **_DEVICE,
+          metric=_M("vramwatch_process_used_bytes", "Bytes NVML attributes to the training process.")),
     Field("active_bytes", "b", "bytes", "Allocated plus blocks awaiting cross-stream frees.", **_OPTIONAL,
-          column="active"),
-    Field("step_time_s", "f", "s", "Wall time of the step.", **_OPTIONAL, column="step_time"),
-    Field("tokens", "b", "count", "Tokens processed in the step.", **_OPTIONAL),
-    Field("incarnation", "s", "", "Process incarnation: a restarted rank gets a new one.", table="series"),
-    Field("allocator", "allocator", "", "`native` (default) or `cudaMallocAsync`.", table="series"),
-    Field("extra", "extra", "", "Up to 64 user numbers (loss, lr, ...) by name."),
-    Field("host_rss_bytes", "b", "bytes", "Resident memory of the training process.", **_OPTIONAL,
-          column="host_rss"),
+          column="active", **_ALLOC,
+          metric=_M("vramwatch_memory_active_bytes",
+                    "Active bytes (allocated plus blocks awaiting cross-stream frees).")),
+    Field("step_time_s", "f", "s", "Wall time of the step.", **_OPTIONAL, column="step_time", group="step"),
+    Field("tokens", "b", "count", "Tokens processed in the step.", **_OPTIONAL, group="step"),
+    Field("incarnation", "s", "", "Process incarnation: a restarted rank gets a new one.", table="series", **_ID),
+    Field("allocator", "allocator", "", "`native` (default) or `cudaMallocAsync`.", table="series", **_ALLOC),
+    Field("extra", "extra", "", "Up to 64 user numbers (loss, lr, ...) by name.", group="user"),
+    Field("host_rss_bytes", "b", "bytes", "Resident memory of the training process.", column="host_rss", **_HOST,
+          label="trainer RSS", phase_marker=True,
+          metric=_M("vramwatch_host_rss_bytes", "Resident host memory of the training process.")),
     Field("host_children_rss_bytes", "b", "bytes", "Resident memory of its children (DataLoader workers).",
-          **_OPTIONAL, column="host_children_rss"),
-    Field("host_available_bytes", "b", "bytes", "Memory available on the node.", **_OPTIONAL,
-          column="host_available"),
-    Field("host_pinned_bytes", "b", "bytes", "Pinned (page-locked) host memory held by torch.", **_OPTIONAL,
-          column="host_pinned"),
+          column="host_children_rss", **_HOST, label="children RSS (workers)", phase_marker=True,
+          metric=_M("vramwatch_host_children_rss_bytes",
+                    "Resident host memory of the training process's children (DataLoader workers).")),
+    Field("host_available_bytes", "b", "bytes", "Memory available on the node.", column="host_available", **_HOST,
+          label="node available", metric=_M("vramwatch_host_available_bytes", "MemAvailable of the node.")),
+    Field("host_pinned_bytes", "b", "bytes", "Pinned (page-locked) host memory held by torch.",
+          column="host_pinned", **_HOST, label="pinned",
+          metric=_M("vramwatch_host_pinned_bytes", "Pinned host memory held by torch's host allocator.")),
     Field("foreign_used_bytes", "b", "bytes", "Device memory held by other processes on this GPU.", **_OPTIONAL,
-          column="foreign_used"),
-    Field("oom_marked", "flag", "", "true on the sample sent as the process hits an out-of-memory error."),
-    Field("exit", "flag", "", "true on the last sample of a clean close().", column="exited"),
+          column="foreign_used", **_DEVICE, charts=("device",),
+          metric=_M("vramwatch_foreign_used_bytes", "Device memory NVML lists for other processes on this GPU (a stale "
+                    "notebook kernel, another job).")),
+    Field("oom_marked", "flag", "", "true on the sample sent as the process hits an out-of-memory error.",
+          group="marker"),
+    Field("exit", "flag", "", "true on the last sample of a clean close().", column="exited", group="marker"),
 )
 
 FIELD_BY_NAME: dict[str, Field] = {f.name: f for f in FIELD_TABLE}
@@ -181,6 +239,14 @@ def series_key(sample: Sample) -> tuple[str, str, int]:
     """A series is (run, host, rank): what the store, the engine, the dashboard, /metrics and
     analyze key on (the store adds the incarnation to tell restarts of one rank apart)."""
     return (sample["run"], sample["host"], sample["rank"])
+
+
+def fields_of(*, group: str | None = None, chart: str | None = None, phase_marker: bool | None = None
+              ) -> tuple[str, ...]:
+    """Names of the fields of a ``group``, drawn in a ``chart`` or carried by phase markers, in table order."""
+    return tuple(f.name for f in FIELD_TABLE
+                 if (group is None or f.group == group) and (chart is None or chart in f.charts)
+                 and (phase_marker is None or f.phase_marker == phase_marker))
 
 
 #: the measurements schema 1 requires non-null

@@ -1,17 +1,19 @@
 """Descriptions derived from :data:`vramwatch.wire.FIELD_TABLE`: the JSON Schema of a sample
-(for the collector's OpenAPI document) and the markdown field table of ``docs/fields.md``.
+(for the collector's OpenAPI document), the markdown field table of ``docs/fields.md`` and the
+dashboard's field lists (``dashboard/fields.js``).
 
-Regenerate the docs table with
-``python -c "from vramwatch import wire; print(wire.fields_markdown(), end='')" > docs/fields.md``.
+Regenerate the generated files with :data:`REGENERATE` and :data:`REGENERATE_JS`.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from vramwatch.wire.fields import (
     _ALL,
     ALLOCATORS,
+    CHARTS,
     FIELD_BY_NAME,
     FIELD_TABLE,
     LEVEL_FIELDS,
@@ -28,6 +30,8 @@ from vramwatch.wire.fields import (
 
 #: the shell command that rewrites docs/fields.md
 REGENERATE = 'python -c "from vramwatch import wire; print(wire.fields_markdown(), end=\'\')" > docs/fields.md'
+#: the shell command that rewrites dashboard/fields.js
+REGENERATE_JS = 'python -c "from vramwatch import wire; print(wire.fields_js(), end=\'\')" > dashboard/fields.js'
 
 
 def _json_property(f: Field, version: int | None) -> dict[str, Any]:
@@ -97,4 +101,31 @@ def fields_markdown() -> str:
         stored = f"`{f.table}.{f.column}`" if f.column else "—"
         lines.append(f"| `{f.name}` | {f.json_type} | {f.unit or '—'} | {versions(f.required)} | "
                      f"{versions(f.nullable)} | {stored} | {f.description} |")
+    return "\n".join(lines) + "\n"
+
+
+def fields_js() -> str:
+    """The dashboard's ``fields.js`` module: the fields each chart fetches and the names of the
+    lines drawn one per field (regenerate with :data:`REGENERATE_JS`)."""
+    charts = {chart: [f.name for f in FIELD_TABLE if chart in f.charts] for chart in CHARTS}
+    labels = {f.name: f.label for f in FIELD_TABLE if f.label}
+
+    def js(value: object) -> str:
+        return json.dumps(value, ensure_ascii=False)
+
+    lines = [
+        "/* Generated from FIELD_TABLE in vramwatch/wire/fields.py; regenerate with",
+        f" * `{REGENERATE_JS}`",
+        " * (tests/test_wire.py fails when this file is stale). */",
+        "",
+        "/** Sample fields each chart fetches (besides ts), in the table's order. */",
+        "export const CHART_FIELDS = {",
+        *(f"  {chart}: {js(names)}," for chart, names in charts.items()),
+        "};",
+        "",
+        "/** The name of a field's line where a chart draws one line per field. */",
+        "export const FIELD_LABELS = {",
+        *(f"  {name}: {js(label)}," for name, label in labels.items()),
+        "};",
+    ]
     return "\n".join(lines) + "\n"

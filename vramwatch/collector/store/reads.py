@@ -26,12 +26,12 @@ from vramwatch.collector.store.schema import (
     TRAIN_PHASE_ID,
     VALUE_NAMES,
 )
-from vramwatch.wire import FIELD_BY_NAME, FULL_MEASUREMENTS, TRAIN_PHASE, Sample
+from vramwatch.wire import FIELD_BY_NAME, FULL_MEASUREMENTS, TRAIN_PHASE, Sample, fields_of
 
 _FLAGS = tuple(sorted(FLAG_NAMES))
-#: ``samples`` columns of the phase markers (``/phases``): wire name -> column
-_PHASE_FIELDS = ("ts", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes",
-                 "host_rss_bytes", "host_children_rss_bytes")  # host peaks of checkpoint phases
+#: the fields of a phase marker (``/phases``): the table's ``phase_marker`` fields (a phase's own
+#: peak, its levels and its host peaks)
+_PHASE_FIELDS = fields_of(phase_marker=True)
 
 
 @dataclass(frozen=True)
@@ -131,8 +131,6 @@ class Reads:
             params.append(rank)
         sql = f"SELECT id FROM series WHERE {' AND '.join(clauses)} ORDER BY id"
         return [r[0] for r in self._reader().execute(sql, params)]
-
-    _series_ids_for = series_ids  # compatibility alias
 
     # ------------------------------------------------------------ whole samples
     def _to_sample(self, ident: dict[str, Any], names: tuple[str, ...], row: tuple[Any, ...]) -> Sample:
