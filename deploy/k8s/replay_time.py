@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             count = stored_samples(db)
             seconds = time_start(db, args.finished_after, args.timeout)
-        except Exception as exc:  # noqa: BLE001 - one line, exit 2
+        except Exception as exc:  # whatever stopped it: one line, exit 2
             print(f"error: {exc}".splitlines()[0], file=sys.stderr)
             return 2
     print(f"{count} samples stored; /healthz answered after {seconds:.1f} s ({count / seconds:,.0f} samples/s, "
