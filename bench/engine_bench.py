@@ -415,7 +415,7 @@ one {speed["bytes_per_sample"]:.0f}-byte-per-line JSONL file, CPU time of the pr
 **analyze / bare orjson parse of the same file: {speed["analyze"]:,.0f} / {speed["decode"]:,.0f} samples/s =
 {ratio:.2f}** (goal >= 0.5). `decode` (the limit) is bare orjson, one `loads` per line, lines read
 in 1 MiB chunks; `decode+validate` is `wire.iter_samples`, what analyze does per line: one msgspec pass into
-structs generated from the field table plus the checks a struct cannot express (`vramwatch/wire_decode.py`,
+structs generated from the field table plus the checks a struct cannot express (`vramwatch/wire/decode.py`,
 msgspec from the `server` extra); `orjson + wire.validate` is the pure-Python path (analyze without msgspec,
 and the per-sample validation ingest runs); `engine only` feeds pre-validated dicts to one `TrendEngine`
 per series. Per sample, analyze ≈ decode+validate + engine, in parses of the same line: decode+validate

@@ -119,7 +119,7 @@ def _chained(bodies: list[bytes], engine_factory: object,
     from vramwatch.collector.body import iter_inflated
     from vramwatch.collector.live import LiveState
     from vramwatch.collector.store import Store
-    from vramwatch.wire_decode import decode_body_fast
+    from vramwatch.wire.decode import decode_body_fast
 
     decode = decode or (lambda raw: decode_body_fast(raw, now=time.time()))  # type: ignore[misc]
     clock = time.process_time
@@ -164,10 +164,11 @@ def stage_costs(total: int, ranks: int, batch: int) -> list[tuple[str, float]]:
     engines' shares are the differences between runs with no engine, the trend engine and
     the collector's decision engine. Rows named ``(alternative) ...`` are not on the route
     and not summed."""
+    from vramwatch.collector.body import parse_body
     from vramwatch.decisions.live import DecisionEngine
     from vramwatch.engine import TrendEngine
-    from vramwatch.wire import parse_body, validate
-    from vramwatch.wire_decode import decode_body_fast
+    from vramwatch.wire import validate
+    from vramwatch.wire.decode import decode_body_fast
 
     bodies = make_bodies(min(total, 64_000), ranks, batch)
     n = sum(gzip.decompress(b).count(b"\n") for b in bodies)
@@ -183,7 +184,7 @@ def stage_costs(total: int, ranks: int, batch: int) -> list[tuple[str, float]]:
                   for _ in range(2)) * per_k
     return [
         ("gunzip", full["gunzip"] * per_k),
-        ("decode + validate in one pass (`wire_decode.decode_body_fast`)", full["decode"] * per_k),
+        ("decode + validate in one pass (`wire.decode.decode_body_fast`)", full["decode"] * per_k),
         ("SQLite insert (`Store.insert`)", full["insert"] * per_k),
         ("live state, engines excluded", runs["none"]["live"] * per_k),
         ("trend engine (`TrendEngine.update`)", (runs["trend"]["live"] - runs["none"]["live"]) * per_k),
@@ -290,9 +291,9 @@ def store_limit(total: int, ranks: int, batch: int) -> tuple[float, float]:
     the same shape (the store's own, emptied), measured side by side."""
     import orjson
 
+    from vramwatch.collector.body import gunzip_limited, parse_body
     from vramwatch.collector.store import Store
     from vramwatch.collector.store.schema import insert_sql
-    from vramwatch.wire import gunzip_limited, parse_body
 
     raws = [gunzip_limited(b, 1 << 28) for b in make_bodies(min(total, 64_000), ranks, batch)]
     items = [parse_body(r) for r in raws]

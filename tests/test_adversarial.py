@@ -606,7 +606,7 @@ def test_hook_settings_out_of_range_are_a_value_error_naming_them(env, kwargs, n
 def test_watch_keeps_polling_through_answers_of_the_wrong_shape(fake_servers, tmp_path, caplog, name) -> None:
     """A list answer raised AttributeError inside the polling task, which ended it: the collector
     kept serving, silently watching nothing (and printed a traceback at shutdown)."""
-    from vramwatch.watch import WatchConfig, lifespan_hook
+    from vramwatch.collector.watch import WatchConfig, lifespan_hook
 
     config = WatchConfig(fake_servers[name], interval_s=0.05, lookback_s=1, timeout_s=2)
     with BackgroundServer(str(tmp_path / "vw.db"), lifespan_hooks=(lifespan_hook(config),)) as server:

@@ -136,9 +136,9 @@ def test_context_manager_and_no_url_writes_jsonl_trace_files(tmp_path, monkeypat
 
 
 def test_cpu_torch_without_cuda_warns_once_and_is_a_no_op(tmp_path, monkeypatch):
-    import vramwatch.probe as probe_mod
+    import vramwatch.probe.base as probe_base
 
-    monkeypatch.setattr(probe_mod, "_warned", set())
+    monkeypatch.setattr(probe_base, "_warned", set())
     monkeypatch.delenv("VRAMWATCH_PROBE", raising=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -295,7 +295,7 @@ def test_samples_left_in_the_spool_by_a_dead_collector_are_replayed_by_the_next_
 
 
 def test_the_hook_needs_neither_torch_nor_the_server_stack():
-    code = ("import sys, vramwatch, vramwatch.hook, vramwatch.delivery, vramwatch.demo\n"
+    code = ("import sys, vramwatch, vramwatch.hook, vramwatch.delivery, vramwatch.cli.demo\n"
             "print(sorted(m for m in ('torch', 'fastapi', 'uvicorn', 'httpx', 'pynvml') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
