@@ -18,8 +18,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from prometheus_helpers import post_samples
 
 from vramwatch.cli import main
+from vramwatch.collector.otlp import lifespan_hook, metrics_url
 from vramwatch.collector.server import BackgroundServer
-from vramwatch.otlp import lifespan_hook, metrics_url
 from vramwatch.probe.simulated import simulate_trace
 
 

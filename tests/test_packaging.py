@@ -23,7 +23,7 @@ def test_wheel_ships_the_dashboard_inside_the_package(tmp_path) -> None:
     (wheel,) = tmp_path.glob("vramwatch-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "vramwatch/_dashboard/index.html" in names
-    assert "vramwatch/wire.py" in names and "vramwatch/collector/app.py" in names
+    assert "vramwatch/wire/fields.py" in names and "vramwatch/collector/app.py" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "vramwatch = vramwatch.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
 

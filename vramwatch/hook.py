@@ -59,9 +59,9 @@ from types import TracebackType
 from typing import Any
 
 from vramwatch import identity as _identity
-from vramwatch.capture import CaptureAgent, attach_capture
 from vramwatch.config import Config
 from vramwatch.delivery import BatchSender, FileExporter, HttpExporter, leftover_spools, lifecycle, spool_prefix
+from vramwatch.evidence.capture import CaptureAgent, attach_capture
 from vramwatch.probe import BaseProbe, make_probe
 from vramwatch.probe.host import HostPoller
 from vramwatch.wire import FIELDS, MAX_INT, PHASE_RE, SCHEMA_VERSION

@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from vramwatch import postmortem, verdicts
+from vramwatch import verdicts
 from vramwatch.collector.app import dashboard_dir, dashboard_plotly_js_path
 from vramwatch.collector.bundle import BundleError, bundle
 from vramwatch.collector.live import LiveState
@@ -37,6 +37,7 @@ from vramwatch.collector.rows import MAX_RANK_ROWS, rank_rows
 from vramwatch.collector.snapshots import SnapshotStore
 from vramwatch.collector.store import Store
 from vramwatch.collector.views import run_chart, run_heatmap
+from vramwatch.evidence import postmortem
 
 #: Fields the run page charts (the rank chart's list in rankchart.js, and memsplit.js's
 #: device split / host memory fields).

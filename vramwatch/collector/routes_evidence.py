@@ -16,8 +16,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from vramwatch import postmortem as _postmortem
 from vramwatch.collector.snapshots import DEFAULT_STEPS, MAX_STEPS, SnapshotError
+from vramwatch.evidence import postmortem as _postmortem
 from vramwatch.wire import MAX_INT, MAX_NAME, series_key
 
 _CHUNK = 1 << 20

@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from vramwatch.probe.allocator_history import AllocatorHistory
+from vramwatch.evidence.allocator_history import AllocatorHistory
 
 MAX_QUEUED = 2
 #: the reply to an upload is a small JSON record; never read more

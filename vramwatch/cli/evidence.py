@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from vramwatch.cli.common import Outage, UsageError, cli_call, db_path
+
 
 def cmd_capture(args: argparse.Namespace) -> int:
     from vramwatch import remote
@@ -22,8 +24,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
         return ", ".join(str(int(r)) for r in answer.get("ranks", []))
 
     try:
-        ranks = remote.cli_call("capture", args.url, ask, "capture answer")
-    except remote.Outage:
+        ranks = cli_call("capture", args.url, ask, "capture answer")
+    except Outage:
         return 1
     print(f"capture of {args.steps} steps requested from rank(s) {ranks} of {args.run!r}: each rank records "
           f"allocator history at its next ingest reply; snapshots appear under /api/v1/runs/<run>/snapshots")
@@ -31,7 +33,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def _remote_postmortem(args: argparse.Namespace) -> int:
-    from vramwatch import postmortem, remote
+    from vramwatch import remote
+    from vramwatch.evidence import postmortem
 
     path = remote.run_path(args.run, "postmortem")
 
@@ -42,23 +45,22 @@ def _remote_postmortem(args: argparse.Namespace) -> int:
         return json.dumps(doc) + "\n" if args.json else text + "\n"
 
     try:
-        out = remote.cli_call("postmortem", args.url, ask, f"postmortem document for {args.run!r}")
-    except remote.Outage:
+        out = cli_call("postmortem", args.url, ask, f"postmortem document for {args.run!r}")
+    except Outage:
         return 1
     sys.stdout.write(out)
     return 0
 
 
 def cmd_postmortem(args: argparse.Namespace) -> int:
-    from vramwatch import postmortem
-    from vramwatch.cli import UsageError, _db_path
+    from vramwatch.evidence import postmortem
 
     if args.url:
         return _remote_postmortem(args)
     from vramwatch.collector.snapshots import SnapshotStore
     from vramwatch.collector.store import Store, StoreError
 
-    db = _db_path(args)
+    db = db_path(args)
     try:
         store = Store(db, readonly=True)
     except StoreError as exc:

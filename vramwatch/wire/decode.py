@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 
-from vramwatch.wire import (
+from vramwatch.wire.fields import (
     ALLOCATORS,
     FIELD_TABLE,
     MAX_EXTRA_KEYS,
@@ -32,10 +32,8 @@ from vramwatch.wire import (
     PHASE_RE,
     SCHEMA_VERSIONS,
     Sample,
-    _consistent,
-    _known_phases,
-    _plain_name,
 )
+from vramwatch.wire.validate import _consistent, _known_phases, _plain_name
 
 try:  # optional: the hook never needs it, analyze is only faster with it
     import msgspec

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramwatch.wire import (
+from vramwatch.wire.fields import (
     _ALL,
     ALLOCATORS,
     FIELD_BY_NAME,
@@ -82,7 +82,7 @@ def fields_markdown() -> str:
     lines = [
         "# Sample fields",
         "",
-        "<!-- generated from FIELD_TABLE in vramwatch/wire.py; regenerate with"
+        "<!-- generated from FIELD_TABLE in vramwatch/wire/fields.py; regenerate with"
         f" `{REGENERATE}` (tests/test_wire.py fails when this file is stale) -->",
         "",
         f"Schemas accepted: {', '.join(map(str, SCHEMA_VERSIONS))} (this version writes {SCHEMA_VERSION}). "

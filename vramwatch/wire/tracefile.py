@@ -13,7 +13,10 @@ from typing import IO, Any
 
 import orjson
 
-from vramwatch.wire import Sample, WireError, encode_lines, validate
+from vramwatch.wire.codec import encode_lines
+from vramwatch.wire.decode import decode_line_fast
+from vramwatch.wire.fields import Sample, WireError
+from vramwatch.wire.validate import validate
 
 
 def _open_read(path: str | os.PathLike[str]) -> IO[bytes]:
@@ -68,12 +71,10 @@ def iter_samples(path: str | os.PathLike[str], on_bad: Callable[[WireError], Non
     """Validated samples from a trace file; the first bad line raises WireError naming it
     (file:line: field), or with ``on_bad`` is handed to it and skipped (``import --skip-invalid``).
 
-    A canonical line is decoded and validated in one pass (:mod:`vramwatch.wire_decode`, when
+    A canonical line is decoded and validated in one pass (:mod:`vramwatch.wire.decode`, when
     msgspec is installed); any other line takes ``orjson.loads`` + ``validate``, which
     normalise it or name the bad field: the same samples and errors either way.
     """
-    from vramwatch.wire_decode import decode_line_fast  # imports wire, which imports this module
-
     fast = decode_line_fast
     with _open_read(path) as fh:
         for lineno, line in enumerate(fh, 1):

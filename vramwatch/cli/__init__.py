@@ -5,137 +5,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import math
-import os
 import sys
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import Any
 
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """Bad arguments or input: reported in one line, exit code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0-65535, got {value}")
-    return value
-
-
-def _finite(value: float, text: str) -> None:
-    # float("nan") and float("inf") parse: a NaN compares false with every bound, inf passes "> 0"
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-
-
-def _positive(kind: type) -> object:
-    def parse(text: str) -> float | int:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        _finite(value, text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def _non_negative(kind: type) -> object:
-    def parse(text: str) -> float | int:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        _finite(value, text)
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def _existing_files(paths: Sequence[str]) -> list[Path]:
-    out = []
-    for p in paths:
-        path = Path(p)
-        if not path.is_file():
-            raise UsageError(f"cannot read {p}: no such file")
-        out.append(path)
-    return out
-
-
-def _read_secret(flag: str, path: str) -> str:
-    """The stripped text of a token file, else a UsageError naming ``flag`` (unreadable, not UTF-8)."""
-    try:
-        return Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise UsageError(f"cannot read {flag} {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"cannot read {flag} {path}: not a UTF-8 text file") from None
-
-
-@contextlib.contextmanager
-def _output(path: str) -> Iterator[IO[bytes]]:
-    """A binary file that appears at ``path`` only complete: written beside it under a temporary
-    name and renamed when the block ends without an exception (else removed), so a failed or
-    interrupted command never leaves a half-written file. A path that cannot be written (missing
-    or read-only directory, a directory) is a UsageError naming it."""
-    target = Path(path)
-    try:
-        if target.is_dir():
-            raise IsADirectoryError(21, "Is a directory")
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
-    try:
-        umask = os.umask(0o022)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # what open() would have made, not mkstemp's 0600
-        with os.fdopen(fd, "wb") as fh:
-            yield fh
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _read_token(args: argparse.Namespace) -> str | None:
-    if getattr(args, "token_file", None):
-        token = _read_secret("--token-file", args.token_file)
-        if not token:
-            raise UsageError(f"--token-file {args.token_file} is empty")
-        return token
-    raw = os.environ.get("VRAMWATCH_TOKEN")
-    token = raw.strip() if raw else None
-    if raw and token != raw:
-        logging.getLogger("vramwatch").warning(
-            "VRAMWATCH_TOKEN has leading or trailing whitespace; using it stripped")
-    return token or None
-
-
-def _db_path(args: argparse.Namespace) -> str:
-    from vramwatch.collector.store import default_db_path
-
-    return str(args.db) if args.db else str(default_db_path())
-
+from vramwatch.cli.common import (
+    EXIT_USAGE,
+    Outage,
+    Parser,
+    UsageError,
+    add_db,
+    cli_call,
+    db_path,
+    existing_files,
+    non_negative,
+    output,
+    port,
+    positive,
+    read_secret,
+    read_token,
+)
 
 # ---------------------------------------------------------------- commands
 
@@ -153,9 +43,9 @@ def cmd_front(args: argparse.Namespace) -> int:
         raise UsageError("--peers: no peer given")
     peer_token = None
     if args.peer_token_file:
-        peer_token = _read_secret("--peer-token-file", args.peer_token_file) or None
-    settings = FrontSettings(peers=source, token=_read_token(args) if args.auth_read else None,
-                             peer_token=peer_token or _read_token(args), timeout_s=args.peer_timeout,
+        peer_token = read_secret("--peer-token-file", args.peer_token_file) or None
+    settings = FrontSettings(peers=source, token=read_token(args) if args.auth_read else None,
+                             peer_token=peer_token or read_token(args), timeout_s=args.peer_timeout,
                              bind_host=args.host, allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
                              header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                              max_connections=args.max_connections)
@@ -177,16 +67,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vramwatch.collector.server import ShutdownError, serve
     from vramwatch.collector.store import StoreError
 
-    token = _read_token(args)
+    token = read_token(args)
     hooks = ()
-    if args.otlp_endpoint:  # push per-rank metrics over OTLP/HTTP (vramwatch/otlp.py)
-        from vramwatch.otlp import lifespan_hook
+    if args.otlp_endpoint:  # push per-rank metrics over OTLP/HTTP (vramwatch/collector/otlp.py)
+        from vramwatch.collector.otlp import lifespan_hook
 
         try:
             hooks = (lifespan_hook(args.otlp_endpoint, args.otlp_interval),)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    settings = Settings(db_path=_db_path(args), token=token, auth_read=args.auth_read, lifespan_hooks=hooks,
+    settings = Settings(db_path=db_path(args), token=token, auth_read=args.auth_read, lifespan_hooks=hooks,
                         finished_after_s=args.finished_after,
                         max_samples_per_run=args.max_samples_per_run or None,
                         retention_days=args.retention_days or None,
@@ -218,7 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from vramwatch.demo import check_arguments, run_demo
+    from vramwatch.cli.demo import check_arguments, run_demo
 
     try:
         check_arguments(args.ranks, args.steps_per_s, args.duration)
@@ -236,11 +126,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from vramwatch.wire import WireError
 
     if args.source != "jsonl":  # other tools' files (vramwatch/importers)
-        from vramwatch.importers.cli import cmd_analyze as analyze_imported
+        from vramwatch.cli.importers import cmd_analyze as analyze_imported
 
         doc = analyze_imported(args, UsageError)
     else:
-        paths = _existing_files(args.paths)
+        paths = existing_files(args.paths)
         try:
             doc = analyze_paths([str(p) for p in paths], strict=args.strict)
         except WireError as exc:
@@ -262,20 +152,20 @@ def cmd_import(args: argparse.Namespace) -> int:
     from vramwatch.wire import WireError
 
     if args.source != "jsonl":  # other tools' files (vramwatch/importers)
-        from vramwatch.importers.cli import cmd_import as import_other
+        from vramwatch.cli.importers import cmd_import as import_other
 
-        return import_other(args, _db_path(args), UsageError)
+        return import_other(args, db_path(args), UsageError)
+    from vramwatch.cli.importers import report_skipped
     from vramwatch.importers import ImportStats
-    from vramwatch.importers.cli import report_skipped
 
-    paths = _existing_files(args.paths)
+    paths = existing_files(args.paths)
     check = ImportStats(skip_invalid=True)
     on_bad = check.bad if args.skip_invalid else None  # counts and names the first few bad lines
     try:
         # pass 1: validate everything, so bad input changes nothing (unless --skip-invalid)
         total = sum(1 for _ in _trace_samples(paths, on_bad))
         check.rows = total + check.skipped
-        store = Store(_db_path(args))
+        store = Store(db_path(args))
     except WireError as exc:
         raise UsageError(f"{exc} (nothing imported; use --skip-invalid to skip bad rows)") from None
     except StoreError as exc:
@@ -309,13 +199,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     from vramwatch.wire import encode
 
     try:
-        store = Store(_db_path(args), readonly=True)
+        store = Store(db_path(args), readonly=True)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     try:
         if args.run not in store.runs():
             raise UsageError(f"no run named {args.run!r} in {store.path}")
-        with _output(args.out) if args.out else contextlib.nullcontext(sys.stdout.buffer) as out:
+        with output(args.out) if args.out else contextlib.nullcontext(sys.stdout.buffer) as out:
             count = 0
             for sample in store.iter_samples(args.run):
                 out.write(encode(sample) + b"\n")
@@ -328,13 +218,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _remote_report(args: argparse.Namespace) -> str | None:
-    from vramwatch import remote
     from vramwatch.report import render_report, report_data_remote
 
     try:
-        data = remote.cli_call("report", args.url, lambda url: report_data_remote(url, args.run),
+        data = cli_call("report", args.url, lambda url: report_data_remote(url, args.run),
                                f"document for the report of {args.run!r}")
-    except remote.Outage:
+    except Outage:
         return None
     return render_report(data)
 
@@ -348,7 +237,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if page is None:
             return 1
         return _write_report(args.out, page)
-    db = _db_path(args)
+    db = db_path(args)
     try:
         store = Store(db, readonly=True)
         known = store.runs()
@@ -361,7 +250,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _write_report(out: str, page: str) -> int:
-    with _output(out) as fh:
+    with output(out) as fh:
         fh.write(page.encode("utf-8"))
     print(f"wrote {out} ({len(page) // 1024} KiB)", file=sys.stderr)
     return 0
@@ -369,41 +258,37 @@ def _write_report(out: str, page: str) -> int:
 
 # ---------------------------------------------------------------- parser
 
-def add_db(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", metavar="PATH", help="SQLite database (default: $VRAMWATCH_DB or the user data dir)")
-
-
 def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the collector (HTTP ingest, API, dashboard, /metrics)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=8765, help="port (default 8765)")
+    p.add_argument("--port", type=port, default=8765, help="port (default 8765)")
     add_db(p)
     p.add_argument("--token-file", metavar="FILE", help="bearer token for ingest (else $VRAMWATCH_TOKEN)")
     p.add_argument("--auth-read", action="store_true", help="require the token for the dashboard and read API too")
-    p.add_argument("--finished-after", type=_positive(float), default=3600.0, metavar="SECONDS",
+    p.add_argument("--finished-after", type=positive(float), default=3600.0, metavar="SECONDS",
                    help="runs silent this long leave /metrics (default 3600)")
-    p.add_argument("--max-samples-per-run", type=_non_negative(int), default=100_000_000, metavar="N",
+    p.add_argument("--max-samples-per-run", type=non_negative(int), default=100_000_000, metavar="N",
                    help="refuse (422) batches that would take a run past N stored samples; 0: no cap "
                         "(default 100000000, about 8 GB)")
-    p.add_argument("--retention-days", type=_non_negative(float), default=0.0, metavar="DAYS",
+    p.add_argument("--retention-days", type=non_negative(float), default=0.0, metavar="DAYS",
                    help="delete samples older than DAYS (checked every minute); 0: keep all (default)")
-    p.add_argument("--min-free-mb", type=_non_negative(float), default=256.0, metavar="MB",
+    p.add_argument("--min-free-mb", type=non_negative(float), default=256.0, metavar="MB",
                    help="refuse ingest (507: hooks spool and retry) while the database's disk has less "
                         "free space (default 256)")
-    p.add_argument("--max-series", type=_positive(int), default=20_000, metavar="N",
+    p.add_argument("--max-series", type=positive(int), default=20_000, metavar="N",
                    help="live series (run, host, rank) held at once; past it batches get 422 (default 20000)")
-    p.add_argument("--max-ranks-per-run", type=_positive(int), default=16_384, metavar="N",
+    p.add_argument("--max-ranks-per-run", type=positive(int), default=16_384, metavar="N",
                    help="series of one run; past it batches get 422 (default 16384)")
-    p.add_argument("--max-connections", type=_positive(int), default=8192, metavar="N",
+    p.add_argument("--max-connections", type=positive(int), default=8192, metavar="N",
                    help="open connections; past it new ones get 503, /healthz still answers (default 8192)")
-    p.add_argument("--header-timeout", type=_positive(float), default=10.0, metavar="SECONDS",
+    p.add_argument("--header-timeout", type=positive(float), default=10.0, metavar="SECONDS",
                    help="a request's headers must arrive within this (default 10)")
-    p.add_argument("--body-timeout", type=_positive(float), default=10.0, metavar="SECONDS",
+    p.add_argument("--body-timeout", type=positive(float), default=10.0, metavar="SECONDS",
                    help="a request's body must arrive within this after its headers (default 10)")
     p.add_argument("--http", choices=["auto", "httptools", "h11"], default="auto",
                    help="HTTP parser: httptools (C, the default when installed) or h11 (pure Python: about "
                         "twice httptools' CPU for the HTTP layer of a request); auto: httptools when installed")
-    p.add_argument("--shutdown-timeout", type=_positive(float), default=10.0, metavar="SECONDS",
+    p.add_argument("--shutdown-timeout", type=positive(float), default=10.0, metavar="SECONDS",
                    help="on SIGTERM, wait this long for running requests (default 10)")
     p.add_argument("--allowed-host", action="append", metavar="NAME",
                    help="a Host header name to serve (repeat; default: loopback names on a loopback bind, "
@@ -411,7 +296,7 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--otlp-endpoint", metavar="URL",
                    help="push per-rank memory and verdict metrics to this OTLP/HTTP endpoint (e.g. http://otel:4318)")
-    p.add_argument("--otlp-interval", type=_positive(float), default=15.0, metavar="SECONDS",
+    p.add_argument("--otlp-interval", type=positive(float), default=15.0, metavar="SECONDS",
                    help="seconds between OTLP pushes (default 15)")
     front = p.add_argument_group("federating front (stores nothing; see docs/deploy.md)")
     front.add_argument("--peers", metavar="URL[,URL...]", help="serve one dashboard/API over these collectors")
@@ -420,29 +305,29 @@ def _add_serve(sub: Any) -> None:
     front.add_argument("--peers-prometheus", metavar="URL", help="discover peers from this Prometheus's targets")
     front.add_argument("--peers-job", default="vramwatch", help="the scrape job of the collectors (default vramwatch)")
     front.add_argument("--peer-token-file", metavar="FILE", help="token sent to the peers (default: the front's token)")
-    front.add_argument("--peer-timeout", type=_positive(float), default=2.0, metavar="SECONDS",
+    front.add_argument("--peer-timeout", type=positive(float), default=2.0, metavar="SECONDS",
                        help="a shard that does not answer within this is shown as unreachable (default 2)")
     p.set_defaults(func=cmd_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
     from vramwatch.__about__ import __version__
-    from vramwatch.importers.cli import add_arguments as add_import_arguments
+    from vramwatch.cli.importers import add_arguments as add_import_arguments
 
-    parser = _Parser(prog="vramwatch", description="Live GPU-memory telemetry for deep-learning training.")
+    parser = Parser(prog="vramwatch", description="Live GPU-memory telemetry for deep-learning training.")
     parser.add_argument("--version", action="version", version=f"vramwatch {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
 
     _add_serve(sub)
 
     p = sub.add_parser("demo", help="collector + a simulated 8-rank run through the real hook")
-    p.add_argument("--ranks", type=_positive(int), default=8, help="simulated ranks (default 8)")
-    p.add_argument("--duration", type=_positive(float), default=None, metavar="SECONDS",
+    p.add_argument("--ranks", type=positive(int), default=8, help="simulated ranks (default 8)")
+    p.add_argument("--duration", type=positive(float), default=None, metavar="SECONDS",
                    help="stop after this long (default: until Ctrl-C)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=0, help="port (default: a free one)")
-    p.add_argument("--steps-per-s", type=_positive(float), default=10.0, help="simulated steps per second")
+    p.add_argument("--port", type=port, default=0, help="port (default: a free one)")
+    p.add_argument("--steps-per-s", type=positive(float), default=10.0, help="simulated steps per second")
     add_db(p)
     p.set_defaults(func=cmd_demo)
 
@@ -465,9 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", help="output file (default stdout)")
     p.set_defaults(func=cmd_export)
 
-    from vramwatch.watch import add_parser as add_watch_parser
+    from vramwatch.cli.watch import add_parser as add_watch_parser
 
-    add_watch_parser(sub, add_db, _port, _positive)
+    add_watch_parser(sub, add_db, port, positive)
 
     p = sub.add_parser("report", help="self-contained static HTML report of a run")
     p.add_argument("run")
@@ -476,11 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", help="build it from a collector's or a federating front's API instead of --db")
     p.set_defaults(func=cmd_report)
 
-    from vramwatch.cli_evidence import register as register_evidence
-    from vramwatch.decisions.cli import register as register_decisions
+    from vramwatch.cli.decisions import register as register_decisions
+    from vramwatch.cli.evidence import register as register_evidence
 
     register_decisions(sub, add_db)
-    register_evidence(sub, add_db, _positive)
+    register_evidence(sub, add_db, positive)
     return parser
 
 
@@ -497,8 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except sqlite3.DatabaseError as exc:
         # a damaged file opens fine and fails where a command first reads a bad page, deep
-        # inside it; any output file is not left behind (_output), so this is the whole story
-        db = _db_path(args) if hasattr(args, "db") else "the database"
+        # inside it; any output file is not left behind (output), so this is the whole story
+        db = db_path(args) if hasattr(args, "db") else "the database"
         print(f"vramwatch {args.command}: error: cannot read {db}: {exc} "
               "(check it with: sqlite3 FILE 'PRAGMA integrity_check')", file=sys.stderr)
         return EXIT_USAGE
@@ -506,11 +391,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    # run the imported module's main, so `python -m vramwatch.cli` and subcommand modules
-    # that import vramwatch.cli share one UsageError class
-    from vramwatch.cli import main as _main
-
-    sys.exit(_main())

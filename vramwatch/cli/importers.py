@@ -1,6 +1,6 @@
 """``--from FORMAT`` for ``vramwatch import`` and ``vramwatch analyze``: arguments and commands.
 
-``vramwatch/cli.py`` registers the arguments with :func:`add_arguments` and hands any
+``vramwatch.cli`` registers the arguments with :func:`add_arguments` and hands any
 ``--from`` other than ``jsonl`` to :func:`cmd_import` / :func:`cmd_analyze`. Errors are
 :class:`UsageError` (one line, exit 2), as everywhere in the CLI.
 """
@@ -10,7 +10,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import CHOICES, NATIVE, ImportOptions, ImportStats, RowError, input_paths, iter_import, parse_size
+from vramwatch.importers import (
+    CHOICES,
+    NATIVE,
+    ImportOptions,
+    ImportStats,
+    RowError,
+    input_paths,
+    iter_import,
+    parse_size,
+)
 
 #: samples per store transaction (as the JSON Lines import)
 BATCH = 5000
@@ -45,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser, *, skip_default: bool = False) -> 
 
 
 def options(args: argparse.Namespace) -> ImportOptions:
-    # analyze skips bad rows by default (issue 15 item 5) unless --strict; import is all-or-nothing
+    # analyze skips bad rows by default unless --strict; import is all-or-nothing
     skip = args.skip_invalid and not getattr(args, "strict", False)
     return ImportOptions(run=args.run, host=args.host, rank=args.rank, total_bytes=args.device_memory,
                          skip_invalid=skip, keys_path=args.keys)
@@ -73,7 +82,7 @@ def cmd_analyze(args: argparse.Namespace, usage_error: type[Exception]) -> dict:
         raise usage_error(f"{exc} (use --skip-invalid to skip bad rows)") from None
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise usage_error(f"cannot read {args.source} input: {exc}") from None
-    # the same keys as a JSON Lines analyze: the CLI reports them (vramwatch/cli.py)
+    # the same keys as a JSON Lines analyze: the CLI reports them (vramwatch.cli)
     doc["skipped_lines"], doc["bad_lines"] = stats.skipped, stats.errors
     return doc
 

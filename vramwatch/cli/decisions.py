@@ -1,19 +1,24 @@
 """``vramwatch advise``, ``compare`` and ``gate``: registered into the main CLI by :func:`register`.
 
 Exit codes: 0 done (gate: within tolerance), 1 gate failed (advise, compare: ``--url``
-unreachable), 2 bad input (one line on stderr, raised as :class:`vramwatch.cli.UsageError`),
+unreachable), 2 bad input (one line on stderr, raised as :class:`vramwatch.cli.common.UsageError`),
 3 gate: ``--url`` unreachable (a CI job can tell an outage from a regression).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Iterable
 from typing import Any
 
+from vramwatch.cli.common import Outage, UsageError, cli_call, db_path
 from vramwatch.decisions import MAX_CHECKPOINTS, MAX_PLATEAU_STEPS
+from vramwatch.decisions.observe import RunObservation, SourceError, observe
 from vramwatch.units import gib
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
+from vramwatch.wire import WireError, iter_samples
 
 EXIT_GATE_FAILED = 1
 #: gate: the collector or front could not be reached (neither a pass nor a regression)
@@ -49,12 +54,11 @@ _tokens = _whole(1, 2**53, "tokens")
 
 
 def _resolve(source: str, args: argparse.Namespace) -> Any:
-    from vramwatch.cli import UsageError, _db_path
 
-    from .observe import SourceError, resolve
+    from vramwatch.decisions.observe import SourceError
 
     try:
-        return resolve(source, _db_path(args))
+        return resolve(source, db_path(args))
     except SourceError as exc:
         raise UsageError(str(exc)) from None
 
@@ -73,17 +77,17 @@ def _remote(command: str, args: argparse.Namespace, run: str, what: str, read: A
     from vramwatch import remote
 
     try:
-        return remote.cli_call(command, args.url, lambda url: read(remote.get_json(url, remote.run_path(run, what),
+        return cli_call(command, args.url, lambda url: read(remote.get_json(url, remote.run_path(run, what),
                                                                                    params)),
                                f"{what} document for {run!r}")
-    except remote.Outage:
+    except Outage:
         return None
 
 
 def _figures(command: str, source: str, args: argparse.Namespace) -> Any:
     """A run's compare figures: from ``--url`` (joined over every shard when it is a front), else
     replayed from the database or trace files. None: the server could not be reached."""
-    from .compare import RunFigures
+    from vramwatch.decisions.compare import RunFigures
 
     if args.url:
         return _remote(command, args, source, "figures", RunFigures.from_dict)
@@ -101,8 +105,8 @@ def _both_figures(command: str, a: str, b: str, args: argparse.Namespace) -> tup
 
 def _advice(args: argparse.Namespace) -> Any:
     """The advice: asked of ``--url`` (a front decides over every shard's ranks), else computed here."""
-    from .advice import advise, join
-    from .readiness import ReadinessConfig
+    from vramwatch.decisions.advice import advise, join
+    from vramwatch.decisions.readiness import ReadinessConfig
 
     if args.url:
         params = {"margin": args.margin, "target_tokens": args.target_tokens, "plateau_steps": args.plateau_steps,
@@ -149,7 +153,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import compare, format_comparison
+    from vramwatch.decisions.compare import compare, format_comparison
 
     both = _both_figures("compare", args.run_a, args.run_b, args)
     if both is None:
@@ -163,9 +167,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from vramwatch.cli import UsageError
 
-    from .gate import gate
+    from vramwatch.decisions.gate import gate
 
     both = _both_figures("gate", args.baseline, args.candidate, args)
     if both is None:
@@ -218,3 +221,54 @@ def register(sub: Any, add_db: Any) -> None:
 
 
 __all__ = ["register"]
+
+
+# ---------------------------------------------------------------- sources: a stored run or trace files
+
+def observe_db(db_path: str, run: str) -> RunObservation:
+    """A stored run, read through a read-only Store (never writes)."""
+    from vramwatch.collector.store import Store, StoreError  # sqlite only when a database is read
+
+    if not os.path.exists(db_path):
+        raise SourceError(f"no database at {db_path}")
+    try:
+        store = Store(db_path, readonly=True)
+    except StoreError as exc:
+        raise SourceError(str(exc)) from None
+    try:
+        if run not in store.runs():
+            raise SourceError(f"no run named {run!r} in {db_path}")
+        return observe(store.iter_samples(run))[run]
+    finally:
+        store.close()
+
+
+def observe_files(paths: Iterable[str]) -> RunObservation:
+    """Trace files (.jsonl / .jsonl.gz) holding one run; several runs in them is an error."""
+    def samples() -> Iterable[dict[str, Any]]:
+        for path in paths:
+            if not os.path.isfile(path):
+                raise SourceError(f"cannot read {path}: no such file")
+            try:
+                yield from iter_samples(path)
+            except WireError as exc:
+                raise SourceError(str(exc)) from None
+            except (OSError, EOFError, UnicodeDecodeError) as exc:
+                raise SourceError(f"cannot read {path}: {exc}") from None
+
+    runs = observe(samples())
+    if not runs:
+        raise SourceError("no samples in " + ", ".join(paths))
+    if len(runs) > 1:
+        raise SourceError(f"traces hold several runs ({', '.join(sorted(runs))}); give one run's files")
+    return next(iter(runs.values()))
+
+
+def resolve(source: str, db_path: str | None) -> RunObservation:
+    """A run name in the database, or a trace file, or comma-separated trace files."""
+    parts = [p for p in source.split(",") if p]
+    if parts and all(os.path.isfile(p) for p in parts):
+        return observe_files(parts)
+    if db_path is None:
+        raise SourceError(f"{source!r} is neither a trace file nor a run (no database given)")
+    return observe_db(db_path, source)
