@@ -190,6 +190,9 @@ def test_dockerfile_is_reproducible_and_runs_as_10001() -> None:
     assert "groupadd --gid 10001" in dockerfile and "--uid 10001 --gid 10001" in dockerfile
     assert "useradd --system" not in dockerfile and "USER 10001:10001" in dockerfile
     assert dockerfile.count("-c /constraints.txt") == 2  # the build backend and the server deps
+    # the image runs `serve --otlp-endpoint`: the otlp extra is installed, and pinned like the rest
+    extras = re.search(r'vramwatch-\*\.whl\)\[([a-z,]+)\]', dockerfile).group(1).split(",")
+    assert extras == list(load_module(DEPLOY / "server_constraints.py").IMAGE_EXTRAS) == ["server", "otlp"]
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert "!deploy/server-constraints.txt" in ignore
 
