@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from vramwatch import wire
 from vramwatch.collector import body as wire_body
 from vramwatch.wire import WireError, validate
-from vramwatch.wire.validate import _refusal
+from vramwatch.wire.validate import _canonical, _refusal
 
 
 def test_valid_sample_round_trips_unchanged() -> None:
@@ -194,8 +194,8 @@ def assert_paths_agree(candidate: dict) -> tuple[bool, bool]:
         assert orjson.dumps(got, option=orjson.OPT_SORT_KEYS) == orjson.dumps(expected, option=orjson.OPT_SORT_KEYS)
         assert list(got) == [f.name for f in wire.FIELD_TABLE if f.name in got]  # the table's order
         assert wire.decode_samples(line + b"\n" + line) == [got, got]
-    elif expected is not None:  # refused as written: only a whole float of a whole-number field
-        assert any(type(v) is float and v.is_integer() for v in candidate.values()), line
+    elif expected is not None:  # refused as written: only a sample not in canonical form (rewritten)
+        assert _canonical(candidate) is not None, line
     return accepted is not None, got is not None
 
 
@@ -241,9 +241,10 @@ def test_lines_not_accepted_as_written_are_rewritten_or_named_by_validate() -> N
     good = make_sample(3)
     assert wire.decode_line(orjson.dumps(good)) == good
     assert validate({**good, "step": 3.0}) == good  # a whole float: the number it is
-    assert wire.decode_line(orjson.dumps(make_sample(3, seq=None))) == good  # an explicit null optional: absent
+    assert validate(make_sample(3, seq=None)) == good  # an explicit null that measures nothing: absent
     odd = [
         orjson.dumps({**make_sample(3), "step": 3.0}),
+        orjson.dumps(make_sample(3, seq=None)),
         orjson.dumps(make_sample(3, bogus=1)),  # unknown: validate names it
         orjson.dumps(make_sample(3))[:-1] + b',"run":"a\\u202eb"}',  # duplicate key, last wins, invisible
         b"",

@@ -93,7 +93,7 @@ def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: Engine
     which is built only for the samples the engine keeps); building every sample's dict cost as
     much as the engine itself.
     """
-    loads = orjson.loads
+    loads, decode = orjson.loads, decode_line
     entry: Any = None
     key: tuple[str, str, int] | None = None
     number = 0
@@ -102,7 +102,7 @@ def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: Engine
             for line in lines:
                 number += 1
                 try:
-                    sample = decode_line(line, lazy=True) or validate(loads(line))
+                    sample = decode(line, True) or validate(loads(line))  # True: lazy
                 except orjson.JSONDecodeError as exc:
                     if line.strip():  # a blank line is no sample and no error
                         bad.add(f"{name}:{number}", "", f"invalid JSON: {exc}")

@@ -162,8 +162,8 @@ class TrendEngine:
 
     def update_struct(self, s: Any, as_sample: Callable[[Any], dict[str, Any]]) -> list[dict[str, Any]]:
         """:meth:`update` for a plainly valid schema-1 sample still in its decoded form
-        (:func:`vramwatch.wire.decode_line` with ``lazy``: one attribute per field, None or
-        ``msgspec.UNSET`` when absent); ``as_sample(s)`` is the dict :meth:`update` would have been given.
+        (:func:`vramwatch.wire.decode_line` with ``lazy``: one attribute per field, ``msgspec.UNSET``
+        when absent); ``as_sample(s)`` is the dict :meth:`update` would have been given.
 
         Same events, verdicts and summary as ``update(as_sample(s))``, without building the dict
         for the common sample (a train step of the same process, counters unchanged): its
@@ -178,7 +178,7 @@ class TrendEngine:
             or s.ooms != self._ooms
             or s.alloc_retries != self._retries
             or s.phase != "train"
-            or (incarnation if type(incarnation) is str else None) != self._incarnation  # None: absent
+            or (incarnation if type(incarnation) is str else None) != self._incarnation  # UNSET: absent
         ):
             return self.update(as_sample(s))
         self.samples += 1

@@ -3,10 +3,11 @@
 
 A Struct says, in C while decoding: the schema (a tagged union on ``schema``), no unknown field,
 every field's type, range and length, which fields a schema requires and where null means "not
-measured". An optional field that null does not measure may be written as null: it is then
-absent (the Struct's default, omitted from the sample's dict). What is left for
-:func:`accepted`: invisible characters in names, the phase pattern, the extra object's keys, the
-cross-field rules (:func:`consistent`) and the clock.
+measured" (kept as None); an absent optional field is ``UNSET`` and left out of the sample's
+dict. The Structs take samples in canonical form only (whole numbers as integers, an optional
+field that null does not measure left out rather than null): :mod:`vramwatch.wire.validate`
+rewrites the other forms. What is left for :func:`accepted`: invisible characters in names, the
+phase pattern, the extra object's keys, the cross-field rules (:func:`consistent`) and the clock.
 
 Everything that accepts a sample goes through these Structs: :func:`vramwatch.wire.validate`
 (a dict, by ``msgspec.convert``), trace lines and request bodies (JSON, by the decoders here).
@@ -66,15 +67,14 @@ def _struct(version: int) -> type:
         if f.name == "schema":
             continue  # the tag
         kind: Any = types[f.kind]
+        if version in f.nullable:
+            kind = kind | None  # null = not measured, kept as None
         if version in f.required:
-            fields.append((f.name, kind | None if version in f.nullable else kind))
-        elif version in f.nullable:
-            fields.append((f.name, kind | None | msgspec.UnsetType, msgspec.UNSET))  # null = not measured
+            fields.append((f.name, kind))
         else:
-            fields.append((f.name, kind | None, None))  # null = absent (omit_defaults drops it)
+            fields.append((f.name, kind | msgspec.UnsetType, msgspec.UNSET))  # absent: left out of the dict
     return msgspec.defstruct(f"Schema{version}Sample", fields, tag_field="schema", tag=version,
-                             forbid_unknown_fields=True, kw_only=True, omit_defaults=True,
-                             gc=False)  # numbers and names only: no cycles
+                             forbid_unknown_fields=True, kw_only=True, gc=False)  # numbers and names only: no cycles
 
 
 STRUCTS: tuple[type, ...] = tuple(_struct(v) for v in SCHEMA_VERSIONS)
@@ -130,7 +130,7 @@ def accepted(s: Any, now: float | None = None, max_future_s: float = 300.0) -> b
         if not _names_ok(names):
             return False
         _remember(_known_names, names)
-    if s.extra is not None and not _extra_ok(s.extra):
+    if s.extra is not UNSET and not _extra_ok(s.extra):
         return False
     if now is not None and s.ts > now + max_future_s:
         return False

@@ -74,9 +74,10 @@ def iter_samples(path: str | os.PathLike[str], on_bad: Callable[[WireError], Non
     a line it does not accept as written takes ``orjson.loads`` + ``validate``, which rewrite
     whole floats or name the bad field.
     """
+    decode = decode_line
     with _open_read(path) as fh:
         for lineno, line in enumerate(fh, 1):
-            sample = decode_line(line)
+            sample = decode(line)
             if sample is None:
                 if not line.strip():
                     continue

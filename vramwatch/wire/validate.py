@@ -7,9 +7,10 @@
 Each goes through the Structs generated from the field table and the checks after them; none
 has rules of its own. Two things are not acceptance:
 
-* **representation**: a whole-number field written as a float (``"step": 3.0``) is that number.
-  The Structs take integers only, so :func:`validate` rewrites such floats as ints and asks
-  the Structs again (only when they refused: a canonical sample pays nothing);
+* **representation**: a whole-number field written as a float (``"step": 3.0``) is that number,
+  and an optional field that null does not measure, written as null, is absent. The Structs
+  take the canonical form only, so :func:`validate` rewrites these two and asks the Structs
+  again (only when they refused: a canonical sample pays nothing);
 * **the error message** of a refused sample: :func:`_refusal` walks the fields in table order
   and names the first bad one (``WireError(field, message)``, as the 422 documents, ``analyze``
   and the importers report it). It never accepts anything; tests/test_wire.py checks that it
@@ -22,7 +23,6 @@ import math
 import re
 from typing import Any
 
-from vramwatch.wire import structs
 from vramwatch.wire.fields import (
     ALLOCATORS,
     FIELD_BY_NAME,
@@ -37,13 +37,26 @@ from vramwatch.wire.fields import (
     WireError,
     invisible_character,
 )
+from vramwatch.wire.structs import (
+    ERRORS,
+    SCHEMA1,
+    SampleStruct,
+    accepted,
+    as_sample,
+    consistent,
+    convert,
+    decode_array,
+    decode_lines,
+    decode_one,
+)
 
 _WHOLE_KINDS = ("i", "b")
 _NOT_BLANK = re.compile(rb"[^ \t\r\n]")
 #: number fields a sample holds as floats: an int there makes the accepted dict differ from the input
 _FLOATS = tuple(f.name for f in FIELD_TABLE if f.kind in ("ts", "f"))
-#: per schema, the fields whose null is kept ("not measured")
-_NULLABLE = {v: frozenset(f.name for f in FIELD_TABLE if v in f.nullable) for v in SCHEMA_VERSIONS}
+#: per schema, the optional fields whose null measures nothing: written as null, they are absent
+_ABSENT_IF_NULL = {v: frozenset(f.name for f in FIELD_TABLE if v not in f.nullable and v not in f.required)
+                   for v in SCHEMA_VERSIONS}
 
 
 def validate(obj: Any, *, now: float | None = None, max_future_s: float = 300.0) -> Sample:
@@ -61,9 +74,9 @@ def validate(obj: Any, *, now: float | None = None, max_future_s: float = 300.0)
         raise WireError("sample", f"must be a JSON object, got {type(obj).__name__}")
     sample = _accept(obj, now, max_future_s)
     if sample is None:
-        whole = _whole_numbers(obj)
-        if whole is not None:
-            sample = _accept(whole, now, max_future_s)
+        canonical = _canonical(obj)
+        if canonical is not None:
+            sample = _accept(canonical, now, max_future_s)
     if sample is None:
         # no rule naming the fault would be a disagreement tests/test_wire.py looks for: say so
         raise _refusal(obj, now, max_future_s) or WireError("sample", "not accepted by the wire schema")
@@ -72,64 +85,65 @@ def validate(obj: Any, *, now: float | None = None, max_future_s: float = 300.0)
 
 def _accept(obj: dict[str, Any], now: float | None, max_future_s: float) -> Sample | None:
     try:
-        s = structs.convert(obj, structs.SampleStruct)
-    except (*structs.ERRORS, RecursionError):  # RecursionError: a value nested past the decoder's depth
+        s = convert(obj, SampleStruct)
+    except (*ERRORS, RecursionError):  # RecursionError: a value nested past the decoder's depth
         return None
-    ok = structs.accepted(s, now, max_future_s)
+    ok = accepted(s, now, max_future_s)
     if ok is False:
         return None
     if ok is True and _as_accepted(obj):
         return obj  # type: ignore[return-value]
-    sample = structs.as_sample(s)
-    return sample if ok or structs.consistent(sample) is None else None
+    sample = as_sample(s)
+    return sample if ok or consistent(sample) is None else None
 
 
 def _as_accepted(obj: dict[str, Any]) -> bool:
     """Whether an accepted ``obj`` already is the Struct's dict (so it is returned, not copied):
-    its float fields are floats, and a null is "not measured", not an optional left out."""
-    if not all(type(obj.get(name, 0.0)) is float for name in _FLOATS):
-        return False
-    if None in obj.values():
-        nullable = _NULLABLE[obj["schema"]]
-        return all(value is not None or name in nullable for name, value in obj.items())
-    return True
+    its float fields hold floats (an int there becomes a float)."""
+    return all(type(obj.get(name, 0.0)) is float for name in _FLOATS)
 
 
-def _whole_numbers(obj: dict[str, Any]) -> dict[str, Any] | None:
-    """``obj`` with whole-number fields written as whole floats (3.0) turned into ints, or None
-    when it has none (then there is nothing to ask the Structs again)."""
+def _canonical(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """``obj`` in the form the Structs take: whole-number fields written as whole floats (3.0) as
+    ints, an explicit null of an optional field whose null measures nothing left out; None when
+    there is nothing to rewrite (then there is nothing to ask the Structs again)."""
+    schema = obj.get("schema")
+    absent = _ABSENT_IF_NULL.get(schema) if type(schema) is int else None
     changed = None
     for name, value in obj.items():
-        if type(value) is float and value.is_integer() and name != "schema":
+        if value is None:
+            if absent is not None and name in absent:
+                changed = dict(obj) if changed is None else changed
+                del changed[name]
+        elif type(value) is float and value.is_integer() and name != "schema":
             field = FIELD_BY_NAME.get(name)
             if field is not None and field.kind in _WHOLE_KINDS:
-                if changed is None:
-                    changed = dict(obj)
+                changed = dict(obj) if changed is None else changed
                 changed[name] = int(value)
     return changed
 
 
-def decode_line(line: bytes, *, lazy: bool = False) -> Any:
+def decode_line(line: bytes, lazy: bool = False) -> Any:
     """The accepted sample of one JSON line, or None: "take ``validate(orjson.loads(line))``",
-    which rewrites whole floats or raises the :class:`WireError` naming the field (or the
-    caller's JSON error). Same sample as that would return (keys in table order).
+    which rewrites a sample not in canonical form or raises the :class:`WireError` naming the
+    field (or the caller's JSON error). Same sample as that would return (keys in table order).
 
     ``lazy``: a plainly valid schema-1 sample (no cross-field rule left to run) comes back as its
-    Struct, not yet a dict: one attribute per field, None or ``UNSET`` when absent;
-    ``structs.as_sample`` makes the dict. Saves building a dict (~0.5 of a parse) for a reader
+    Struct, not yet a dict: one attribute per field, ``UNSET`` when absent;
+    ``as_sample`` makes the dict. Saves building a dict (~0.5 of a parse) for a reader
     that needs only some fields (``TrendEngine.update_struct``). Cost: one C pass.
     """
     try:
-        s = structs.decode_one(line)
-    except (*structs.ERRORS, RecursionError):
+        s = decode_one(line)  # names bound at import: this runs once per line of a trace
+    except (*ERRORS, RecursionError):
         return None
-    ok = structs.accepted(s)
-    if ok is True and lazy and type(s) is structs.SCHEMA1:
+    ok = accepted(s)
+    if ok is True and lazy and type(s) is SCHEMA1:
         return s
     if ok is False:
         return None
-    sample = structs.as_sample(s)
-    return sample if ok or structs.consistent(sample) is None else None
+    sample = as_sample(s)
+    return sample if ok or consistent(sample) is None else None
 
 
 def decode_samples(text: bytes | memoryview, *, now: float | None = None,
@@ -145,16 +159,16 @@ def decode_samples(text: bytes | memoryview, *, now: float | None = None,
         return None
     try:
         # NDJSON line by line in one C call, without copying the text
-        decoded = structs.decode_array(text) if found.group() == b"[" else structs.decode_lines(text)
-    except (*structs.ERRORS, RecursionError):
+        decoded = decode_array(text) if found.group() == b"[" else decode_lines(text)
+    except (*ERRORS, RecursionError):
         return None
     if not decoded:
         return None
-    checks = [structs.accepted(s, now, max_future_s) for s in decoded]
+    checks = [accepted(s, now, max_future_s) for s in decoded]
     if False in checks:
         return None
-    samples: list[Sample] = structs.as_sample(decoded)
-    if None in checks and any(ok is None and structs.consistent(x) is not None
+    samples: list[Sample] = as_sample(decoded)
+    if None in checks and any(ok is None and consistent(x) is not None
                               for ok, x in zip(checks, samples, strict=True)):
         return None
     return samples
@@ -252,7 +266,7 @@ def _refusal(obj: dict[str, Any], now: float | None, max_future_s: float) -> Wir
         for name in obj:
             if name not in FIELD_BY_NAME:
                 return WireError(str(name)[:64], "unknown field")
-        error = structs.consistent(out)
+        error = consistent(out)
         if error is not None:
             return error
         if now is not None and out["ts"] > now + max_future_s:
