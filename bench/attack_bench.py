@@ -27,8 +27,8 @@ from typing import Any
 
 import httpx
 import orjson
+from processes import CollectorProcess, percentile
 
-from bench.load import CollectorProcess, percentile
 from bench.report import table, write_section
 
 NDJSON = {"content-type": "application/x-ndjson", "content-encoding": "gzip"}

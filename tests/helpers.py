@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import gzip
+import sqlite3
 import time
 from typing import Any
 
+import httpx
 import orjson
 
 GiB = 1024**3
@@ -49,3 +51,29 @@ def now() -> float:
 
 #: the ingest route requires a JSON content type (a browser's cross-site POST has none)
 NDJSON_HEADERS = {"content-type": "application/x-ndjson"}
+
+
+#: a bearer token for collectors started with one
+TOKEN = "tok-3f9a1c0e7b2d4c58a1e6"
+
+
+def stored(db: str, run: str | None = None) -> int:
+    """Samples in a collector's database file (of one run, when given)."""
+    with sqlite3.connect(db) as conn:
+        if run is None:
+            return conn.execute("SELECT count(*) FROM samples").fetchone()[0]
+        return conn.execute(
+            "SELECT count(*) FROM samples JOIN series ON series.id = samples.series WHERE run = ?", (run,)
+        ).fetchone()[0]
+
+
+def fresh(n: int, start: int = 0, **kw: Any) -> list[dict[str, Any]]:
+    """``n`` samples of steps ``start``... with timestamps of the last 100 s."""
+    t = time.time()
+    return [make_sample(i, ts=t - 100 + i * 0.01, **kw) for i in range(start, start + n)]
+
+
+def post(client: httpx.Client, samples: list[dict[str, Any]], headers: dict[str, str] | None = None,
+         **kw: Any) -> httpx.Response:
+    """POST samples as NDJSON to the collector ``client`` talks to."""
+    return client.post("/api/v1/samples", content=ndjson(samples), headers={**NDJSON_HEADERS, **(headers or {})}, **kw)

@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers import NDJSON_HEADERS, ndjson
+from processes import CollectorProcess, FaultRelay, percentile
 
 import vramwatch
-from bench.load import CollectorProcess, FaultRelay, percentile
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.probe.simulated import simulate_trace
 

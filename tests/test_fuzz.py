@@ -1,22 +1,17 @@
 """Bad input, generated: schemathesis against the collector's own OpenAPI document (0 server
-errors, nothing half-stored), hypothesis for the wire parser and the trend engine, and the
-awkward values (NaN, infinities, huge integers, unicode names, clocks far off, gzip tricks)."""
+errors, nothing half-stored) and hypothesis for the wire parser and the trend engine (the
+awkward values posted to ingest, NaN to gzip tricks: test_ingest.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import gzip
-import math
-import sqlite3
 import time
-import urllib.parse
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 import schemathesis
-from helpers import H200_TOTAL, NDJSON_HEADERS, GiB, make_sample, ndjson
+from helpers import GiB, stored
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
@@ -24,29 +19,9 @@ from schemathesis import GenerationMode
 
 from vramwatch import wire
 from vramwatch.collector import body as wire_body
-from vramwatch.collector.server import BackgroundServer
 from vramwatch.engine import STATES, EngineConfig, TrendEngine
-from vramwatch.probe.simulated import simulate_trace
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    db = tmp_path_factory.mktemp("fuzz") / "vw.db"
-    with BackgroundServer(str(db)) as srv, httpx.Client(base_url=srv.url, timeout=30) as client:
-        now = time.time()
-        for rank, scenario in enumerate(("healthy", "checkpoint", "slow_leak")):
-            trace = [{**s, "ts": now - 3000 + i} for i, s in
-                     enumerate(simulate_trace(scenario, steps=1500, run="fuzz", rank=rank))]
-            assert client.post("/api/v1/samples", content=ndjson(trace), headers=NDJSON_HEADERS).status_code == 200
-        srv.client = client  # type: ignore[attr-defined]
-        yield srv
-
-
-def count(srv) -> int:
-    with contextlib.closing(sqlite3.connect(srv.settings.db_path)) as conn:
-        return conn.execute("SELECT count(*) FROM samples").fetchone()[0]
 
 
 # ------------------------------------------------------------------ schemathesis: the OpenAPI document
@@ -79,14 +54,14 @@ def test_schemathesis_finds_no_server_error_and_nothing_half_stored(server, mode
         @settings(FUZZ, max_examples=40 if op.method.upper() == "GET" else 120)
         @given(case=st.one_of(strategies))
         def run(case) -> None:
-            before = count(server) if case.method.upper() == "POST" else None
+            before = stored(server.settings.db_path) if case.method.upper() == "POST" else None
             response = case.call(base_url=server.url, timeout=30)
             statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
             if response.status_code >= 500:
                 failures.append(f"{case.method} {case.formatted_path} -> {response.status_code}: "
                                 f"{response.text[:200]}")
             if before is not None and response.status_code != 200:
-                assert count(server) == before, "a refused request stored something"
+                assert stored(server.settings.db_path) == before, "a refused request stored something"
 
         try:
             run()
@@ -238,105 +213,3 @@ def test_engine_takes_any_sequence_of_valid_samples(stream, config) -> None:
     summary = engine.summary()
     assert summary["state"] in STATES
     orjson.dumps(summary, option=orjson.OPT_SERIALIZE_NUMPY)  # the API can always serve it
-
-
-# ------------------------------------------------------------------ the awkward values, over HTTP
-
-
-def _post(srv, body: bytes, headers: dict | None = None) -> httpx.Response:
-    return srv.client.post("/api/v1/samples", content=body, headers={**NDJSON_HEADERS, **(headers or {})})
-
-
-AWKWARD = [
-    # (description, raw body, expected status, text in the detail)
-    ("NaN literal", b'{"schema":1,"allocated_bytes":NaN}', 400, "invalid JSON"),
-    ("Infinity literal", orjson.dumps(make_sample()).replace(b'"ts":', b'"ts":Infinity,"x":'), 400, "invalid JSON"),
-    ("minus Infinity", orjson.dumps(make_sample()).replace(b'"ooms":0', b'"ooms":-Infinity'), 400, "invalid JSON"),
-    ("1e999 overflows to inf", orjson.dumps(make_sample()).replace(b'"step":0', b'"step":1e999'), 400, "JSON"),
-    ("2**64", orjson.dumps(make_sample()).replace(b'"step":0', b'"step":18446744073709551616'), 422, "step"),
-    ("10**400", orjson.dumps(make_sample()).replace(b'"step":0', b'"step":1' + b"0" * 400), 400, "JSON"),
-    ("2**53 + 1", orjson.dumps(make_sample(step=2**53 + 1)), 422, "step"),
-    ("-2**63", orjson.dumps(make_sample(rank=-(2**63))), 422, "rank"),
-    ("1e300 bytes", orjson.dumps(make_sample()).replace(b'"alloc_retries":0', b'"alloc_retries":1e300'), 422,
-     "alloc_retries"),
-    ("fractional step", orjson.dumps(make_sample(step=1.5)), 422, "step"),
-    ("bool as count", orjson.dumps(make_sample(ooms=True)), 422, "ooms"),
-    ("129-character run", orjson.dumps(make_sample(run="r" * 129)), 422, "run"),
-    ("empty host", orjson.dumps(make_sample(host="")), 422, "host"),
-    ("lone surrogate", b'{"schema":1,"run":"\\ud800"}', 400, "invalid JSON"),
-    ("bidi control in run", orjson.dumps(make_sample(run="a\u202eb\x1b")), 422, "run"),
-    ("ts 6 minutes ahead", None, 422, "future"),
-    ("ts in 1999", orjson.dumps(make_sample(ts=915148800.0)), 422, "2000"),
-    ("ts in milliseconds", orjson.dumps(make_sample(ts=time.time() * 1000)), 422, "future"),
-    ("extra NaN-free but huge", orjson.dumps(make_sample(extra={"loss": 1e300})), 422, "extra.loss"),
-    ("gzip of gzip", gzip.compress(gzip.compress(ndjson([make_sample()]))), 400, "JSON"),
-    ("gzip then garbage", gzip.compress(ndjson([make_sample()])) + b"trailing", 400, "trailing"),
-    ("truncated gzip", gzip.compress(ndjson([make_sample(i) for i in range(50)]))[:-20], 400, "gzip"),
-]
-
-
-@pytest.mark.parametrize(("desc", "body", "status", "needle"), AWKWARD, ids=[a[0] for a in AWKWARD])
-def test_awkward_values_are_a_clear_4xx_and_store_nothing(server, desc, body, status, needle) -> None:
-    if body is None:
-        body = orjson.dumps(make_sample(ts=time.time() + 360))
-    headers = {"content-encoding": "gzip"} if body[:2] == b"\x1f\x8b" else {}
-    before = count(server)
-    r = _post(server, body, headers)
-    assert r.status_code == status, r.text
-    assert needle in r.json()["detail"], r.json()["detail"]
-    assert count(server) == before
-
-
-def test_unicode_names_are_stored_and_served_unchanged(server) -> None:
-    names = ["训练-运行", "🚀 run/1", "naïve café", "ראשון", "a" * 128, "x<y>&\"'"]
-    now = time.time()
-    batch = [make_sample(i, run=name, host=f"hôst-{i}", ts=now - 10, extra={"λ": 0.5}) for i, name in enumerate(names)]
-    r = _post(server, ndjson(batch))
-    assert r.status_code == 200 and r.json()["accepted"] == len(names)
-    runs = {row["run"] for row in server.client.get("/api/v1/runs").json()}
-    assert set(names) <= runs
-    for i, name in enumerate(names):
-        quoted = urllib.parse.quote(name, safe="")  # as the dashboard's encodeURIComponent
-        ranks = server.client.get(f"/api/v1/runs/{quoted}/ranks")
-        assert ranks.status_code == 200, name
-        assert ranks.json()[0]["host"] == f"hôst-{i}" and ranks.json()[0]["last"]["extra"] == {"λ": 0.5}
-        series = server.client.get(f"/api/v1/runs/{quoted}/series", params={"rank": 0})
-        assert series.status_code == 200 and series.json()["x"] == [i], name
-
-
-def test_clock_limits_are_inclusive_of_plausible_and_reject_the_rest(server) -> None:
-    now = time.time()
-    ok = [make_sample(0, run="clock", ts=now + 290), make_sample(1, run="clock", ts=946684801.0)]
-    assert _post(server, ndjson(ok)).json()["accepted"] == 2  # slightly ahead, or very old: stored
-    mixed = [make_sample(2, run="clock", ts=now), make_sample(3, run="clock", ts=now + 3600)]
-    r = _post(server, ndjson(mixed))
-    assert r.status_code == 422 and r.json()["errors"][0]["index"] == 1
-    assert r.json()["errors"][0]["field"] == "ts"
-
-
-def test_concatenated_gzip_members_are_one_body(server) -> None:
-    now = time.time()
-    first = gzip.compress(ndjson([make_sample(i, run="members", ts=now) for i in range(5)]))
-    second = gzip.compress(ndjson([make_sample(i, run="members", ts=now) for i in range(5, 9)]))
-    r = _post(server, first + second, {"content-encoding": "gzip"})
-    assert r.status_code == 200 and r.json()["accepted"] == 9
-
-
-def test_a_gzip_bomb_split_over_members_is_still_caught(tmp_path) -> None:
-    with BackgroundServer(str(tmp_path / "vw.db"), max_decompressed_bytes=1024 * 1024) as srv, \
-            httpx.Client(base_url=srv.url) as client:
-        member = gzip.compress(b" " * (600 * 1024))  # each alone is under the limit
-        r = client.post("/api/v1/samples", content=member * 3, headers={"content-encoding": "gzip", **NDJSON_HEADERS})
-        assert r.status_code == 413 and "exceeds" in r.json()["detail"]
-
-
-def test_finite_float_extremes_never_break_the_series_api(server) -> None:
-    now = time.time()
-    batch = [make_sample(i, run="extremes", ts=now - 5, step_time_s=v, extra={"v": v})
-             for i, v in enumerate([0.0, 5e-324, 1e15, 1.7976931348623157e308 / 1e294])]
-    assert _post(server, ndjson(batch)).status_code == 200
-    r = server.client.get("/api/v1/runs/extremes/series", params={"rank": 0, "fields": "step_time_s"})
-    assert r.status_code == 200
-    values = r.json()["series"]["step_time_s"]
-    assert all(math.isfinite(v) for v in values) and len(values) == 4
-    assert H200_TOTAL > 0

@@ -7,7 +7,7 @@ nothing duplicated, nothing failed, memory bounded."""
 
 from __future__ import annotations
 
-from bench.load import run_load
+from loadgen import run_load
 
 
 def test_128_ranks_for_15_s_lose_nothing_and_keep_the_collector_small(tmp_path) -> None:
