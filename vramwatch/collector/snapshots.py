@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramwatch.evidence.suspects import FOLLOWUP_STEPS, FOLLOWUP_TRIGGER, LEAK_TRIGGER
+
 SeriesKey = tuple[str, str, int]
 
 #: Engine events that ask for a snapshot on their own (configurable per collector).
@@ -91,6 +93,8 @@ class DirectiveBoard:
     auto_interval_s: float = 1800.0
     directive_ttl_s: float = 3600.0
     steps: int = DEFAULT_STEPS
+    #: steps the second capture of a leaking rank records (its blocks then carry their stacks)
+    followup_steps: int = FOLLOWUP_STEPS
     _pending: dict[SeriesKey, list[_Pending]] = field(default_factory=dict)
     _last_auto: dict[SeriesKey, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -150,6 +154,16 @@ class DirectiveBoard:
                 self._last_auto[target] = now
                 queued += len(self.request([target], steps=self.steps, trigger=f"auto:{kind}", now=now))
         return queued
+
+
+    def on_snapshot(self, info: SnapshotInfo, now: float | None = None) -> int:
+        """A snapshot the engine's leak verdict asked for asks that rank for a second one,
+        recorded over ``followup_steps`` steps: the pair is what names the leaking lines
+        (:mod:`vramwatch.evidence.suspects`). Returns directives queued (0 or 1)."""
+        if info.trigger != LEAK_TRIGGER:
+            return 0
+        key = (info.run, info.host, info.rank)
+        return len(self.request([key], steps=self.followup_steps, trigger=FOLLOWUP_TRIGGER, now=now))
 
 
 class SnapshotStore:

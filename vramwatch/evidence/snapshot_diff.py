@@ -107,6 +107,12 @@ class SiteChange:
                 "bytes_delta": self.bytes_delta, "blocks_old": self.blocks_old, "blocks_new": self.blocks_new,
                 "blocks_delta": self.blocks_delta}
 
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> SiteChange:
+        return cls(Site(str(doc["file"]), int(doc["line"]), str(doc["function"])), int(doc["bytes_old"]),
+                   int(doc["bytes_new"]), int(doc["blocks_old"]), int(doc["blocks_new"]),
+                   tuple(str(f) for f in doc.get("stack", ())))
+
 
 @dataclass(frozen=True)
 class Amount:
@@ -128,6 +134,11 @@ class Amount:
     def to_dict(self) -> dict[str, int]:
         return {"bytes_old": self.bytes_old, "bytes_new": self.bytes_new, "bytes_delta": self.bytes_delta,
                 "blocks_old": self.blocks_old, "blocks_new": self.blocks_new, "blocks_delta": self.blocks_delta}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any] | None) -> Amount:
+        doc = doc or {}
+        return cls(*(int(doc.get(k, 0)) for k in ("bytes_old", "bytes_new", "blocks_old", "blocks_new")))
 
 
 @dataclass(frozen=True)
