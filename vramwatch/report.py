@@ -33,9 +33,11 @@ from vramwatch import verdicts
 from vramwatch.collector.app import dashboard_dir, dashboard_plotly_js_path
 from vramwatch.collector.bundle import BundleError, bundle
 from vramwatch.collector.live import LiveState
+from vramwatch.collector.processes import ProcessBook
 from vramwatch.collector.rows import MAX_RANK_ROWS, rank_rows
 from vramwatch.collector.snapshots import SnapshotStore
 from vramwatch.collector.store import Store
+from vramwatch.collector.suspects import DiffCache, enrich_postmortem
 from vramwatch.collector.views import run_chart, run_heatmap
 from vramwatch.evidence import postmortem
 
@@ -119,11 +121,12 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
 def _evidence(db_path: str, run: str, store: Store) -> dict[str, Any]:
     """The run's snapshot list, and its post-mortem when a rank failed (``postmortem`` key
     absent otherwise). Cost: two sequential reads of the run's samples."""
-    snaps = [i.to_dict() for i in SnapshotStore.beside(db_path).list(run)]
+    snapshots = SnapshotStore.beside(db_path)
+    snaps = [i.to_dict() for i in snapshots.list(run)]
     pm = postmortem.build(run, lambda: store.iter_samples(run), now=time.time())
     out: dict[str, Any] = {"snapshots": snaps}
     if pm.first_failure is not None:
-        pm.snapshots = snaps
+        enrich_postmortem(pm, snapshots=snapshots, diffs=DiffCache(snapshots), processes=ProcessBook.beside(db_path))
         doc = pm.to_dict()
         for r in doc["ranks"]:
             r.pop("last_sample", None)  # the verdict table has the last sample; 512 of them add ~0.5 MB

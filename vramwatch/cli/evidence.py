@@ -61,8 +61,10 @@ def cmd_postmortem(args: argparse.Namespace) -> int:
 
     if args.url:
         return _remote_postmortem(args)
+    from vramwatch.collector.processes import ProcessBook
     from vramwatch.collector.snapshots import SnapshotStore
     from vramwatch.collector.store import Store, StoreError
+    from vramwatch.collector.suspects import DiffCache, enrich_postmortem
 
     db = db_path(args)
     try:
@@ -76,7 +78,8 @@ def cmd_postmortem(args: argparse.Namespace) -> int:
                               silent_after_s=args.silent_after)
     finally:
         store.close()
-    pm.snapshots = [i.to_dict() for i in SnapshotStore.beside(db).list(args.run)]
+    snapshots = SnapshotStore.beside(db)
+    enrich_postmortem(pm, snapshots=snapshots, diffs=DiffCache(snapshots), processes=ProcessBook.beside(db))
     if args.json:
         sys.stdout.write(json.dumps(pm.to_dict(), default=_plain) + "\n")
     else:

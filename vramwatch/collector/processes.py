@@ -10,8 +10,9 @@ a restart. A process whose PID is a rank of the same run on the same host is tha
 foreign: it is left out wherever reports are read (:func:`foreign_only`).
 
 ``vramwatch_foreign_process_used_bytes{run,rank,Hostname,UUID,gpu,pid,process,container,
-description}`` exposes each named process while its run is on /metrics; the
-``VramwatchForeignProcessOnGPU`` alert joins it in its annotation.
+description,device}`` exposes each named process while its run is on /metrics (``description``:
+"a Jupyter kernel (pid 4242, ipykernel_launcher)"; ``device``: "GPU 3" as the host numbers it);
+the ``VramwatchForeignProcessOnGPU`` alert joins it in its annotation.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from vramwatch.wire import MAX_INT, MAX_NAME, MIN_TS
 MAX_BODY_BYTES = 64 * 1024
 FAMILY = "vramwatch_foreign_process_used_bytes"
 FAMILY_HELP = ("Device memory NVML lists for one named process on a training GPU that is not a rank of the run "
-               "(pid, process name, container and a description as labels).")
-LABELS = ("run", "rank", "Hostname", "UUID", "gpu", "pid", "process", "container", "description")
+               "(pid, process name, container, a description and the GPU as the host numbers it, as labels).")
+LABELS = ("run", "rank", "Hostname", "UUID", "gpu", "pid", "process", "container", "description", "device")
 
 _Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 
@@ -193,7 +194,7 @@ class ForeignProcessCollector(Collector):
                         continue
                     yield ((run, str(report.rank), report.host, series.uuid or "",
                             "" if series.gpu is None else str(series.gpu), str(p.pid), p.name, p.container,
-                            p.describe()), p.used_bytes)
+                            p.describe(), report.device()), p.used_bytes)
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(FAMILY, FAMILY_HELP, labels=LABELS)
