@@ -155,7 +155,7 @@ def _add_diff_routes(router: APIRouter, read: list[Any]) -> None:
         state = request.app.state
         try:
             patterns = check_skip(skip or [])
-            infos = {name: state.snapshots.open(ident)[0] for name, ident in (("old", old), ("new", new))}
+            infos = {name: state.diffs.open(name, ident)[0] for name, ident in (("old", old), ("new", new))}
             for name, info in infos.items():
                 if info.run != run:
                     raise SnapshotError(name, f"snapshot {info.id} is not of run {run!r}", 404)

@@ -9,7 +9,7 @@ boundary and uploads it gzip-compressed. Snapshots live as files beside the data
 
 Bounds: a snapshot is at most ``max_snapshot_bytes`` compressed, the folder at most
 ``max_total_bytes`` (oldest evicted first); automatic triggers are rate-limited per rank
-(``auto_interval_s``); a directive is handed out at most once per rank and expires
+(``auto_interval_s``, per rank and trigger); a directive is handed out at most once per rank and expires
 (``directive_ttl_s``) if the rank never asks again.
 """
 
@@ -96,7 +96,9 @@ class DirectiveBoard:
     #: steps the second capture of a leaking rank records (its blocks then carry their stacks)
     followup_steps: int = FOLLOWUP_STEPS
     _pending: dict[SeriesKey, list[_Pending]] = field(default_factory=dict)
-    _last_auto: dict[SeriesKey, float] = field(default_factory=dict)
+    #: (series, trigger) -> when it last asked: one automatic capture per rank and trigger per interval
+    #: (a leak usually starts as a plateau break; its own capture must not wait 30 minutes behind it)
+    _last_auto: dict[tuple[SeriesKey, str], float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def request(self, keys: Iterable[SeriesKey], *, steps: int, trigger: str, now: float | None = None) -> list[str]:
@@ -149,9 +151,9 @@ class DirectiveBoard:
             if kind == "oom":
                 targets = [k for k in run_keys(key[0]) if k != key]
             for target in targets:
-                if now - self._last_auto.get(target, float("-inf")) < self.auto_interval_s and kind != "oom":
+                if now - self._last_auto.get((target, kind), float("-inf")) < self.auto_interval_s and kind != "oom":
                     continue
-                self._last_auto[target] = now
+                self._last_auto[(target, kind)] = now
                 queued += len(self.request([target], steps=self.steps, trigger=f"auto:{kind}", now=now))
         return queued
 

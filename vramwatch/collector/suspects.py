@@ -40,9 +40,16 @@ class DiffCache:
         self._lock = threading.Lock()  # one computation at a time: two snapshots in memory at most
         self.computed = 0
 
+    def open(self, field_name: str, snapshot_id: str) -> tuple[SnapshotInfo, Any]:
+        """The stored snapshot's record and file; SnapshotError (404) naming ``field_name``."""
+        try:
+            return self.snapshots.open(snapshot_id)
+        except SnapshotError as exc:
+            raise SnapshotError(field_name, f"no snapshot {snapshot_id!r}", exc.status) from None
+
     def load(self, field_name: str, snapshot_id: str) -> tuple[SnapshotInfo, dict[str, Any]]:
         """A stored snapshot, safely; SnapshotError 404 when unknown, 422 when it is refused."""
-        info, path = self.snapshots.open(snapshot_id)
+        info, path = self.open(field_name, snapshot_id)
         try:
             return info, safe_pickle.read_snapshot(path, max_bytes=self.max_bytes)
         except safe_pickle.UnsafePickle as exc:
