@@ -1,9 +1,9 @@
-/* Evidence for the run: ask the selected rank for an allocator snapshot, list the run's
- * snapshots (each downloads as the pickle pytorch.org/memory_viz opens), the leak suspects
- * (per leaking rank, the lines of code whose live memory grew between two of its snapshots),
- * and the post-mortem of a run whose ranks stopped (who failed first, when, why; how every rank
- * ended, what it held at that moment, which other processes held memory on its GPU). Data: the
- * collector's /capture, /snapshots, /suspects and /postmortem routes; a report embeds them. */
+/* Evidence for the run (docs/evidence.md): ask the selected rank for an allocator snapshot, list
+ * the run's snapshots (each downloads as the pickle pytorch.org/memory_viz opens), the leak
+ * suspects (per leaking rank, the lines of code whose live memory grew between two of its
+ * snapshots), and the post-mortem of a run whose ranks stopped (who failed first, when, why; how
+ * every rank ended, what it held at that moment, which other processes held memory on its GPU).
+ * Data: the collector's /capture, /snapshots, /suspects and /postmortem routes; a report embeds them. */
 
 import { MIB, clock, gib, intText, isNum, plural } from "./format.js";
 import { $, append, clear, el } from "./dom.js";

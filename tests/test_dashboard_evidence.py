@@ -1,8 +1,8 @@
-"""Evidence on the run page, in headless Chromium against a real collector: the capture
-button, the snapshot list, the leak suspects, the post-mortem panel, and the memory outside
-torch / on the host with the other process named. The run: 4 ranks, 1 s steps, checkpoints
-every 100; rank 2 stops at step 200 while the others go on to 599 (killed alone); rank 1
-shares its GPU with a Jupyter kernel (2 GiB), as its hook reports; rank 3 leaks (its two
+"""Evidence on the run page (docs/evidence.md), in headless Chromium against a real collector:
+the capture button, the snapshot list, the leak suspects, the post-mortem panel, and the memory
+outside torch / on the host with the other process named. The run: 4 ranks, 1 s steps,
+checkpoints every 100; rank 2 stops at step 200 while the others go on to 599 (killed alone);
+rank 1 shares its GPU with a Jupyter kernel (2 GiB), as its hook reports; rank 3 leaks (its two
 snapshots, from the leak triggers, hold a growing allocation site); every rank reports host
 memory, higher in its checkpoints. The collector is restarted on the database so replay makes
 the silence real (as in test_dashboard_operator)."""
