@@ -129,12 +129,13 @@ def _load(arg: str, args: argparse.Namespace) -> _Loaded:
 
 
 def cmd_snapshots_diff(args: argparse.Namespace) -> int:
-    from vramwatch.evidence.safe_pickle import UnsafePickle
+    from vramwatch.evidence.safe_pickle import UnsafePickle, paused_gc
     from vramwatch.evidence.snapshot_diff import SnapshotFormatError, diff, render_text
 
     try:
-        old, new = _load(args.old, args), _load(args.new, args)
-        result = diff(old.snapshot, new.snapshot, skip=args.skip, top=args.top)
+        with paused_gc():
+            old, new = _load(args.old, args), _load(args.new, args)
+            result = diff(old.snapshot, new.snapshot, skip=args.skip, top=args.top)
     except UnsafePickle as exc:
         raise UsageError(f"refusing to load a snapshot: {exc}") from None
     except (SnapshotFormatError, ValueError) as exc:

@@ -64,20 +64,23 @@ class DiffCache:
             if hit is not None:
                 self._done.move_to_end(key)
                 return hit
-            _, before = self.load("old", old)
-            _, after = self.load("new", new)
-            try:
-                result = diff(before, after, skip=skip)
-            except SnapshotFormatError as exc:
-                raise SnapshotError("snapshot", str(exc), 422) from None
-            except ValueError as exc:  # a skip pattern that is no regular expression
-                raise SnapshotError("skip", str(exc).removeprefix("skip: "), 422) from None
-            del before, after
+            with safe_pickle.paused_gc():  # both snapshots are dropped before collection resumes
+                result = self._compute(old, new, skip)
             self.computed += 1
             self._done[key] = result
             while len(self._done) > self.entries:
                 self._done.popitem(last=False)
             return result
+
+    def _compute(self, old: str, new: str, skip: Sequence[str]) -> SnapshotDiff:
+        _, before = self.load("old", old)
+        _, after = self.load("new", new)
+        try:
+            return diff(before, after, skip=skip)
+        except SnapshotFormatError as exc:
+            raise SnapshotError("snapshot", str(exc), 422) from None
+        except ValueError as exc:  # a skip pattern that is no regular expression
+            raise SnapshotError("skip", str(exc).removeprefix("skip: "), 422) from None
 
 
 def check_skip(skip: Sequence[str]) -> list[str]:

@@ -25,12 +25,15 @@ what the snapshot's objects take (a few times the pickle's size).
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
+import gc
 import gzip
 import io
 import pickle
 import pickletools
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -83,13 +86,30 @@ def loads(data: bytes, *, max_bytes: int = MAX_PICKLE_BYTES) -> Any:
     if copyreg._inverted_registry:  # extension codes in use in this process: walk the opcodes first
         _scan_opcodes(data)
     try:
-        return _DataOnlyUnpickler(io.BytesIO(data)).load()
+        with paused_gc():
+            return _DataOnlyUnpickler(io.BytesIO(data)).load()
     except UnsafePickle:
         raise
     except RecursionError:
         raise UnsafePickle("not a snapshot: nested too deeply") from None
     except Exception as exc:  # truncated stream, bad opcode, an EXT code nobody registered
         raise UnsafePickle(f"not a pickle ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused for the block (restored as it was, so nesting and a
+    caller that keeps it off are safe). A snapshot is millions of containers and no cycles:
+    with collection on, each generation's pass walks all of them while they are built and used
+    (about twice the load and diff time, ``bench/snapshot_diff_bench.py``). Wrap a load and
+    everything done with the snapshot until it is dropped."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def inflate(raw: bytes | BinaryIO, *, max_bytes: int = MAX_PICKLE_BYTES) -> bytes:
@@ -157,4 +177,5 @@ def read_snapshot(path: str | Path, *, max_bytes: int = MAX_PICKLE_BYTES) -> dic
         return load_snapshot(fh, max_bytes=max_bytes)
 
 
-__all__ = ["MAX_PICKLE_BYTES", "UnsafePickle", "check_shape", "inflate", "load_snapshot", "loads", "read_snapshot"]
+__all__ = ["MAX_PICKLE_BYTES", "UnsafePickle", "check_shape", "inflate", "load_snapshot", "loads", "paused_gc",
+           "read_snapshot"]

@@ -200,7 +200,7 @@ class _Tally:
 class _Census:
     """One snapshot read: live bytes per site, cached and untraced totals."""
 
-    sites: dict[Site, _Tally] = field(default_factory=dict)
+    sites: dict[SiteKey, _Tally] = field(default_factory=dict)
     live: list[int] = field(default_factory=lambda: [0, 0])
     cached: list[int] = field(default_factory=lambda: [0, 0])
     untraced: list[int] = field(default_factory=lambda: [0, 0])
@@ -210,23 +210,27 @@ def _where(what: str, path: str) -> SnapshotFormatError:
     return SnapshotFormatError(f"{path}: {what} (not torch.cuda.memory._snapshot() output)")
 
 
-def _site_of(frames: Any, rule: SiteRule, path: str) -> Site | None:
+SiteKey = tuple[str, int, str]
+
+
+def _site_of(frames: Any, rule: SiteRule, path: str) -> SiteKey | None:
+    """(file, line, function) of the block's site; None when it has no frames."""
     if type(frames) is not list:
         raise _where("frames is not a list", path)
-    if not frames:
-        return None
     last = None
-    for i, frame in enumerate(frames[:MAX_FRAMES]):
+    for i, frame in enumerate(frames):
+        if i == MAX_FRAMES:
+            break
         try:
-            filename, line, name = frame["filename"], frame["line"], frame["name"]
+            key = (frame["filename"], frame["line"], frame["name"])
         except (TypeError, KeyError):
             raise _where("a frame without filename, line and name", f"{path}[{i}]") from None
-        if type(filename) is not str or type(line) is not int or type(name) is not str:
+        if type(key[0]) is not str or type(key[1]) is not int or type(key[2]) is not str:
             raise _where("a frame's filename/name is not text or its line not an integer", f"{path}[{i}]")
-        last = (filename, line, name)
-        if not rule.skipped(filename):
-            return Site(filename, line, name)
-    return Site(*last)  # every frame read is torch's or vramwatch's: the one nearest the user
+        if not rule.skipped(key[0]):
+            return key
+        last = key
+    return last  # every frame read is torch's or vramwatch's: the one nearest the user (None: no frames)
 
 
 def census(snapshot: dict[str, Any], rule: SiteRule) -> _Census:
@@ -292,7 +296,7 @@ def diff(old: dict[str, Any], new: dict[str, Any], *, skip: Sequence[str] = (), 
     for site in a.sites.keys() | b.sites.keys():
         was, now = a.sites.get(site, _Tally()), b.sites.get(site, _Tally())
         frames = now.frames if now.frames is not None else was.frames
-        changes.append(SiteChange(site, was.bytes, now.bytes, was.blocks, now.blocks, _stack(frames)))
+        changes.append(SiteChange(Site(*site), was.bytes, now.bytes, was.blocks, now.blocks, _stack(frames)))
     changes.sort(key=lambda c: (-c.bytes_delta, -c.blocks_delta, c.site.file, c.site.line, c.site.function))
     total = len(changes)
     if top is not None:
