@@ -266,3 +266,29 @@ def test_a_real_process_named_from_the_hook_to_the_api_metrics_and_postmortem(tm
     finally:
         kernel.kill()
         kernel.wait()
+
+
+def test_the_prometheus_family_on_both_exposition_paths():
+    from prometheus_client import generate_latest
+
+    from vramwatch.collector.live import LiveState
+    from vramwatch.collector.metrics import build_registry, render
+    from vramwatch.collector.processes import FAMILY
+
+    live = LiveState()
+    now = time.time()
+    live.ingest([make_sample(0, run="job", host="node-a", rank=r, pid=100 + r, ts=now, uuid=f"GPU-{r}", gpu=r)
+                 for r in (0, 1)], received_at=now)
+    book = ProcessBook(None)
+    odd = ForeignProcess(4242, 38 * GiB, 'py"th\\on', 'python3 "my script\\.py"')  # quotes and backslashes
+    rank1 = ForeignProcess(101, 60 * GiB, "python", "python train.py")  # rank 1 on the same host: not foreign
+    book.put(ProcessReport("job", "node-a", 0, now, 3, "GPU-0", (odd, rank1)))
+    book.put(ProcessReport("gone", "node-a", 0, now, 3, "GPU-0", (odd,)))  # a run /metrics does not export
+    registry, _ = build_registry(live, processes=book)
+    fast = [s for s in exposed_samples(render(registry, None)[0].decode()) if s[0] == FAMILY]
+    generic = [s for s in exposed_samples(generate_latest(registry).decode()) if s[0] == FAMILY]
+    assert fast == generic
+    ((_, labels, value),) = fast
+    assert value == 38 * GiB and labels["pid"] == "4242" and labels["process"] == 'py"th\\on'
+    assert labels["description"] == 'a Python process (pid 4242, "my)' and labels["device"] == "GPU 3"
+    assert (labels["UUID"], labels["gpu"], labels["rank"]) == ("GPU-0", "0", "0")
