@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 import orjson
-from processes import CollectorProcess, percentile
+from collector_process import CollectorProcess, percentile
 
 from bench.report import table, write_section
 

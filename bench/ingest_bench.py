@@ -214,7 +214,7 @@ def server_cpu_vs_limit(total: int, ranks: int, batch: int) -> dict[str, float]:
     :func:`store_limit`'s (orjson decode of the same NDJSON plus one bare ``executemany`` of
     the same rows into the store's own table), in the same run. Ratio = limit / measured
     (1.0: ingest costs no more than decoding and inserting)."""
-    from processes import CollectorProcess
+    from collector_process import CollectorProcess
 
     bodies = make_bodies(min(total, 64_000), ranks, batch)
     headers = {"content-type": "application/x-ndjson", "content-encoding": "gzip"}

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from processes import CollectorProcess, FaultRelay, machine_busy_s, percentile, stored_samples
+from collector_process import CollectorProcess, FaultRelay, machine_busy_s, percentile, stored_samples
 
 RANKS_PER_THREAD = 1  # default: each rank's sender owns its thread, as in a real job
 

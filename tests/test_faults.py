@@ -22,8 +22,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from collector_process import CollectorProcess, FaultRelay, percentile
 from helpers import NDJSON_HEADERS, ndjson
-from processes import CollectorProcess, FaultRelay, percentile
 
 import vramwatch
 from vramwatch.collector.server import BackgroundServer

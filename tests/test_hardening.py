@@ -13,8 +13,8 @@ import tracemalloc
 
 import httpx
 import pytest
+from collector_process import CollectorProcess
 from helpers import make_sample, ndjson
-from processes import CollectorProcess
 from prometheus_helpers import need_module
 
 from vramwatch.collector.server import BackgroundServer

@@ -15,8 +15,8 @@ import urllib.parse
 import httpx
 import orjson
 import pytest
+from collector_process import CollectorProcess
 from helpers import H200_TOTAL, NDJSON_HEADERS, TOKEN, fresh, make_sample, ndjson, post, stored
-from processes import CollectorProcess
 
 from vramwatch.collector.server import BackgroundServer
 

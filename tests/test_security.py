@@ -16,8 +16,8 @@ import time
 
 import httpx
 import pytest
+from collector_process import CollectorProcess
 from helpers import NDJSON_HEADERS, TOKEN, fresh, make_sample, ndjson, post, stored
-from processes import CollectorProcess
 
 from vramwatch.collector.server import BackgroundServer
 
