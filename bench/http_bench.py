@@ -34,8 +34,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from collector_process import REPO, CollectorProcess, proc_cpu
+
 from bench.ingest_bench import make_bodies
-from bench.load import REPO, CollectorProcess, _proc_cpu
 from bench.report import table, write_section
 
 COMMAND = "python -m bench.http_bench"
@@ -92,7 +93,7 @@ class TrivialProcess:
         self.port = int(line.split()[1])
 
     def cpu_seconds(self) -> float:
-        return _proc_cpu(self.proc.pid)
+        return proc_cpu(self.proc.pid)
 
     def stop(self) -> None:
         self.proc.terminate()

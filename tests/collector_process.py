@@ -99,10 +99,10 @@ class CollectorProcess:
             raise
 
     def rss_bytes(self) -> int:
-        return _proc_rss(self.pid)
+        return proc_rss(self.pid)
 
     def cpu_seconds(self) -> float:
-        return _proc_cpu(self.pid)
+        return proc_cpu(self.pid)
 
     def __enter__(self) -> CollectorProcess:
         return self.start()
@@ -115,7 +115,7 @@ class CollectorProcess:
                 pass
 
 
-def _proc_rss(pid: int) -> int:
+def proc_rss(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
@@ -126,7 +126,7 @@ def _proc_rss(pid: int) -> int:
     return 0
 
 
-def _proc_cpu(pid: int) -> float:
+def proc_cpu(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
