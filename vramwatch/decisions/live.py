@@ -2,22 +2,27 @@
 
 :class:`DecisionEngine` has the :class:`~vramwatch.engine.TrendEngine` public surface the
 collector uses (``update``, ``summary()``, ``state``, ``events``, ``samples``) and adds,
-per rank, a memory-model builder and the readiness bookkeeping
+per rank, a memory-model builder, the readiness bookkeeping and the rank's processes as trials
 (:class:`~vramwatch.decisions.observe.RankTrack`). ``summary()`` gains:
 
 * ``max_tokens_per_step``: largest tokens per step that keeps the default margin
-  (:data:`vramwatch.verdicts.LOW_HEADROOM_FRACTION`) at the worst phase; None when unknown;
+  (:data:`vramwatch.verdicts.LOW_HEADROOM_FRACTION`) at the worst phase, below any batch at
+  which this rank ran out of memory for a reason of the batch; None when unknown;
 * ``tokens_per_step_max_observed``: largest tokens per step seen;
 * ``readiness``: ``ready`` / ``not_ready`` / ``unsafe`` with the default thresholds.
 
-Cost: per sample, the engine's update plus O(1); the model is refitted (O(buckets²),
-under a millisecond) only when a bucket maximum changed and at most once per :data:`REFIT_EVERY`
-samples; the other figures are re-judged every :data:`RECHECK_EVERY` samples or on an OOM, so a
-scrape mostly reads cached figures.
+``view(config)`` hands the advice route a frozen copy of the rank (:mod:`.views`): the collector's
+``/advice`` decides on the tracks it already holds instead of replaying the store.
+
+Cost: per sample, the engine's update plus O(1) and a lock shared by all engines (uncontended but
+for a reader copying one rank); the model is refitted (O(buckets²), under a millisecond) only when a bucket
+maximum changed and at most once per :data:`REFIT_EVERY` samples; the other figures are re-judged
+every :data:`RECHECK_EVERY` samples or on an OOM, so a scrape mostly reads cached figures.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from vramwatch.engine import TrendEngine
@@ -26,6 +31,8 @@ from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 from .model import RankModelBuilder, TransientFit
 from .observe import RankTrack
 from .readiness import ReadinessConfig, rank_readiness
+from .reasons import BATCH_CAUSES
+from .views import RankView, raw_view
 
 #: Samples between refits of the transient (only when a bucket maximum changed).
 REFIT_EVERY = 256
@@ -33,6 +40,9 @@ REFIT_EVERY = 256
 RECHECK_EVERY = 32
 
 _CONFIG = ReadinessConfig()
+#: One lock for every engine (not one each: 140 bytes a series): the collector has one writer, and a
+#: reader holds it only while it copies one rank, so the writer waits at most that long.
+_LOCK = threading.Lock()
 #: The figures before the first judgement (shared: figures are replaced, never mutated).
 _UNJUDGED: dict[str, Any] = {"max_tokens_per_step": None, "tokens_per_step_max_observed": None, "readiness": None}
 
@@ -76,9 +86,16 @@ class DecisionEngine:
     def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
         """Engine update plus O(1) bookkeeping; returns the engine's new events."""
         track = self._track
-        if not track.run:  # one engine per series: its identity is the first sample's (a run is never "")
-            track.run, track.host, track.rank = sample["run"], sample["host"], sample["rank"]
-        return track.update(sample)
+        with _LOCK:
+            if not track.run:  # one engine per series: its identity is the first sample's (a run is never "")
+                track.run, track.host, track.rank = sample["run"], sample["host"], sample["rank"]
+            return track.update(sample)
+
+    def view(self, config: ReadinessConfig) -> RankView:
+        """A frozen copy of the rank, its fit left to :func:`.views.fitted` (the caller's, outside
+        the lock): O(buckets + processes + phases) while the rank waits."""
+        with _LOCK:
+            return raw_view(self._track, config, timing=False)
 
     def figures(self) -> dict[str, Any]:
         """The decision figures, O(1) amortised per call.
@@ -91,17 +108,22 @@ class DecisionEngine:
         builder = track.builder
         if builder.samples - self._checked_at < RECHECK_EVERY and track.ooms == self._ooms_seen:
             return self._figures
-        self._checked_at, self._ooms_seen = builder.samples, track.ooms
-        if self._fit is None or (builder.version != self._fit_version
-                                 and builder.samples - self._fitted_at >= REFIT_EVERY):
-            self._fit, self._fit_version, self._fitted_at = builder.fit(), builder.version, builder.samples
-        model = builder.model(self._fit, timing=False)
-        tokens, _ = model.max_tokens(LOW_HEADROOM_FRACTION)
-        self._figures = {
-            "max_tokens_per_step": tokens,
-            "tokens_per_step_max_observed": model.tokens_seen_max,
-            "readiness": rank_readiness(track, _CONFIG).verdict,
-        }
+        with _LOCK:
+            self._checked_at, self._ooms_seen = builder.samples, track.ooms
+            if self._fit is None or (builder.version != self._fit_version
+                                     and builder.samples - self._fitted_at >= REFIT_EVERY):
+                self._fit, self._fit_version, self._fitted_at = builder.fit(), builder.version, builder.samples
+            model = builder.model(self._fit, timing=False)
+            tokens, _ = model.max_tokens(LOW_HEADROOM_FRACTION)
+            ceiling = min((t.oom.tokens for t in track.trials()
+                           if t.oom is not None and t.oom.cause in BATCH_CAUSES and t.oom.tokens), default=None)
+            if ceiling is not None and (tokens is None or tokens >= ceiling):
+                tokens = ceiling - 1  # what ran out of memory bounds what the model says
+            self._figures = {
+                "max_tokens_per_step": tokens,
+                "tokens_per_step_max_observed": model.tokens_seen_max,
+                "readiness": rank_readiness(track, _CONFIG).verdict,
+            }
         return self._figures
 
     def summary(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ tens to hundreds; the latest :data:`EVENTS_KEPT` are kept).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vramwatch.engine import TrendEngine
@@ -19,6 +19,7 @@ from vramwatch.engine.blocks import keep_last
 from vramwatch.verdicts import headroom_bytes
 
 from .model import RankModelBuilder, folded_fields
+from .trials import MAX_TRIALS, Trial, note_event, record_oom
 
 #: Engine events a track keeps (the latest): readiness reads only the recent ones.
 EVENTS_KEPT = 1000
@@ -26,6 +27,8 @@ EVENTS_KEPT = 1000
 #: (checkpoint, eval) whose peak the allocator kept: a re-level, not instability.
 LOOP_CAUSES = frozenset({"allocated", "reserved", None})
 _RESETS = frozenset({"leak", "fragmentation", "restart", "oom"})
+#: Engine events kept as evidence for a later OOM's cause (trials.oom_cause).
+_EVIDENCE_EVENTS = frozenset({"leak", "fragmentation"})
 
 
 class PlateauClock:
@@ -72,7 +75,8 @@ def phase_kind(phase: str) -> str:
 
 @dataclass(slots=True)
 class RankTrack:
-    """Everything observed for one (run, host, rank), all incarnations together."""
+    """Everything observed for one (run, host, rank), all incarnations together; each process
+    is a :class:`~vramwatch.decisions.trials.Trial` of its batch setting (``log``)."""
 
     run: str
     host: str
@@ -81,53 +85,107 @@ class RankTrack:
     builder: RankModelBuilder = field(default_factory=RankModelBuilder)
     events: list[dict[str, Any]] = field(default_factory=list)  # the latest EVENTS_KEPT
     plateau: PlateauClock = field(default_factory=PlateauClock)
+    trial: Trial | None = None  # the current process
+    past: list[Trial] | None = None  # the earlier ones (the latest MAX_TRIALS - 1), made at the first restart
+    started: int = 0  # processes seen (the next one's ordinal)
     ooms: int = 0  # OOMs seen (counter increments across incarnations)
-    checkpoints_passed: int = 0  # checkpoint phases followed by a train step without OOM
     last_step: int | None = None
+    last_ts: float | None = None
     total_bytes: int | None = None
-    min_headroom_bytes: int | None = None  # worst, over the latest process, any phase
-    min_headroom_phase: str | None = None
     peak_by_phase: dict[str, int] = field(default_factory=dict)  # allocator peak per phase kind
     need_by_phase: dict[str, int] = field(default_factory=dict)  # device need per phase kind
-    _pending_checkpoint: bool = False
     _last_ooms: int = 0
-    _incarnation: Any = None
     _need_key: Any = None
     _need_peak: int = 0
     _need_alloc: int = 0
 
+    @property
+    def checkpoints_passed(self) -> int:
+        """Checkpoints the current process passed (a checkpoint phase, then a training step without OOM)."""
+        return self.trial.checkpoints_passed if self.trial else 0
+
+    @property
+    def min_headroom_bytes(self) -> int | None:
+        """Worst headroom of the current process, any phase."""
+        return self.trial.min_headroom_bytes if self.trial else None
+
+    @property
+    def min_headroom_phase(self) -> str | None:
+        return self.trial.min_headroom_phase if self.trial else None
+
+    def trials(self) -> list[Trial]:
+        """The rank's processes, oldest first (the live objects: see :meth:`copy_trials`)."""
+        return [*(self.past or ()), *((self.trial,) if self.trial else ())]
+
+    def copy_trials(self) -> tuple[Trial, ...]:
+        """Copies of the processes (a reader's snapshot; the track goes on changing its own)."""
+        return tuple(replace(t) for t in self.trials())
+
+    def _begin(self, incarnation: Any, step: int, ts: float) -> Trial:
+        if self.trial is not None:
+            past = self.past if self.past is not None else []
+            past.append(self.trial)
+            if len(past) >= MAX_TRIALS:
+                del past[0]
+            self.past = past
+        self.trial = Trial(incarnation, self.started, step, ts, step, ts)
+        self.started += 1
+        return self.trial
+
     def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
         """Fold one sample in (O(1) beyond the engine's own update); returns the engine's new events."""
+        state_before = self.engine.state
         new = self.engine.update(sample)
-        if new:
-            for event in new:
-                keep_last(self.events, event, EVENTS_KEPT)
-                self.plateau.feed(event)
         incarnation, ooms, peak, allocated, reserved, used = folded_fields(sample)
         # sparse samples (schema 2: dcgm, nvidia-smi, imports) fold in too: the builder skips what
         # it cannot split (no allocated/peak), headroom is judged on whatever level was measured
         self.builder.fold(sample, incarnation, ooms, peak, allocated, reserved, used)
-        if incarnation != self._incarnation:
-            # a new process: the worst headroom is judged on the process running now
-            self._incarnation, self._last_ooms = incarnation, 0
-            self.min_headroom_bytes = self.min_headroom_phase = None
-            self._pending_checkpoint = False
+        step, ts = sample["step"], sample["ts"]
+        trial = self.trial
+        if trial is None or incarnation != trial.incarnation:
+            # a new process: its batch, plateau, checkpoints and worst headroom are its own
+            trial = self._begin(incarnation, step, ts)
+            self._last_ooms, self._need_key = 0, None
+        trial.last_step, trial.last_ts = step, ts
+        if new:
+            for event in new:
+                keep_last(self.events, event, EVENTS_KEPT)
+                self.plateau.feed(event)
+                if event["type"] in _EVIDENCE_EVENTS:
+                    note_event(trial, event)
+        phase = sample["phase"]
+        kind = "train" if phase == "train" else phase_kind(phase)
+        tokens = sample.get("tokens") if kind == "train" else None
+        if tokens:
+            if trial.tokens is None or tokens > trial.tokens:
+                trial.tokens = tokens
+            if trial.tokens_min is None or tokens < trial.tokens_min:
+                trial.tokens_min = tokens
+        if kind == "train":
+            if trial.pending_checkpoint:
+                trial.checkpoints_passed += 1
+                trial.pending_checkpoint = False
+        elif kind == "checkpoint":
+            trial.pending_checkpoint = True
         if ooms is not None:  # None: not measured (sparse sources), never an OOM
             if ooms > self._last_ooms:
                 self.ooms += ooms - self._last_ooms
-                self._pending_checkpoint = False
+                record_oom(trial, list(self.past or ()), step, ts, phase, tokens, state_before)
             self._last_ooms = ooms
-        phase = sample["phase"]
-        kind = "train" if phase == "train" else phase_kind(phase)
-        if kind == "train":
-            if self._pending_checkpoint:
-                self.checkpoints_passed += 1
-                self._pending_checkpoint = False
-        elif kind == "checkpoint":
-            self._pending_checkpoint = True
-        self.last_step = sample["step"]
+        held = self.plateau.held(step, self.engine.state)
+        if held > trial.plateau_steps:
+            trial.plateau_steps = held
+        if sample.get("exit"):
+            trial.exited = True
+        self.last_step, self.last_ts = step, ts
         total = sample["total_bytes"]
-        self.total_bytes = total or self.total_bytes
+        self.total_bytes = trial.total_bytes = total or self.total_bytes
+        self._headroom(trial, kind, total, peak, allocated, reserved, used)
+        return new
+
+    def _headroom(self, trial: Trial, kind: str, total: int, peak: int | None, allocated: int | None,
+                  reserved: int | None, used: int | None) -> None:
+        """The process's worst headroom and the run's device need and peak per phase kind."""
         key = (kind, reserved, used, total)
         if peak is None or allocated is None:
             # a sparse sample (device used only, or no per-step peak): judge what it measured
@@ -136,7 +194,7 @@ class RankTrack:
             # the device need is monotone in peak and allocated at equal reserved/used: this
             # sample cannot be the new worst (skips most samples of a plateau); nor a new phase
             # peak: _need_peak is a peak of this kind, so peak_by_phase[kind] >= it
-            return new
+            return
         else:
             if key != self._need_key:
                 self._need_key, self._need_peak, self._need_alloc = key, peak, allocated
@@ -144,14 +202,13 @@ class RankTrack:
                 self._need_peak, self._need_alloc = max(peak, self._need_peak), max(allocated, self._need_alloc)
             headroom = headroom_bytes(total, allocated=allocated, reserved=reserved, peak=peak, nvml_used=used)
         if headroom is not None:
-            if self.min_headroom_bytes is None or headroom < self.min_headroom_bytes:
-                self.min_headroom_bytes, self.min_headroom_phase = headroom, kind
+            if trial.min_headroom_bytes is None or headroom < trial.min_headroom_bytes:
+                trial.min_headroom_bytes, trial.min_headroom_phase = headroom, kind
             need = total - headroom  # what the device held (verdicts.device_need_bytes)
             if need > self.need_by_phase.get(kind, -1):
                 self.need_by_phase[kind] = need
         if peak is not None and peak > self.peak_by_phase.get(kind, -1):
             self.peak_by_phase[kind] = peak
-        return new
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import quote
 
 from vramwatch.decisions.advice import join
-from vramwatch.decisions.compare import RunFigures
+from vramwatch.decisions.figures import RunFigures
 from vramwatch.verdicts import RUN_STATUSES, SEVERITY
 
 #: worst last: the merged status of a run is the worst any shard reports
