@@ -180,7 +180,9 @@ def judge_target(tokens: int, models: list[RankModel], ev: Evidence, margin: flo
 
 def bounded_max(caps: list[RankCapacity], ev: Evidence) -> tuple[int | None, int | None, str, int | None]:
     """(largest tokens per step, the model's alone, what bounds it, the binding rank): the model's
-    binding rank, capped below a batch-caused OOM's setting and never under a proven setting."""
+    binding rank, never at or above a batch-caused OOM's setting and never under a proven setting.
+    A model that says the OOM's batch fits is contradicted there: the figure is then the proven
+    setting (the largest known to fit), else just below the OOM (an upper bound, said so)."""
     known = [c for c in caps if c.max_tokens is not None]
     binding = min(known, key=lambda c: (c.max_tokens or 0, c.rank)) if known else None
     model_max = binding.max_tokens if binding else None
@@ -188,6 +190,8 @@ def bounded_max(caps: list[RankCapacity], ev: Evidence) -> tuple[int | None, int
     top, proven = ev.ceiling(), ev.proven_below(None)
     if top is not None and top.record.tokens and (best is None or best >= top.record.tokens):
         best, bound, rank = top.record.tokens - 1, "oom", top.rank
+        if proven is not None:
+            best, bound = proven.tokens, "proven"
     if proven is not None and (best is None or best < proven.tokens):
         best, bound = proven.tokens, "proven"
     return best, model_max, bound, rank

@@ -185,10 +185,25 @@ def gather(run: str, ranks: list[RankTrials], world_size: int, references: list[
             ok = all(proven(t, plateau_steps=plateau_steps, checkpoints=checkpoints, margin=margin) for t in trials)
             settings.append(Setting(name, ordinal, tokens, world, ok and len(trials) >= _ranks_in(ranks_of),
                                     max(t.last_step for t in trials), max(t.last_ts for t in trials)))
+    ooms = [_raised(o, settings) for o in ooms]
     g = granularity or infer_granularity(every)
     current = max((r.trials[-1].ordinal for r in ranks if r.trials), default=None)
     return Evidence(run, tuple(sorted(settings, key=lambda s: s.last_ts)),
                     tuple(sorted(ooms, key=lambda o: o.record.ts)), tuple(deaths), g, granularity is None, current)
+
+
+def _raised(oom: OomAt, settings: list[Setting]) -> OomAt:
+    """An OOM at a phase's or the step's peak above a setting some run proved (a reference run,
+    or an earlier process judged with other thresholds) is an OOM of the raise: the batch changed."""
+    o = oom.record
+    if o.cause not in ("phase_peak", "batch") or not o.tokens:
+        return oom
+    held = [s for s in settings if s.proven and s.tokens < o.tokens]
+    if not held:
+        return oom
+    best = max(held, key=lambda s: (s.tokens, s.last_ts))
+    detail = f"{o.detail}; {best.tokens:,} held its plateau through its checkpoints (run {best.run})"
+    return replace(oom, record=replace(o, cause="batch_change", detail=detail))
 
 
 def _ranks_in(ranks: list[RankTrials]) -> int:

@@ -239,6 +239,9 @@ class RankModelBuilder:
     step_times_next: int = 0  # where the ring writes next once full
     timing: bool = True  # keep step times (for model(timing=True)); the live engine never reads them
     incarnation: Any = None
+    #: (floor, outside) of the latest healthy process that ran a full window (:meth:`settle`): a new
+    #: process warms up from below its floor, so for the model it is at least what that one held
+    settled: tuple[int, int] | None = None
     inc_peak: int = 0  # largest peak of the current process (any phase)
     reserved: int = 0
     total: int = 0
@@ -336,6 +339,12 @@ class RankModelBuilder:
         elif transient > self.no_token_max:
             self.no_token_max = transient
 
+    def settle(self) -> None:
+        """The process now ending was healthy (no OOM, leak or fragmentation: the caller knows):
+        its floor, when it ran a full window, is the least a later process settles at."""
+        if len(self.floors) == WINDOW // BLOCK:
+            self.settled = (max(self.floors), max(self.outsides, default=0))
+
     def points(self) -> list[Bucket]:
         """The token-bucket maxima (copies): what a fit rests on, O(buckets)."""
         return [Bucket(b.tokens, b.transient) for b in self.buckets.values()]
@@ -349,9 +358,10 @@ class RankModelBuilder:
         outside figures are always current). O(phases + window blocks) given a fit; ``timing``
         adds the median step time (a sort of the latest 256)."""
         fit = fit if fit is not None else self.fit()
-        floor = max((*self.floors, self.block_floor, 0))
+        settled_floor, settled_outside = self.settled or (0, 0)
+        floor = max((*self.floors, self.block_floor, settled_floor))
         outsides = (*self.outsides, *((self.block_outside,) if self.block_outside >= 0 else ()))
-        outside = max(outsides, default=0)
+        outside = max((*outsides, settled_outside))
         slack = max(0, self.reserved - self.inc_peak)
         return RankModel(
             run=self.run, host=self.host, rank=self.rank, total_bytes=self.total, floor_bytes=floor,

@@ -239,7 +239,7 @@ def _hold_waiting(ctx: _Ctx) -> NextStep | None:
         return None
     wait = ctx.readiness.reasons[0]
     told = f" (the last proven: {ctx.proven.tokens_per_step:,}, run {ctx.proven.run})" if ctx.proven else ""
-    fits = f"; the model projects up to {ctx.best:,} per rank would fit" if ctx.best is not None else ""
+    fits = f"; the largest batch that fits: {ctx.best:,} per rank" if ctx.best is not None else ""
     return ctx.step("hold", ctx.current, Reason(wait.cause, f"not proven yet: {wait.text}{told}{fits}", wait.rank))
 
 

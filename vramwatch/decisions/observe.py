@@ -137,11 +137,14 @@ class RankTrack:
         state_before = self.engine.state
         new = self.engine.update(sample)
         incarnation, ooms, peak, allocated, reserved, used = folded_fields(sample)
+        trial = self.trial
+        if trial is not None and incarnation != trial.incarnation and trial.oom is None and trial.leak is None \
+                and trial.fragmentation_step is None:
+            self.builder.settle()  # before the builder starts the new process
         # sparse samples (schema 2: dcgm, nvidia-smi, imports) fold in too: the builder skips what
         # it cannot split (no allocated/peak), headroom is judged on whatever level was measured
         self.builder.fold(sample, incarnation, ooms, peak, allocated, reserved, used)
         step, ts = sample["step"], sample["ts"]
-        trial = self.trial
         if trial is None or incarnation != trial.incarnation:
             # a new process: its batch, plateau, checkpoints and worst headroom are its own
             trial = self._begin(incarnation, step, ts)

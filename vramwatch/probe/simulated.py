@@ -157,6 +157,9 @@ class _RankModel:
             self.last_train_step = step
         elif phase == "checkpoint":
             need = floor + self.act_fixed + self.act + p["ckpt_above_frac"] * self.total
+            cliff = p["ckpt_cliff_tokens"]
+            if cliff is not None and self.tokens_per_step > cliff:
+                need += p["ckpt_cliff_frac"] * self.total
         else:  # eval, validation, any other named phase
             need = floor + p["eval_act_frac"] * self.total
         ok = self._demand(need, step)
