@@ -8,14 +8,15 @@ import re
 import pytest
 
 from vramwatch.decisions.advice import advise
-from vramwatch.decisions.nextstep import ACTIONS, EXTRAPOLATION_LIMIT
 from vramwatch.decisions.gate import gate
 from vramwatch.decisions.model import BUCKET_WIDTH, PROPORTIONAL_UNCERTAINTY, RankModelBuilder
+from vramwatch.decisions.nextstep import ACTIONS, EXTRAPOLATION_LIMIT
 from vramwatch.decisions.observe import RunObservation, observe
-from vramwatch.decisions.reasons import CAUSES
 from vramwatch.decisions.readiness import ReadinessConfig, plateau_held_steps, run_readiness
+from vramwatch.decisions.reasons import CAUSES
 from vramwatch.decisions.scenarios import regression_overrides, token_trace, token_truth
 from vramwatch.probe.simulated import SCENARIOS, simulate_trace
+from vramwatch.units import gib
 
 
 def run_of(name: str, steps: int = 4000, ranks: int = 1, seed: int = 1, **overrides) -> RunObservation:
@@ -415,3 +416,24 @@ def test_a_new_series_engine_fits_issue_10s_budget_beside_the_collectors_own_sta
         held = _bytes_held_per_series(collector_engine, samples)
         assert held <= 4096 - 700, (samples, held)  # was 18.6 KB (rings and deques made up front)
         assert _bytes_held_per_series(TrendEngine, samples) <= 2048  # was 13.7 KB
+
+
+def test_the_least_headroom_and_the_soonest_oom_are_named_on_their_own_ranks() -> None:
+    """4 ranks, two leaking: rank 3 faster than rank 0. The headroom named is the least one's, on
+    its rank; the leak to fix first is the one that runs out first."""
+    samples = []
+    for r, rate in ((0, 2.5e-5), (1, 0.0), (2, 0.0), (3, 3.5e-5)):
+        leak = {"leak_onset": 1200, "leak_rate_frac": rate} if rate else {}
+        samples += token_trace("fixed", steps=3000, run="four", rank=r, seed=r, world_size=4, **leak)
+    result = advise(observe(samples)["four"])
+    r = result.readiness
+    tight = min(r.ranks, key=lambda x: x.min_headroom_bytes)
+    assert r.min_headroom_rank == tight.rank and r.min_headroom_bytes == tight.min_headroom_bytes
+    leaking = {x.rank: x.steps_to_oom for x in r.ranks if "leak" in x.causes}
+    assert set(leaking) == {0, 3} and leaking[3] < leaking[0]
+    assert r.worst_rank == 3 and r.reasons[0].rank == 3 and r.reasons[0].cause == "leak"
+    assert result.action == "fix" and result.next.because.rank == 3
+    assert f"OOM in {leaking[3]:,} steps" in result.recommendation and "soonest of 2 ranks" in result.recommendation
+    from vramwatch.cli.decisions import advice_text
+
+    assert f"worst headroom {gib(tight.min_headroom_bytes)} on rank {tight.rank})" in advice_text(result)
