@@ -97,14 +97,29 @@ class IncarnationRecord:
 
 
 class _Process:
-    """The fold's mutable state for one incarnation (see :class:`IncarnationRecord`)."""
+    """The fold's mutable state for one incarnation (see :class:`IncarnationRecord`). Moments are
+    kept as flat fields, not key tuples: no allocation per sample, ~130 bytes per process."""
 
-    __slots__ = ("exit", "first", "first_oom", "incarnation", "last", "marked", "oom_at", "oom_marked", "ooms")
+    __slots__ = (
+        "exit",
+        "first_oom",
+        "first_seq",
+        "first_step",
+        "first_ts",
+        "incarnation",
+        "last_seq",
+        "last_step",
+        "last_ts",
+        "marked",
+        "oom_at",
+        "oom_marked",
+        "ooms",
+    )
 
-    def __init__(self, incarnation: str, key: _Key) -> None:
+    def __init__(self, incarnation: str, step: int, ts: float, seq: int) -> None:
         self.incarnation = incarnation
-        self.first = key
-        self.last = key
+        self.first_step, self.first_ts, self.first_seq = step, ts, seq
+        self.last_step, self.last_ts, self.last_seq = step, ts, seq
         self.exit = False
         self.oom_marked = False
         self.ooms = 0
@@ -112,31 +127,37 @@ class _Process:
         self.first_oom: _Key | None = None
         self.marked = False
 
-    def feed(self, key: _Key, sample: Sample) -> None:
-        if key >= self.last:
-            self.last = key
+    def feed(self, sample: Sample) -> None:
+        step, ts, seq = sample["step"], sample["ts"], sample.get("seq") or 0
+        last_step = self.last_step
+        if step > last_step or (step == last_step and (ts, seq) >= (self.last_ts, self.last_seq)):
+            self.last_step, self.last_ts, self.last_seq = step, ts, seq
             self.exit = bool(sample.get("exit"))
             self.oom_marked = bool(sample.get("oom_marked"))
-        elif key < self.first:
-            self.first = key
+        elif (step, ts, seq) < (self.first_step, self.first_ts, self.first_seq):
+            self.first_step, self.first_ts, self.first_seq = step, ts, seq
         count = sample.get("ooms")
         if sample.get("oom_marked"):
             count = max(count or 0, 1)  # a marked OOM counts even where the counter is not sent
         if count is not None:
             self.marked = True
-            if count > self.ooms:
-                self.ooms, self.oom_at = count, key
-            elif count == self.ooms and count and self.oom_at is not None and key < self.oom_at:
-                self.oom_at = key
-            if count and (self.first_oom is None or key < self.first_oom):
-                self.first_oom = key
-        elif "exit" in sample:
+            if count:
+                self._oom(count, (step, ts, seq))
+        elif sample.get("exit"):
             self.marked = True
+
+    def _oom(self, count: int, key: _Key) -> None:
+        if count > self.ooms:
+            self.ooms, self.oom_at = count, key
+        elif count == self.ooms and self.oom_at is not None and key < self.oom_at:
+            self.oom_at = key
+        if self.first_oom is None or key < self.first_oom:
+            self.first_oom = key
 
     def record(self) -> IncarnationRecord:
         return IncarnationRecord(
-            self.incarnation, _moment(self.first), _moment(self.last), self.exit, self.oom_marked, self.ooms,
-            None if self.oom_at is None else _moment(self.oom_at),
+            self.incarnation, Moment(self.first_step, self.first_ts), Moment(self.last_step, self.last_ts), self.exit,
+            self.oom_marked, self.ooms, None if self.oom_at is None else _moment(self.oom_at),
             None if self.first_oom is None else _moment(self.first_oom), self.marked)
 
 
@@ -153,11 +174,12 @@ class RankLife:
     """The fold of one (run, host, rank): its incarnations' records. Not thread-safe (the
     collector feeds it under its live-state lock)."""
 
-    __slots__ = ("_current", "_procs", "dropped", "dropped_deaths", "dropped_ooms", "host", "rank", "run")
+    __slots__ = ("_current", "_procs", "dropped", "dropped_deaths", "dropped_ooms", "host", "rank")
 
-    def __init__(self, run: str, host: str, rank: int) -> None:
-        self.run, self.host, self.rank = run, host, rank
-        self._procs: dict[str, _Process] = {}
+    def __init__(self, host: str, rank: int) -> None:
+        self.host, self.rank = host, rank
+        # one process needs no dict (most ranks never restart: ~250 bytes less per series)
+        self._procs: dict[str, _Process] | None = None
         self._current: _Process | None = None
         #: incarnations summed into counts past MAX_INCARNATIONS, their OOMs and their deaths
         self.dropped = self.dropped_ooms = self.dropped_deaths = 0
@@ -167,16 +189,31 @@ class RankLife:
         incarnation = sample.get("incarnation") or ""
         proc = self._current
         if proc is None or proc.incarnation != incarnation:
-            proc = self._procs.get(incarnation)
-            if proc is None:
-                proc = self._procs[incarnation] = _Process(incarnation, sample_key(sample))
-                if len(self._procs) > MAX_INCARNATIONS:
-                    self._drop_one()
-            self._current = proc
-        proc.feed(sample_key(sample), sample)
+            proc = self._switch(incarnation, sample)
+        proc.feed(sample)
+
+    def _switch(self, incarnation: str, sample: Sample) -> _Process:
+        if self._current is None:
+            proc = self._current = _Process(incarnation, *sample_key(sample))
+            return proc
+        if self._procs is None:
+            self._procs = {self._current.incarnation: self._current}
+        proc = self._procs.get(incarnation)  # type: ignore[assignment]
+        if proc is None:
+            proc = self._procs[incarnation] = _Process(incarnation, *sample_key(sample))
+            if len(self._procs) > MAX_INCARNATIONS:
+                self._drop_one()
+        self._current = proc
+        return proc
+
+    def _all(self) -> list[_Process]:
+        if self._procs is not None:
+            return list(self._procs.values())
+        return [] if self._current is None else [self._current]
 
     def _drop_one(self) -> None:
-        ordered = sorted(self._procs.values(), key=lambda p: p.first[1])
+        assert self._procs is not None
+        ordered = sorted(self._procs.values(), key=lambda p: p.first_ts)
         gone = ordered[1]  # the oldest but the first: the first failure usually lies in the first
         del self._procs[gone.incarnation]
         record = gone.record()
@@ -186,33 +223,34 @@ class RankLife:
 
     def add_record(self, record: IncarnationRecord) -> None:
         """Take a record computed elsewhere (the store's summary of a finished run)."""
-        key_first = (record.first.step, record.first.ts, 0)
-        proc = _Process(record.incarnation, key_first)
-        proc.last = (record.last.step, record.last.ts, 0)
+        proc = _Process(record.incarnation, record.first.step, record.first.ts, 0)
+        proc.last_step, proc.last_ts = record.last.step, record.last.ts
         proc.exit, proc.oom_marked, proc.ooms, proc.marked = record.exit, record.oom_marked, record.ooms, record.marked
         proc.oom_at = None if record.oom_at is None else (record.oom_at.step, record.oom_at.ts, 0)
         proc.first_oom = None if record.first_oom is None else (record.first_oom.step, record.first_oom.ts, 0)
-        self._procs[record.incarnation] = proc
+        procs = self._procs if self._procs is not None else {p.incarnation: p for p in self._all()}
+        procs[record.incarnation] = proc
+        self._procs, self._current = procs, proc
 
     def records(self) -> tuple[IncarnationRecord, ...]:
         """Incarnations in the order they started (first sample's time)."""
-        return tuple(p.record() for p in sorted(self._procs.values(), key=lambda p: (p.first[1], p.first[0])))
+        return tuple(p.record() for p in sorted(self._all(), key=lambda p: (p.first_ts, p.first_step)))
 
     @property
     def ooms(self) -> int:
         """OOMs of every process of this rank: monotonic across restarts."""
-        return self.dropped_ooms + sum(p.ooms for p in self._procs.values())
+        return self.dropped_ooms + sum(p.ooms for p in self._all())
 
     @property
     def restarts(self) -> int:
         """Processes after the first: monotonic."""
-        return self.dropped + max(0, len(self._procs) - 1)
+        return self.dropped + max(0, len(self._all()) - 1)
 
     @property
     def incarnation(self) -> str:
         """The latest process's id ("" before any sample)."""
-        procs = self._procs.values()
-        return max(procs, key=lambda p: (p.first[1], p.first[0])).incarnation if procs else ""
+        procs = self._all()
+        return max(procs, key=lambda p: (p.first_ts, p.first_step)).incarnation if procs else ""
 
 
 # ---------------------------------------------------------------- the judgement
@@ -363,10 +401,15 @@ class RunStory:
         return self.tally.status
 
     def rank(self, host: str, rank: int) -> RankStory | None:
+        """One rank's story: O(ranks); for many look-ups, :meth:`index`."""
         for story in self.ranks:
             if story.rank == rank and story.host == host:
                 return story
         return None
+
+    def index(self) -> dict[tuple[str, int], RankStory]:
+        """Every rank's story by (host, rank): O(ranks) once."""
+        return {(r.host, r.rank): r for r in self.ranks}
 
 
 class _Peers:
@@ -387,12 +430,13 @@ class _Peers:
         return self.went_on[i - 1] if i else float("-inf")
 
 
-def _outcome(rec: IncarnationRecord, *, superseded: bool, peers: _Peers, run_quiet: bool) -> Outcome:
+def _outcome(rec: IncarnationRecord, *, superseded: bool, peers: _Peers, run_quiet: bool, window: float
+             ) -> Outcome:
     if rec.exit:
         return Outcome.EXITED
     if rec.oom_is_last_word:
         return Outcome.OOM
-    killed_alone = peers.latest_end_of_started_by(rec.last.ts) - rec.last.ts > SILENT_AFTER_S
+    killed_alone = peers.latest_end_of_started_by(rec.last.ts) - rec.last.ts > window
     if not (superseded or killed_alone or run_quiet):
         return Outcome.RUNNING
     if not rec.marked:
@@ -404,15 +448,16 @@ _LIVENESS = {Outcome.EXITED: Liveness.EXITED, Outcome.ENDED: Liveness.ENDED, Out
              Outcome.KILLED: Liveness.DEAD, Outcome.STOPPED: Liveness.DEAD}
 
 
-def _rank_story(life: RankLife, peers: _Peers, *, now: float, run_last: float) -> RankStory:
+def _rank_story(life: RankLife, peers: _Peers, *, now: float, run_last: float, window: float) -> RankStory:
     records = life.records()
-    run_quiet = now - run_last > SILENT_AFTER_S
+    run_quiet = now - run_last > window
     judged = tuple(
-        Incarnation(rec, _outcome(rec, superseded=i < len(records) - 1, peers=peers, run_quiet=run_quiet))
+        Incarnation(rec, _outcome(rec, superseded=i < len(records) - 1, peers=peers, run_quiet=run_quiet,
+                                  window=window))
         for i, rec in enumerate(records))
     current = judged[-1]
     if current.outcome == Outcome.RUNNING:
-        quiet = now - current.record.last.ts > SILENT_AFTER_S and now - run_last < RUN_ACTIVE_S
+        quiet = now - current.record.last.ts > window and now - run_last < RUN_ACTIVE_S
         liveness = Liveness.SILENT if quiet else Liveness.LIVE
     else:
         liveness = _LIVENESS[current.outcome]
@@ -443,16 +488,23 @@ def first_failure(ranks: Iterable[RankStory]) -> Failure | None:
     return min(found, key=lambda f: (f.cause == Outcome.STOPPED, f.ts, f.cause != Outcome.OOM, f.rank, f.host))
 
 
-def judge(run: str, ranks: Iterable[RankLife], now: float) -> RunStory:
+def judge(run: str, ranks: Iterable[RankLife], now: float, *, silent_after_s: float = SILENT_AFTER_S,
+          stopped: bool = False) -> RunStory:
     """The run's story at ``now`` from its ranks' folds. Pure: the same records and ``now`` give
-    the same story. Ranks without a sample are left out. O(n log n) in incarnations."""
-    lives = sorted((life for life in ranks if life._procs), key=lambda life: (life.rank, life.host))
+    the same story. Ranks without a sample are left out. O(n log n) in incarnations.
+
+    ``silent_after_s``: the silence window (every view uses the default; ``vramwatch postmortem
+    --silent-after`` asks for another). ``stopped``: the run is known to have stopped (a collector
+    retired it): judged no earlier than the silence window after its latest sample."""
+    lives = sorted((life for life in ranks if life._current is not None), key=lambda life: (life.rank, life.host))
     records = [rec for life in lives for rec in life.records()]
     if not records:
         return RunStory(run, now, (), RunTally(), None, None)
     peers = _Peers([(rec.first.ts, rec.last.ts) for rec in records])
     latest = max(records, key=lambda rec: rec.last.ts).last
-    stories = tuple(_rank_story(life, peers, now=now, run_last=latest.ts) for life in lives)
+    if stopped:
+        now = max(now, latest.ts + silent_after_s + 1.0)
+    stories = tuple(_rank_story(life, peers, now=now, run_last=latest.ts, window=silent_after_s) for life in lives)
     return RunStory(run, now, stories, RunTally.of(stories), latest, first_failure(stories))
 
 
@@ -471,7 +523,7 @@ class RunLife:
         """The rank's fold (created empty on first use)."""
         life = self._ranks.get((host, rank))
         if life is None:
-            life = self._ranks[(host, rank)] = RankLife(self.run, host, rank)
+            life = self._ranks[(host, rank)] = RankLife(host, rank)
         return life
 
     def feed(self, sample: Sample) -> None:
