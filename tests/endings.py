@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.helpers import make_sample
+from helpers import make_sample
 
 T0 = 1_760_000_000.0
 RANKS = 4

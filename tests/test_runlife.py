@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from endings import ENDINGS, KILL_STEP, RANKS, T0, job_killed, one_killed, oom_restart_finish
+from helpers import make_sample
 
-from tests.endings import ENDINGS, KILL_STEP, RANKS, T0, job_killed, one_killed, oom_restart_finish
-from tests.helpers import make_sample
 from vramwatch import runlife, verdicts
 from vramwatch.runlife import Outcome, RunLife, RunTally, fold, judge
 from vramwatch.verdicts import SILENT_AFTER_S, Liveness, RunStatus
