@@ -25,8 +25,8 @@ from vramwatch.decisions.gate import gate
 from vramwatch.decisions.live import DecisionEngine
 from vramwatch.decisions.model import fit_transient
 from vramwatch.decisions.observe import RunObservation, observe
-from vramwatch.decisions.readiness import run_readiness
 from vramwatch.decisions.scenarios import regression_overrides, token_trace, token_truth
+from vramwatch.decisions.views import run_readiness
 from vramwatch.engine import TrendEngine
 from vramwatch.engine.analyze import analyze_paths
 

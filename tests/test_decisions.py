@@ -12,9 +12,10 @@ from vramwatch.decisions.gate import gate
 from vramwatch.decisions.model import BUCKET_WIDTH, PROPORTIONAL_UNCERTAINTY, RankModelBuilder
 from vramwatch.decisions.nextstep import ACTIONS, EXTRAPOLATION_LIMIT
 from vramwatch.decisions.observe import RunObservation, observe
-from vramwatch.decisions.readiness import ReadinessConfig, plateau_held_steps, run_readiness
+from vramwatch.decisions.readiness import ReadinessConfig, plateau_held_steps
 from vramwatch.decisions.reasons import CAUSES
 from vramwatch.decisions.scenarios import regression_overrides, token_trace, token_truth
+from vramwatch.decisions.views import run_readiness
 from vramwatch.probe.simulated import SCENARIOS, simulate_trace
 from vramwatch.units import gib
 

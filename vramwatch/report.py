@@ -32,12 +32,13 @@ import orjson
 from vramwatch import verdicts
 from vramwatch.collector.app import dashboard_dir, dashboard_plotly_js_path
 from vramwatch.collector.bundle import BundleError, bundle
-from vramwatch.collector.live import LiveState
+from vramwatch.collector.live import LiveState, summary_row
 from vramwatch.collector.rows import MAX_RANK_ROWS, rank_rows
 from vramwatch.collector.snapshots import SnapshotStore
 from vramwatch.collector.store import Store
 from vramwatch.collector.views import run_chart, run_heatmap
 from vramwatch.evidence import postmortem
+from vramwatch.runlife import RunStory
 
 #: Fields the run page charts (the rank chart's list in rankchart.js, and memsplit.js's
 #: device split / host memory fields).
@@ -78,7 +79,9 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
         live = LiveState()
         live.rebuild(store.iter_samples(run))
         states = live.for_run(run)
-        rows = rank_rows(states, now=time.time())
+        now = time.time()
+        story = live.story(run, states, now)  # one judgement for the table, the runs row and the post-mortem
+        rows = rank_rows(states, story)
         # the ranks to embed: the rows' worst-first order, the one report --url uses too
         by_key = {(s.host, s.rank): s for s in states}
         chosen = [by_key[r["host"], r["rank"]] for r in sorted(rows, key=_row_order)[:MAX_SERIES_RANKS]]
@@ -95,7 +98,7 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             key = f"{s.host}\u0000{s.rank}"
             series[key] = run_chart(store, run, s.rank, host=s.host, fields=list(SERIES_FIELDS), points=per_rank)
             phases[key] = store.phase_samples(run, s.host, s.rank)
-        evidence = _evidence(db_path, run, store)
+        evidence = _evidence(db_path, run, store, story)
         heatmap = {
             x: {f: run_heatmap(store, run, field=f, x=x, cols=HEATMAP_COLS) for f in ("headroom", "reserved")}
             for x in ("step", "ts")
@@ -104,7 +107,7 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             "run": run,
             "generated_at": time.time(),
             "db": os.path.basename(db_path),
-            "runs": [r for r in live.run_summaries() if r["run"] == run],
+            "runs": [summary_row(states, story, now)],
             "ranks": rows,
             "series": series,
             "phases": phases,
@@ -116,11 +119,11 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
         store.close()
 
 
-def _evidence(db_path: str, run: str, store: Store) -> dict[str, Any]:
+def _evidence(db_path: str, run: str, store: Store, story: RunStory) -> dict[str, Any]:
     """The run's snapshot list, and its post-mortem when a rank failed (``postmortem`` key
     absent otherwise). Cost: two sequential reads of the run's samples."""
     snaps = [i.to_dict() for i in SnapshotStore.beside(db_path).list(run)]
-    pm = postmortem.build(run, lambda: store.iter_samples(run), now=time.time())
+    pm = postmortem.build(run, lambda: store.iter_samples(run), now=story.now, story=story)
     out: dict[str, Any] = {"snapshots": snaps}
     if pm.first_failure is not None:
         pm.snapshots = snaps

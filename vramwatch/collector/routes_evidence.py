@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vramwatch.collector.snapshots import DEFAULT_STEPS, MAX_STEPS, SnapshotError
 from vramwatch.evidence import postmortem as _postmortem
+from vramwatch.verdicts import SILENT_AFTER_S
 from vramwatch.wire import MAX_INT, MAX_NAME, series_key
 
 _CHUNK = 1 << 20
@@ -123,12 +124,18 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
                                  headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
     @router.get("/api/v1/runs/{run:path}/postmortem", dependencies=read)
-    def postmortem(request: Request, run: str, silent_after_s: Annotated[float, Query(gt=0, le=86400)] = 300.0
+    def postmortem(request: Request, run: str, silent_after_s: Annotated[float, Query(gt=0, le=86400)] = SILENT_AFTER_S
                    ) -> dict[str, Any]:
         store = request.app.state.store
         if run not in store.runs():
             raise HTTPException(404, f"run: no run {run!r}")
-        pm = _postmortem.build(run, lambda: store.iter_samples(run), now=time.time(), silent_after_s=silent_after_s)
+        live = request.app.state.live
+        states = live.for_run(run) or live.revived(run, store.iter_samples)
+        # the live state's judgement, so this answer and /runs, /ranks, /metrics tell one story;
+        # another silence window is a judgement of its own
+        story = live.story(run, states, time.time()) if states and silent_after_s == SILENT_AFTER_S else None
+        pm = _postmortem.build(run, lambda: store.iter_samples(run), now=time.time(), silent_after_s=silent_after_s,
+                               story=story)
         pm.snapshots = [i.to_dict() for i in request.app.state.snapshots.list(run)]
         return pm.to_dict()
 

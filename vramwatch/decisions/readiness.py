@@ -27,7 +27,7 @@ from typing import Any
 from vramwatch.units import gib, mib
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
-from .observe import LOOP_CAUSES, PlateauClock, RankTrack, RunObservation
+from .observe import LOOP_CAUSES, PlateauClock, RankTrack
 from .reasons import BATCH_CAUSES, Reason
 
 VERDICTS = ("ready", "not_ready", "unsafe")  # best first; severity is the index
@@ -206,13 +206,6 @@ def with_death(r: RankReadiness, text: str) -> RankReadiness:
                          r.min_headroom_bytes, r.min_headroom_phase, causes, r.steps_to_oom, r.tokens)
 
 
-def run_readiness(obs: RunObservation, config: ReadinessConfig | None = None) -> Readiness:
-    """The run's verdict: its worst rank's, with the reasons of every rank at that verdict (O(ranks))."""
-    from .views import run_view  # deaths are judged across ranks, on the run's view
-
-    return run_view(obs, config or ReadinessConfig()).readiness
-
-
 def _most_serious(r: RankReadiness) -> tuple[int, float]:
     """Sort key: the most serious cause first, then the soonest OOM (a leak that runs out first)."""
     serious = min(UNSAFE_CAUSES.index(c) for c in r.causes) if r.causes else len(UNSAFE_CAUSES)
@@ -265,4 +258,4 @@ def _condense(reasons: tuple[Reason, ...], keep: int = 6) -> tuple[Reason, ...]:
 
 
 __all__ = ["UNSAFE_CAUSES", "VERDICTS", "RankReadiness", "Readiness", "ReadinessConfig", "combine",
-           "plateau_held_steps", "rank_readiness", "run_readiness", "with_death"]
+           "plateau_held_steps", "rank_readiness", "with_death"]

@@ -114,6 +114,12 @@ def run_view(obs: RunObservation, config: ReadinessConfig | None = None) -> RunV
     return judge(obs.run, [fitted(raw_view(t, config)) for t in obs.tracks()], obs.samples)
 
 
+def run_readiness(obs: RunObservation, config: ReadinessConfig | None = None) -> Readiness:
+    """The run's verdict: its worst rank's, with the reasons of every rank at that verdict
+    (deaths judged across the ranks). O(ranks x buckets²) beyond the replay."""
+    return run_view(obs, config).readiness
+
+
 def refit(run: RunView, references: list[RunView]) -> RunView:
     """``run`` with every rank's transient refitted on its own points plus the same rank's points
     in runs of the same job at other batch settings (matched by host and rank, else by rank)."""
@@ -123,6 +129,6 @@ def refit(run: RunView, references: list[RunView]) -> RunView:
     return replace(run, ranks=tuple(views))
 
 
-__all__ = ["UNFITTED", "RankView", "RunView", "fitted", "judge", "raw_view", "refit", "run_view",
+__all__ = ["UNFITTED", "RankView", "RunView", "fitted", "judge", "raw_view", "refit", "run_readiness", "run_view",
            "world_size_of"]
 
