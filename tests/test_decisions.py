@@ -438,3 +438,21 @@ def test_the_least_headroom_and_the_soonest_oom_are_named_on_their_own_ranks() -
     from vramwatch.cli.decisions import advice_text
 
     assert f"worst headroom {gib(tight.min_headroom_bytes)} on rank {tight.rank})" in advice_text(result)
+
+
+def test_a_rank_killed_while_the_job_went_on_is_a_death_the_gate_and_the_advice_name() -> None:
+    """How a process ended is the run-life model's judgement (vramwatch.runlife): rank 1 stops at
+    step 1,500 without an exit or an OOM while rank 0 goes on for 1,500 s more: killed."""
+    base = run_of("fixed", steps=3000, ranks=2)
+    samples = [s for r in range(2) for s in token_trace("fixed", steps=3000, run="cut", rank=r, seed=r, world_size=2)
+               if r == 0 or s["step"] <= 1500]
+    cut = observe(samples)["cut"]
+    result = advise(cut)
+    assert result.readiness.verdict == "unsafe" and result.readiness.causes[0] == "death"
+    assert result.readiness.worst_rank == 1 and result.action == "hold" and result.next.because.cause == "death"
+    assert [d.rank for d in result.evidence.deaths] == [1]
+    verdict = gate(base, cut, 0.03)
+    assert not verdict.passed and verdict.troubles[0].cause == "death" and verdict.troubles[0].rank == 1
+    assert verdict.line.startswith("FAIL: rank 1: killed at step 1,500") and "(cause death;" in verdict.line
+    # the baseline had the same death: not the candidate's doing
+    assert gate(cut, cut, 0.03).passed

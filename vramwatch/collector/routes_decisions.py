@@ -59,7 +59,9 @@ def run_view_of(request: Request, run: str, config: ReadinessConfig, field: str 
     states = _states(request, run, field)
     engines = [s.engine for s in states]
     if all(isinstance(e, DecisionEngine) for e in engines):
-        return judge(run, [fitted(e.view(config)) for e in engines], sum(s.samples for s in states))
+        # how each process ended: the collector's own run-life folds (vramwatch.runlife)
+        return judge(run, [fitted(e.view(config)) for e in engines], sum(s.samples for s in states),
+                     [s.life for s in states])
     return run_view(_observe(request, run), config)
 
 

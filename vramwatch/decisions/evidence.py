@@ -14,14 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from vramwatch.verdicts import Outcome
+
 from .reasons import BATCH_CAUSES
-from .trials import OomRecord, Trial, outcomes
+from .trials import OomRecord, Trial, with_outcomes
 
 #: Inferred granularity never exceeds this (a context length: settable batches are multiples of it).
 MAX_GRANULE = 4096
 #: With tokens varying inside a process (packing up to a cap) the samples do not show what is
 #: settable: the granularity is then the largest power of two within this share of the batch.
 VARYING_GRANULE_SHARE = 0.02
+#: A rank's death (vramwatch.runlife): killed alone while the job went on.
+KILLED = str(Outcome.KILLED)
 #: Two OOMs at settings within this share of each other are OOMs at the same setting.
 SAME_SETTING = 0.01
 
@@ -75,10 +79,11 @@ class Death:
 
 
 def judged_trials(ranks: list[RankTrials]) -> list[RankTrials]:
-    """The same ranks with every process's outcome judged across them (:func:`.trials.outcomes`,
-    the run's clock being its newest sample)."""
-    last = max((t.last_ts for r in ranks for t in r.trials), default=0.0)
-    judged = outcomes([((r.host, r.rank), r.trials) for r in ranks], last)
+    """The same ranks (of one run) with every process's outcome judged across them by the run-life
+    model (:func:`.trials.with_outcomes`): how a front joins the trials of several collectors."""
+    if not ranks:
+        return []
+    judged = with_outcomes(ranks[0].run, [(r.host, r.rank, r.trials) for r in ranks])
     return [replace(r, trials=ts) for r, ts in zip(ranks, judged, strict=True)]
 
 
@@ -176,7 +181,7 @@ def gather(run: str, ranks: list[RankTrials], world_size: int, references: list[
                 epochs.setdefault((r.run, t.ordinal), []).append(t)
                 if t.oom is not None:
                     ooms.append(OomAt(r.run, r.host, r.rank, t.ordinal, t.oom))
-                elif t.outcome == "died":
+                elif t.outcome == KILLED:
                     deaths.append(Death(r.run, r.host, r.rank, t.ordinal, t.last_step, t.last_ts))
         for (name, ordinal), trials in epochs.items():
             tokens = max((t.tokens or 0 for t in trials), default=0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .evidence import RankTrials, judged_trials
+from .evidence import KILLED, RankTrials, judged_trials
 from .observe import RunObservation
 from .readiness import UNSAFE_CAUSES, ReadinessConfig
 from .reasons import Reason
@@ -70,9 +70,9 @@ class RankFigures:
                 at = f" at {o.tokens:,} tokens per step" if o.tokens else ""
                 found["oom"] = Reason("oom", f"rank {rank}: OOM at step {o.step:,} ({o.phase}){at}, cause "
                                              f"{o.cause}: {o.detail}", rank)
-            if t.outcome == "died" and "death" not in found:
-                found["death"] = Reason("death", f"rank {rank}: stopped at step {t.last_step:,} without a clean exit "
-                                                 "or an OOM while the job went on", rank)
+            if t.outcome == KILLED and "death" not in found:
+                found["death"] = Reason("death", f"rank {rank}: killed at step {t.last_step:,} (no clean exit, no "
+                                                 "OOM) while the job went on", rank)
             if t.leak is not None and "leak" not in found:
                 found["leak"] = Reason("leak", f"rank {rank}: {leak_text(t.leak)}", rank)
             if t.fragmentation_step is not None and "fragmentation" not in found:

@@ -15,7 +15,7 @@ first that applies decides:
    **fix** while that process still runs, **hold** once a new one runs;
 5. worst headroom under the margin: **back off** to the last proven batch, else by the model (a
    phase that alone breaks the margin at any batch: **fix** that phase, lowering is not enough);
-6. a rank died, or the plateau broke and has not settled: **hold**;
+6. a rank was killed while the job went on, or the plateau broke and has not settled: **hold**;
 7. not proven yet (plateau, checkpoints): **hold**;
 8. proven: **raise** to the next settable batch (at least 2 % up, at most 1.3x) if it is below every
    batch that ran out of memory and keeps the margin by the model; else **hold** and say why.

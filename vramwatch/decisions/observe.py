@@ -16,6 +16,7 @@ from typing import Any
 
 from vramwatch.engine import TrendEngine
 from vramwatch.engine.blocks import keep_last
+from vramwatch.runlife import RunLife
 from vramwatch.verdicts import headroom_bytes
 
 from .model import RankModelBuilder, folded_fields
@@ -178,6 +179,8 @@ class RankTrack:
         held = self.plateau.held(step, self.engine.state)
         if held > trial.plateau_steps:
             trial.plateau_steps = held
+        if ooms is not None or sample.get("exit"):
+            trial.marked = True
         if sample.get("exit"):
             trial.exited = True
         self.last_step, self.last_ts = step, ts
@@ -219,6 +222,8 @@ class RunObservation:
     run: str
     ranks: dict[tuple[str, int], RankTrack] = field(default_factory=dict)
     samples: int = 0
+    #: the run-life model's fold of the same samples (how each process ended: vramwatch.runlife)
+    life: RunLife | None = None
 
     def tracks(self) -> list[RankTrack]:
         return [self.ranks[k] for k in sorted(self.ranks, key=lambda k: (k[1], k[0]))]
@@ -236,12 +241,13 @@ def observe(samples: Iterable[dict[str, Any]]) -> dict[str, RunObservation]:
         run = sample["run"]
         obs = runs.get(run)
         if obs is None:
-            obs = runs[run] = RunObservation(run)
+            obs = runs[run] = RunObservation(run, life=RunLife(run))
         key = (sample["host"], sample["rank"])
         track = obs.ranks.get(key)
         if track is None:
             track = obs.ranks[key] = RankTrack(run, sample["host"], sample["rank"])
         track.update(sample)
+        obs.life.feed(sample)  # type: ignore[union-attr]
         obs.samples += 1
     return runs
 

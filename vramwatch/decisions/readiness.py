@@ -5,7 +5,7 @@ has held for 2-3 thousand steps *and* it has survived a checkpoint save, with ma
 left; on an OOM or unstable peaks go back at once. Per rank:
 
 * ``unsafe``: an OOM of the current process (or an earlier one at this batch or a smaller one,
-  for a reason of the batch), a rank that died while the job went on, a leak, fragmentation, a
+  for a reason of the batch), a rank killed while the job went on (vramwatch.runlife), a leak, fragmentation, a
   plateau break the training loop itself caused and that has not settled, or worst headroom
   under the margin;
 * ``not_ready``: none of that, but the plateau has held fewer than ``plateau_steps``

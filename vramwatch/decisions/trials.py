@@ -9,8 +9,9 @@ engine had detected, a raise above a setting that had held, a phase's own peak, 
 peak at that batch.
 
 :class:`~vramwatch.decisions.observe.RankTrack` folds one rank's samples into its trials online
-(O(1) per sample, at most :data:`MAX_TRIALS` kept); :func:`outcomes` tells, across the ranks of a run, how each
-process ended. :mod:`.evidence` turns the trials of a run (and of reference runs) into what
+(O(1) per sample, at most :data:`MAX_TRIALS` kept); how each process ended is the run-life model's
+judgement (:func:`with_outcomes`, :mod:`vramwatch.runlife`), never decided here. :mod:`.evidence`
+turns the trials of a run (and of reference runs) into what
 was proven and what ran out of memory, which the advice never overrides.
 """
 
@@ -19,17 +20,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from vramwatch.runlife import IncarnationRecord, Moment, RankLife, judge
 from vramwatch.units import mib
-from vramwatch.verdicts import SILENT_AFTER_S
+from vramwatch.verdicts import Outcome
 
 from .reasons import OOM_CAUSES
 
 #: Processes kept per rank (the latest); older ones leave their evidence behind with them.
 MAX_TRIALS = 64
-#: How a process ended. running: the latest, still sending; exited: a clean close; oom: ran out
-#: of memory; stopped: ended together with the job (another rank failed, or the job stopped);
-#: died: ended on its own, without a clean exit or an OOM, while the job went on.
-OUTCOMES = ("running", "exited", "oom", "stopped", "died")
+#: How a process ended: the run-life model's outcomes (:class:`vramwatch.verdicts.Outcome`, judged by
+#: :func:`vramwatch.runlife.judge`); ``killed`` (alone, while the job went on) is a rank's death.
+OUTCOMES = tuple(str(o) for o in Outcome)
 
 
 @dataclass(frozen=True)
@@ -86,10 +87,11 @@ class Trial:
     min_headroom_phase: str | None = None
     total_bytes: int | None = None
     exited: bool = False
+    marked: bool = False  # its source sends the hook's OOM counter or end marker (a silent end is a death)
     oom: OomRecord | None = None
     leak: LeakSeen | None = None
     fragmentation_step: int | None = None
-    outcome: str = "running"  # set by outcomes() on copies; the log itself never judges it
+    outcome: str = "running"  # set by with_outcomes() on copies; the track itself never judges it
     pending_checkpoint: bool = False
 
     @property
@@ -105,7 +107,7 @@ class Trial:
             "tokens_min": self.tokens_min, "plateau_steps": self.plateau_steps,
             "checkpoints_passed": self.checkpoints_passed, "min_headroom_bytes": self.min_headroom_bytes,
             "min_headroom_phase": self.min_headroom_phase, "total_bytes": self.total_bytes, "exited": self.exited,
-            "outcome": self.outcome, "oom": self.oom.as_dict() if self.oom else None,
+            "marked": self.marked, "outcome": self.outcome, "oom": self.oom.as_dict() if self.oom else None,
             "leak": None if leak is None else {"step": leak.step, "slope_bytes_per_step": leak.slope_bytes_per_step,
                                                "source": leak.source, "steps_to_oom": leak.steps_to_oom},
             "fragmentation_step": self.fragmentation_step,
@@ -123,7 +125,7 @@ class Trial:
             int(doc["last_step"]), float(doc["last_ts"]), _int(doc.get("tokens")), _int(doc.get("tokens_min")),
             int(doc["plateau_steps"]), int(doc["checkpoints_passed"]), _int(doc.get("min_headroom_bytes")),
             doc.get("min_headroom_phase"), _int(doc.get("total_bytes")), bool(doc.get("exited")),
-            OomRecord.from_dict(doc["oom"]) if doc.get("oom") else None,
+            bool(doc.get("marked")), OomRecord.from_dict(doc["oom"]) if doc.get("oom") else None,
             None if not leak else LeakSeen(int(leak["step"]), float(leak["slope_bytes_per_step"]), leak.get("source"),
                                            _int(leak.get("steps_to_oom"))),
             _int(doc.get("fragmentation_step")), outcome)
@@ -186,37 +188,36 @@ def note_event(trial: Trial, event: dict[str, Any]) -> None:
         trial.fragmentation_step = int(event["step"])
 
 
-def outcomes(ranks: list[tuple[Any, tuple[Trial, ...]]], run_last_ts: float) -> list[tuple[Trial, ...]]:
-    """How every process of a run ended, judged across its ranks; ``ranks``: (key, trials) per rank.
+def record_of(trial: Trial) -> IncarnationRecord:
+    """The run-life model's record of a process, from what the trial kept of it (a front joins
+    shards' trials this way: the judgement is :func:`vramwatch.runlife.judge`'s either way)."""
+    first, last = Moment(trial.first_step, trial.first_ts), Moment(trial.last_step, trial.last_ts)
+    oom = None if trial.oom is None else Moment(trial.oom.step, trial.oom.ts)
+    return IncarnationRecord(str(trial.incarnation or ""), first, last, trial.exited, False,
+                             0 if oom is None else 1, oom, oom, trial.marked)
 
-    A process that ran out of memory is ``oom``, a clean close ``exited``. A process that ended
-    otherwise (replaced by a new one, or silent while the run went on) ``died`` when it ended more
-    than :data:`vramwatch.verdicts.SILENT_AFTER_S` before the other ranks' processes of the same
-    ordinal (the job went on without it), else it ``stopped`` with the job. The latest process of a
-    rank that is still sending is ``running``. Returns copies with ``outcome`` set. O(processes).
-    """
-    ends: dict[int, float] = {}
-    for _key, trials in ranks:
-        for i, t in enumerate(trials):
-            end = run_last_ts if i == len(trials) - 1 and run_last_ts - t.last_ts <= SILENT_AFTER_S else t.last_ts
-            ends[t.ordinal] = max(ends.get(t.ordinal, end), end)
+
+def with_outcomes(run: str, ranks: list[tuple[str, int, tuple[Trial, ...]]],
+                  lives: list[RankLife] | None = None) -> list[tuple[Trial, ...]]:
+    """Every process's trial with the outcome the run-life model judges (:func:`vramwatch.runlife.judge`,
+    at the run's own clock: its latest sample). ``lives``: the run's folds (the collector's, or a
+    replay's); without them they are rebuilt from the trials' records. O(processes log processes)."""
+    if lives is None:
+        lives = []
+        for host, rank, trials in ranks:
+            life = RankLife(host, rank)
+            for t in trials:
+                life.add_record(record_of(t))
+            lives.append(life)
+    now = max((t.last_ts for _, _, trials in ranks for t in trials), default=0.0)
+    story = judge(run, lives, now)
     out = []
-    for _key, trials in ranks:
-        judged = []
-        for i, t in enumerate(trials):
-            latest = i == len(trials) - 1
-            if t.oom is not None:
-                outcome = "oom"
-            elif t.exited:
-                outcome = "exited"
-            elif latest and run_last_ts - t.last_ts <= SILENT_AFTER_S:
-                outcome = "running"
-            else:
-                outcome = "died" if ends[t.ordinal] - t.last_ts > SILENT_AFTER_S else "stopped"
-            judged.append(replace(t, outcome=outcome))
-        out.append(tuple(judged))
+    for host, rank, trials in ranks:
+        told = story.rank(host, rank)
+        judged = {inc.record.incarnation: str(inc.outcome) for inc in told.incarnations} if told else {}
+        out.append(tuple(replace(t, outcome=judged.get(str(t.incarnation or ""), t.outcome)) for t in trials))
     return out
 
 
 __all__ = ["MAX_TRIALS", "OUTCOMES", "LeakSeen", "OomRecord", "Trial", "leak_text", "note_event", "oom_cause",
-           "outcomes", "record_oom"]
+           "record_of", "record_oom", "with_outcomes"]

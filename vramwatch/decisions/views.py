@@ -16,11 +16,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from vramwatch.runlife import RankLife
+from vramwatch.verdicts import Outcome
+
 from .evidence import RankTrials
 from .model import Bucket, RankModel, TransientFit, fit_transient, fold_points
 from .observe import RankTrack, RunObservation
 from .readiness import RankReadiness, Readiness, ReadinessConfig, combine, rank_readiness, with_death
-from .trials import Trial, outcomes
+from .trials import Trial, with_outcomes
+
+#: A rank's death, for the decisions: killed alone while the job went on (vramwatch.runlife).
+KILLED = str(Outcome.KILLED)
 
 #: The placeholder fit of a raw view (replaced by :func:`fitted`).
 UNFITTED = TransientFit("none", 0.0, 0.0, 0, None, None, None, None, 1.0)
@@ -90,19 +96,19 @@ def world_size_of(models: Iterable[RankModel]) -> int:
     return max(sizes) if sizes else len({m.rank for m in models})
 
 
-def judge(run: str, views: list[RankView], samples: int) -> RunView:
-    """The run's view from its ranks' (fitted) views: how each process ended (:func:`.trials.outcomes`),
-    a rank whose current process died made unsafe, readiness combined. O(ranks + processes)."""
+def judge(run: str, views: list[RankView], samples: int, lives: list[RankLife] | None = None) -> RunView:
+    """The run's view from its ranks' (fitted) views: how each process ended (the run-life model's
+    judgement over ``lives``, the run's folds, else over the trials' records: :func:`.trials.with_outcomes`),
+    a rank whose current process was killed made unsafe, readiness combined. O(ranks + processes)."""
     views = sorted(views, key=lambda v: (v.rank, v.host))
-    last = max((v.last_ts for v in views if v.last_ts is not None), default=0.0)
-    judged = outcomes([((v.host, v.rank), v.trials) for v in views], last)
+    judged = with_outcomes(run, [(v.host, v.rank, v.trials) for v in views], lives)
     out = []
     for view, trials in zip(views, judged, strict=True):
         readiness = view.readiness
         now = trials[-1] if trials else None
-        if now is not None and now.outcome == "died":
-            readiness = with_death(readiness, f"rank {view.rank}: stopped at step {now.last_step:,} without a clean "
-                                              "exit or an OOM while the job went on")
+        if now is not None and now.outcome == KILLED:
+            readiness = with_death(readiness, f"rank {view.rank}: killed at step {now.last_step:,} (no clean exit, "
+                                              "no OOM) while the job went on")
         out.append(replace(view, trials=trials, readiness=readiness))
     return RunView(run, tuple(out), world_size_of(v.model for v in out), samples,
                    combine(tuple(v.readiness for v in out)))
@@ -111,7 +117,8 @@ def judge(run: str, views: list[RankView], samples: int) -> RunView:
 def run_view(obs: RunObservation, config: ReadinessConfig | None = None) -> RunView:
     """A replayed run's view (O(samples) already spent: O(ranks x buckets²) here)."""
     config = config or ReadinessConfig()
-    return judge(obs.run, [fitted(raw_view(t, config)) for t in obs.tracks()], obs.samples)
+    lives = obs.life.ranks() if obs.life is not None else None
+    return judge(obs.run, [fitted(raw_view(t, config)) for t in obs.tracks()], obs.samples, lives)
 
 
 def run_readiness(obs: RunObservation, config: ReadinessConfig | None = None) -> Readiness:
