@@ -169,15 +169,19 @@ def _back_off_oom(ctx: _Ctx) -> NextStep | None:
     if len(again) >= 2:
         n = ctx.ev.settable((1 - RECURRENCE_CUT) * s)
         steps = ", ".join(f"{x.record.step:,}" for x in again[:4])
+        wide = "" if n >= (1 - 2 * RECURRENCE_CUT) * s else f" (the nearest settable batch: {n / s - 1:+.1%})"
         return ctx.step("back_off", n, Reason("recurrence", f"{len(again)} OOMs at {s:,} tokens per step (steps "
-                                                            f"{steps}; the latest: {o.detail}); cut 5-10 % below it",
-                                              top.rank))
+                                                            f"{steps}; the latest: {o.detail}); cut 5-10 % below "
+                                                            f"it{wide}", top.rank))
     below = ctx.ev.proven_below(s)
     if below is not None:
         return ctx.step("back_off", below.tokens, Reason(o.cause, f"{what}; back to the last proven "
                                                                   f"{below.tokens:,} (run {below.run})", top.rank))
-    allowed = min(ctx.best if ctx.best is not None else s - 1, s - 1)
-    n = ctx.ev.settable(allowed)
+    if ctx.best == 0:
+        return ctx.step("fix", ctx.current, Reason("phase_peak", f"{what}; no batch keeps the margin by the model "
+                                                                 "(a phase alone breaks it): reduce that phase's "
+                                                                 "memory, lowering is not enough", top.rank))
+    n = ctx.ev.settable(min(ctx.best if ctx.best is not None else s - 1, s - 1))
     return ctx.step("back_off", n, Reason(o.cause, f"{what}; nothing proven below it: the largest settable batch "
                                                    f"the evidence and the model allow", top.rank))
 
@@ -249,9 +253,10 @@ def _raise(ctx: _Ctx) -> NextStep:
     top = ctx.ev.ceiling()
     if top is not None and n >= (top.record.tokens or 0):
         o = top.record
+        which = "the one" if n == o.tokens else f"above {o.tokens:,}, the one"
         return ctx.step("hold", ctx.current, Reason(
-            "oom_ceiling", f"proven; the next settable batch {n:,} is at or above {o.tokens:,}, which ran out of "
-                           f"memory (rank {top.rank}, step {o.step:,}, {o.phase})", top.rank))
+            "oom_ceiling", f"proven; the next settable batch, {n:,}, is {which} that ran out of memory (rank "
+                           f"{top.rank}, step {o.step:,}, {o.phase})", top.rank))
     if n > ctx.current * EXTRAPOLATION_LIMIT:
         return ctx.step("hold", ctx.current, Reason(
             "extrapolation", f"proven; the next settable batch {n:,} (granularity {ctx.ev.granularity:,}) is more "

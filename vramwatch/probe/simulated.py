@@ -242,6 +242,16 @@ class SimulatedProbe(BaseProbe):
         return _phases_at(self.params, step)
 
     @property
+    def tokens_per_step(self) -> int | None:
+        """The batch a training step runs (tokens per step per rank; None outside token mode)."""
+        return self._model.tokens_per_step or None
+
+    @property
+    def ooms(self) -> int:
+        """OOMs this simulated process has run into (what the allocator's counter says)."""
+        return self._model.ooms
+
+    @property
     def step_time_s(self) -> float:
         """The scenario's nominal seconds per step (the demo paces itself with it)."""
         return float(self.params["step_time_s"])
