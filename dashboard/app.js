@@ -32,9 +32,9 @@ import { memPanel, refreshMem } from "./memsplit.js";
 
 const POLL_MS = 1000; // new samples must show within 2 s
 const BIG_RUN = 256; // ranks: past this, overview panels refresh less often
-const ADVICE_EVERY = 30;
+const ADVICE_EVERY = 5; // polls: the collector decides on the tracks it holds (a copy per rank, a fit each)
 const MEM_EVERY = 5; // polls: device split and host memory of the selected rank
-const EVIDENCE_EVERY = 3; // polls: snapshot list (a directory listing); the post-mortem less often // polls: advice replays the run on the collector, so not every second
+const EVIDENCE_EVERY = 3; // polls: snapshot list (a directory listing); the post-mortem less often
 
 // ------------------------------------------------------------------ routing
 function parseRoute() {
@@ -267,6 +267,8 @@ async function pollRun() {
     if (S.tick === 0) {
       // first load: the rank chart first, the overview panels right after it, so their
       // (heavier, cold-cache) requests do not delay the chart
+      // the advice is the run's verdict: asked with the page, not when scrolled into view
+      work.push(refreshPanel("advice-panel", true));
       work.push(main.then(() => Promise.all([refreshPanel("chart-heatmap", true), refreshPanel("chart-overlay", true),
         refreshPanel("evidence-panel", true), refreshPanel("mem-panel", true)])));
     } else {

@@ -8,8 +8,9 @@ app.js and style.css, plotly.js inlined) with every API answer it needs embedded
 ``window.VRAMWATCH_STATIC``: the partial plotly bundle the dashboard serves (1.5 MB, not the
 full 4.8 MB one), verdicts from replaying the run through the same
 TrendEngine the collector uses, min/max-envelope series per rank (as ``/chart``), phases,
-events, the ranks x steps heatmaps, the snapshot list and, when a rank failed, the
-post-mortem (first failure, how each rank ended). Zooming works on the embedded points.
+events, the ranks x steps heatmaps, the snapshot list, the advice (readiness and the next step
+of the batch procedure) and, when a rank failed, the post-mortem (first failure, how each rank
+ended). Zooming works on the embedded points.
 
 Series are embedded for at most ``MAX_SERIES_RANKS`` ranks (the worst first, plus rank 0),
 sharing a budget of ``REPORT_POINTS`` chart points (each rank gets between
@@ -99,6 +100,7 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             series[key] = run_chart(store, run, s.rank, host=s.host, fields=list(SERIES_FIELDS), points=per_rank)
             phases[key] = store.phase_samples(run, s.host, s.rank)
         evidence = _evidence(db_path, run, store, story)
+        advice = _advice(run, states)
         heatmap = {
             x: {f: run_heatmap(store, run, field=f, x=x, cols=HEATMAP_COLS) for f in ("headroom", "reserved")}
             for x in ("step", "ts")
@@ -114,9 +116,22 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             "events": events,
             "heatmap": heatmap,
             **evidence,
+            **advice,
         }
     finally:
         store.close()
+
+
+def _advice(run: str, states: list[Any]) -> dict[str, Any]:
+    """The advice document the dashboard's panel shows (``advice`` key; absent when the engines
+    cannot say), decided on the rebuilt live state as the collector's route decides."""
+    from vramwatch.collector.routes_decisions import live_view
+    from vramwatch.decisions.advice import decide
+    from vramwatch.decisions.readiness import ReadinessConfig
+
+    config = ReadinessConfig()
+    view = live_view(run, states, config)
+    return {} if view is None else {"advice": decide(view, [], config=config).as_dict()}
 
 
 def _evidence(db_path: str, run: str, store: Store, story: RunStory) -> dict[str, Any]:
@@ -206,6 +221,11 @@ def report_data_remote(url: str, run: str, *, points: int | None = None,
         "ranks": rows, "series": series, "phases": phases, "events": events, "heatmap": heatmap,
         "snapshots": doc("snapshots"),
     }
+    try:
+        data["advice"] = doc("advice")
+    except remote.RemoteError as exc:
+        if exc.status is None or exc.status >= 500:
+            raise  # an outage is an outage; a collector without the route has no advice to embed
     pm = doc("postmortem")
     if pm.get("first_failure") is not None:
         for r in pm.get("ranks", []):

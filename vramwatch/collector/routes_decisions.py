@@ -53,16 +53,22 @@ def _version(request: Request, run: str, field: str = "run") -> int:
     return sum(s.samples for s in _states(request, run, field))
 
 
+def live_view(run: str, states: list[Any], config: ReadinessConfig) -> RunView | None:
+    """The run from the live series' decision engines (None when they are plain trend engines);
+    how each process ended is the collector's own run-life folds (vramwatch.runlife).
+    O(ranks x (buckets² + processes)), each rank held only while it is copied."""
+    engines = [s.engine for s in states]
+    if not engines or not all(isinstance(e, DecisionEngine) for e in engines):
+        return None
+    return judge(run, [fitted(e.view(config)) for e in engines], sum(s.samples for s in states),
+                 [s.life for s in states])
+
+
 def run_view_of(request: Request, run: str, config: ReadinessConfig, field: str = "run") -> RunView:
     """The run as the decisions read it: from the live engines' tracks, or replayed from the
     store when they are not decision engines (the same functions either way: views.py)."""
-    states = _states(request, run, field)
-    engines = [s.engine for s in states]
-    if all(isinstance(e, DecisionEngine) for e in engines):
-        # how each process ended: the collector's own run-life folds (vramwatch.runlife)
-        return judge(run, [fitted(e.view(config)) for e in engines], sum(s.samples for s in states),
-                     [s.life for s in states])
-    return run_view(_observe(request, run), config)
+    view = live_view(run, _states(request, run, field), config)
+    return view if view is not None else run_view(_observe(request, run), config)
 
 
 def _observe(request: Request, run: str) -> RunObservation:
