@@ -1,13 +1,16 @@
 /* Two runs side by side (#/compare?a=RUN&b=RUN): per rank, plateau, peaks per phase,
- * headroom and step time of each run and the growth from A to B, from the collector's
- * GET /api/v1/compare (the same figures as `vramwatch compare` and the CI gate). */
+ * headroom (the latest process's), step time and the OOMs, restarts and deaths of every process
+ * of the rank, and the growth from A to B, from the collector's GET /api/v1/compare (the same
+ * figures as `vramwatch compare` and the CI gate). */
 
 import { gib, isNum } from "./format.js";
 import { $, append, clear, el } from "./dom.js";
 import { ApiError, getCompare, source } from "./api.js";
 import { S } from "./state.js";
 
-const NAMES = { plateau_bytes: "plateau", peak_bytes: "peak", min_headroom_bytes: "min headroom", step_time_s: "step time" };
+const NAMES = { plateau_bytes: "plateau", peak_bytes: "peak", min_headroom_bytes: "min headroom", step_time_s: "step time",
+  ooms: "OOMs", restarts: "restarts", deaths: "deaths" };
+const LIFE = new Set(["ooms", "restarts", "deaths"]);
 
 export function compareHref(a, b) {
   const q = new URLSearchParams();
@@ -18,6 +21,7 @@ export function compareHref(a, b) {
 
 function value(name, v) {
   if (!isNum(v)) return "—";
+  if (LIFE.has(name)) return String(v);
   return name.endsWith("_bytes") ? gib(v) : v.toFixed(3) + " s";
 }
 
@@ -67,16 +71,18 @@ function drawComparison(doc) {
   const rows = (doc.metrics || []).map((m) => {
     const name = String(m.metric || m.name || "");
     const growth = isNum(m.growth) ? m.growth : isNum(m.a) && isNum(m.b) && m.a > 0 ? (m.b - m.a) / m.a : null;
-    // more memory, or less headroom, in B is worse; step time is shown, not judged
-    const worse = growth !== null && (name === "min_headroom_bytes" ? growth < 0 : name.endsWith("_bytes") && growth > 0);
+    // more memory, less headroom, or more OOMs / deaths in B is worse; step time is shown, not judged
+    const worse = LIFE.has(name) ? name !== "restarts" && isNum(m.a) && isNum(m.b) && m.b > m.a
+      : growth !== null && (name === "min_headroom_bytes" ? growth < 0 : name.endsWith("_bytes") && growth > 0);
     return el("tr", { dataset: { rank: m.rank, metric: name, phase: m.phase } },
       el("td", { class: "num", text: m.rank }), el("td", { text: NAMES[name] || name }), el("td", { text: m.phase }),
       el("td", { class: "num", text: value(name, m.a) }), el("td", { class: "num", text: value(name, m.b) }),
       el("td", { class: "num" + (worse ? " bad" : " muted"),
-        text: growth === null ? "—" : (growth > 0 ? "+" : "") + (growth * 100).toFixed(1) + " %" }));
+        text: LIFE.has(name) ? (isNum(m.delta) && m.delta ? (m.delta > 0 ? "+" : "") + m.delta : "—")
+          : growth === null ? "—" : (growth > 0 ? "+" : "") + (growth * 100).toFixed(1) + " %" }));
   });
   append(body, el("div", { class: "table-wrap" }, el("table", { class: "data", id: "compare-table" },
-    el("thead", null, el("tr", null, ["Rank", "Figure", "Phase", doc.a, doc.b, "Growth"].map((h, i) =>
+    el("thead", null, el("tr", null, ["Rank", "Figure", "Phase / scope", doc.a, doc.b, "Growth"].map((h, i) =>
       el("th", { class: i === 0 || i >= 3 ? "num" : null, text: h })))),
     el("tbody", null, rows))));
   const only = [];

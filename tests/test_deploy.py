@@ -46,7 +46,6 @@ REQUIRED_ALERTS = {
     "VramwatchOOM",
     "VramwatchPlateauBreak",
     "VramwatchMemoryLeak",
-    "VramwatchOOM",
     "VramwatchHeadroomLow",
     "VramwatchAllocRetriesRising",
     "VramwatchGrowthOutsideAllocator",

@@ -6,14 +6,19 @@ a collector serves, so a front or ``--url`` compares runs spread over several co
 plateau is the trend engine's (reserved at the plateau), peaks are the allocator's largest ``peak_allocated_bytes`` per
 phase kind (reproducible across machines, unlike NVML readings), headroom the worst over
 the latest process (:func:`vramwatch.verdicts.headroom_bytes`), step time the median of the
-latest train steps. O(ranks x metrics) on two observations.
+latest train steps; OOMs, restarts and deaths are every process's, as the run-life model counts
+them (:mod:`vramwatch.runlife`). The ``phase`` of a figure that is no phase's says its scope:
+``process`` (the rank's latest process) or ``rank`` (every process of the rank). O(ranks x metrics)
+on two observations.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from vramwatch.runlife import RankStory
 from vramwatch.units import gib
 
 from .observe import RankTrack, RunObservation
@@ -23,8 +28,8 @@ from .observe import RankTrack, RunObservation
 class Metric:
     """One compared figure of one rank; ``growth`` is (b - a) / a, None when either is unknown."""
 
-    name: str  # plateau_bytes | peak_bytes | min_headroom_bytes | step_time_s
-    phase: str  # train, checkpoint, eval, ... ("-" for run-wide figures)
+    name: str  # plateau_bytes | peak_bytes | min_headroom_bytes | step_time_s | ooms | restarts | deaths
+    phase: str  # train, checkpoint, eval, ...; for the others their scope: process | rank
     rank: int
     a: float | None
     b: float | None
@@ -44,6 +49,8 @@ class Metric:
 
 #: Figures where growth is a memory regression (the gate's subjects).
 MEMORY_METRICS = ("plateau_bytes", "peak_bytes")
+#: What happened to a rank's processes (vramwatch.runlife), every process of the rank.
+LIFE_METRICS = ("ooms", "restarts", "deaths")
 
 
 @dataclass(frozen=True)
@@ -55,25 +62,30 @@ class RankFigures:
     rank: int
     plateau_bytes: float | None
     peak_by_phase: dict[str, int]  # allocator peak per phase kind
-    min_headroom_bytes: int | None
+    min_headroom_bytes: int | None  # the latest process's worst
     step_time_s: float | None
+    ooms: int = 0  # every process of the rank (vramwatch.runlife)
+    restarts: int = 0
+    deaths: int = 0  # processes that died: OOM, killed alone, stopped with the job
 
     @classmethod
-    def of(cls, track: RankTrack) -> RankFigures:
-        """From an observed rank: O(1) beyond a median of the latest step times."""
+    def of(cls, track: RankTrack, story: RankStory | None = None) -> RankFigures:
+        """From an observed rank and its story: O(1) beyond a median of the latest step times."""
         return cls(track.host, track.rank, track.engine.summary().get("plateau_bytes"), dict(track.peak_by_phase),
-                   track.min_headroom_bytes, track.builder.model().step_time_s)
+                   track.min_headroom_bytes, track.builder.model().step_time_s,
+                   *((story.ooms, story.restarts, story.deaths) if story is not None else (0, 0, 0)))
 
     def as_dict(self) -> dict[str, Any]:
         return {"host": self.host, "rank": self.rank, "plateau_bytes": self.plateau_bytes,
                 "peak_by_phase": dict(self.peak_by_phase), "min_headroom_bytes": self.min_headroom_bytes,
-                "step_time_s": self.step_time_s}
+                "step_time_s": self.step_time_s, "ooms": self.ooms, "restarts": self.restarts, "deaths": self.deaths}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> RankFigures:
         return cls(str(doc["host"]), int(doc["rank"]), doc.get("plateau_bytes"),
                    {str(k): int(v) for k, v in (doc.get("peak_by_phase") or {}).items()},
-                   doc.get("min_headroom_bytes"), doc.get("step_time_s"))
+                   doc.get("min_headroom_bytes"), doc.get("step_time_s"),
+                   int(doc.get("ooms") or 0), int(doc.get("restarts") or 0), int(doc.get("deaths") or 0))
 
 
 @dataclass(frozen=True)
@@ -84,8 +96,10 @@ class RunFigures:
     ranks: tuple[RankFigures, ...]
 
     @classmethod
-    def of(cls, obs: RunObservation) -> RunFigures:
-        return cls(obs.run, tuple(RankFigures.of(t) for t in obs.tracks()))
+    def of(cls, obs: RunObservation, now: float | None = None) -> RunFigures:
+        """Every rank's figures, its life judged at ``now`` (default: the clock)."""
+        index = obs.life.story(time.time() if now is None else now).index() if obs.life is not None else {}
+        return cls(obs.run, tuple(RankFigures.of(t, index.get((t.host, t.rank))) for t in obs.tracks()))
 
     def as_dict(self) -> dict[str, Any]:
         return {"run": self.run, "ranks": [r.as_dict() for r in self.ranks]}
@@ -111,9 +125,11 @@ def rank_metrics(rank: int, a: RankFigures | None, b: RankFigures | None) -> lis
     for phase in phases:
         out.append(Metric("peak_bytes", phase, rank, a.peak_by_phase.get(phase) if a else None,
                           b.peak_by_phase.get(phase) if b else None))
-    out.append(Metric("min_headroom_bytes", "-", rank, a.min_headroom_bytes if a else None,
+    out.append(Metric("min_headroom_bytes", "process", rank, a.min_headroom_bytes if a else None,
                       b.min_headroom_bytes if b else None))
     out.append(Metric("step_time_s", "train", rank, a.step_time_s if a else None, b.step_time_s if b else None))
+    for name in LIFE_METRICS:
+        out.append(Metric(name, "rank", rank, getattr(a, name) if a else None, getattr(b, name) if b else None))
     return out
 
 
@@ -152,6 +168,8 @@ def _fmt(name: str, value: float | None) -> str:
         return "-"
     if name.endswith("_bytes"):
         return gib(value, 2)
+    if name in LIFE_METRICS:
+        return str(int(value))
     return f"{value:.3f} s"
 
 
@@ -172,5 +190,5 @@ def format_comparison(c: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["MEMORY_METRICS", "Comparison", "Metric", "RankFigures", "RunFigures", "compare", "format_comparison",
-           "rank_metrics"]
+__all__ = ["LIFE_METRICS", "MEMORY_METRICS", "Comparison", "Metric", "RankFigures", "RunFigures", "compare",
+           "format_comparison", "rank_metrics"]

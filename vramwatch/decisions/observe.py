@@ -16,6 +16,7 @@ from typing import Any
 
 from vramwatch.engine import TrendEngine
 from vramwatch.engine.blocks import keep_last
+from vramwatch.runlife import RunLife
 from vramwatch.verdicts import headroom_bytes
 
 from .model import RankModelBuilder, folded_fields
@@ -159,6 +160,12 @@ class RunObservation:
     run: str
     ranks: dict[tuple[str, int], RankTrack] = field(default_factory=dict)
     samples: int = 0
+    #: the run's life (vramwatch.runlife): OOMs, restarts and deaths per rank, as every view reads them
+    life: RunLife | None = None
+
+    def __post_init__(self) -> None:
+        if self.life is None:
+            self.life = RunLife(self.run)
 
     def tracks(self) -> list[RankTrack]:
         return [self.ranks[k] for k in sorted(self.ranks, key=lambda k: (k[1], k[0]))]
@@ -182,6 +189,7 @@ def observe(samples: Iterable[dict[str, Any]]) -> dict[str, RunObservation]:
         if track is None:
             track = obs.ranks[key] = RankTrack(run, sample["host"], sample["rank"])
         track.update(sample)
+        obs.life.feed(sample)  # type: ignore[union-attr]
         obs.samples += 1
     return runs
 
