@@ -11,11 +11,11 @@
  * textContent / attribute setters (dom.js), and reaches plotly (which renders a small
  * HTML subset in labels) only through plotlyText(), which entity-escapes it. */
 
-import { age, rankLabel } from "./format.js";
+import { age, clock, rankLabel, timeZoneLabel } from "./format.js";
 import { $, append, clear, el, markOnce, timed } from "./dom.js";
 import { ApiError, RankRows, STATIC, plotlyReady, source } from "./api.js";
 import { S, resetState, setVocab } from "./state.js";
-import { annotate, lastHeard, sortRanks } from "./verdict.js";
+import { annotate, isRunning, lastHeard, sortRanks } from "./verdict.js";
 import { drawRuns, runHref } from "./runs.js";
 import { drawCards } from "./cards.js";
 import { drawStrip, stripHooks } from "./ranktable.js";
@@ -131,7 +131,11 @@ function pollRuns() {
     clearError();
     drawRuns(runs, startHint, stateMsg);
     const newest = runs.reduce((m, r) => Math.max(m, r.last_ts || 0), 0);
-    setLive("live", runs.length ? "live · last sample " + age(newest) : "live · waiting for samples");
+    const running = runs.filter((r) => r.status === "running").length;
+    $("live").title = "times in " + timeZoneLabel();
+    if (!runs.length) setLive("live", "collector up · waiting for samples");
+    else if (running) setLive("live", "live · " + running + " run" + (running === 1 ? "" : "s") + " running · last sample " + age(newest));
+    else setLive("ended", "no run running · last sample " + clock(newest));
   }, (err) => {
     if (gen !== S.gen) return;
     handleError(err);
@@ -149,7 +153,7 @@ function renderRunPage() {
   document.title = "vramwatch · " + S.run;
   clear($("view"));
   append($("view"), loadingMsg("loading run…"));
-  if (STATIC) setLive("static", "static report · generated " + new Date(STATIC.generated_at * 1000).toLocaleString());
+  if (STATIC) setLive("static", "static report · generated " + clock(STATIC.generated_at) + " · times in " + timeZoneLabel());
   S.rankRows = new RankRows();
   pollRun();
 }
@@ -330,11 +334,17 @@ function refreshPanel(id, always) {
 
 function drawSecondary() { refreshPanel("chart-frag", S.tick <= 1); refreshPanel("events-table", S.tick <= 1); }
 
+/** The top bar says "live" only while a rank of the run is live (the collector's liveness);
+ * once every rank exited, died or ended it says how the run ended and when. */
 function updateLiveText() {
   if (STATIC) return;
   const newest = S.ranks.reduce((m, r) => Math.max(m, lastHeard(r)), 0);
-  const stale = Date.now() / 1000 - newest > 120;
-  setLive(stale ? "stale" : "live", (stale ? "no new samples · last " : "live · last sample ") + age(newest));
+  const live = S.ranks.filter((r) => r.liveness === "live").length;
+  $("live").title = "times in " + timeZoneLabel();
+  if (live) { setLive("live", "live · " + live + " of " + S.ranks.length + " ranks · last sample " + age(newest)); return; }
+  if (S.ranks.some(isRunning)) { setLive("stale", "no rank live · silent since " + clock(newest)); return; }
+  const status = S.runStatus ? S.runStatus + " · " : "";
+  setLive("ended", "ended · " + status + "last sample " + clock(newest));
 }
 
 function chooseSelection() {

@@ -1,7 +1,8 @@
 /* Two runs side by side (#/compare?a=RUN&b=RUN), from the collector's GET /api/v1/compare (the
  * same figures as `vramwatch compare` and the CI gate). It leads with what a reader asks first:
  * each run in one line (world size, what went wrong), the largest growth, and one chart with both
- * runs' peaks rank by rank; then one row per rank, the ranks that grew most first. Colours mean
+ * runs' peaks rank by rank; then one row per rank, the ranks that grew most first (with the OOMs,
+ * restarts and deaths of every process of the rank, as the run-life model counts them). Colours mean
  * direction and size: more memory beyond the gate's tolerance is red, a smaller rise amber, less
  * memory green, no change (under 0.05 %) plain. */
 
@@ -115,6 +116,13 @@ function cell(m, worseWhen) {
     el("span", { class: "growth " + growthClass(m.growth, worseWhen), text: growthText(m.growth) }));
 }
 
+/** A count of every process of the rank (vramwatch.runlife): more in B is ``worse``'s colour. */
+function count(m, worse) {
+  if (!m) return el("td", { class: "num muted", text: "—" });
+  const a = isNum(m.a) ? m.a : 0, b = isNum(m.b) ? m.b : 0;
+  return el("td", { class: "num " + (b > a ? worse : "muted"), text: intText(a) + " → " + intText(b) });
+}
+
 function drawComparison(doc) {
   const body = $("compare-body");
   clear(body);
@@ -124,7 +132,8 @@ function drawComparison(doc) {
   const order = (doc.ranks_by_growth || []).map((g) => g.rank);
   for (const r of ranks.keys()) if (!order.includes(r)) order.push(r);
   const growthOf = new Map((doc.ranks_by_growth || []).map((g) => [g.rank, g]));
-  const head = ["Rank", "Largest growth", "Plateau", ...phases.map((p) => p + " peak"), "Min headroom", "Step time"];
+  const head = ["Rank", "Largest growth", "Plateau", ...phases.map((p) => p + " peak"), "Min headroom", "Step time",
+    "OOMs", "Restarts", "Deaths"];
   const rows = order.map((rank) => {
     const f = ranks.get(rank) || {};
     const g = growthOf.get(rank) || {};
@@ -132,7 +141,8 @@ function drawComparison(doc) {
       el("td", { class: "num", text: rank }),
       el("td", { class: "num" }, el("span", { class: "growth " + growthClass(g.growth), text: growthText(g.growth) })),
       cell(f["plateau_bytes|train"]), ...phases.map((p) => cell(f["peak_bytes|" + p])),
-      cell(f["min_headroom_bytes|-"], "down"), cell(f["step_time_s|train"], "never"));
+      cell(f["min_headroom_bytes|process"], "down"), cell(f["step_time_s|train"], "never"),
+      count(f["ooms|rank"], "bad"), count(f["restarts|rank"], "warn"), count(f["deaths|rank"], "bad"));
   });
   append(body, summary(doc), el("div", { class: "chart", id: "compare-chart" }),
     el("div", { class: "table-wrap" }, el("table", { class: "data", id: "compare-table" },

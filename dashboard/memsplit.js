@@ -9,7 +9,7 @@
  * Sources may be sparse (schema 2): a chart whose fields were never sent is hidden, and the
  * panel too when both are. One /chart request per refresh (every few polls). */
 
-import { GIB, gib, isNum, toGiB } from "./format.js";
+import { GIB, chartMs, gib, isNum, toGiB } from "./format.js";
 import { $, el, nextTask, timed } from "./dom.js";
 import { source } from "./api.js";
 import { S } from "./state.js";
@@ -70,7 +70,7 @@ export async function refreshMem() {
   $("mem-device-box").hidden = !devOk;
   $("mem-host-box").hidden = !hostOk;
   if (panel.hidden) return;
-  const xs = S.x === "time" ? (s.ts || []).map((ts) => ts * 1000) : d.x;
+  const xs = S.x === "time" ? (s.ts || []).map(chartMs) : d.x;
   // one chart per task (each is a plotly redraw)
   if (devOk) timed("memsplit", () => drawDevice(xs, s));
   if (!hostOk) return;
@@ -105,7 +105,7 @@ function drawHost(xs, s, phases) {
   const peaks = phases.filter((p) => isNum(p.host_rss_bytes));
   if (peaks.length) {
     traces.push({ name: "host RSS at " + (peaks.every((p) => p.phase === "checkpoint") ? "checkpoints" : "phases"),
-      x: peaks.map((p) => (S.x === "time" ? p.ts * 1000 : p.step)), y: peaks.map((p) => p.host_rss_bytes / GIB),
+      x: peaks.map((p) => (S.x === "time" ? chartMs(p.ts) : p.step)), y: peaks.map((p) => p.host_rss_bytes / GIB),
       text: peaks.map((p) => p.phase), mode: "markers", marker: { symbol: "triangle-up", size: 9, color: t.ckptLine },
       hovertemplate: "%{text}: RSS %{y:.2f} GiB" });
   }

@@ -37,8 +37,8 @@ class Ending:
         return max(s["ts"] for s in self.samples)
 
 
-def _train(step: int, rank: int, run: str, incarnation: str, **kw: Any) -> dict[str, Any]:
-    return make_sample(step, run=run, rank=rank, ts=T0 + step + rank * 0.01, incarnation=incarnation, **kw)
+def _train(step: int, rank: int, run: str, incarnation: str, t0: float, **kw: Any) -> dict[str, Any]:
+    return make_sample(step, run=run, rank=rank, ts=t0 + step + rank * 0.01, incarnation=incarnation, **kw)
 
 
 def _exit(sample: dict[str, Any]) -> dict[str, Any]:
@@ -49,28 +49,28 @@ def _interleave(per_rank: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any
     return sorted((s for samples in per_rank.values() for s in samples), key=lambda s: (s["ts"], s["rank"]))
 
 
-def clean_exit(run: str = "clean") -> Ending:
+def clean_exit(run: str = "clean", t0: float = T0) -> Ending:
     per_rank = {}
     for r in range(RANKS):
-        samples = [_train(i, r, run, f"p{r}") for i in range(STEPS)]
+        samples = [_train(i, r, run, f"p{r}", t0) for i in range(STEPS)]
         per_rank[r] = [*samples, _exit(samples[-1])]
     return Ending("clean exit on every rank", _interleave(per_rank), "finished",
                   dict.fromkeys(range(RANKS), "exited"), dict.fromkeys(range(RANKS)))
 
 
-def job_killed(run: str = "killed-job") -> Ending:
-    per_rank = {r: [_train(i, r, run, f"p{r}") for i in range(STEPS)] for r in range(RANKS)}
+def job_killed(run: str = "killed-job", t0: float = T0) -> Ending:
+    per_rank = {r: [_train(i, r, run, f"p{r}", t0) for i in range(STEPS)] for r in range(RANKS)}
     return Ending("job killed at once", _interleave(per_rank), "crashed", dict.fromkeys(range(RANKS), "dead"),
                   dict.fromkeys(range(RANKS), "stopped"), first_failure=(0, "stopped"))
 
 
-def one_killed(run: str = "one-killed") -> Ending:
+def one_killed(run: str = "one-killed", t0: float = T0) -> Ending:
     per_rank = {}
     for r in range(RANKS):
         if r == 2:
-            per_rank[r] = [_train(i, r, run, f"p{r}") for i in range(KILL_STEP)]
+            per_rank[r] = [_train(i, r, run, f"p{r}", t0) for i in range(KILL_STEP)]
         else:
-            samples = [_train(i, r, run, f"p{r}") for i in range(STEPS)]
+            samples = [_train(i, r, run, f"p{r}", t0) for i in range(STEPS)]
             per_rank[r] = [*samples, _exit(samples[-1])]
     live = dict.fromkeys(range(RANKS), "exited") | {2: "dead"}
     died = dict.fromkeys(range(RANKS)) | {2: "killed"}
@@ -78,15 +78,15 @@ def one_killed(run: str = "one-killed") -> Ending:
                   first_failure=(2, "killed"))
 
 
-def oom_restart_finish(run: str = "oom-restart") -> Ending:
+def oom_restart_finish(run: str = "oom-restart", t0: float = T0) -> Ending:
     """Rank 1 OOMs at step 300 (observer's marked sample); torchrun restarts every rank from the
     step-250 checkpoint; all finish cleanly."""
     per_rank = {}
     for r in range(RANKS):
-        first = [_train(i, r, run, f"a{r}") for i in range(300)]
+        first = [_train(i, r, run, f"a{r}", t0) for i in range(300)]
         if r == 1:
-            first.append({**_train(299, r, run, f"a{r}", ooms=1), "ts": T0 + 300.2, "seq": 1, "oom_marked": True})
-        second = [{**_train(i, r, run, f"b{r}"), "ts": T0 + 60 + i + r * 0.01} for i in range(250, STEPS)]
+            first.append({**_train(299, r, run, f"a{r}", t0, ooms=1), "ts": t0 + 300.2, "seq": 1, "oom_marked": True})
+        second = [{**_train(i, r, run, f"b{r}", t0), "ts": t0 + 60 + i + r * 0.01} for i in range(250, STEPS)]
         per_rank[r] = [*first, *second, _exit(second[-1])]
     return Ending("an OOM, a restart and a clean finish", _interleave(per_rank), "recovered",
                   dict.fromkeys(range(RANKS), "exited"), dict.fromkeys(range(RANKS)),
@@ -94,20 +94,20 @@ def oom_restart_finish(run: str = "oom-restart") -> Ending:
                   first_failure=(1, "oom"))
 
 
-def oom_everywhere(run: str = "oom-all") -> Ending:
+def oom_everywhere(run: str = "oom-all", t0: float = T0) -> Ending:
     per_rank = {}
     for r in range(RANKS):
-        samples = [_train(i, r, run, f"p{r}") for i in range(400)]
-        samples.append({**_train(399, r, run, f"p{r}", ooms=1), "ts": T0 + 400.1 + r * 0.01, "seq": 1,
+        samples = [_train(i, r, run, f"p{r}", t0) for i in range(400)]
+        samples.append({**_train(399, r, run, f"p{r}", t0, ooms=1), "ts": t0 + 400.1 + r * 0.01, "seq": 1,
                         "oom_marked": True})
         per_rank[r] = samples
     return Ending("an OOM on every rank", _interleave(per_rank), "crashed", dict.fromkeys(range(RANKS), "dead"),
                   dict.fromkeys(range(RANKS), "oom"), ooms=dict.fromkeys(range(RANKS), 1), first_failure=(0, "oom"))
 
 
-def collector_restart(run: str = "restarted-collector") -> Ending:
+def collector_restart(run: str = "restarted-collector", t0: float = T0) -> Ending:
     """A run that finishes cleanly; the tests restart the collector half way (this is the data)."""
-    ending = clean_exit(run)
+    ending = clean_exit(run, t0)
     ending.name = "the collector restarted mid-run"
     return ending
 

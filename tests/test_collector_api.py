@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import httpx
 import orjson
@@ -33,7 +34,8 @@ def post(srv, samples, *, gzip_body=False, as_array=False):
 
 
 def test_ingest_store_api_and_metrics(collector) -> None:
-    samples = [make_sample(i, rank=r, host=f"node-{r // 4}") for r in range(8) for i in range(100)]
+    t0 = time.time() - 100  # a run still going: its ranks' state families are on /metrics
+    samples = [make_sample(i, rank=r, host=f"node-{r // 4}", ts=t0 + i) for r in range(8) for i in range(100)]
     r = post(collector, samples, gzip_body=True)
     assert r.status_code == 200, r.text
     assert r.json() == {"accepted": 800, "duplicates": 0, "rejected": 0, "flush_interval_s": 1.0}
@@ -205,7 +207,7 @@ def test_state_is_rebuilt_from_the_database_after_restart(tmp_path) -> None:
 
 
 def test_large_responses_are_gzipped_for_clients_that_ask(collector) -> None:
-    post(collector, [make_sample(0, rank=r, uuid=f"GPU-{r:04d}") for r in range(200)])
+    post(collector, [make_sample(0, rank=r, uuid=f"GPU-{r:04d}", ts=time.time()) for r in range(200)])
     r = collector.client.get("/metrics", headers={"accept-encoding": "gzip"})
     assert r.status_code == 200 and r.headers["content-encoding"] == "gzip"
     assert r.text.count("vramwatch_memory_reserved_bytes{") == 200  # httpx inflated it

@@ -55,7 +55,7 @@ def test_an_oom_and_a_restart_within_a_second_reach_prometheus_and_fire_the_aler
                 (run, "1", "critical")]
             api = httpx.get(f"{prom.url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
             (firing,) = [a for a in api if a["labels"]["alertname"] == "VramwatchOOM"]
-            assert firing["annotations"]["summary"] == f"CUDA out of memory on {run} rank 1 (node-1)"
+            assert firing["annotations"]["summary"] == f"Out of GPU memory on {run} rank 1 (node-1, GPU 1)"
             assert "restart does not hide" in firing["annotations"]["description"]
             # the count never went back to 0 in between: every scrape Prometheus kept says so
             history = prom.query(f'min_over_time(vramwatch_ooms_total{{rank="1"}}[1m] @ {time.time():.3f})')

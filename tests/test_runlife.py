@@ -175,3 +175,31 @@ def test_judge_is_pure_and_empty_runs_have_no_story() -> None:
     assert judge("none", [], now=T0).ranks == () and judge("none", [], now=T0).status == "finished"
     life = fold(oom_restart_finish().samples)["oom-restart"]
     assert life.story(T0 + 7200) == life.story(T0 + 7200)
+
+
+def test_compare_and_gate_count_ooms_restarts_and_deaths_from_the_model() -> None:
+    from endings import clean_exit
+
+    from vramwatch.decisions.compare import RunFigures, compare, format_comparison
+    from vramwatch.decisions.gate import gate
+    from vramwatch.decisions.observe import observe
+
+    baseline = observe(clean_exit("base").samples)["base"]
+    candidate = observe(oom_restart_finish("cand").samples)["cand"]
+    result = compare(baseline, candidate)
+    life = {(m.name, m.rank): (m.a, m.b) for m in result.metrics if m.phase == "rank"}
+    assert life[("ooms", 1)] == (0, 1) and life[("ooms", 0)] == (0, 0)
+    assert all(life[("restarts", r)] == (0, 1) and life[("deaths", r)] == (0, 1) for r in range(RANKS))
+    # the worst headroom is said to be the latest process's, beside the counts of every process
+    assert {m.phase for m in result.metrics if m.name == "min_headroom_bytes"} == {"process"}
+    assert "ooms" in format_comparison(result)
+    verdict = gate(baseline, candidate)
+    # the candidate's OOM is trouble the baseline does not have: named with its rank and cause
+    assert not verdict.passed and verdict.line.startswith("FAIL: rank 1: OOM at step ")
+    assert "(cause oom; the baseline has none)" in verdict.line
+    assert "restarts (baseline 0)" in verdict.line
+    # the same counts through a collector's figures document (what a front joins)
+    again = RunFigures.from_dict(RunFigures.of(candidate).as_dict())
+    assert [(r.rank, r.ooms, r.restarts, r.deaths) for r in again.ranks] == [(0, 0, 1, 1), (1, 1, 1, 1), (2, 0, 1, 1),
+                                                                             (3, 0, 1, 1)]
+    assert gate(baseline, baseline).passed

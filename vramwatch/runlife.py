@@ -59,7 +59,7 @@ from vramwatch.wire import Sample
 #: rank crash-looping all night stays bounded: the first and the latest processes are kept).
 MAX_INCARNATIONS = 256
 
-_Key = tuple[int, float, int]  # (step, ts, seq): order of samples within one process
+_Key = tuple[float, int, int]  # (ts, step, seq): order of samples within one process
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +116,7 @@ class _Process:
         "ooms",
     )
 
-    def __init__(self, incarnation: str, step: int, ts: float, seq: int) -> None:
+    def __init__(self, incarnation: str, ts: float, step: int, seq: int) -> None:
         self.incarnation = incarnation
         self.first_step, self.first_ts, self.first_seq = step, ts, seq
         self.last_step, self.last_ts, self.last_seq = step, ts, seq
@@ -129,12 +129,12 @@ class _Process:
 
     def feed(self, sample: Sample) -> None:
         step, ts, seq = sample["step"], sample["ts"], sample.get("seq") or 0
-        last_step = self.last_step
-        if step > last_step or (step == last_step and (ts, seq) >= (self.last_ts, self.last_seq)):
+        last_ts = self.last_ts
+        if ts > last_ts or (ts == last_ts and (step, seq) >= (self.last_step, self.last_seq)):
             self.last_step, self.last_ts, self.last_seq = step, ts, seq
             self.exit = bool(sample.get("exit"))
             self.oom_marked = bool(sample.get("oom_marked"))
-        elif (step, ts, seq) < (self.first_step, self.first_ts, self.first_seq):
+        elif (ts, step, seq) < (self.first_ts, self.first_step, self.first_seq):
             self.first_step, self.first_ts, self.first_seq = step, ts, seq
         count = sample.get("ooms")
         if sample.get("oom_marked"):
@@ -142,7 +142,7 @@ class _Process:
         if count is not None:
             self.marked = True
             if count:
-                self._oom(count, (step, ts, seq))
+                self._oom(count, (ts, step, seq))
         elif sample.get("exit"):
             self.marked = True
 
@@ -162,12 +162,13 @@ class _Process:
 
 
 def _moment(key: _Key) -> Moment:
-    return Moment(key[0], key[1])
+    return Moment(key[1], key[0])
 
 
 def sample_key(sample: Sample) -> _Key:
-    """Order of a sample within its process: step, then its timestamp, then ``seq``."""
-    return (sample["step"], sample["ts"], sample.get("seq") or 0)
+    """Order of a sample within its process: its timestamp (the process's own clock), then the
+    step, then ``seq``. The hook's end markers are sent last, so they sort last."""
+    return (sample["ts"], sample["step"], sample.get("seq") or 0)
 
 
 class RankLife:
@@ -223,11 +224,11 @@ class RankLife:
 
     def add_record(self, record: IncarnationRecord) -> None:
         """Take a record computed elsewhere (the store's summary of a finished run)."""
-        proc = _Process(record.incarnation, record.first.step, record.first.ts, 0)
+        proc = _Process(record.incarnation, record.first.ts, record.first.step, 0)
         proc.last_step, proc.last_ts = record.last.step, record.last.ts
         proc.exit, proc.oom_marked, proc.ooms, proc.marked = record.exit, record.oom_marked, record.ooms, record.marked
-        proc.oom_at = None if record.oom_at is None else (record.oom_at.step, record.oom_at.ts, 0)
-        proc.first_oom = None if record.first_oom is None else (record.first_oom.step, record.first_oom.ts, 0)
+        proc.oom_at = None if record.oom_at is None else (record.oom_at.ts, record.oom_at.step, 0)
+        proc.first_oom = None if record.first_oom is None else (record.first_oom.ts, record.first_oom.step, 0)
         procs = self._procs if self._procs is not None else {p.incarnation: p for p in self._all()}
         procs[record.incarnation] = proc
         self._procs, self._current = procs, proc
@@ -448,8 +449,8 @@ _LIVENESS = {Outcome.EXITED: Liveness.EXITED, Outcome.ENDED: Liveness.ENDED, Out
              Outcome.KILLED: Liveness.DEAD, Outcome.STOPPED: Liveness.DEAD}
 
 
-def _rank_story(life: RankLife, peers: _Peers, *, now: float, run_last: float, window: float) -> RankStory:
-    records = life.records()
+def _rank_story(life: RankLife, records: tuple[IncarnationRecord, ...], peers: _Peers, *, now: float,
+                run_last: float, window: float) -> RankStory:
     run_quiet = now - run_last > window
     judged = tuple(
         Incarnation(rec, _outcome(rec, superseded=i < len(records) - 1, peers=peers, run_quiet=run_quiet,
@@ -497,14 +498,16 @@ def judge(run: str, ranks: Iterable[RankLife], now: float, *, silent_after_s: fl
     --silent-after`` asks for another). ``stopped``: the run is known to have stopped (a collector
     retired it): judged no earlier than the silence window after its latest sample."""
     lives = sorted((life for life in ranks if life._current is not None), key=lambda life: (life.rank, life.host))
-    records = [rec for life in lives for rec in life.records()]
+    per_rank = [life.records() for life in lives]
+    records = [rec for recs in per_rank for rec in recs]
     if not records:
         return RunStory(run, now, (), RunTally(), None, None)
     peers = _Peers([(rec.first.ts, rec.last.ts) for rec in records])
     latest = max(records, key=lambda rec: rec.last.ts).last
     if stopped:
         now = max(now, latest.ts + silent_after_s + 1.0)
-    stories = tuple(_rank_story(life, peers, now=now, run_last=latest.ts, window=silent_after_s) for life in lives)
+    stories = tuple(_rank_story(life, recs, peers, now=now, run_last=latest.ts, window=silent_after_s)
+                    for life, recs in zip(lives, per_rank, strict=True))
     return RunStory(run, now, stories, RunTally.of(stories), latest, first_failure(stories))
 
 

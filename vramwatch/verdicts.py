@@ -108,6 +108,22 @@ RUN_STATUS_SEVERITY: dict[RunStatus, int] = {
 #: Run status for the runs list.
 RUN_STATUSES: tuple[str, ...] = tuple(RunStatus)
 
+#: What part of a rank's life a figure covers. Figures shown side by side share a scope.
+SCOPES: dict[str, str] = {
+    "process": "the rank's current process (since its latest start)",
+    "rank": "every process of the rank (across restarts)",
+}
+#: Scope of each figure of a ``/ranks`` row (its verdict and counts) and of compare.
+FIGURE_SCOPES: dict[str, str] = {
+    "state": "process", "headroom_bytes": "process", "plateau_bytes": "process", "slope_bytes_per_step": "process",
+    "steps_to_oom": "process", "seconds_to_oom": "process", "outside_allocator_bytes": "process",
+    "fragmentation": "process", "min_headroom_bytes": "process",
+    # the checkpoint record is the rank's: its latest checkpoint, whichever process saved it
+    "checkpoint_peak_bytes": "rank", "checkpoint_headroom_bytes": "rank", "checkpoint_peak_max_bytes": "rank",
+    "worst_headroom_bytes": "rank", "plateau_breaks": "rank", "checkpoints": "rank",
+    "ooms": "rank", "restarts": "rank", "deaths": "rank",
+}
+
 #: One "low headroom" threshold everywhere (table, cards, alert, advice margin default):
 #: a fraction of the device's capacity.
 LOW_HEADROOM_FRACTION = 0.05
@@ -202,6 +218,8 @@ def meta() -> dict[str, object]:
         "run_status_meaning": {str(k): v for k, v in RUN_STATUS_MEANING.items()},
         "run_status_severity": {str(k): v for k, v in RUN_STATUS_SEVERITY.items()},
         "outcomes": {str(k): v for k, v in OUTCOME_MEANING.items()},
+        "scopes": dict(SCOPES),
+        "figure_scopes": dict(FIGURE_SCOPES),
         "low_headroom_fraction": LOW_HEADROOM_FRACTION,
         "silent_after_s": SILENT_AFTER_S,
         "run_active_s": RUN_ACTIVE_S,

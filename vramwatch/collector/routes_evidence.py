@@ -124,22 +124,27 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
                                  headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
     @router.get("/api/v1/runs/{run:path}/postmortem", dependencies=read)
-    def postmortem(request: Request, run: str, silent_after_s: Annotated[float, Query(gt=0, le=86400)] = SILENT_AFTER_S
-                   ) -> dict[str, Any]:
-        store = request.app.state.store
-        if run not in store.runs():
-            raise HTTPException(404, f"run: no run {run!r}")
-        live = request.app.state.live
-        states = live.for_run(run) or live.revived(run, store.iter_samples)
-        # the live state's judgement, so this answer and /runs, /ranks, /metrics tell one story;
-        # another silence window is a judgement of its own
-        story = live.story(run, states, time.time()) if states and silent_after_s == SILENT_AFTER_S else None
-        pm = _postmortem.build(run, lambda: store.iter_samples(run), now=time.time(), silent_after_s=silent_after_s,
-                               story=story)
-        pm.snapshots = [i.to_dict() for i in request.app.state.snapshots.list(run)]
-        return pm.to_dict()
+    def postmortem(request: Request, run: str,
+                   silent_after_s: Annotated[float, Query(gt=0, le=86400)] = SILENT_AFTER_S) -> dict[str, Any]:
+        return postmortem_doc(request.app.state, run, silent_after_s)
 
     return router
+
+
+def postmortem_doc(state: Any, run: str, silent_after_s: float) -> dict[str, Any]:
+    """The post-mortem of ``run`` (404 when the store has none): judged by the live state, so this
+    answer and /runs, /ranks, /metrics tell one story; another silence window is a judgement of
+    its own. Cost: two sequential reads of the run's samples."""
+    store = state.store
+    if run not in store.runs():
+        raise HTTPException(404, f"run: no run {run!r}")
+    live = state.live
+    states = live.for_run(run) or live.revived(run, store.iter_samples)
+    story = live.story(run, states, time.time()) if states and silent_after_s == SILENT_AFTER_S else None
+    pm = _postmortem.build(run, lambda: store.iter_samples(run), now=time.time(), silent_after_s=silent_after_s,
+                           story=story)
+    pm.snapshots = [i.to_dict() for i in state.snapshots.list(run)]
+    return pm.to_dict()
 
 
 def reply_directives(state: Any, samples: list[Any]) -> list[dict[str, Any]]:

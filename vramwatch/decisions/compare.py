@@ -4,9 +4,10 @@ Ranks are matched by rank number (hosts may differ between runs). Each run is re
 :class:`~vramwatch.decisions.figures.RunFigures` (what a collector serves, so a front or ``--url``
 compares runs spread over several collectors). The comparison leads with a summary per run
 (world size, ranks, what went wrong, the largest growth) and the ranks ordered by their largest
-memory growth, so the rank that regressed most comes first at any width. Runs of different world
-sizes are compared only when asked (``per_rank``): their ranks hold different shares of the job.
-O(ranks x metrics).
+memory growth, so the rank that regressed most comes first at any width. OOMs, restarts and deaths
+are every process's, as the run-life model counts them (:mod:`vramwatch.runlife`); the worst
+headroom is the latest process's. Runs of different world sizes are compared only when asked
+(``per_rank``): their ranks hold different shares of the job. O(ranks x metrics).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from .observe import RunObservation
 class Metric:
     """One compared figure of one rank; ``growth`` is (b - a) / a, None when either is unknown."""
 
-    name: str  # plateau_bytes | peak_bytes | min_headroom_bytes | step_time_s
-    phase: str  # train, checkpoint, eval, ... ("-" for run-wide figures)
+    name: str  # plateau_bytes | peak_bytes | min_headroom_bytes | step_time_s | ooms | restarts | deaths
+    phase: str  # train, checkpoint, eval, ...; for the others their scope: process | rank
     rank: int
     a: float | None
     b: float | None
@@ -45,6 +46,8 @@ class Metric:
 
 #: Figures where growth is a memory regression (the gate's subjects).
 MEMORY_METRICS = ("plateau_bytes", "peak_bytes")
+#: What happened to a rank's processes (vramwatch.runlife), every process of the rank.
+LIFE_METRICS = ("ooms", "restarts", "deaths")
 
 
 def rank_metrics(rank: int, a: RankFigures | None, b: RankFigures | None) -> list[Metric]:
@@ -55,9 +58,11 @@ def rank_metrics(rank: int, a: RankFigures | None, b: RankFigures | None) -> lis
     for phase in phases:
         out.append(Metric("peak_bytes", phase, rank, a.peak_by_phase.get(phase) if a else None,
                           b.peak_by_phase.get(phase) if b else None))
-    out.append(Metric("min_headroom_bytes", "-", rank, a.min_headroom_bytes if a else None,
+    out.append(Metric("min_headroom_bytes", "process", rank, a.min_headroom_bytes if a else None,
                       b.min_headroom_bytes if b else None))
     out.append(Metric("step_time_s", "train", rank, a.step_time_s if a else None, b.step_time_s if b else None))
+    for name in LIFE_METRICS:
+        out.append(Metric(name, "rank", rank, getattr(a, name) if a else None, getattr(b, name) if b else None))
     return out
 
 
@@ -155,6 +160,8 @@ def _fmt(name: str, value: float | None) -> str:
         return "-"
     if name.endswith("_bytes"):
         return gib(value, 2)
+    if name in LIFE_METRICS:
+        return str(int(value))
     return f"{value:.3f} s"
 
 
@@ -181,5 +188,5 @@ def format_comparison(c: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["MEMORY_METRICS", "Comparison", "Metric", "RankFigures", "RankGrowth", "RunFigures", "RunSummary",
-           "WorldSizeMismatch", "compare", "format_comparison", "growth_order", "rank_metrics"]
+__all__ = ["LIFE_METRICS", "MEMORY_METRICS", "Comparison", "Metric", "RankFigures", "RankGrowth", "RunFigures",
+           "RunSummary", "WorldSizeMismatch", "compare", "format_comparison", "growth_order", "rank_metrics"]

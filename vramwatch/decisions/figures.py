@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from vramwatch.runlife import RankStory
+
 from .evidence import KILLED, RankTrials, judged_trials
 from .observe import RunObservation
 from .readiness import UNSAFE_CAUSES, ReadinessConfig
@@ -35,20 +37,25 @@ class RankFigures:
     unsafe: tuple[Reason, ...] = ()  # the current process's unsafe reasons (default thresholds), deaths aside
     trials: tuple[Trial, ...] = ()  # how each process went (outcomes judged across the run's ranks)
     steps_to_oom: int | None = None  # a current leak's runway
+    ooms: int = 0  # every process of the rank, as the run-life model counts them (vramwatch.runlife)
+    restarts: int = 0
+    deaths: int = 0  # processes that died: an OOM, killed alone, stopped with the job
 
     @classmethod
-    def of(cls, view: RankView) -> RankFigures:
-        """From a rank's view: O(trials)."""
+    def of(cls, view: RankView, story: RankStory | None = None) -> RankFigures:
+        """From a rank's view and its story: O(trials)."""
         r = view.readiness
         unsafe = tuple(x for x in r.reasons if r.verdict == "unsafe" and x.cause != "death")
+        counts = (story.ooms, story.restarts, story.deaths) if story is not None else (0, 0, 0)
         return cls(view.host, view.rank, view.plateau_bytes, dict(view.peak_by_phase), r.min_headroom_bytes,
-                   view.model.step_time_s, unsafe, view.trials, r.steps_to_oom)
+                   view.model.step_time_s, unsafe, view.trials, r.steps_to_oom, *counts)
 
     def as_dict(self) -> dict[str, Any]:
         return {"host": self.host, "rank": self.rank, "plateau_bytes": self.plateau_bytes,
                 "peak_by_phase": dict(self.peak_by_phase), "min_headroom_bytes": self.min_headroom_bytes,
                 "step_time_s": self.step_time_s, "unsafe": [r.as_dict() for r in self.unsafe],
-                "trials": [t.as_dict() for t in self.trials], "steps_to_oom": self.steps_to_oom}
+                "trials": [t.as_dict() for t in self.trials], "steps_to_oom": self.steps_to_oom,
+                "ooms": self.ooms, "restarts": self.restarts, "deaths": self.deaths}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> RankFigures:
@@ -56,7 +63,8 @@ class RankFigures:
                    {str(k): int(v) for k, v in (doc.get("peak_by_phase") or {}).items()},
                    doc.get("min_headroom_bytes"), doc.get("step_time_s"),
                    tuple(Reason.from_dict(r) for r in doc.get("unsafe") or ()),
-                   tuple(Trial.from_dict(t) for t in doc.get("trials") or ()), doc.get("steps_to_oom"))
+                   tuple(Trial.from_dict(t) for t in doc.get("trials") or ()), doc.get("steps_to_oom"),
+                   int(doc.get("ooms") or 0), int(doc.get("restarts") or 0), int(doc.get("deaths") or 0))
 
     def troubles(self) -> tuple[Reason, ...]:
         """Every unsafe cause of this rank's history, one reason per cause, most serious first:
@@ -90,12 +98,20 @@ class RunFigures:
     world_size: int | None = None
 
     @classmethod
-    def of(cls, obs: RunObservation) -> RunFigures:
-        return cls.of_view(run_view(obs, ReadinessConfig()))
+    def of(cls, obs: RunObservation, now: float | None = None) -> RunFigures:
+        """Every rank's figures, its life judged at ``now`` (default: the run's latest sample)."""
+        view = run_view(obs, ReadinessConfig())
+        stories: dict[tuple[str, int], RankStory] = {}
+        if obs.life is not None:
+            last = max((v.last_ts for v in view.ranks if v.last_ts is not None), default=0.0)
+            stories = obs.life.story(last if now is None else now).index()
+        return cls.of_view(view, stories)
 
     @classmethod
-    def of_view(cls, view: RunView) -> RunFigures:
-        return cls(view.run, tuple(RankFigures.of(v) for v in view.ranks), view.world_size)
+    def of_view(cls, view: RunView, stories: dict[tuple[str, int], RankStory] | None = None) -> RunFigures:
+        index = stories or {}
+        return cls(view.run, tuple(RankFigures.of(v, index.get((v.host, v.rank))) for v in view.ranks),
+                   view.world_size)
 
     def as_dict(self) -> dict[str, Any]:
         return {"run": self.run, "world_size": self.world_size, "ranks": [r.as_dict() for r in self.ranks]}

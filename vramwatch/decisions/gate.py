@@ -7,9 +7,12 @@ the run) that the baseline does not have fails the candidate, naming the rank an
 leak of 0.5 MiB/step has grown the peak by 1 % when CI stops it and would run out of memory later.
 Then growth, judged on the allocator's own figures (plateau reserved, ``peak_allocated_bytes`` per
 phase kind), which repeat across machines and drivers. A figure the baseline has and the
-candidate lacks (a phase that never ran, a rank missing) is reported, not silently passed. Runs of
-different world sizes are not alike (their ranks hold different shares of the job): comparing them
-raises :class:`~vramwatch.decisions.compare.WorldSizeMismatch` unless ``per_rank``.
+candidate lacks (a phase that never ran, a rank missing) is reported, not silently passed. A rank
+with more OOMs than the baseline's same rank fails too when the baseline had OOMs of its own (the
+counts are every process's, :mod:`vramwatch.runlife`); restarts and deaths the baseline did not have
+are said on the line. Runs of different world sizes are not alike (their ranks hold different shares
+of the job): comparing them raises :class:`~vramwatch.decisions.compare.WorldSizeMismatch` unless
+``per_rank``.
 """
 
 from __future__ import annotations
@@ -59,17 +62,24 @@ def gate(baseline: RunObservation | RunFigures, candidate: RunObservation | RunF
                             key=lambda m: -(m.growth or 0)))
     worst = max(comparable, key=lambda m: m.growth or 0, default=None)
     troubles = new_troubles(base, cand)
+    life = _life_note(cmp.metrics)
     if troubles:
         t = troubles[0]
         more = f" (+{len(troubles) - 1} more)" if len(troubles) > 1 else ""
         grew = f"; largest growth so far {worst.growth:+.2%}" if worst is not None and worst.growth is not None else ""
-        line = f"FAIL: {t.text} (cause {t.cause}; the baseline has none){more}{grew}"
+        line = f"FAIL: {t.text} (cause {t.cause}; the baseline has none){more}{grew}{life}"
         return GateResult(False, line, worst, failures, missing, added, troubles)
+    new_ooms = tuple(m for m in cmp.metrics if m.name == "ooms" and (m.b or 0) > (m.a or 0))
+    if new_ooms:
+        m = new_ooms[0]
+        more = f" (+{len(new_ooms) - 1} more ranks)" if len(new_ooms) > 1 else ""
+        line = f"FAIL: rank {m.rank} hit {int(m.b or 0)} OOM(s), the baseline {int(m.a or 0)}{more}{life}"
+        return GateResult(False, line, worst, new_ooms + failures, missing)
     if failures:
         f = failures[0]
         more = f" (+{len(failures) - 1} more over tolerance)" if len(failures) > 1 else ""
         line = (f"FAIL: {f.name} rank {f.rank} phase {f.phase} grew {f.growth:+.2%} "
-                f"({gib(f.a or 0, 2)} -> {gib(f.b or 0, 2)}), tolerance {max_growth:.1%}{more}")
+                f"({gib(f.a or 0, 2)} -> {gib(f.b or 0, 2)}), tolerance {max_growth:.1%}{more}{life}")
         return GateResult(False, line, worst, failures, missing)
     if not comparable:
         return GateResult(False, "FAIL: nothing comparable between baseline and candidate", None, (), missing)
@@ -79,7 +89,14 @@ def gate(baseline: RunObservation | RunFigures, candidate: RunObservation | RunF
         line += f"; candidate lacks {', '.join(missing[:3])}"
     if added:  # new memory the baseline never needed: not a growth, but worth a look
         line += f"; candidate adds {', '.join(added[:3])}"
-    return GateResult(True, line, worst, (), missing, added)
+    return GateResult(True, line + life, worst, (), missing, added)
+
+
+def _life_note(metrics: tuple[Metric, ...]) -> str:
+    """Restarts and deaths the candidate had beyond the baseline, as "; rank 2: 1 restarts ..."."""
+    notes = [f"rank {m.rank}: {int(m.b or 0)} {m.name} (baseline {int(m.a or 0)})" for m in metrics
+             if m.name in ("restarts", "deaths") and (m.b or 0) > (m.a or 0)]
+    return f"; candidate {', '.join(notes[:3])}" if notes else ""
 
 
 __all__ = ["DEFAULT_MAX_GROWTH", "GateResult", "gate", "new_troubles"]

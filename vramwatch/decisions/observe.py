@@ -222,8 +222,13 @@ class RunObservation:
     run: str
     ranks: dict[tuple[str, int], RankTrack] = field(default_factory=dict)
     samples: int = 0
-    #: the run-life model's fold of the same samples (how each process ended: vramwatch.runlife)
+    #: the run-life model's fold of the same samples (vramwatch.runlife): how each process ended,
+    #: OOMs, restarts and deaths per rank, as every view reads them
     life: RunLife | None = None
+
+    def __post_init__(self) -> None:
+        if self.life is None:
+            self.life = RunLife(self.run)
 
     def tracks(self) -> list[RankTrack]:
         return [self.ranks[k] for k in sorted(self.ranks, key=lambda k: (k[1], k[0]))]
@@ -241,7 +246,7 @@ def observe(samples: Iterable[dict[str, Any]]) -> dict[str, RunObservation]:
         run = sample["run"]
         obs = runs.get(run)
         if obs is None:
-            obs = runs[run] = RunObservation(run, life=RunLife(run))
+            obs = runs[run] = RunObservation(run)
         key = (sample["host"], sample["rank"])
         track = obs.ranks.get(key)
         if track is None:
