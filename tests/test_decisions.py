@@ -456,3 +456,15 @@ def test_a_rank_killed_while_the_job_went_on_is_a_death_the_gate_and_the_advice_
     assert verdict.line.startswith("FAIL: rank 1: killed at step 1,500") and "(cause death;" in verdict.line
     # the baseline had the same death: not the candidate's doing
     assert gate(cut, cut, 0.03).passed
+
+
+def test_the_docs_list_every_cause_with_its_meaning() -> None:
+    """docs/decisions.md's cause table is generated from reasons.CAUSES (one definition)."""
+    from pathlib import Path
+
+    from vramwatch.decisions.reasons import causes_table
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "decisions.md").read_text()
+    start, end = doc.index("<!-- causes:start -->"), doc.index("<!-- causes:end -->")
+    assert doc[start + len("<!-- causes:start -->"):end].strip() == causes_table().strip()
+    assert all(f"| `{cause}` |" in doc for cause in CAUSES)

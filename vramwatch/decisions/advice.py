@@ -12,7 +12,7 @@ batch assumes ranks share the batch equally (``world_size x`` the per-rank token
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from vramwatch.units import gib
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
@@ -137,9 +137,19 @@ def capacity(model: RankModel, margin: float) -> RankCapacity:
                         model.train.uncertainty_frac, need, model.total_bytes)
 
 
-def project(models: list[RankModel], tokens: int, margin: float) -> tuple[int, int, bool, int, str] | None:
-    """The model's worst device need over ranks and phases at ``tokens`` per rank:
-    (need, headroom, keeps the margin, rank, phase); None without a usable fit. O(ranks x phases)."""
+class Projection(NamedTuple):
+    """The model's worst device need over ranks and phases at a batch."""
+
+    need_bytes: int
+    headroom_bytes: int
+    keeps_margin: bool
+    rank: int
+    phase: str
+
+
+def project(models: list[RankModel], tokens: int, margin: float) -> Projection | None:
+    """The model's worst device need over ranks and phases at ``tokens`` per rank; None without a
+    usable fit. O(ranks x phases)."""
     worst: tuple[float, RankModel, str] | None = None
     for m in models:
         if not m.train.usable:
@@ -151,7 +161,7 @@ def project(models: list[RankModel], tokens: int, margin: float) -> tuple[int, i
         return None
     need, m, phase = worst
     headroom = int(m.total_bytes - need)
-    return int(need), headroom, headroom >= margin * m.total_bytes, m.rank, phase
+    return Projection(int(need), headroom, headroom >= margin * m.total_bytes, m.rank, phase)
 
 
 def judge_target(tokens: int, models: list[RankModel], ev: Evidence, margin: float, world: int) -> Target:
@@ -280,5 +290,6 @@ def join(docs: list[dict[str, Any]], *, granularity: int | None = None) -> Advic
                      granularity=granularity, references=tuple(refs.items()))
 
 
-__all__ = ["Advice", "RankCapacity", "Target", "advise", "bounded_max", "capacity", "decide", "decide_on", "join",
+__all__ = ["Advice", "Projection", "RankCapacity", "Target", "advise", "bounded_max", "capacity", "decide", "decide_on",
+           "join",
            "judge_target", "project"]

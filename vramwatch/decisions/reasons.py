@@ -64,4 +64,10 @@ class Reason:
         return cls(str(doc["cause"]), str(doc["text"]), None if rank is None else int(rank))
 
 
-__all__ = ["BATCH_CAUSES", "CAUSES", "OOM_CAUSES", "Reason"]
+def causes_table() -> str:
+    """The Markdown table of :data:`CAUSES` (docs/decisions.md embeds it; a test compares them)."""
+    rows = "\n".join(f"| `{cause}` | {meaning} |" for cause, meaning in CAUSES.items())
+    return f"| cause | meaning |\n|---|---|\n{rows}\n"
+
+
+__all__ = ["BATCH_CAUSES", "CAUSES", "OOM_CAUSES", "Reason", "causes_table"]
