@@ -14,15 +14,16 @@ per rank, a memory-model builder, the readiness bookkeeping and the rank's proce
 ``view(config)`` hands the advice route a frozen copy of the rank (:mod:`.views`): the collector's
 ``/advice`` decides on the tracks it already holds instead of replaying the store.
 
-Cost: per sample, the engine's update plus O(1) and a lock shared by all engines (uncontended but
-for a reader copying one rank); the model is refitted (O(buckets²), under a millisecond) only when a bucket
-maximum changed and at most once per :data:`REFIT_EVERY` samples; the other figures are re-judged
-every :data:`RECHECK_EVERY` samples or on an OOM, so a scrape mostly reads cached figures.
+Cost: per sample, the engine's update plus O(1) (no lock: ``view`` copies under a sequence lock on
+the sample count and copies again when the writer moved); the model is refitted (O(buckets²),
+under a millisecond) only when a bucket maximum changed and at most once per :data:`REFIT_EVERY`
+samples; the other figures are re-judged every :data:`RECHECK_EVERY` samples or on an OOM, so a
+scrape mostly reads cached figures.
 """
 
 from __future__ import annotations
 
-import threading
+import time
 from typing import Any
 
 from vramwatch.engine import TrendEngine
@@ -40,9 +41,6 @@ REFIT_EVERY = 256
 RECHECK_EVERY = 32
 
 _CONFIG = ReadinessConfig()
-#: One lock for every engine (not one each: 140 bytes a series): the collector has one writer, and a
-#: reader holds it only while it copies one rank, so the writer waits at most that long.
-_LOCK = threading.Lock()
 #: The figures before the first judgement (shared: figures are replaced, never mutated).
 _UNJUDGED: dict[str, Any] = {"max_tokens_per_step": None, "tokens_per_step_max_observed": None, "readiness": None}
 
@@ -50,7 +48,7 @@ _UNJUDGED: dict[str, Any] = {"max_tokens_per_step": None, "tokens_per_step_max_o
 class DecisionEngine:
     """A TrendEngine plus the decision figures; a drop-in ``engine_factory`` for ``LiveState``."""
 
-    __slots__ = ("_checked_at", "_figures", "_fit", "_fit_version", "_fitted_at", "_ooms_seen", "_track")
+    __slots__ = ("_checked_at", "_figures", "_fit", "_fit_version", "_fitted_at", "_ooms_seen", "_track", "_writing")
 
     def __init__(self, engine: TrendEngine | None = None) -> None:
         # the live figures never read the median step time: no step-time ring (2 KB per series)
@@ -61,6 +59,7 @@ class DecisionEngine:
         self._checked_at = -RECHECK_EVERY
         self._ooms_seen = 0
         self._figures = _UNJUDGED
+        self._writing = False  # with the sample count, a sequence lock: readers copy, writers never wait
 
     # the TrendEngine surface the collector reads
     @property
@@ -84,18 +83,33 @@ class DecisionEngine:
         return getattr(self._track.engine, name)
 
     def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
-        """Engine update plus O(1) bookkeeping; returns the engine's new events."""
+        """Engine update plus O(1) bookkeeping; returns the engine's new events. Never waits for a
+        reader: it marks itself writing, and a reader that saw it, or saw the sample count move
+        while it copied, copies again."""
         track = self._track
-        with _LOCK:
-            if not track.run:  # one engine per series: its identity is the first sample's (a run is never "")
-                track.run, track.host, track.rank = sample["run"], sample["host"], sample["rank"]
+        if not track.run:  # one engine per series: its identity is the first sample's (a run is never "")
+            track.run, track.host, track.rank = sample["run"], sample["host"], sample["rank"]
+        self._writing = True
+        try:
             return track.update(sample)
+        finally:
+            self._writing = False
 
     def view(self, config: ReadinessConfig) -> RankView:
-        """A frozen copy of the rank, its fit left to :func:`.views.fitted` (the caller's, outside
-        the lock): O(buckets + processes + phases) while the rank waits."""
-        with _LOCK:
-            return raw_view(self._track, config, timing=False)
+        """A consistent frozen copy of the rank, its fit left to :func:`.views.fitted` (outside):
+        O(buckets + processes + phases), again if the writer moved meanwhile (a sequence lock on
+        the sample count: the copy is the state between two samples)."""
+        builder = self._track.builder
+        while True:
+            if not self._writing:
+                before = builder.samples
+                try:
+                    view = raw_view(self._track, config, timing=False)
+                except RuntimeError:  # a dict the writer resized while it was read: copy again
+                    view = None
+                if view is not None and not self._writing and builder.samples == before:
+                    return view
+            time.sleep(0)  # let the writer finish its sample
 
     def figures(self) -> dict[str, Any]:
         """The decision figures, O(1) amortised per call.
@@ -108,22 +122,21 @@ class DecisionEngine:
         builder = track.builder
         if builder.samples - self._checked_at < RECHECK_EVERY and track.ooms == self._ooms_seen:
             return self._figures
-        with _LOCK:
-            self._checked_at, self._ooms_seen = builder.samples, track.ooms
-            if self._fit is None or (builder.version != self._fit_version
-                                     and builder.samples - self._fitted_at >= REFIT_EVERY):
-                self._fit, self._fit_version, self._fitted_at = builder.fit(), builder.version, builder.samples
-            model = builder.model(self._fit, timing=False)
-            tokens, _ = model.max_tokens(LOW_HEADROOM_FRACTION)
-            ceiling = min((t.oom.tokens for t in track.trials()
-                           if t.oom is not None and t.oom.cause in BATCH_CAUSES and t.oom.tokens), default=None)
-            if ceiling is not None and (tokens is None or tokens >= ceiling):
-                tokens = ceiling - 1  # what ran out of memory bounds what the model says
-            self._figures = {
-                "max_tokens_per_step": tokens,
-                "tokens_per_step_max_observed": model.tokens_seen_max,
-                "readiness": rank_readiness(track, _CONFIG).verdict,
-            }
+        self._checked_at, self._ooms_seen = builder.samples, track.ooms
+        if self._fit is None or (builder.version != self._fit_version
+                                 and builder.samples - self._fitted_at >= REFIT_EVERY):
+            self._fit, self._fit_version, self._fitted_at = builder.fit(), builder.version, builder.samples
+        model = builder.model(self._fit, timing=False)
+        tokens, _ = model.max_tokens(LOW_HEADROOM_FRACTION)
+        ceiling = min((t.oom.tokens for t in track.trials()
+                       if t.oom is not None and t.oom.cause in BATCH_CAUSES and t.oom.tokens), default=None)
+        if ceiling is not None and (tokens is None or tokens >= ceiling):
+            tokens = ceiling - 1  # what ran out of memory bounds what the model says
+        self._figures = {
+            "max_tokens_per_step": tokens,
+            "tokens_per_step_max_observed": model.tokens_seen_max,
+            "readiness": rank_readiness(track, _CONFIG).verdict,
+        }
         return self._figures
 
     def summary(self) -> dict[str, Any]:

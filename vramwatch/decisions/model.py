@@ -258,12 +258,12 @@ class RankModelBuilder:
 
     def update(self, sample: dict[str, Any]) -> None:
         """Fold one schema-1 sample in: O(1), no allocation beyond the bounded buckets."""
-        self.fold(sample, *folded_fields(sample))
+        self.fold(sample, sample["phase"], *folded_fields(sample))
 
-    def fold(self, sample: dict[str, Any], incarnation: Any, ooms: int | None, peak: int | None,
+    def fold(self, sample: dict[str, Any], phase: str, incarnation: Any, ooms: int | None, peak: int | None,
              allocated: int | None, reserved: int | None, used: int | None) -> None:
-        """:meth:`update` with :func:`folded_fields` already read (``RankTrack`` reads them once
-        for itself and the builder)."""
+        """:meth:`update` with the phase and :func:`folded_fields` already read (``RankTrack`` reads
+        them once for itself and the builder)."""
         self.samples += 1
         if incarnation != self.incarnation:
             # a new process starts with a fresh allocator: floor and slack are its own
@@ -291,12 +291,12 @@ class RankModelBuilder:
             # the allocation failed: this peak is the device's ceiling, not the step's demand; it
             # never joins the envelope (the OOM itself is evidence: trials.record_oom)
             self.inc_ooms = ooms
-            tokens = sample.get("tokens") if sample["phase"] == "train" else None
+            tokens = sample.get("tokens") if phase == "train" else None
             if tokens and (self.tokens_max is None or tokens > self.tokens_max):
                 self.tokens_max = tokens  # the run did ask for this batch
             return
-        if sample["phase"] != "train":
-            entry = self.phase_max.setdefault(sample["phase"], [0, 0])
+        if phase != "train":
+            entry = self.phase_max.setdefault(phase, [0, 0])
             if transient > entry[0]:
                 entry[0] = transient
                 self.version += 1
@@ -313,14 +313,15 @@ class RankModelBuilder:
                 keep_last(self.outsides, self.block_outside, WINDOW // BLOCK)
             self.block_floor = self.block_outside = -1
             self.block_fill = 0
-        step_time = sample.get("step_time_s") if self.timing else None
-        if step_time:
-            times = self.step_times
-            if len(times) < WINDOW:
-                times.append(step_time)
-            else:  # full: overwrite the oldest (the median reads them in any order)
-                times[self.step_times_next] = step_time
-                self.step_times_next = (self.step_times_next + 1) % WINDOW
+        if self.timing:
+            step_time = sample.get("step_time_s")
+            if step_time:
+                times = self.step_times
+                if len(times) < WINDOW:
+                    times.append(step_time)
+                else:  # full: overwrite the oldest (the median reads them in any order)
+                    times[self.step_times_next] = step_time
+                    self.step_times_next = (self.step_times_next + 1) % WINDOW
         if transient > self.train_transient_max:
             self.train_transient_max = transient
         tokens = sample.get("tokens")
