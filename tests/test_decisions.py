@@ -468,3 +468,34 @@ def test_the_docs_list_every_cause_with_its_meaning() -> None:
     start, end = doc.index("<!-- causes:start -->"), doc.index("<!-- causes:end -->")
     assert doc[start + len("<!-- causes:start -->"):end].strip() == causes_table().strip()
     assert all(f"| `{cause}` |" in doc for cause in CAUSES)
+
+
+def test_a_live_view_is_the_state_between_two_samples_while_the_writer_goes_on() -> None:
+    """The collector's writer never waits for /advice: the reader's copy is taken again when a
+    sample landed meanwhile, so every copy is whole (its process and its model at the same step)."""
+    import threading
+
+    from vramwatch.decisions.live import DecisionEngine
+
+    samples = token_trace("varlen", steps=6000, run="busy", seed=3)
+    engine = DecisionEngine()
+    for s in samples[:200]:
+        engine.update(s)
+    done = threading.Event()
+
+    def write() -> None:
+        for s in samples[200:]:
+            engine.update(s)
+        done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    views = 0
+    config = ReadinessConfig()
+    while not done.is_set() or views == 0:
+        view = engine.view(config)
+        assert view.trials[-1].last_step == view.model.step and len(view.points) >= 1
+        views += 1
+    writer.join()
+    final = engine.view(config)
+    assert views > 1 and final.model.step == final.trials[-1].last_step == samples[-1]["step"]

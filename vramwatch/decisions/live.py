@@ -14,15 +14,15 @@ per rank, a memory-model builder, the readiness bookkeeping and the rank's proce
 ``view(config)`` hands the advice route a frozen copy of the rank (:mod:`.views`): the collector's
 ``/advice`` decides on the tracks it already holds instead of replaying the store.
 
-Cost: per sample, the engine's update plus O(1) (no lock: ``view`` copies under a sequence lock on
-the sample count and copies again when the writer moved); the model is refitted (O(buckets²),
-under a millisecond) only when a bucket maximum changed and at most once per :data:`REFIT_EVERY`
-samples; the other figures are re-judged every :data:`RECHECK_EVERY` samples or on an OOM, so a
-scrape mostly reads cached figures.
+Cost: per sample, the engine's update plus O(1) (a lock only while a reader copies an engine:
+``view``); the model is refitted (O(buckets²), under a millisecond) only when a bucket maximum
+changed and at most once per :data:`REFIT_EVERY` samples; the other figures are re-judged every
+:data:`RECHECK_EVERY` samples or on an OOM, so a scrape mostly reads cached figures.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -41,6 +41,11 @@ REFIT_EVERY = 256
 RECHECK_EVERY = 32
 
 _CONFIG = ReadinessConfig()
+#: Readers copying an engine (:meth:`DecisionEngine.view`), and the lock they copy under: writers
+#: take it only while a reader waits, so the collector's writer pays a global read per sample.
+_readers = 0
+_LOCK = threading.Lock()
+_COUNT = threading.Lock()
 #: The figures before the first judgement (shared: figures are replaced, never mutated).
 _UNJUDGED: dict[str, Any] = {"max_tokens_per_step": None, "tokens_per_step_max_observed": None, "readiness": None}
 
@@ -59,7 +64,7 @@ class DecisionEngine:
         self._checked_at = -RECHECK_EVERY
         self._ooms_seen = 0
         self._figures = _UNJUDGED
-        self._writing = False  # with the sample count, a sequence lock: readers copy, writers never wait
+        self._writing = False  # set while a sample is folded in (a reader waits for it to finish)
 
     # the TrendEngine surface the collector reads
     @property
@@ -83,33 +88,37 @@ class DecisionEngine:
         return getattr(self._track.engine, name)
 
     def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
-        """Engine update plus O(1) bookkeeping; returns the engine's new events. Never waits for a
-        reader: it marks itself writing, and a reader that saw it, or saw the sample count move
-        while it copied, copies again."""
+        """Engine update plus O(1) bookkeeping; returns the engine's new events. Takes no lock unless
+        a reader waits (:meth:`view`); it marks itself writing first, so a reader that arrived
+        meanwhile waits for this one sample."""
         track = self._track
         if not track.run:  # one engine per series: its identity is the first sample's (a run is never "")
             track.run, track.host, track.rank = sample["run"], sample["host"], sample["rank"]
         self._writing = True
+        if _readers:
+            self._writing = False
+            with _LOCK:  # a reader is copying an engine: wait for it
+                return track.update(sample)
         try:
             return track.update(sample)
         finally:
             self._writing = False
 
     def view(self, config: ReadinessConfig) -> RankView:
-        """A consistent frozen copy of the rank, its fit left to :func:`.views.fitted` (outside):
-        O(buckets + processes + phases), again if the writer moved meanwhile (a sequence lock on
-        the sample count: the copy is the state between two samples)."""
-        builder = self._track.builder
-        while True:
-            if not self._writing:
-                before = builder.samples
-                try:
-                    view = raw_view(self._track, config, timing=False)
-                except RuntimeError:  # a dict the writer resized while it was read: copy again
-                    view = None
-                if view is not None and not self._writing and builder.samples == before:
-                    return view
-            time.sleep(0)  # let the writer finish its sample
+        """A frozen copy of the rank between two samples, its fit left to :func:`.views.fitted`
+        (outside): O(buckets + processes + phases). While it copies, writers of every engine wait
+        (a sample in progress is finished first); they take no lock otherwise."""
+        global _readers
+        with _COUNT:
+            _readers += 1
+        try:
+            with _LOCK:
+                while self._writing:
+                    time.sleep(0)  # the writer finishes its sample; its next waits for the lock
+                return raw_view(self._track, config, timing=False)
+        finally:
+            with _COUNT:
+                _readers -= 1
 
     def figures(self) -> dict[str, Any]:
         """The decision figures, O(1) amortised per call.
