@@ -239,6 +239,7 @@ class SeriesCollector(Collector):
         self._labels: dict[tuple, tuple[str, tuple[str, str, str, str, str]]] = {}
         self._lock = threading.Lock()
         self.exported_series = 0
+        self.exported_keys: set[tuple[str, str, int]] = set()
         self.aged_out_series = 0
 
     # -------------------------------------------------------------- rows
@@ -281,6 +282,7 @@ class SeriesCollector(Collector):
                                     series.ooms, series.restarts, running))
         rows.sort(key=lambda row: (row.series.run, row.series.host, row.series.rank))
         self.exported_series = len(rows)
+        self.exported_keys = {(row.series.run, row.series.host, row.series.rank) for row in rows}
         self.aged_out_series = len(snapshot) - len(rows)
         return rows
 
@@ -383,25 +385,34 @@ class _RegistryView(Collector):
 class VramwatchRegistry(CollectorRegistry):
     """A registry whose ``collect()`` yields everything; ``render`` uses its fast path."""
 
-    def __init__(self, live: Any, *, finished_after_s: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, live: Any, *, finished_after_s: float, processes: Any = None,
+                 clock: Callable[[], float] = time.time) -> None:
         super().__init__(auto_describe=False)
         self.process = CollectorRegistry(auto_describe=False)
         self.series = SeriesCollector(live, finished_after_s=finished_after_s, clock=clock)
         self.ingest = IngestMetrics(self.process)
         Info("vramwatch_build", "vramwatch collector build.", registry=self.process).info({"version": __version__})
         self.register(_RegistryView(self.process))
-        self.register(self.series)
+        self.register(self.series)  # before the foreign processes: they follow the series it exported
+        self.foreign = None
+        if processes is not None:
+            from vramwatch.collector.processes import ForeignProcessCollector
+
+            self.foreign = ForeignProcessCollector(processes, live, lambda: self.series.exported_keys)
+            self.register(self.foreign)
 
 
-def build_registry(live: Any, *, finished_after_s: float = 3600.0, clock: Callable[[], float] = time.time
+def build_registry(live: Any, *, finished_after_s: float = 3600.0, processes: Any = None,
+                   clock: Callable[[], float] = time.time
                    ) -> tuple[CollectorRegistry, IngestMetrics]:
     """The registry that ``GET /metrics`` renders, and the ingest metrics each POST updates.
 
     ``live``: the LiveState (``snapshot()`` for the series, ``story()`` for their life).
     ``finished_after_s``: a run with no sample for this long leaves ``/metrics``.
+    ``processes``: a :class:`~vramwatch.collector.processes.ProcessBook` (named foreign processes).
     ``clock``: the ``now`` ranks are judged at (a replay of a recorded run passes its own).
     """
-    registry = VramwatchRegistry(live, finished_after_s=finished_after_s, clock=clock)
+    registry = VramwatchRegistry(live, finished_after_s=finished_after_s, processes=processes, clock=clock)
     return registry, registry.ingest
 
 
@@ -412,11 +423,13 @@ def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]
         return encoder(registry), content_type
     openmetrics = content_type.startswith(OPENMETRICS_CONTENT_TYPE)
     head = encoder(registry.process)
+    foreign = registry.foreign.render_text if registry.foreign is not None else str
     if openmetrics:
         # The OpenMetrics encoder ends with "# EOF"; the rank families go before it.
         head = head.removesuffix(b"# EOF\n")
-        return head + registry.series.render_text(openmetrics=True).encode() + b"# EOF\n", content_type
-    return head + registry.series.render_text().encode(), content_type
+        body = registry.series.render_text(openmetrics=True) + foreign()
+        return head + body.encode() + b"# EOF\n", content_type
+    return head + (registry.series.render_text() + foreign()).encode(), content_type
 
 
 __all__ = [

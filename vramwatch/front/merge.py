@@ -174,6 +174,7 @@ def merge_heatmap(answers: Sequence[ShardAnswer], cols: int = 240) -> dict[str, 
 def merge_postmortem(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any]:
     ranks: list[dict[str, Any]] = []
     snapshots: list[dict[str, Any]] = []
+    suspects: list[dict[str, Any]] = []
     first: dict[str, Any] | None = None
     statuses: list[Any] = []
     tallies: list[Any] = []
@@ -187,14 +188,16 @@ def merge_postmortem(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any]
             continue
         ranks.extend({**r, "shard": answer.shard} for r in doc.get("ranks", []))
         snapshots.extend(snapshot_via_front({**s, "shard": answer.shard}) for s in doc.get("snapshots", []))
+        suspects.extend({**s, "shard": answer.shard} for s in doc.get("suspects", []))
         f = doc.get("first_failure")
         if f and (first is None or order(f) < order(first)):
             first = {**f, "shard": answer.shard}
         statuses.append(doc.get("status"))
         tallies.append(doc.get("tally"))
     ranks.sort(key=lambda r: (r.get("rank", 0), str(r.get("host", ""))))
+    suspects.sort(key=lambda s: (s.get("rank", 0), str(s.get("host", ""))))
     return {"run": run, "status": _merged_status(statuses, tallies), "first_failure": first, "ranks": ranks,
-            "snapshots": snapshots}
+            "snapshots": snapshots, "suspects": suspects}
 
 
 def merge_advice(answers: Sequence[ShardAnswer]) -> dict[str, Any] | None:
