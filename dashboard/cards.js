@@ -108,7 +108,7 @@ export function drawCards() {
   const cards = [
     worstCard(worst), headroomCard(ranks), oomCard(ranks), ranksCard(ranks),
     // a report is read long after it was made: there the time itself, not "… ago"
-    { label: "Last sample", value: STATIC ? clock(newest) : age(newest), sub: "step " + intText(lastStep) + (STATIC ? "" : " · " + clock(newest)) },
+    { label: "Last sample", value: STATIC ? clock(newest) : age(newest), sub: "step " + intText(lastStep), title: "last sample " + clock(newest) },
   ];
   const box = $("cards");
   clear(box);

@@ -2,10 +2,10 @@
  * the run's snapshots (each downloads as the pickle pytorch.org/memory_viz opens), the leak
  * suspects (per leaking rank, the lines of code whose live memory grew between two of its
  * snapshots), and the post-mortem (who failed first, when, why; how every rank's latest process
- * ended, what it held at that moment, which other processes held memory on its GPU), shown as
- * soon as a rank died or hit an OOM, during the run, and once every rank ended. Data: the
- * collector's /capture, /snapshots, /suspects and /postmortem routes; a report embeds them. Times
- * carry their date and the viewer's zone. */
+ * ended, what it held at that moment, which other processes held memory on its GPU), shown as soon
+ * as a rank died or hit an OOM, during the run, and once every rank ended. Data: the collector's
+ * /capture, /snapshots, /suspects and /postmortem routes; a report embeds them. Times carry their
+ * date and the viewer's zone. */
 
 import { MIB, clock, gib, intText, isNum, plural, timeZoneLabel } from "./format.js";
 import { $, append, clear, el } from "./dom.js";

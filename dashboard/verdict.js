@@ -24,8 +24,8 @@ function lastEvent(r, type) {
 /** A rank whose latest process still runs (live, or silent and not judged yet). */
 export function isRunning(r) { return r.liveness === "live" || r.liveness === "silent"; }
 
-/** How a death reads: "out of memory", "killed alone", "stopped with the job". */
-export const DEATH_TEXT = { oom: "out of memory", killed: "killed alone", stopped: "stopped with the job" };
+/** How a death reads: "OOM", "killed alone", "stopped with the job". */
+export const DEATH_TEXT = { oom: "OOM", killed: "killed alone", stopped: "stopped with the job" };
 
 /**
  * Everything the table, cards and charts say about a rank's life, kept on the row as ``r.vw``

@@ -17,6 +17,7 @@ from :mod:`vramwatch.verdicts`.
 from __future__ import annotations
 
 import gc
+import math
 import threading
 import time
 from collections import deque
@@ -179,6 +180,7 @@ class LiveState:
         self._ranks_per_run: dict[str, int] = {}
         self._retired: dict[str, RetiredRun] = {}
         self._revived: dict[str, list[SeriesState]] = {}
+        self._stories: dict[str, tuple[tuple[Any, ...], RunStory]] = {}  # the latest judgement per run
         self._unfrozen = 0  # series created since the last gc.freeze()
         self._lock = threading.Lock()
         #: bumped by every change; rows carry the version of their last change
@@ -414,7 +416,19 @@ class LiveState:
         now = time.time() if now is None else now
         if states is None:
             states = self.for_run(run) or self._revived.get(run, [])
-        return judge(run, [s.life for s in states], now, stopped=stopped or self.is_retired(run))
+        stopped = stopped or self.is_retired(run)
+        # one judgement per run per second of the clock and per change of its ranks, however many
+        # readers ask (a 4,096-rank judgement is ~90 ms): pollers, /runs, the post-mortem, /metrics
+        key = (len(states), max((s.version for s in states), default=-1), stopped, math.floor(now))
+        cached = self._stories.get(run)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        story = judge(run, [s.life for s in states], now, stopped=stopped)
+        with self._lock:
+            if len(self._stories) > 4096:
+                self._stories.clear()
+            self._stories[run] = (key, story)
+        return story
 
     def run_summaries(self, now: float | None = None) -> list[dict[str, Any]]:
         """One row per run (live and retired): status, OOMs, the worst rank's state, min

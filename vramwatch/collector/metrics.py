@@ -44,7 +44,6 @@ from prometheus_client.registry import Collector
 from vramwatch import verdicts
 from vramwatch.__about__ import __version__
 from vramwatch.decisions.readiness import VERDICTS as READINESS_VERDICTS
-from vramwatch.runlife import judge
 
 #: Label names of every per-rank family, in exposition order. ``Hostname``/``UUID``/``gpu``
 #: are spelled as dcgm-exporter spells them.
@@ -274,7 +273,7 @@ class SeriesCollector(Collector):
         for run, states in by_run.items():
             if max(s.last_seen for s in states) < cutoff:
                 continue
-            index = judge(run, [s.life for s in states], now).index()
+            index = self.live.story(run, states, now).index()
             for series in states:
                 story = index.get((series.host, series.rank))
                 running = story is None or not story.ended
@@ -408,7 +407,7 @@ def build_registry(live: Any, *, finished_after_s: float = 3600.0, processes: An
                    ) -> tuple[CollectorRegistry, IngestMetrics]:
     """The registry that ``GET /metrics`` renders, and the ingest metrics each POST updates.
 
-    ``live``: anything with ``snapshot()`` returning series states (see collector/live.py).
+    ``live``: the LiveState (``snapshot()`` for the series, ``story()`` for their life).
     ``finished_after_s``: a run with no sample for this long leaves ``/metrics``.
     ``processes``: a :class:`~vramwatch.collector.processes.ProcessBook` (named foreign processes).
     ``clock``: the ``now`` ranks are judged at (a replay of a recorded run passes its own).

@@ -155,8 +155,6 @@ def postmortem_doc(state: Any, run: str, silent_after_s: float) -> dict[str, Any
                            story=story)
     return enrich_postmortem(pm, snapshots=state.snapshots, diffs=state.diffs, processes=state.processes,
                              live=live).to_dict()
-
-
 def _add_diff_routes(router: APIRouter, read: list[Any]) -> None:
     @router.get("/api/v1/runs/{run:path}/snapshots/diff", dependencies=read)
     def snapshot_diff(request: Request, run: str, old: Annotated[str, Query(max_length=64)],

@@ -90,7 +90,7 @@ class PostMortem:
         return {"run": self.run, "status": self.status,
                 "first_failure": None if self.first_failure is None else asdict(self.first_failure),
                 "ranks": [r.to_dict() for r in self.ranks], "snapshots": list(self.snapshots),
-                "tally": dict(self.tally), "suspects": [s.to_dict() for s in self.suspects]}
+                "suspects": [s.to_dict() for s in self.suspects], "tally": dict(self.tally)}
 
 
 def _read(samples: Iterable[Sample]) -> tuple[dict[str, runlife.RunLife], dict[SeriesKey, Sample],
