@@ -510,15 +510,13 @@ def judge(run: str, ranks: Iterable[RankLife], now: float, *, silent_after_s: fl
 
 
 class RunLife:
-    """The fold of one run: a :class:`RankLife` per (host, rank). ``version`` counts the samples
-    fed, so a reader can tell whether the records changed."""
+    """The fold of one run: a :class:`RankLife` per (host, rank)."""
 
-    __slots__ = ("_ranks", "run", "version")
+    __slots__ = ("_ranks", "run")
 
     def __init__(self, run: str) -> None:
         self.run = run
         self._ranks: dict[tuple[str, int], RankLife] = {}
-        self.version = 0
 
     def rank(self, host: str, rank: int) -> RankLife:
         """The rank's fold (created empty on first use)."""
@@ -528,12 +526,7 @@ class RunLife:
         return life
 
     def feed(self, sample: Sample) -> None:
-        self.version += 1
         self.rank(sample["host"], sample["rank"]).feed(sample)
-
-    def forget(self, host: str, rank: int) -> None:
-        self._ranks.pop((host, rank), None)
-        self.version += 1
 
     def ranks(self) -> list[RankLife]:
         return list(self._ranks.values())
