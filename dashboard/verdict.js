@@ -1,7 +1,9 @@
 /* One rank's verdict as the page shows it: state, liveness, deaths (OOM / restart / crash),
- * severity order and the headroom figures. The vocabulary (state list, severity, the
- * low-headroom threshold) comes from GET /api/v1/meta (state.js `vocab`), never retyped;
- * liveness, deaths, counts and severity come with every /ranks row (collector/rows.py). */
+ * severity order and the headroom figures. A rank's life (liveness, how its latest process died,
+ * OOM and restart counts, severity) is the collector's model (vramwatch/runlife.py), read from
+ * the /ranks row as it is: nothing here judges it again. The vocabulary (states, liveness, run
+ * statuses and their meanings, figure scopes, the low-headroom threshold) comes from
+ * GET /api/v1/meta (state.js `vocab`), never retyped. */
 
 import { isNum } from "./format.js";
 import { vocab } from "./state.js";
@@ -14,26 +16,38 @@ export function verdictOf(r) { return (r && r.verdict) || {}; }
 export function lastHeard(r) { return Math.max(isNum(r.last_seen) ? r.last_seen : 0, isNum(r.last_ts) ? r.last_ts : 0); }
 export function stateOf(r) { return verdictOf(r).state || "unknown"; }
 
-function eventsOf(r, type) { return (r.events || []).filter((e) => e.type === type); }
 function lastEvent(r, type) {
-  const evs = eventsOf(r, type);
+  const evs = (r.events || []).filter((e) => e.type === type);
   return evs.length ? evs[evs.length - 1] : null;
 }
 
+/** A rank whose latest process still runs (live, or silent and not judged yet). */
+export function isRunning(r) { return r.liveness === "live" || r.liveness === "silent"; }
+
+/** How a death reads: "OOM", "killed alone", "stopped with the job". */
+export const DEATH_TEXT = { oom: "OOM", killed: "killed alone", stopped: "stopped with the job" };
+
 /**
- * Everything the table, cards and charts say about a rank's life, computed once per poll
- * and kept on the row as ``r.vw``: liveness, OOM and restart counts, how and when it died,
- * severity (sort key: higher is worse) and the state as displayed.
+ * Everything the table, cards and charts say about a rank's life, kept on the row as ``r.vw``
+ * once per poll: the collector's liveness, OOM and restart counts, its death (``died``:
+ * cause, step, time), severity, and the state as displayed.
  */
 export function annotate(rows) {
   for (const r of rows) r.vw = describe(r);
 }
 
 function describe(r) {
-  // the collector's word: how and when the rank stopped (null: it did not)
   const d = r.died;
-  const death = d ? { how: d.how === "oom" ? "out of memory" : d.how, step: d.step, ts: isNum(d.ts) ? d.ts : r.last_ts } : null;
-  return { liveness: r.liveness, ooms: r.ooms, restarts: r.restarts, death, severity: r.severity, ...shownState(r, verdictOf(r)) };
+  const death = d ? { cause: d.cause, how: DEATH_TEXT[d.cause] || d.cause, step: d.step, ts: d.ts } : null;
+  return { liveness: r.liveness, ooms: r.ooms || 0, restarts: r.restarts || 0, deaths: r.deaths || 0, death,
+    severity: isNum(r.severity) ? r.severity : -1, ...shownState(r, verdictOf(r)) };
+}
+
+/** What part of a rank's life a figure covers ("its current process" / "every process of the
+ * rank"), from the meta's figure scopes: said in the column tips. */
+export function scopeText(figure) {
+  const scope = (vocab.figure_scopes || {})[figure];
+  return scope && vocab.scopes ? vocab.scopes[scope] : "";
 }
 
 /** A checkpoint's one-time ratchet is not a growing problem: show its cause instead of "rising". */
@@ -58,10 +72,10 @@ export function worstHeadroom(r) {
   return isNum(v.worst_headroom_bytes) ? v.worst_headroom_bytes : null;
 }
 
-/** The highest checkpoint peak of the rank's current process, as the engine reports it. */
+/** The latest checkpoint's peak: the same checkpoint as ``checkpoint_headroom_bytes`` (one scope). */
 export function checkpointPeak(r) {
   const v = verdictOf(r);
-  return { bytes: isNum(v.checkpoint_peak_max_bytes) ? v.checkpoint_peak_max_bytes : null, which: "highest" };
+  return isNum(v.checkpoint_peak_bytes) ? v.checkpoint_peak_bytes : null;
 }
 
 export function totalOf(r) {
@@ -106,7 +120,7 @@ export function sortValue(r, key) {
     case "state": return r.vw.severity;
     case "plateau": return v.plateau_bytes;
     case "headroom": return v.headroom_bytes;
-    case "ckpt": return checkpointPeak(r).bytes;
+    case "ckpt": return checkpointPeak(r);
     case "ckpt_headroom": return v.checkpoint_headroom_bytes;
     case "slope": return v.slope_bytes_per_step;
     case "oom": return oomEta(r);
@@ -137,7 +151,7 @@ export function filterWords(r) {
   const w = [stateOf(r), r.vw.shown, r.vw.liveness];
   if (r.vw.ooms) w.push("oom");
   if (r.vw.restarts) w.push("restart");
-  if (r.vw.death) w.push("dead", "died", r.vw.death.how);
+  if (r.vw.death) w.push("dead", "died", r.vw.death.cause, r.vw.death.how);
   if (r.vw.cause) w.push(r.vw.cause);
   return w.join(" ").toLowerCase();
 }

@@ -67,6 +67,9 @@ class Metric:
     help: str
     #: "gauge", or "counter" for a count that only grows within a process (exposed as ``name_total``)
     kind: str = "gauge"
+    #: exposed for a rank whose latest process no longer runs too (counts, step and time), else only
+    #: while it runs
+    always: bool = False
 
 
 #: the dashboard's charts a field may be drawn in: the rank chart (allocator levels against the
@@ -138,9 +141,10 @@ FIELD_TABLE: tuple[Field, ...] = (
     Field("host", "s", "", "Host name of the rank.", required=_ALL, table="series", **_ID),
     Field("rank", "i", "", "Global rank.", required=_ALL, table="series", **_ID),
     Field("step", "i", "step", "Training step the sample belongs to.", required=_ALL, group="time",
-          metric=_M("vramwatch_step", "Training step of the latest sample.")),
+          metric=_M("vramwatch_step", "Training step of the latest sample.", always=True)),
     Field("ts", "ts", "s", "Unix time of the reading.", required=_ALL, group="time", phase_marker=True,
-          metric=_M("vramwatch_last_sample_timestamp_seconds", "Timestamp (rank's clock) of the latest sample.")),
+          metric=_M("vramwatch_last_sample_timestamp_seconds", "Timestamp (rank's clock) of the latest sample.",
+                    always=True)),
     Field("phase", "phase", "", "`train` for step boundaries, else the phase (checkpoint, eval, ...).",
           required=_ALL, group="time"),
     Field("seq", "i", "", "Number of a phase among same-named phases at one step (default 0): two checkpoints "
@@ -163,9 +167,9 @@ FIELD_TABLE: tuple[Field, ...] = (
     Field("alloc_retries", "b", "count", "Allocator retries (cudaMalloc failed, caches flushed) so far.",
           **_MEASURED, **_ALLOC, charts=("rank",),
           metric=_M("vramwatch_alloc_retries",
-                    "Allocator retries (cudaMalloc failed, caches flushed, retried) in this process.", "counter")),
-    Field("ooms", "b", "count", "Out-of-memory errors raised by the allocator so far.", **_MEASURED, **_ALLOC,
-          metric=_M("vramwatch_ooms", "Out-of-memory errors raised by the allocator in this process.", "counter")),
+                    "Allocator retries (cudaMalloc failed, caches flushed, retried) in this process.", "counter",
+                    always=True)),
+    Field("ooms", "b", "count", "Out-of-memory errors raised by the allocator so far.", **_MEASURED, **_ALLOC),
     Field("nvml_used_bytes", "b", "bytes", "Device-wide used bytes from NVML.", required=(1,), nullable=_ALL,
           column="nvml_used", **_DEVICE, charts=("rank", "device"), phase_marker=True,
           metric=_M("vramwatch_device_used_bytes",
