@@ -393,11 +393,11 @@ def test_a_field_declared_once_reaches_the_probe_store_metrics_report_and_charts
 
     assert wire.fields_of(group="host") == host.HOST_FIELDS and len(host.HOST_FIELDS) == 4
     assert set(host.read_host(os.getpid(), pinned=lambda: 4096)) == set(host.HOST_FIELDS)  # what the poller reads
-    families = {name: (kind, doc) for name, kind, doc, _ in SERIES_FAMILIES}
+    families = {family.name: (family.kind, family.help, family.always) for family in SERIES_FAMILIES}
     for f in wire.FIELD_TABLE:
         if f.metric is not None:
-            assert families[f.metric.name] == (f.metric.kind, f.metric.help)
-    assert families["vramwatch_ooms"][0] == "counter" and families["vramwatch_host_pinned_bytes"][0] == "gauge"
+            assert families[f.metric.name] == (f.metric.kind, f.metric.help, f.metric.always)
+    assert families["vramwatch_alloc_retries"][0] == "counter" and families["vramwatch_host_pinned_bytes"][0] == "gauge"
     assert wire.fields_of(phase_marker=True) == reads._PHASE_FIELDS
     assert {"ts", "peak_allocated_bytes", "host_rss_bytes"} <= set(reads._PHASE_FIELDS)
     charted = {f.name for f in wire.FIELD_TABLE if f.charts}
