@@ -132,7 +132,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     else:
         paths = existing_files(args.paths)
         try:
-            doc = analyze_paths([str(p) for p in paths], strict=args.strict)
+            doc = analyze_paths([str(p) for p in paths], strict=args.strict, max_line_bytes=args.max_line_bytes)
         except WireError as exc:
             raise UsageError(str(exc)) from None
         except (OSError, EOFError) as exc:
@@ -163,7 +163,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     on_bad = check.bad if args.skip_invalid else None  # counts and names the first few bad lines
     try:
         # pass 1: validate everything, so bad input changes nothing (unless --skip-invalid)
-        total = sum(1 for _ in _trace_samples(paths, on_bad))
+        total = sum(1 for _ in _trace_samples(paths, on_bad, args.max_line_bytes))
         check.rows = total + check.skipped
         store = Store(db_path(args))
     except WireError as exc:
@@ -171,7 +171,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     try:
-        accepted, duplicates = store.insert_stream(_trace_samples(paths, (lambda e: None) if on_bad else None))
+        accepted, duplicates = store.insert_stream(_trace_samples(paths, (lambda e: None) if on_bad else None,
+                                                                  args.max_line_bytes))
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     finally:
@@ -182,14 +183,14 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trace_samples(paths: Sequence[Path], on_bad: Any) -> Iterator[Any]:
+def _trace_samples(paths: Sequence[Path], on_bad: Any, max_line_bytes: int) -> Iterator[Any]:
     """Every sample of the trace files (``wire.iter_samples``); a file that cannot be read at all
     (truncated gzip, a directory) is a UsageError naming it."""
     from vramwatch.wire import iter_samples
 
     for path in paths:
         try:
-            yield from iter_samples(path, on_bad)
+            yield from iter_samples(path, on_bad, max_line_bytes)
         except (OSError, EOFError) as exc:
             raise UsageError(f"cannot read {path}: {exc}") from None
 
@@ -375,9 +376,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import sqlite3
 
+    from vramwatch.bounded import LimitExceeded
+
     try:
         return args.func(args)
-    except UsageError as exc:
+    except (UsageError, LimitExceeded) as exc:  # LimitExceeded names the input and the flag to raise
         print(f"vramwatch {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except sqlite3.DatabaseError as exc:
