@@ -30,25 +30,36 @@ from vramwatch.cli.common import (
 # ---------------------------------------------------------------- commands
 
 def cmd_front(args: argparse.Namespace) -> int:
-    """``serve --peers``: the federating front over node-local collectors (stores nothing)."""
+    """``serve --peers``: the federating front over node-local collectors (stores nothing).
+    A front that holds a peer token asks its readers for the token too (its shards require
+    read credentials, or it would need none): with a peer token and no token of its own it
+    refuses to start."""
     from vramwatch.front import FrontSettings, PeerError, PeerSource, parse_peers
     from vramwatch.front.server import serve_front
 
     try:
         source = PeerSource(static=parse_peers(args.peers.split(",")) if args.peers else None,
-                            file=args.peers_file, prometheus=args.peers_prometheus, job=args.peers_job)
+                            file=args.peers_file, prometheus=args.peers_prometheus, job=args.peers_job,
+                            allow=args.peer_allow or ())
     except PeerError as exc:
         raise UsageError(str(exc)) from None
     if not source.current() and not args.peers_prometheus:
         raise UsageError("--peers: no peer given")
-    peer_token = None
-    if args.peer_token_file:
-        peer_token = read_secret("--peer-token-file", args.peer_token_file) or None
-    settings = FrontSettings(peers=source, token=read_token(args) if args.auth_read else None,
-                             peer_token=peer_token or read_token(args), timeout_s=args.peer_timeout,
-                             bind_host=args.host, allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
-                             header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-                             max_connections=args.max_connections)
+    token = read_token(args)
+    peer_token = (read_secret("--peer-token-file", args.peer_token_file) or None) if args.peer_token_file else token
+    if peer_token and args.peers_prometheus and not args.peer_allow:
+        logging.getLogger("vramwatch").warning(
+            "peers discovered from %s get no token: name the hosts that may with --peer-allow", args.peers_prometheus)
+    try:
+        settings = FrontSettings(
+            peers=source, token=token if (args.auth_read or peer_token) else None, peer_token=peer_token,
+            timeout_s=args.peer_timeout, bind_host=args.host,
+            allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
+            header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+            max_connections=args.max_connections, max_peer_bytes=int(args.peer_max_mb * 2**20),
+            max_concurrent_peers=args.peer_concurrency)
+    except ValueError as exc:
+        raise UsageError(f"--peer-token-file: {exc}" if args.peer_token_file else str(exc)) from None
     print(f"vramwatch front: http://{args.host}:{args.port}/  shards={len(source.current())}", file=sys.stderr)
     try:
         serve_front(settings, host=args.host, port=args.port, log_level=args.log_level)
@@ -307,7 +318,15 @@ def _add_serve(sub: Any) -> None:
     front.add_argument("--peers-job", default="vramwatch", help="the scrape job of the collectors (default vramwatch)")
     front.add_argument("--peer-token-file", metavar="FILE", help="token sent to the peers (default: the front's token)")
     front.add_argument("--peer-timeout", type=positive(float), default=2.0, metavar="SECONDS",
-                       help="a shard that does not answer within this is shown as unreachable (default 2)")
+                       help="a shard that does not answer within this (in all, not per read) is shown as "
+                            "unreachable (default 2)")
+    front.add_argument("--peer-allow", action="append", metavar="PATTERN",
+                       help="discovered peers whose host (or host:port) matches get the peer token (repeat; shell "
+                            "patterns, e.g. '*.gpu.internal'); others get none")
+    front.add_argument("--peer-max-mb", type=positive(float), default=64.0, metavar="MB",
+                       help="the largest answer read from a shard (default 64)")
+    front.add_argument("--peer-concurrency", type=positive(int), default=64, metavar="N",
+                       help="shard requests at once; the rest wait within --peer-timeout (default 64)")
     p.set_defaults(func=cmd_serve)
 
 
