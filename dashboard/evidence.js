@@ -1,4 +1,4 @@
-/* Evidence for the run (issue 14): ask the selected rank for an allocator snapshot, list the
+/* Evidence for the run (docs/evidence.md): ask the selected rank for an allocator snapshot, list the
  * run's snapshots (each downloads as the pickle pytorch.org/memory_viz opens), and the
  * post-mortem of a run whose ranks stopped (who failed first, when, why; how every rank
  * ended and what it held at that moment). Data: the collector's /capture, /snapshots and

@@ -1,4 +1,4 @@
-/* Memory outside torch and on the host (issue 14, items 4-5), for the selected rank.
+/* Memory outside torch and on the host (docs/evidence.md), for the selected rank.
  *
  * Device: NVML's used memory split into this process's allocator (reserved), what the
  * process holds outside the allocator (NVML used − reserved − foreign: CUDA context, NCCL,
@@ -6,7 +6,7 @@
  * notebook kernel). Host: the trainer's RSS, its children's RSS (DataLoader workers), the
  * node's available memory, pinned host memory; checkpoint-phase host peaks are marked
  * (FSDP state_dict materialisation kills hosts through the OOM-killer, no CUDA hook sees it).
- * Sources are sparse (issue 15): a chart whose fields were never sent is hidden, and the
+ * Sources may be sparse (schema 2): a chart whose fields were never sent is hidden, and the
  * panel too when both are. One /chart request per refresh (every few polls). */
 
 import { GIB, gib, isNum, toGiB } from "./format.js";

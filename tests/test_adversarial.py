@@ -6,7 +6,7 @@ that cannot be written, and importers given one bad row in the middle of a good 
 The rule under test (README): bad input gets a clear error and changes nothing: a 4xx whose
 message names the field, a CLI error with exit code 2 in one line, never a traceback, a 500 or a
 half-written row or file. ``test_fuzz.py`` generates inputs; this file keeps the ones found by
-hand (each was a 500, a traceback or a wrong status before its fix; see docs/notes/fuzz.md)."""
+hand (each was a 500, a traceback or a wrong status before its fix)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Evidence on the run page (issue 14), in headless Chromium against a real collector:
+"""Evidence on the run page (docs/evidence.md), in headless Chromium against a real collector:
 the capture button, the snapshot list, the post-mortem panel, and the memory outside
 torch / on the host. The run: 4 ranks, 1 s steps, checkpoints every 100; rank 2 stops at
 step 200 while the others go on to 599 (killed alone); rank 1 shares its GPU with another

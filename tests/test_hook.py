@@ -310,7 +310,7 @@ def test_a_bad_collector_url_is_refused_before_training_starts(monkeypatch):
         hook.init(probe="simulated")
 
 
-# ---------------------------------------------------------------- one config (issue 11 item 5)
+# ---------------------------------------------------------------- one config
 
 
 def test_every_vramwatch_variable_is_in_the_config_table_and_the_readme():
@@ -370,7 +370,7 @@ def test_monitor_takes_a_config_and_its_constructor_is_small(tmp_path):
     assert lines <= 40, f"Monitor.__init__ is {lines} lines"
 
 
-# ---------------------------------------------------------------- host memory (issue 14 item 5)
+# ---------------------------------------------------------------- host memory
 
 
 def test_host_memory_of_the_real_process_and_its_children():
@@ -453,7 +453,7 @@ def test_two_phases_of_one_name_at_one_step_are_numbered_when_the_wire_knows_seq
         assert all("seq" not in p for p in phases)
 
 
-# ---------------------------------------------------------------- end markers for the post-mortem (issue 14)
+# ---------------------------------------------------------------- end markers for the post-mortem
 
 
 def _trace(vw) -> list[dict]:

@@ -304,7 +304,7 @@ def test_torch_uuid_in_its_various_shapes(monkeypatch):
     assert probe_with(monkeypatch, cuda).device_info()["uuid"] == f"GPU-{UUID1}"  # no NVML: torch's own uuid
 
 
-# ---------------------------------------------------------------- the nested-stats read (issue 12)
+# ---------------------------------------------------------------- the nested-stats read
 
 
 def test_the_probe_reads_the_nested_dict_and_never_falls_back_to_memory_stats(monkeypatch):
@@ -390,7 +390,7 @@ def test_before_cuda_initialisation_the_probe_reports_true_zeros(monkeypatch):
     as_wire(reading)
 
 
-# ---------------------------------------------------------------- honest fakes (issue 11)
+# ---------------------------------------------------------------- honest fakes
 
 
 def test_every_pynvml_name_the_fake_defines_exists_in_nvidia_ml_py_with_a_compatible_signature():

@@ -61,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser, *, skip_default: bool = False) -> 
 
 
 def options(args: argparse.Namespace) -> ImportOptions:
-    # analyze skips bad rows by default (issue 15 item 5) unless --strict; import is all-or-nothing
+    # analyze skips bad rows by default unless --strict; import is all-or-nothing
     skip = args.skip_invalid and not getattr(args, "strict", False)
     return ImportOptions(run=args.run, host=args.host, rank=args.rank, total_bytes=args.device_memory,
                          skip_invalid=skip, keys_path=args.keys, max_line_bytes=args.max_line_bytes,

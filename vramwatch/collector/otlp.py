@@ -10,6 +10,15 @@ with the required ``hw.id`` and ``hw.type = "gpu"`` attributes) and ``vramwatch.
 otherwise (allocator levels and the trend engine's verdicts). A number the rank did not
 measure is not sent (no zeros for "not measured").
 
+The GPU's recommended attributes (``hw.name``, ``hw.vendor``, ``hw.model``,
+``hw.driver_version``, ...) go on the ``hw.gpu.*`` points and on the rank's resource, each only
+when known: ``hw.name`` from the GPU's index on its host (``GPU 3``), ``hw.vendor`` ``NVIDIA``
+when NVML or DCGM measured the device (those are NVIDIA's libraries) or the UUID is a MIG
+instance's. The model and driver version are not in the samples; an operator gives them, with
+any other resource attribute, in the SDK's standard ``OTEL_RESOURCE_ATTRIBUTES`` (e.g.
+``hw.model=NVIDIA H200,hw.driver_version=550.90.07``), which is exact for a node-local collector
+(one node, one kind of GPU) and applies to every rank the collector holds.
+
 The request is built from the SDK's metric data model (``MetricsData``), not through
 instruments: instruments would put every rank under one resource. Cost per push: O(ranks)
 Python objects and one HTTP POST off the event loop; a failed push is logged and retried
@@ -33,6 +42,10 @@ from vramwatch.verdicts import STATES
 log = logging.getLogger("vramwatch.otlp")
 
 SCOPE = "vramwatch"
+#: Semantic-convention attributes of a GPU (metric_attributes.hw.gpu) an operator may set in
+#: OTEL_RESOURCE_ATTRIBUTES; they are also put on the hw.gpu.* points.
+GPU_ATTRIBUTE_KEYS = ("hw.vendor", "hw.model", "hw.driver_version", "hw.firmware_version", "hw.parent")
+NVIDIA = "NVIDIA"
 
 
 @dataclass(frozen=True)
@@ -103,19 +116,40 @@ def views_of(live: Any) -> list[RankView]:
     return out
 
 
-def _resource_attributes(view: RankView) -> dict[str, Any]:
-    attrs: dict[str, Any] = {"service.name": "vramwatch", "service.version": __version__,
+def environment_attributes() -> dict[str, Any]:
+    """Resource attributes from ``OTEL_RESOURCE_ATTRIBUTES`` (parsed by the SDK's own detector)."""
+    from opentelemetry.sdk.resources import OTELResourceDetector
+
+    return dict(OTELResourceDetector().detect().attributes)
+
+
+def gpu_attributes(view: RankView, environment: dict[str, Any]) -> dict[str, Any]:
+    """The semantic conventions' attributes of the rank's GPU: ``hw.id``, ``hw.type`` and what is
+    known of the recommended ones (never a guess: an unknown one is left out)."""
+    index = view.gpu if view.gpu is not None else view.rank
+    attrs: dict[str, Any] = {"hw.id": view.uuid or f"{view.host}/gpu{index}", "hw.type": "gpu"}
+    if view.gpu is not None:
+        attrs["hw.name"] = f"GPU {view.gpu}"
+    if view.sample.get("nvml_used_bytes") is not None or (view.uuid or "").startswith("MIG-"):
+        attrs["hw.vendor"] = NVIDIA
+    attrs.update({key: environment[key] for key in GPU_ATTRIBUTE_KEYS if key in environment})
+    return attrs
+
+
+def _resource_attributes(view: RankView, environment: dict[str, Any]) -> dict[str, Any]:
+    attrs: dict[str, Any] = {**environment, **gpu_attributes(view, environment),
+                             "service.name": "vramwatch", "service.version": __version__,
                              "service.instance.id": f"{view.run}/{view.host}/{view.rank}",
                              "vramwatch.run": view.run, "host.name": view.host, "vramwatch.rank": view.rank}
-    if view.uuid:
-        attrs["hw.id"] = view.uuid
     if view.gpu is not None:
         attrs["vramwatch.gpu"] = view.gpu
     return attrs
 
 
-def build_metrics_data(views: Iterable[RankView], start_ns: int, now_ns: int | None = None) -> Any:
-    """One OTLP export (SDK ``MetricsData``): a resource per rank, its metrics under one scope."""
+def build_metrics_data(views: Iterable[RankView], start_ns: int, now_ns: int | None = None,
+                       environment: dict[str, Any] | None = None) -> Any:
+    """One OTLP export (SDK ``MetricsData``): a resource per rank, its metrics under one scope.
+    ``environment``: the operator's resource attributes (:func:`environment_attributes`)."""
     from opentelemetry.sdk.metrics.export import (
         AggregationTemporality,
         Gauge,
@@ -133,8 +167,7 @@ def build_metrics_data(views: Iterable[RankView], start_ns: int, now_ns: int | N
     scope = InstrumentationScope(SCOPE, __version__)
     resources = []
     for view in views:
-        hw_attrs = {"hw.id": view.uuid or f"{view.host}/gpu{view.gpu if view.gpu is not None else view.rank}",
-                    "hw.type": "gpu"}
+        hw_attrs = gpu_attributes(view, environment or {})
         metrics = []
         for spec in METRICS:
             value = spec.value(view)
@@ -152,7 +185,8 @@ def build_metrics_data(views: Iterable[RankView], start_ns: int, now_ns: int | N
                                       time_unix_nano=now_ns, value=int(s == state)) for s in STATES]
             metrics.append(Metric("vramwatch.trend.state", "1 for the rank's current trend state, 0 for the others "
                                   "(and the judged signal when the engine names it).", "1", Gauge(points)))
-        resources.append(ResourceMetrics(Resource(_resource_attributes(view)), [ScopeMetrics(scope, metrics, "")], ""))
+        resource = Resource(_resource_attributes(view, environment or {}))
+        resources.append(ResourceMetrics(resource, [ScopeMetrics(scope, metrics, "")], ""))
     return MetricsData(resources)
 
 
@@ -182,6 +216,7 @@ class OtlpPusher:
         self.interval_s = interval_s
         self.exporter = OTLPMetricExporter(endpoint=self.url, headers=headers, timeout=timeout_s)
         self.start_ns = time.time_ns()
+        self.environment = environment_attributes()  # read once: the process environment is fixed
         self.pushes = 0
         self.failures = 0
 
@@ -192,7 +227,7 @@ class OtlpPusher:
         views = views_of(live)
         if not views:
             return True
-        result = self.exporter.export(build_metrics_data(views, self.start_ns))
+        result = self.exporter.export(build_metrics_data(views, self.start_ns, environment=self.environment))
         ok = result == MetricExportResult.SUCCESS
         self.pushes += 1
         if not ok:
