@@ -95,7 +95,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         max_series=args.max_series, max_ranks_per_run=args.max_ranks_per_run,
                         max_connections=args.max_connections, header_timeout_s=args.header_timeout,
                         body_timeout_s=args.body_timeout, shutdown_timeout_s=args.shutdown_timeout,
-                        allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None)
+                        allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
+                        max_snapshots=args.max_snapshots, max_snapshots_bytes=int(args.snapshots_max_mb * 2**20),
+                        max_concurrent_uploads=args.max_concurrent_uploads,
+                        capture_interval_s=args.capture_interval)
     if args.auth_read and not token:
         raise UsageError("--auth-read needs a token (VRAMWATCH_TOKEN or --token-file)")
     if args.host in ("0.0.0.0", "::") and not token:
@@ -305,6 +308,14 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--allowed-host", action="append", metavar="NAME",
                    help="a Host header name to serve (repeat; default: loopback names on a loopback bind, "
                         "any name otherwise); others get 421")
+    p.add_argument("--max-snapshots", type=positive(int), default=10_000, metavar="N",
+                   help="allocator snapshots kept (oldest evicted first; default 10000)")
+    p.add_argument("--snapshots-max-mb", type=positive(float), default=2048.0, metavar="MB",
+                   help="disk the snapshots may use, uploads in progress counted (default 2048)")
+    p.add_argument("--max-concurrent-uploads", type=positive(int), default=4, metavar="N",
+                   help="snapshot uploads received at once; others wait, then 503 (default 4)")
+    p.add_argument("--capture-interval", type=non_negative(float), default=60.0, metavar="SECONDS",
+                   help="a rank takes a person's capture request at most this often; 429 otherwise (default 60)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--otlp-endpoint", metavar="URL",
                    help="push per-rank memory and verdict metrics to this OTLP/HTTP endpoint (e.g. http://otel:4318)")
