@@ -49,9 +49,6 @@ from vramwatch.front.fanout import MAX_CONCURRENT, MAX_PEER_BYTES, Fanout, strea
 from vramwatch.front.peers import Peer, PeerSource
 from vramwatch.remote import MALFORMED, detail_text
 
-#: a capture request's body (a few fields) at most
-MAX_CAPTURE_BODY = 64 * 1024
-
 _API = "/api/v1/runs/"
 #: per-rank requests forwarded to the owning shard
 _OWNED = ("series", "chart", "phases")
@@ -271,8 +268,9 @@ async def _compare(request: Request, a: Annotated[str, Query(min_length=1)],
 async def _capture(request: Request, run: str) -> Any:
     """Ask a run's ranks for an allocator snapshot: forwarded to the shard owning the rank, or to
     every shard holding the run. The shards validate the body (their 4xx comes back as is)."""
-    raw = await _small_body(request, MAX_CAPTURE_BODY)
-    if raw is None:  # the client left mid-body: nobody to answer, nothing to log
+    try:  # at most MAX_SMALL_BODY: the front door refused larger ones before this read
+        raw = await request.body()
+    except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing to log
         return Response(status_code=400)
     try:  # the collector's own model: a body a shard would refuse is refused here, before routing on it
         asked = CaptureRequest.model_validate_json(raw or b"null")
@@ -298,24 +296,6 @@ async def _capture(request: Request, run: str) -> Any:
         detail = detail_text(data.get("detail") if isinstance(data, dict) else data)
         raise HTTPException(status if 400 <= status < 500 else 504, f"shard {peers[0].name}: {detail}")
     return {"run": run, "directives": sum(n for n, _ in done), "ranks": sorted({r for _, ranks in done for r in ranks})}
-
-
-async def _small_body(request: Request, limit: int) -> bytes | None:
-    """The request body, refused (413 naming the limit) past ``limit`` bytes, from its
-    Content-Length before reading or while streaming: never buffered beyond it."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise HTTPException(413, f"body: larger than {limit} bytes")
-    parts, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPException(413, f"body: larger than {limit} bytes")
-            parts.append(chunk)
-    except ClientDisconnect:
-        return None
-    return b"".join(parts)
 
 
 def _capture_reply(data: Any) -> tuple[int, list[int]] | None:
