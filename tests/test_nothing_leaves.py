@@ -19,8 +19,8 @@ __all__ = ["browser", "collector"]  # fixtures re-exported for pytest
 #: what each drawn chart's plotly context and mode bar show (the bar appears on hover)
 CHARTS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => ({
     id: gd.id,
-    cloud: gd._context.showSendToCloud, server: gd._context.plotlyServerURL, studio: !!gd._context.showEditInChartStudio,
-    link: !!gd._context.showLink,
+    cloud: gd._context.showSendToCloud, server: gd._context.plotlyServerURL,
+    studio: !!gd._context.showEditInChartStudio, link: !!gd._context.showLink,
     buttons: Array.from(gd.querySelectorAll('.modebar-btn')).map(b => b.getAttribute('data-title'))}))"""
 
 

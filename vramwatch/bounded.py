@@ -276,6 +276,12 @@ class HttpLimits:
     max_bytes: int
     deadline_flag: str = "deadline"
     size_flag: str = "size limit"
+    #: the deadline as the user set it, for messages (``deadline_s`` may be what is left of it)
+    stated_s: float | None = None
+
+    def too_slow(self, url: str) -> FetchError:
+        said = self.deadline_s if self.stated_s is None else self.stated_s
+        return FetchError(f"{url}: no complete answer within {said:g} s ({self.deadline_flag})", self.deadline_flag)
 
 
 class _Body:
@@ -327,8 +333,7 @@ async def fetch(client: httpx.AsyncClient, method: str, url: str, limits: HttpLi
             finally:
                 await response.aclose()
     except TimeoutError:
-        raise FetchError(f"{url}: no complete answer within {limits.deadline_s:g} s ({limits.deadline_flag})",
-                         limits.deadline_flag) from None
+        raise limits.too_slow(url) from None
     except LimitExceeded as exc:
         raise FetchError(str(exc), exc.limit) from None
     except (httpx.HTTPError, OSError) as exc:
@@ -388,8 +393,7 @@ def fetch_sync(url: str, limits: HttpLimits, *, method: str = "GET", body: bytes
         raise FetchError(str(exc), exc.limit) from None
     except (OSError, http.client.HTTPException) as exc:
         if expired.is_set() or isinstance(exc, TimeoutError):
-            raise FetchError(f"{url}: no complete answer within {limits.deadline_s:g} s ({limits.deadline_flag})",
-                             limits.deadline_flag) from None
+            raise limits.too_slow(url) from None
         raise FetchError(f"cannot reach {url}: {getattr(exc, 'strerror', None) or exc}") from None
     finally:
         watchdog.cancel()

@@ -5,7 +5,10 @@ Guarantees, whatever the shards send and however many there are:
 * **time**: one fan-out (:meth:`Fanout.get_all`) costs at most ``timeout_s`` of wall time in
   all. It is a *total* deadline shared by the fan-out's requests (:func:`vramwatch.bounded.fetch`:
   a shard that sends a byte a second ends at it too); at most ``max_concurrent`` requests run
-  at once, and a shard whose turn has not come by the deadline is answered "not asked";
+  at once, and a shard whose turn has not come by the deadline is answered "not asked". Shards
+  whose last request failed may hold at most half of the slots, so dead or hanging peers (2,000
+  of them, say) never crowd out the ones that answer; the background health probe has a few
+  slots of its own;
 * **memory**: an answer is streamed and refused past ``max_bytes`` (inflated, gzip counted as
   it inflates); at most ``max_concurrent`` answers are in flight; one over 256 KiB is decoded
   off the event loop; one cached document per (shard, path, query) within its TTL plus one
@@ -77,6 +80,8 @@ class Fanout:
         self._client = httpx.AsyncClient(timeout=timeout_s, follow_redirects=False, limits=httpx.Limits(
             max_connections=max_concurrent, max_keepalive_connections=max_concurrent))
         self._slots = asyncio.Semaphore(max_concurrent)
+        self._suspect_slots = asyncio.Semaphore(max(1, max_concurrent // 2))  # shards that failed last time
+        self._probe_slots = asyncio.Semaphore(max(1, max_concurrent // 8))  # the background health refresh
         self._fresh: OrderedDict[tuple[str, str, str], tuple[float, ShardAnswer]] = OrderedDict()
         self._last_good: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
         self._inflight: dict[tuple[str, str, str], asyncio.Future[ShardAnswer]] = {}
@@ -112,23 +117,31 @@ class Fanout:
 
     async def _request(self, peer: Peer, method: str, path: str, deadline: float, *,
                        params: dict[str, Any] | None = None, body: bytes | None = None) -> Reply:
-        """One request within the fan-out's ``deadline`` (loop time): a slot first, then the fetch."""
+        """One request within the fan-out's ``deadline`` (loop time): slots first, then the fetch."""
         loop = asyncio.get_running_loop()
+        gates = [self._probe_slots] if path == "/healthz" else (
+            [self._suspect_slots, self._slots] if self._reachable.get(peer.name) is False else [self._slots])
+        held: list[asyncio.Semaphore] = []
         try:
             async with asyncio.timeout_at(deadline):
-                await self._slots.acquire()
+                for gate in gates:
+                    await gate.acquire()
+                    held.append(gate)
         except TimeoutError:
+            for gate in held:
+                gate.release()
             raise FetchError(f"not asked within {self.timeout_s:g} s: {self.max_concurrent} shard requests were "
                              f"already running ({CONCURRENCY_FLAG})", CONCURRENCY_FLAG) from None
         try:
             headers = self.headers(peer)
             if body is not None:
                 headers["content-type"] = "application/json"
-            limits = HttpLimits(deadline - loop.time(), self.max_bytes, TIMEOUT_FLAG, SIZE_FLAG)
+            limits = HttpLimits(deadline - loop.time(), self.max_bytes, TIMEOUT_FLAG, SIZE_FLAG, self.timeout_s)
             return await fetch(self._client, method, peer.url + path, limits, headers=headers, params=params,
                                content=body)
         finally:
-            self._slots.release()
+            for gate in held:
+                gate.release()
 
     async def _fetch(self, peer: Peer, path: str, params: dict[str, Any], deadline: float) -> ShardAnswer:
         key = self._key(peer, path, params)
