@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vramwatch.watch")
 
+#: samples per in-process ingest request (the collector takes 50,000 at most)
+POST_BATCH = 20_000
 #: dcgm-exporter's framebuffer metrics (MiB); the selector's matchers are added to it
 METRIC_MATCHER = '__name__=~"DCGM_FI_DEV_FB_(USED|FREE|RESERVED|TOTAL)"'
 _MATCHER_RE = re.compile(r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*')
@@ -146,28 +148,32 @@ class Poller:
             raise RuntimeError(f"Prometheus answered {response.status}: "
                                f"{response.body[:300].decode('utf-8', 'replace')}")
         # decoding and converting up to max_answer_bytes of JSON takes seconds: never on the loop
-        body, count, stats = await asyncio.to_thread(self._convert, response.body, where)
+        bodies, stats = await asyncio.to_thread(self._convert, response.body, where)
         self.skipped += stats.skipped
         for error in stats.errors[:3]:
             log.warning("skipped a dcgm point: %s", error)
         self.next_start = end + self.config.interval_s
-        if not count:
-            return 0
-        answer = await ingest.post("/api/v1/samples", content=body, headers={"content-type": "application/x-ndjson"})
-        if answer.status_code != 200:
-            raise RuntimeError(f"collector refused {count} samples: {answer.status_code} {answer.text[:300]}")
-        accepted = answer.json()["accepted"]
-        self.posted += accepted
+        accepted = 0
+        for count, body in bodies:  # a backfill of a large fleet is many ingest batches
+            answer = await ingest.post("/api/v1/samples", content=body,
+                                       headers={"content-type": "application/x-ndjson"})
+            if answer.status_code != 200:
+                raise RuntimeError(f"collector refused {count} samples: {answer.status_code} {answer.text[:300]}")
+            accepted += answer.json()["accepted"]
+            self.posted += answer.json()["accepted"]
         return accepted
 
-    def _convert(self, raw: bytes, where: str) -> tuple[bytes, int, ImportStats]:
-        """(NDJSON body, sample count, counts) of one answer; in a worker thread. An answer of any
-        other shape (a proxy's page, a list) raises ValueError naming it: a failed poll, and
-        the next poll tries again (it must not end the polling task)."""
+    def _convert(self, raw: bytes, where: str) -> tuple[list[tuple[int, bytes]], ImportStats]:
+        """([(sample count, NDJSON body)] in batches of :data:`POST_BATCH`, counts) of one answer;
+        in a worker thread. An answer of any other shape (a proxy's page, a list) raises
+        ValueError naming it: a failed poll, and the next poll tries again (it must not end the
+        polling task)."""
         results = results_of(orjson.loads(raw), where)
         stats = ImportStats(skip_invalid=True)
         samples = list(samples_from_results(results, self.config.run, self.config.step_s, where, stats))
-        return (encode_lines(samples) if samples else b""), len(samples), stats
+        del results
+        return [(len(samples[i:i + POST_BATCH]), encode_lines(samples[i:i + POST_BATCH]))
+                for i in range(0, len(samples), POST_BATCH)], stats
 
 
 def lifespan_hook(config: WatchConfig) -> Callable[[Any], contextlib.AbstractAsyncContextManager]:
