@@ -1,6 +1,7 @@
-"""Servers that misbehave on purpose, on real loopback sockets: a peer, a Prometheus or a
-collector as an attacker (or a broken proxy) would run it. Each records what it was asked
-(path and headers) and how many body bytes it managed to send before the client hung up.
+"""Servers that misbehave on purpose (the attack benchmark and the tests), on real loopback
+sockets: a peer, a Prometheus or a collector as an attacker (or a broken proxy) would run it.
+Each records what it was asked (path and headers) and how many body bytes it managed to send
+before the client hung up.
 
     with Hostile(drip(b'{"x": 1}', every_s=0.2)) as srv:   # one byte every 0.2 s
         ... srv.url ..., srv.requests, srv.sent
