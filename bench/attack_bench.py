@@ -199,7 +199,8 @@ def _input_rows(code: Path, tmp: Path, size: int, peers: int) -> list[tuple[str,
     r = a.front_dripping_shard(code, tmp, 20)
     rows.append(("front: a shard drips its answer for 20 s (`--peer-timeout 2`)", _cell(r, answer(r))))
     r = a.front_dripping_discovery(code, tmp, 20)
-    rows.append(("front: Prometheus drips its targets for 20 s", _cell(r, answer(r))))
+    rows.append(("front: Prometheus drips its targets (30 s an answer)", _cell(r, f"serving {r['startup_s']:.0f} s "
+                                                                               f"after start; {answer(r)}")))
     r = a.front_many_peers(code, tmp, peers)
     rows.append((f"front: {peers:,} peers that never answer", _cell(r, answer(r))))
     r = a.watch_endless_answer(code, tmp, size)

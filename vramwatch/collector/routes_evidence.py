@@ -90,69 +90,13 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
                                 headers={"Retry-After": str(math.ceil(wait))})
         return {"run": run, "directives": len(ids), "ranks": sorted({k[2] for k in keys})}
 
-    @router.post("/api/v1/snapshots", dependencies=write, status_code=201)
-    async def upload(
-        request: Request,
-        run: Annotated[str, Query(max_length=MAX_NAME)],
-        host: Annotated[str, Query(max_length=MAX_NAME)],
-        rank: Annotated[int, Query(ge=0, le=MAX_INT)],
-        step: Annotated[int, Query(ge=0, le=MAX_INT)],
-        trigger: Annotated[str, Query(max_length=64)] = "manual",
-        directive: Annotated[str | None, Query(max_length=64)] = None,
-    ) -> Response:
-        """Streamed to a temporary file (never held whole), at most ``max_concurrent_uploads`` at
-        once (others wait ``UPLOAD_QUEUE_S``, then 503), every disk write and the gzip check in a
-        worker thread; a refusal stores nothing."""
-        store: SnapshotStore = request.app.state.snapshots
-        names = {"run": _name("run", run), "host": _name("host", host), "trigger": _name("trigger", trigger),
-                 "directive": None if directive is None else _name("directive", directive)}
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > store.max_snapshot_bytes:
-            return _error(SnapshotError("body", f"larger than {store.max_snapshot_bytes} bytes (max_snapshot_bytes)",
-                                        413))
-        try:
-            async with asyncio.timeout(UPLOAD_QUEUE_S):
-                await store.upload_slots.acquire()
-        except TimeoutError:
-            return JSONResponse({"detail": f"busy: {store.max_concurrent_uploads} snapshot uploads at once "
-                                           "(--max-concurrent-uploads); retry later", "field": "body"},
-                                status_code=503, headers={"Retry-After": "30"})
-        try:
-            return await _receive(request, store, rank=rank, step=step, **names)
-        finally:
-            store.upload_slots.release()
+    router.post("/api/v1/snapshots", dependencies=write, status_code=201)(upload)
 
     @router.get("/api/v1/runs/{run:path}/snapshots", dependencies=read)
     def snapshots(request: Request, run: str) -> list[dict[str, Any]]:
         return [i.to_dict() for i in request.app.state.snapshots.list(run)]
 
-    @router.get("/api/v1/snapshots/{snapshot_id}", dependencies=read)
-    def download(request: Request, snapshot_id: str) -> Response:
-        try:
-            info, path = request.app.state.snapshots.open(snapshot_id)
-        except SnapshotError as exc:
-            return _error(exc)
-        opened = _gunzipped(path, snapshot_id)
-        if opened is None:
-            return _error(SnapshotError("id", f"snapshot {snapshot_id}: the stored file is not readable gzip data "
-                                              "(damaged on disk); delete it", 409))
-        fh, first = opened
-
-        def stream() -> Iterator[bytes]:
-            # gunzip while sending: memory_viz opens the plain pickle; memory stays O(chunk)
-            try:
-                chunk = first
-                while chunk:
-                    yield chunk
-                    chunk = fh.read(_CHUNK)
-            except (OSError, EOFError, zlib.error) as exc:  # damaged past its start: the body ends early
-                log.warning("snapshot %s: stopped sending, the stored file is damaged: %s", snapshot_id, exc)
-            finally:
-                fh.close()
-
-        name = f"{info.run}-rank{info.rank}-step{info.step}.pickle"
-        return StreamingResponse(stream(), media_type="application/octet-stream",
-                                 headers={"Content-Disposition": content_disposition(name)})
+    router.get("/api/v1/snapshots/{snapshot_id}", dependencies=read)(download)
 
     @router.get("/api/v1/runs/{run:path}/postmortem", dependencies=read)
     def postmortem(request: Request, run: str, silent_after_s: Annotated[float, Query(gt=0, le=86400)] = 300.0
@@ -165,6 +109,66 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
         return pm.to_dict()
 
     return router
+
+
+async def upload(
+    request: Request,
+    run: Annotated[str, Query(max_length=MAX_NAME)],
+    host: Annotated[str, Query(max_length=MAX_NAME)],
+    rank: Annotated[int, Query(ge=0, le=MAX_INT)],
+    step: Annotated[int, Query(ge=0, le=MAX_INT)],
+    trigger: Annotated[str, Query(max_length=64)] = "manual",
+    directive: Annotated[str | None, Query(max_length=64)] = None,
+) -> Response:
+    """Streamed to a temporary file (never held whole), at most ``max_concurrent_uploads`` at
+    once (others wait ``UPLOAD_QUEUE_S``, then 503), every disk write and the gzip check in a
+    worker thread; a refusal stores nothing."""
+    store: SnapshotStore = request.app.state.snapshots
+    names = {"run": _name("run", run), "host": _name("host", host), "trigger": _name("trigger", trigger),
+             "directive": None if directive is None else _name("directive", directive)}
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > store.max_snapshot_bytes:
+        return _error(SnapshotError("body", f"larger than {store.max_snapshot_bytes} bytes (max_snapshot_bytes)",
+                                    413))
+    try:
+        async with asyncio.timeout(UPLOAD_QUEUE_S):
+            await store.upload_slots.acquire()
+    except TimeoutError:
+        return JSONResponse({"detail": f"busy: {store.max_concurrent_uploads} snapshot uploads at once "
+                                       "(--max-concurrent-uploads); retry later", "field": "body"},
+                            status_code=503, headers={"Retry-After": "30"})
+    try:
+        return await _receive(request, store, rank=rank, step=step, **names)
+    finally:
+        store.upload_slots.release()
+
+
+def download(request: Request, snapshot_id: str) -> Response:
+    try:
+        info, path = request.app.state.snapshots.open(snapshot_id)
+    except SnapshotError as exc:
+        return _error(exc)
+    opened = _gunzipped(path, snapshot_id)
+    if opened is None:
+        return _error(SnapshotError("id", f"snapshot {snapshot_id}: the stored file is not readable gzip data "
+                                          "(damaged on disk); delete it", 409))
+    fh, first = opened
+
+    def stream() -> Iterator[bytes]:
+        # gunzip while sending: memory_viz opens the plain pickle; memory stays O(chunk)
+        try:
+            chunk = first
+            while chunk:
+                yield chunk
+                chunk = fh.read(_CHUNK)
+        except (OSError, EOFError, zlib.error) as exc:  # damaged past its start: the body ends early
+            log.warning("snapshot %s: stopped sending, the stored file is damaged: %s", snapshot_id, exc)
+        finally:
+            fh.close()
+
+    name = f"{info.run}-rank{info.rank}-step{info.step}.pickle"
+    return StreamingResponse(stream(), media_type="application/octet-stream",
+                             headers={"Content-Disposition": content_disposition(name)})
 
 
 async def _receive(request: Request, store: SnapshotStore, **fields: Any) -> Response:
