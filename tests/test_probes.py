@@ -413,6 +413,14 @@ def test_every_pynvml_name_the_fake_defines_exists_in_nvidia_ml_py_with_a_compat
             assert ours == theirs, name
         elif isinstance(theirs, type):
             assert issubclass(ours, Exception) and ours.__name__ == theirs.__name__
+    # process entries carry the real structure's field names (what nvmlStructToFriendlyObject copies)
+    from fakes.fake_pynvml import PROCESS_INFO_FIELDS
+
+    assert tuple(name for name, _ in real.c_nvmlProcessInfo_t._fields_) == PROCESS_INFO_FIELDS
+    gpu = machine()[1]
+    for fn in (fake.nvmlDeviceGetComputeRunningProcesses, fake.nvmlDeviceGetGraphicsRunningProcesses):
+        gpu.graphics = {77: GiB}
+        assert all(set(vars(p)) == set(PROCESS_INFO_FIELDS) for p in fn(gpu))
     # errors behave alike: NVMLError(value) is the registered subclass and carries .value
     lost_real, lost_fake = real.NVMLError(real.NVML_ERROR_GPU_IS_LOST), fake.NVMLError(fake.NVML_ERROR_GPU_IS_LOST)
     assert type(lost_real).__name__ == type(lost_fake).__name__ == "NVMLError_GpuIsLost"

@@ -86,9 +86,16 @@ def get_json(url: str, path: str, params: dict[str, Any] | None = None, *, timeo
     return _call(url, path, query, timeout, max_bytes)
 
 
-def _call(url: str, path: str, query: str, timeout: float, max_bytes: int, data: bytes | None = None) -> Any:
+def get_bytes(url: str, path: str, *, timeout: float = 120.0, max_bytes: int = MAX_REPLY_BYTES) -> bytes:
+    """GET a binary document (a snapshot download) with the same bound and typed errors."""
+    return _call(url, path, "", timeout, max_bytes, parse=False)
+
+
+def _call(url: str, path: str, query: str, timeout: float, max_bytes: int, data: bytes | None = None,
+          parse: bool = True) -> Any:
     token = check_token()
-    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    accept = "application/json" if parse else "*/*"
+    headers = {"Accept": accept, **({"Authorization": f"Bearer {token}"} if token else {})}
     if data is not None:
         headers["Content-Type"] = "application/json"
     limits = HttpLimits(timeout, max_bytes, "timeout", "reply size limit")
@@ -104,4 +111,4 @@ def _call(url: str, path: str, query: str, timeout: float, max_bytes: int, data:
         except (ValueError, AttributeError):
             pass
         raise RemoteError(reply.status, f"{url} answered {reply.status}: {text}")
-    return json.loads(reply.body)
+    return json.loads(reply.body) if parse else reply.body

@@ -26,6 +26,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vramwatch.evidence.foreign import holds
+from vramwatch.evidence.suspects import LeakSuspects, render_lines
+from vramwatch.probe.processes import ForeignProcess
 from vramwatch.verdicts import device_need_bytes, sample_headroom
 from vramwatch.wire import Sample, series_key
 
@@ -96,6 +99,15 @@ class RankEnd:
     held_at_failure_bytes: int | None = None
     headroom_at_failure_bytes: int | None = None
     last_sample: dict[str, Any] = field(default_factory=dict)
+    #: other processes on its GPU, by name, as its hook last reported them (``GPU 3`` or a UUID)
+    foreign_processes: tuple[ForeignProcess, ...] = ()
+    foreign_device: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["foreign_processes"] = [{**p.to_dict(), "summary": holds(p, self.foreign_device)}
+                                    for p in self.foreign_processes]
+        return out
 
 
 @dataclass
@@ -105,9 +117,14 @@ class PostMortem:
     first_failure: Failure | None
     ranks: list[RankEnd]
     snapshots: list[dict[str, Any]] = field(default_factory=list)
+    #: leaking ranks' growing allocation sites between two of their snapshots
+    suspects: list[LeakSuspects] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"run": self.run, "status": self.status,
+                "first_failure": None if self.first_failure is None else asdict(self.first_failure),
+                "ranks": [r.to_dict() for r in self.ranks], "snapshots": list(self.snapshots),
+                "suspects": [s.to_dict() for s in self.suspects]}
 
 
 def _read_ends(samples: Iterable[Sample]) -> dict[SeriesKey, _Track]:
@@ -218,12 +235,15 @@ def run_status(ends: Iterable[str], first: Failure | None) -> str:
 def from_dict(doc: dict[str, Any]) -> PostMortem:
     """A post-mortem document (the API's, or a front's merge of several) as a typed record."""
     first = doc.get("first_failure")
-    fields = {f for f in RankEnd.__dataclass_fields__}
+    fields = {f for f in RankEnd.__dataclass_fields__} - {"foreign_processes"}
     return PostMortem(
         run=doc.get("run", ""), status=doc.get("status") or "finished",
         first_failure=Failure(**{k: first[k] for k in Failure.__dataclass_fields__}) if first else None,
-        ranks=[RankEnd(**{k: v for k, v in r.items() if k in fields}) for r in doc.get("ranks", [])],
+        ranks=[RankEnd(**{k: v for k, v in r.items() if k in fields},
+                       foreign_processes=tuple(ForeignProcess.from_dict(p) for p in r.get("foreign_processes", ())))
+               for r in doc.get("ranks", [])],
         snapshots=list(doc.get("snapshots", [])),
+        suspects=[LeakSuspects.from_dict(s) for s in doc.get("suspects", [])],
     )
 
 
@@ -243,7 +263,9 @@ def render_text(pm: PostMortem) -> str:
                 else f", held {r.held_at_failure_bytes / gib:.2f} GiB at the failure")
         lines.append(f"  rank {r.rank:>4} {r.host}: {r.end:<7} last step {r.last_step}, headroom {head}{held}"
                      + (f", {r.ooms} OOM" if r.ooms else ""))
+        lines.extend(f"    {holds(p, r.foreign_device)}" for p in r.foreign_processes)
     for snap in pm.snapshots:
         lines.append(f"  snapshot: rank {snap.get('rank')} step {snap.get('step')} ({snap.get('trigger')}) "
                      f"{snap.get('url', '')}")
+    lines.extend(render_lines(pm.suspects))
     return "\n".join(lines)

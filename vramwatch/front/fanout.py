@@ -116,8 +116,11 @@ class Fanout:
         return {"authorization": f"Bearer {self._token}"} if self._token and peer.credentials else {}
 
     async def _request(self, peer: Peer, method: str, path: str, deadline: float, *,
-                       params: dict[str, Any] | None = None, body: bytes | None = None) -> Reply:
-        """One request within the fan-out's ``deadline`` (loop time): slots first, then the fetch."""
+                       params: dict[str, Any] | None = None, body: bytes | None = None,
+                       stated_s: float | None = None) -> Reply:
+        """One request within the fan-out's ``deadline`` (loop time): slots first, then the fetch.
+        ``stated_s``: the timeout the deadline came from, as a refusal names it."""
+        stated_s = self.timeout_s if stated_s is None else stated_s
         loop = asyncio.get_running_loop()
         gates = [self._probe_slots] if path == "/healthz" else (
             [self._suspect_slots, self._slots] if self._reachable.get(peer.name) is False else [self._slots])
@@ -130,24 +133,25 @@ class Fanout:
         except TimeoutError:
             for gate in held:
                 gate.release()
-            raise FetchError(f"not asked within {self.timeout_s:g} s: {self.max_concurrent} shard requests were "
+            raise FetchError(f"not asked within {stated_s:g} s: {self.max_concurrent} shard requests were "
                              f"already running ({CONCURRENCY_FLAG})", CONCURRENCY_FLAG) from None
         try:
             headers = self.headers(peer)
             if body is not None:
                 headers["content-type"] = "application/json"
-            limits = HttpLimits(deadline - loop.time(), self.max_bytes, TIMEOUT_FLAG, SIZE_FLAG, self.timeout_s)
+            limits = HttpLimits(deadline - loop.time(), self.max_bytes, TIMEOUT_FLAG, SIZE_FLAG, stated_s)
             return await fetch(self._client, method, peer.url + path, limits, headers=headers, params=params,
                                content=body)
         finally:
             for gate in held:
                 gate.release()
 
-    async def _fetch(self, peer: Peer, path: str, params: dict[str, Any], deadline: float) -> ShardAnswer:
+    async def _fetch(self, peer: Peer, path: str, params: dict[str, Any], deadline: float,
+                     stated_s: float | None = None) -> ShardAnswer:
         key = self._key(peer, path, params)
         started = time.perf_counter()
         try:
-            reply = await self._request(peer, "GET", path, deadline, params=params)
+            reply = await self._request(peer, "GET", path, deadline, params=params, stated_s=stated_s)
             self._reachable[peer.name] = reply.status < 500
             if 400 <= reply.status < 500:  # the request was refused, the shard is fine: no stale answer
                 status = reply.status
@@ -174,8 +178,10 @@ class Fanout:
         return answer
 
     async def get_one(self, peer: Peer, path: str, params: dict[str, Any] | None = None,
-                      deadline: float | None = None) -> ShardAnswer:
-        """One shard's answer within ``deadline`` (loop time; default: ``timeout_s`` from now)."""
+                      deadline: float | None = None, *, timeout_s: float | None = None) -> ShardAnswer:
+        """One shard's answer (cached ``cache_ttl_s``) within ``deadline`` (loop time; default:
+        ``timeout_s`` from now, the front's unless given: a request a shard may take long to
+        answer the first time, a snapshot diff, passes its own)."""
         params = params or {}
         key = self._key(peer, path, params)
         cached = self._fresh.get(key)
@@ -185,20 +191,22 @@ class Fanout:
         pending = self._inflight.get(key)
         if pending is not None:  # the same request is already on its way: share it
             return await asyncio.shield(pending)
+        stated = self.timeout_s if timeout_s is None else timeout_s
         if deadline is None:
-            deadline = asyncio.get_running_loop().time() + self.timeout_s
-        task = asyncio.ensure_future(self._fetch(peer, path, params, deadline))
+            deadline = asyncio.get_running_loop().time() + stated
+        task = asyncio.ensure_future(self._fetch(peer, path, params, deadline, stated))
         self._inflight[key] = task
         try:
             return await task
         finally:
             self._inflight.pop(key, None)
 
-    async def get_all(self, peers: Sequence[Peer], path: str, params: dict[str, Any] | None = None
-                      ) -> list[ShardAnswer]:
-        """Every shard's answer, all within one ``timeout_s`` from now."""
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
-        return list(await asyncio.gather(*(self.get_one(p, path, params, deadline) for p in peers)))
+    async def get_all(self, peers: Sequence[Peer], path: str, params: dict[str, Any] | None = None, *,
+                      timeout_s: float | None = None) -> list[ShardAnswer]:
+        """Every shard's answer, all within one ``timeout_s`` (the front's unless given) from now."""
+        stated = self.timeout_s if timeout_s is None else timeout_s
+        deadline = asyncio.get_running_loop().time() + stated
+        return list(await asyncio.gather(*(self.get_one(p, path, params, deadline, timeout_s=stated) for p in peers)))
 
     async def post_one(self, peer: Peer, path: str, body: Any) -> tuple[int, Any]:
         """POST a JSON body to one shard (never cached): (status, decoded reply); status 0 when the
