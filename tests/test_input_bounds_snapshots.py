@@ -99,7 +99,9 @@ def test_what_a_crash_left_is_removed_at_start(tmp_path: Path) -> None:
     (folder / f"{orphan}.pickle.gz").write_bytes(gzip.compress(b"b"))       # renamed, sidecar never written
     (folder / f"{lonely}.json").write_text(f'{{"id": "{lonely}", "run": "r", "host": "h", "rank": 0, "step": 2, '
                                            '"trigger": "manual", "directive": null, "ts": 1.0, "bytes": 9}')
-    reopened = SnapshotStore(folder)
+    reader = SnapshotStore(folder)  # a reader (snapshots diff --db beside a running collector) removes nothing
+    assert [i.id for i in reader.list()] == [kept.id] and len(list(folder.iterdir())) == 6
+    reopened = SnapshotStore(folder, owner=True)
     assert [i.id for i in reopened.list()] == [kept.id]
     assert sorted(p.name for p in folder.iterdir()) == sorted([f"{kept.id}.json", f"{kept.id}.pickle.gz"])
     assert reopened.usage() == {"snapshots": 1, "bytes": kept.bytes, "uploads": 0, "upload_bytes": 0}
@@ -122,7 +124,7 @@ def test_saves_read_one_index_not_every_sidecar(tmp_path: Path) -> None:
         sidecar.write_text("damaged")  # a save that re-read them would now see none
     store.save(run="r", host="h", rank=0, step=50, trigger="manual", directive=None, gz=gzip.compress(b"a"))
     assert len(store.list("r")) == 51
-    assert [i.step for i in SnapshotStore(folder).list()] == [50]  # a restart reads them once
+    assert [i.step for i in SnapshotStore(folder, owner=True).list()] == [50]  # a restart reads them once
 
 
 def test_a_bomb_or_a_non_gzip_upload_is_refused_and_stores_nothing(tmp_path: Path) -> None:

@@ -168,7 +168,8 @@ def open_state(app: Any, settings: Settings) -> None:
     app.state.ingestor = ingest.Ingestor(app.state, settings)
     app.state.snapshots = SnapshotStore.beside(
         settings.db_path, max_snapshot_bytes=settings.max_snapshot_bytes, max_snapshots=settings.max_snapshots,
-        max_total_bytes=settings.max_snapshots_bytes, max_concurrent_uploads=settings.max_concurrent_uploads)
+        max_total_bytes=settings.max_snapshots_bytes, max_concurrent_uploads=settings.max_concurrent_uploads,
+        owner=True)
     app.state.diffs = DiffCache(app.state.snapshots)
     app.state.directives = DirectiveBoard(manual_interval_s=settings.capture_interval_s)
     views = _views()

@@ -248,8 +248,8 @@ class SnapshotStore:
 
     * **Index**: built once from the sidecars when the store opens (O(snapshots)), then kept in
       memory (``id`` → :class:`SnapshotInfo`, oldest first): a save, a list or a download reads
-      no sidecar. Start-up removes what a crash left: temporary files, data without a sidecar,
-      sidecars without data.
+      no sidecar. The owner's start-up (``owner=True``: the collector) removes what a crash
+      left: temporary files, data without a sidecar, sidecars without data.
     * **Writes**: an upload streams into ``.upload-<id>.tmp`` (:class:`SnapshotUpload`), then data
       and sidecar are renamed into place: nothing half-stored is ever listed.
     * **Bounds**: a snapshot at most ``max_snapshot_bytes`` compressed and ``max_inflated_bytes``
@@ -260,7 +260,7 @@ class SnapshotStore:
 
     def __init__(self, folder: str | os.PathLike[str], *, max_snapshot_bytes: int = 64 * 2**20,
                  max_total_bytes: int = 2 * 2**30, max_snapshots: int = 10_000,
-                 max_inflated_bytes: int = 2**30, max_concurrent_uploads: int = 4) -> None:
+                 max_inflated_bytes: int = 2**30, max_concurrent_uploads: int = 4, owner: bool = False) -> None:
         self.folder = Path(folder)
         self.max_snapshot_bytes = max_snapshot_bytes
         self.max_total_bytes = max_total_bytes
@@ -272,21 +272,24 @@ class SnapshotStore:
         self._index: dict[str, SnapshotInfo] = {}
         self._stored = 0
         self._uploading: dict[str, int] = {}  # upload id -> bytes written so far
-        self._load()
+        self._load(clean=owner)
 
     @classmethod
     def beside(cls, db_path: str, **kw: Any) -> SnapshotStore:
         return cls(str(db_path) + ".snapshots", **kw)
 
-    def _load(self) -> None:
-        """The index from the sidecars; what a crash left behind is removed."""
+    def _load(self, clean: bool) -> None:
+        """The index from the sidecars; with ``clean`` (the collector that owns the folder, never a
+        reader such as ``snapshots diff --db`` beside a running one) what a crash left behind is
+        removed: temporary files, data without a sidecar, sidecars without data."""
         if not self.folder.is_dir():
             return
         infos, data = [], set()
         for entry in os.scandir(self.folder):
             name = entry.name
             if name.endswith(".tmp"):
-                Path(entry.path).unlink(missing_ok=True)
+                if clean:
+                    Path(entry.path).unlink(missing_ok=True)
             elif name.endswith(".pickle.gz"):
                 data.add(name.removesuffix(".pickle.gz"))
             elif name.endswith(".json"):
@@ -300,9 +303,9 @@ class SnapshotStore:
                 self._index[info.id] = info
                 self._stored += info.bytes
                 data.discard(info.id)
-            else:
+            elif clean:
                 self.delete(info.id)
-        for orphan in data:  # data renamed into place, sidecar never written
+        for orphan in data if clean else ():  # data renamed into place, sidecar never written
             if _ID_RE.match(orphan):
                 (self.folder / f"{orphan}.pickle.gz").unlink(missing_ok=True)
 
