@@ -193,3 +193,15 @@ def test_a_corrupt_gzip_is_one_line(tmp_path, capsys) -> None:
     path.write_bytes(good[:20] + bytes(b ^ 0xFF for b in good[20:40]) + good[40:])
     code, _, err = run_cli(capsys, "analyze", str(path))
     assert code == 2 and "cannot read" in one_line(err) and str(path) in err
+
+
+def test_the_readers_import_without_the_server_extras() -> None:
+    """analyze, the importers and the CLI's --url client run on a training node's install (no
+    FastAPI, no httpx): the bounded readers must not need them."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfor m in ('httpx', 'fastapi', 'uvicorn', 'starlette'): sys.modules[m] = None\n"
+            "import vramwatch.bounded, vramwatch.engine.analyze, vramwatch.importers, vramwatch.remote\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
