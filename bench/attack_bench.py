@@ -221,9 +221,11 @@ def _input_rows(code: Path, tmp: Path, size: int, peers: int) -> list[tuple[str,
 
 def inputs_main(args: argparse.Namespace) -> None:
     size = args.size_mb * MiB
-    with tempfile.TemporaryDirectory() as tmp:
-        before = _input_rows(Path(args.before).resolve(), Path(tmp), size, args.peers) if args.before else []
-        after = _input_rows(Path(__file__).resolve().parents[1], Path(tmp), size, args.peers)
+    with tempfile.TemporaryDirectory() as tmp:  # one folder per tree: logs and databases apart
+        (Path(tmp) / "before").mkdir()
+        (Path(tmp) / "after").mkdir()
+        before = _input_rows(Path(args.before).resolve(), Path(tmp) / "before", size, args.peers) if args.before else []
+        after = _input_rows(Path(__file__).resolve().parents[1], Path(tmp) / "after", size, args.peers)
     rows = [(name, before[i][1] if before else "—", cell) for i, (name, cell) in enumerate(after)]
     body = table(["attack", "before: peak RSS; /healthz max; outcome", "after"], rows)
     body += ("\n\nPeak RSS is the attacked process's (the front, the collector, or the CLI command); `/healthz` "

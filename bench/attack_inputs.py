@@ -53,7 +53,8 @@ class Proc:
         """``url`` once the server says its start-up is complete (not its ``/healthz``: under some
         of the attacks an unbounded server never answers it)."""
         deadline = time.monotonic() + timeout
-        while "Application startup complete" not in self.log.read_text(errors="replace"):
+        port = int(url.rsplit(":", 1)[1])
+        while not ("Application startup complete" in self.log.read_text(errors="replace") and _accepts(port)):
             assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-2000:]
             if time.monotonic() > deadline:
                 raise TimeoutError(self.log.read_text()[-2000:])
@@ -86,7 +87,8 @@ class Proc:
         text = self.log.read_text(errors="replace")
         peak = [line for line in text.splitlines() if line.startswith("PEAK-KB ")]
         lines = [line for line in text.strip().splitlines() if line.strip() and not line.startswith("PEAK-KB ")]
-        said = [line for line in lines if "error:" in line.lower() or line.startswith("skipped")] or lines[-1:]
+        said = [line.replace(f"{self.log.parent}/", "") for line in lines
+                if "error:" in line.lower() or line.startswith("skipped")] or lines[-1:]
         return {"rc": rc, "s": time.monotonic() - started, "rss_mb": int(peak[-1].split()[1]) / 1024 if peak
                 else float("nan"), "traceback": "Traceback" in text, "last": (said[-1] if said else "")[:160]}
 
@@ -101,6 +103,14 @@ atexit.register(_peak)
 sys.argv = ['vramwatch', *sys.argv[1:]]
 runpy.run_module('vramwatch', run_name='__main__')
 """
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        return True
+    except OSError:
+        return False
 
 
 def _serve(code: Path, tmp: Path, name: str, args: list[str], attack: Callable[[str], dict[str, Any]]
