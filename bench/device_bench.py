@@ -144,8 +144,11 @@ def per_family(outcomes: list[Outcome]) -> list[tuple[str, ...]]:
 def show(outcomes: list[Outcome]) -> None:
     """Per trace: truth, the engine's alarms and events (for tuning by eye)."""
     for o in outcomes:
-        truth = "clean" if not o.truth.leak else (
-            f"leak onset {(o.truth.onset_ts - o.start_ts) / 3600:.1f} h, OOM {(o.truth.oom_ts - o.start_ts) / 3600:.1f} h")
+        truth = "clean"
+        if o.truth.leak:
+            assert o.truth.onset_ts is not None and o.truth.oom_ts is not None
+            onset, oom = (o.truth.onset_ts - o.start_ts) / 3600, (o.truth.oom_ts - o.start_ts) / 3600
+            truth = f"leak onset {onset:.1f} h, OOM {oom:.1f} h"
         alarms = [f"{(t - o.start_ts) / 3600:.2f}" for t in o.alarms["engine"][:1]]
         events = [f"{e['type']}@{(e['ts'] - o.start_ts) / 3600:.2f}" for e in o.events[:8]]
         print(f"{o.name:32} {o.source:5} {truth:32} engine {alarms} {' '.join(events)}")

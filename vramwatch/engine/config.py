@@ -21,6 +21,10 @@ class EngineConfig:
     half_ratio: float = 0.5  # slopes of the two halves must agree within this ratio (linearity)
     warmup_half_ratio: float = 0.8  # stricter while the series never settled (thirds, not halves)
     warmup_span_frac: float = 0.4  # a plateau must be flat over this fraction of the process age
-    warmup_leak_min_blocks: int = 128  # a never-settled series is not called a leak before this
+    warmup_leak_horizons: float = 2.0  # a rise from a warm-up is a leak only past this many warm-up horizons
+    warmup_horizon_s: float = 3600.0  # the longest plausible warm-up, wall seconds (compile, autotune, caches)
+    stair_parts: int = 4  # a ratcheting level's staircase must rise in each of this many parts ...
+    stair_ratio: float = 0.34  # ... the smallest rise at least this share of the largest ...
+    stair_z: float = 3.0  # ... and each this many standard errors above the measured noise
     spike_margin_frac: float = 0.015  # an unmarked spike is this far above the training peak
     max_events: int = 256  # events kept (most recent)

@@ -17,6 +17,7 @@ from .blocks import Block, Signal, Trend
 from .context import Context
 from .events import LeakEvent
 from .plateau import PlateauDetector
+from .staircase import staircase
 from .stats import theil_sen
 
 ALLOCATOR = "allocator"
@@ -55,39 +56,68 @@ class LeakDetector:
         return DEVICE if ctx.signal == "device_used" else ALLOCATOR
 
     # ------------------------------------------------------------------ finding
-    def in_rise(self, ctx: Context, plateau: PlateauDetector, block: Block) -> Trend | None:
-        """A leak in the rise after a break; moves ``plateau.rising_since`` to the window found."""
-        ratio, parts = ctx.leak_shape
-        for s0 in plateau.rise_starts(ctx, block):
-            trend = ctx.pyramid.trend("floor", s0, ctx.min_span(), ratio, ctx.tol, parts=parts)
-            if trend:
-                plateau.rising_since = s0
-                return trend
-        return None
-
-    def slow(self, ctx: Context, plateau: PlateauDetector) -> Trend | None:
-        """A leak slower than the noise shows up as breaks followed by "plateaus" that are only
-        short flat-looking stretches: judge the floor since the earliest recent break, on the
-        coarse levels, every fourth block."""
-        if ctx.pyramid.coarse_pending or not plateau.break_onsets:
-            return None
-        ratio, parts = ctx.leak_shape
-        for s0 in sorted(plateau.break_onsets):
-            trend = ctx.pyramid.trend("floor", s0, 4 * ctx.min_span(), ratio, ctx.tol, max_jump=0.35, parts=parts)
-            if trend:
-                plateau.rising_since = s0
-                return trend
-        return None
+    @staticmethod
+    def rise(ctx: Context, s0: float, min_span: float, max_jump: float = 0.5,
+             shape: tuple[float, int] | None = None) -> Trend | None:
+        """A leak's rise of the floor since ``s0``: a steady one (``Pyramid.trend``) or, on a
+        ratcheting level (reserved, device used), a staircase (``staircase.py``)."""
+        ratio, parts = shape or ctx.leak_shape
+        trend = ctx.pyramid.trend("floor", s0, min_span, ratio, ctx.tol, max_jump=max_jump, parts=parts)
+        if trend is None and ctx.pyramid.ratchet_floor:
+            trend = staircase(ctx.pyramid, "floor", s0, min_span, ctx.tol)
+        return trend
 
     @staticmethod
-    def never_settled(ctx: Context, age: int) -> Trend | None:
-        """A series that never settled leaks only if the last three quarters of its life rise in
-        a straight line (three equal slopes); a warm-up, however long, keeps decelerating."""
-        cfg = ctx.config
-        if age < cfg.warmup_leak_min_blocks * cfg.block_steps:
+    def warmup_goes_on(ctx: Context, plateau: PlateauDetector, block: Block, trend: Trend) -> bool:
+        """The plateau this rise left was judged within the warm-up horizon and did not hold: the
+        floor left it before staying flat for as long as the rise needs to become material
+        (``tol / slope``). That is a warm-up that looked flat for a while (a long ramp, a slow
+        approach within the 1 % tolerance of a ratcheting level, compile jumps), whose rise goes
+        on; a leak after a plateau that held shows the kink. Such a rise is judged as a
+        never-settled series (a leak only past ``warmup_leak_horizons`` horizons) unless the
+        breaks already come at a regular cadence (:meth:`PlateauDetector.regular_breaks`): a
+        warm-up's come at ever longer gaps."""
+        levels = ctx.plateau
+        if levels is None or not levels.young or ctx.past_horizon(block, ctx.config.warmup_leak_horizons):
+            return False
+        held = (levels.broke_at if levels.broke_at is not None else block.end) - levels.judged_step
+        return held * trend.slope < ctx.tol and not plateau.regular_breaks()
+
+    def in_rise(self, ctx: Context, plateau: PlateauDetector, block: Block) -> Trend | None:
+        """A leak in the rise after a break; moves ``plateau.rising_since`` to the window found."""
+        for s0 in plateau.rise_starts(ctx, block):
+            trend = self.rise(ctx, s0, ctx.min_span())
+            if trend and not self.warmup_goes_on(ctx, plateau, block, trend):
+                plateau.rising_since = s0
+                return trend
+        return None
+
+    def slow(self, ctx: Context, plateau: PlateauDetector, block: Block) -> Trend | None:
+        """A leak slower than the noise shows up as breaks followed by "plateaus" that are only
+        short flat-looking stretches (on a ratcheting level: a staircase of breaks): judge the
+        floor since the earliest recent break, on the coarse levels, every fourth block."""
+        if ctx.pyramid.coarse_pending or not plateau.break_onsets:
             return None
-        start = ctx.pyramid.start + age // 4
-        return ctx.pyramid.trend("floor", start, 0.75 * age, cfg.warmup_half_ratio, ctx.tol, max_jump=0.25, parts=3)
+        for s0 in sorted(plateau.break_onsets):
+            trend = self.rise(ctx, s0, 4 * ctx.min_span(), max_jump=0.35)
+            if trend and not self.warmup_goes_on(ctx, plateau, block, trend):
+                plateau.rising_since = s0
+                return trend
+        return None
+
+    def never_settled(self, ctx: Context, age: int, block: Block) -> Trend | None:
+        """A series that never settled (or settled on a warm-up still climbing) leaks only if it
+        keeps rising long past any warm-up: once the process has run ``warmup_leak_horizons``
+        warm-up horizons of wall time, the floor since the later of the first horizon and a
+        quarter of its life rises in a straight line (three slopes within 20 %) or, on a
+        ratcheting level, in a staircase. A warm-up, however long, keeps decelerating; steps are
+        not the clock here (dcgm's step is a second, nvidia-smi's a row)."""
+        if not ctx.past_horizon(block, ctx.config.warmup_leak_horizons):
+            return None
+        assert ctx.horizon_step is not None
+        start = max(ctx.pyramid.start + age // 4, ctx.horizon_step)
+        return self.rise(ctx, start, ctx.config.min_blocks * ctx.config.block_steps, max_jump=0.25,
+                         shape=(ctx.config.warmup_half_ratio, 3))
 
     # ------------------------------------------------------------------ runway
     @staticmethod

@@ -12,6 +12,7 @@ See docs/engine.md for the why of each rule.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import NamedTuple
 
 from .blocks import Block, keep_last
@@ -116,6 +117,8 @@ class PlateauDetector:
             outside=None if any(v is None for v in outside) else float(median(outside)),  # type: ignore[arg-type]
             slack=float(median(slack)) if slack else None,
             since_step=max(pyramid.start, int(s0)),
+            young=ctx.wall_age(block) < ctx.config.warmup_horizon_s,
+            judged_step=block.end,
         )
 
     def start(self, block: Block) -> None:
@@ -154,9 +157,22 @@ class PlateauDetector:
             # block's own minimum may still hold samples from before the phase)
             plateau.slack += added
 
-    def begin_rise(self, brk: Break) -> None:
+    def begin_rise(self, ctx: Context, brk: Break) -> None:
         self.rising_since = brk.onset
         keep_last(self.break_onsets, brk.onset, 4)
+        plateau = ctx.plateau
+        if plateau is not None and plateau.broke_at is None:
+            plateau.broke_at = brk.onset
+
+    def regular_breaks(self) -> bool:
+        """The latest four breaks came at a regular cadence (the longest gap at most twice the
+        shortest): a staircase of ratchets, as a leak through the allocator makes. A warm-up's
+        compile or batch-length breaks come at ever longer gaps (each about twice the last)."""
+        onsets = self.break_onsets
+        if len(onsets) < 4:
+            return False
+        gaps = [b - a for a, b in pairwise(onsets)]
+        return min(gaps) > 0 and max(gaps) <= 2 * min(gaps)
 
     # ------------------------------------------------------------------ after a break
     def settled_after_rise(self, ctx: Context, block: Block) -> float | None:
