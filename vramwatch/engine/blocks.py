@@ -227,15 +227,17 @@ class Pyramid:
                 return (last.ts - first.ts) / (last.end - first.end)
         return None
 
-    def window(self, signal: Signal, s0: float) -> tuple[list[float], list[float], int]:
+    def window(self, signal: Signal, s0: float, points: int = 0) -> tuple[list[float], list[float], int]:
         """(x, y, block span) of ``signal`` for blocks starting at or after ``s0``.
 
         Uses the finest level that still holds ``s0``; a known sawtooth period turns the
         signal into its trailing minimum over >1 period (the floor after collection); more
-        than ``fit_points`` points are grouped by their minimum (every trended signal is a
-        floor-like minimum). Empty when the signal is missing from any block of the level.
+        than ``points`` (default ``fit_points``) points are grouped by their minimum (every
+        trended signal is a floor-like minimum). Empty when the signal is missing from any
+        block of the level.
         """
         cfg = self.config
+        points = points or cfg.fit_points
         chosen = None
         for level in self.levels:
             ring = level.blocks
@@ -265,8 +267,8 @@ class Pyramid:
                 xs.append(0.5 * (b.start + b.end))
                 ys.append(v)
         n = len(xs)
-        if n > cfg.fit_points:
-            group = math.ceil(n / cfg.fit_points)
+        if n > points:
+            group = math.ceil(n / points)
             gx, gy = [], []
             for i in range(0, n, group):
                 chunk = xs[i : i + group]

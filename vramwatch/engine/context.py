@@ -42,9 +42,6 @@ class PlateauLevels:
     slack: float | None  # reserved - allocated
     since_step: int  # first step of the flat window the plateau was judged on
     until_step: int | None = None  # where it ended (a leak's onset); None while it holds
-    judged_step: int = 0  # the step at which it was judged
-    young: bool = False  # judged within the warm-up horizon (wall time): maybe a warm-up still climbing
-    broke_at: int | None = None  # onset of the first rise (not a phase's re-level) that broke it
 
     def level_bytes(self) -> int:
         """What the summary and every event call ``plateau_bytes``: the reserved level, or

@@ -373,7 +373,7 @@ class TrendEngine:
             self.plateau_relevels += 1
         else:
             self.state = "rising"
-            self.plateau.begin_rise(ctx, brk)
+            self.plateau.begin_rise(brk)
         self._emit(
             PlateauBreakEvent(
                 step, brk.onset, brk.cause, before, block.reserved, self._allocated(block.floor),
@@ -396,7 +396,7 @@ class TrendEngine:
         self.state = "plateau"
         self.leak.current = None
         self.fragmentation.current = None
-        self.plateau.start(block)
+        self.plateau.start(ctx, block)
         self.outside.reset(block.end + 1)
         self.fragmentation.reset(block.end + 1)
         last = self._last_sample() or {}

@@ -67,27 +67,11 @@ class LeakDetector:
             trend = staircase(ctx.pyramid, "floor", s0, min_span, ctx.tol)
         return trend
 
-    @staticmethod
-    def warmup_goes_on(ctx: Context, plateau: PlateauDetector, block: Block, trend: Trend) -> bool:
-        """The plateau this rise left was judged within the warm-up horizon and did not hold: the
-        floor left it before staying flat for as long as the rise needs to become material
-        (``tol / slope``). That is a warm-up that looked flat for a while (a long ramp, a slow
-        approach within the 1 % tolerance of a ratcheting level, compile jumps), whose rise goes
-        on; a leak after a plateau that held shows the kink. Such a rise is judged as a
-        never-settled series (a leak only past ``warmup_leak_horizons`` horizons) unless the
-        breaks already come at a regular cadence (:meth:`PlateauDetector.regular_breaks`): a
-        warm-up's come at ever longer gaps."""
-        levels = ctx.plateau
-        if levels is None or not levels.young or ctx.past_horizon(block, ctx.config.warmup_leak_horizons):
-            return False
-        held = (levels.broke_at if levels.broke_at is not None else block.end) - levels.judged_step
-        return held * trend.slope < ctx.tol and not plateau.regular_breaks()
-
     def in_rise(self, ctx: Context, plateau: PlateauDetector, block: Block) -> Trend | None:
         """A leak in the rise after a break; moves ``plateau.rising_since`` to the window found."""
         for s0 in plateau.rise_starts(ctx, block):
             trend = self.rise(ctx, s0, ctx.min_span())
-            if trend and not self.warmup_goes_on(ctx, plateau, block, trend):
+            if trend and not plateau.warming_up(ctx, block, trend.slope):
                 plateau.rising_since = s0
                 return trend
         return None
@@ -95,12 +79,23 @@ class LeakDetector:
     def slow(self, ctx: Context, plateau: PlateauDetector, block: Block) -> Trend | None:
         """A leak slower than the noise shows up as breaks followed by "plateaus" that are only
         short flat-looking stretches (on a ratcheting level: a staircase of breaks): judge the
-        floor since the earliest recent break, on the coarse levels, every fourth block."""
+        floor since the earliest recent break, on the coarse levels, every fourth block: a steady
+        rise from the latest four, a staircase from the latest eight (its cadence needs steps)."""
         if ctx.pyramid.coarse_pending or not plateau.break_onsets:
             return None
-        for s0 in sorted(plateau.break_onsets):
-            trend = self.rise(ctx, s0, 4 * ctx.min_span(), max_jump=0.35)
-            if trend and not self.warmup_goes_on(ctx, plateau, block, trend):
+        onsets = plateau.break_onsets
+        ratio, parts = ctx.leak_shape
+        min_span = 4 * ctx.min_span()
+        for s0 in sorted(onsets[-4:]):
+            trend = ctx.pyramid.trend("floor", s0, min_span, ratio, ctx.tol, max_jump=0.35, parts=parts)
+            if trend and not plateau.warming_up(ctx, block, trend.slope):
+                plateau.rising_since = s0
+                return trend
+        if not ctx.pyramid.ratchet_floor:
+            return None
+        for s0 in sorted(onsets):
+            trend = staircase(ctx.pyramid, "floor", s0, min_span, ctx.tol)
+            if trend and not plateau.warming_up(ctx, block, trend.slope):
                 plateau.rising_since = s0
                 return trend
         return None

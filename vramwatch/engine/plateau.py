@@ -32,10 +32,12 @@ class PlateauDetector:
 
     floor_cusum: Cusum = field(default_factory=Cusum)
     rising_since: int = 0  # onset of the current rise (break, or a later leak window start)
-    break_onsets: list[int] = field(default_factory=list)  # the latest 4
+    break_onsets: list[int] = field(default_factory=list)  # the latest 8
     phase_ratchet: str | None = None  # the phase whose reserved ratchet is not yet judged
     phase_bumps: list[tuple[int, int]] = field(default_factory=list)  # (step, added), the latest 16
-
+    first_judged: int | None = None  # where the process's first plateau was judged ...
+    first_young: bool = False  # ... within the warm-up horizon (wall time) ...
+    first_broke: int | None = None  # ... and the onset of the first rise that left it
     def note_phase(self, phase: str, step: int, reserved_before: int | None, reserved: int | None, rtol: float) -> None:
         """A phase sample: remember what it added to reserved (a phase's ratchet is no growth)."""
         if reserved_before is None or reserved is None or reserved <= reserved_before:
@@ -117,12 +119,13 @@ class PlateauDetector:
             outside=None if any(v is None for v in outside) else float(median(outside)),  # type: ignore[arg-type]
             slack=float(median(slack)) if slack else None,
             since_step=max(pyramid.start, int(s0)),
-            young=ctx.wall_age(block) < ctx.config.warmup_horizon_s,
-            judged_step=block.end,
         )
 
-    def start(self, block: Block) -> None:
+    def start(self, ctx: Context, block: Block) -> None:
         """A new plateau: fresh CUSUM, no pending phase ratchet."""
+        if self.first_judged is None:
+            self.first_judged = block.end
+            self.first_young = ctx.wall_age(block) < ctx.config.warmup_horizon_s
         self.phase_ratchet = None
         self.floor_cusum.reset(block.end + 1)
 
@@ -157,18 +160,32 @@ class PlateauDetector:
             # block's own minimum may still hold samples from before the phase)
             plateau.slack += added
 
-    def begin_rise(self, ctx: Context, brk: Break) -> None:
+    def begin_rise(self, brk: Break) -> None:
         self.rising_since = brk.onset
-        keep_last(self.break_onsets, brk.onset, 4)
-        plateau = ctx.plateau
-        if plateau is not None and plateau.broke_at is None:
-            plateau.broke_at = brk.onset
+        keep_last(self.break_onsets, brk.onset, 8)
+        if self.first_judged is not None and self.first_broke is None:
+            self.first_broke = brk.onset
+
+    def warming_up(self, ctx: Context, block: Block, slope: float) -> bool:
+        """Is a rise at ``slope`` still the warm-up? The process's first plateau was judged within
+        the warm-up horizon and did not hold: the floor left it before it had stayed flat for as
+        long as the rise needs to become material (``tol / slope``). A warm-up that looked flat
+        for a while (a long ramp, a slow approach within the 1 % tolerance of a ratcheting level,
+        compile jumps) goes on right away; a leak after a settled plateau shows the kink. Until
+        the process has run ``warmup_leak_horizons`` horizons such a rise is no leak, unless its
+        breaks come at a regular cadence (:meth:`regular_breaks`), as a warm-up's never do."""
+        if self.first_judged is None or not self.first_young:
+            return False
+        if ctx.past_horizon(block, ctx.config.warmup_leak_horizons):
+            return False
+        broke = self.first_broke if self.first_broke is not None else block.end
+        return (broke - self.first_judged) * slope < ctx.tol and not self.regular_breaks()
 
     def regular_breaks(self) -> bool:
         """The latest four breaks came at a regular cadence (the longest gap at most twice the
         shortest): a staircase of ratchets, as a leak through the allocator makes. A warm-up's
         compile or batch-length breaks come at ever longer gaps (each about twice the last)."""
-        onsets = self.break_onsets
+        onsets = self.break_onsets[-4:]
         if len(onsets) < 4:
             return False
         gaps = [b - a for a, b in pairwise(onsets)]

@@ -1,30 +1,29 @@
-"""The staircase test: a ratcheting level that rises in every part of a window, about alike.
+"""The staircase test: a ratcheting level that keeps stepping up at a regular cadence.
 
 Device used (and reserved) grow in a caching allocator's ratchets: a leak reaches them as
 segment allocations, a staircase of plateau breaks, each settling on a higher plateau, at a
-cadence set by segment size / leak rate. Theil-Sen is blind to it (on a staircase of rare steps
-most pairwise slopes are zero, so the slope of a part holding one step is zero or not, by where
-the step falls), and a steady leak's no-jump rule rejects it (every step is a jump).
+cadence set by segment size / leak rate (or by how often the program keeps a tensor). Theil-Sen
+is blind to it (on a staircase of rare steps most pairwise slopes are zero), and a steady leak's
+no-jump rule rejects it (every step is a jump).
 
-What tells a leak's staircase from the one-time ratchets of a healthy run is its *cadence*: it
-keeps rising at about the same rate. The window's points (<= ``fit_points`` block minima) are cut
-into ``parts`` (4) equal parts and each part is summarised by its median (robust to a stray block
-and to the reading jitter; of an even count the lower middle value, so one step moves one part's
-level only). One step raises one part, two steps two: a staircase needs at least three, and
-the test requires
+What tells a leak's staircase from the ratchets of a healthy run is its **cadence**. A warm-up's
+compile or batch-length records come at ever longer gaps (each about twice the last); a
+checkpoint's or an eval's ratchet comes once. On the window's points (<= ``ring_blocks`` block
+minima: steps need the resolution, and the test is linear in them) the test finds the
+**steps**: rises from one point to the next above ``stair_z`` standard deviations of the
+measured noise (the MAD of the points' first differences: a step is an outlier there, the
+jitter is not) and above a share of the material size, consecutive ones merged. It requires
 
-1. **every part higher than the one before**, each rise significant against the measured noise:
-   more than ``stair_z`` standard errors of a difference of two part medians, the noise being the
-   MAD of the points' first differences (a step is an outlier there, the jitter is not);
-2. **about alike**: the smallest rise at least ``stair_ratio`` of the largest. A warm-up's
-   compile or batch-length records come at ever longer gaps (each about twice the last), so its
-   later parts rise far less or not at all; a checkpoint's or an eval's one-time ratchet raises one
-   part only; a restart's new warm-up decelerates;
-3. **material**: the fitted rise over the window at least ``tol``.
+1. **several steps**: at least ``stair_steps`` (4: three gaps to judge a cadence by);
+2. **a regular cadence**: the longest gap between steps at most ``stair_spread`` times the
+   shortest (a doubling warm-up fails at once), and the staircase **still going**: the time since
+   the last step at most the longest gap;
+3. **material**: the steps add up to at least ``tol``.
 
-The slope is the rise between the first and last part medians over the distance of their
-centres: the staircase's mean rate (one step per cadence), which is what the time to OOM needs.
-Cost: one window read and a sort per part, <= 16 points: microseconds, once per block at most.
+The slope is the staircase's mean rate, the steps' mean size over their mean gap (one step per
+cadence): what the time to OOM needs. Steps closer than one point apart are a smooth rise at
+this resolution and are left to ``Pyramid.trend``. Cost: one window read and a pass over
+<= 48 points (a sort for the noise): tens of microseconds, every fourth block at most.
 """
 
 from __future__ import annotations
@@ -35,40 +34,48 @@ from itertools import pairwise
 from .blocks import Pyramid, Signal, Trend
 from .stats import noise_sigma
 
-#: Standard error of a median of m normal points is ~1.2533 sigma / sqrt(m).
-_MEDIAN_SE = 1.2533
 
-
-def _lower_median(values: list[float]) -> float:
-    """The median, or of an even count the lower middle value: a part holding one step in its
-    middle takes the level before it, never the midpoint (which would let one step raise two parts)."""
-    ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 2]
+def steps_of(xs: list[float], ys: list[float], threshold: float) -> list[tuple[float, float]]:
+    """(position, size) of each rise above ``threshold`` between consecutive points; a rise spread
+    over consecutive points (a step straddling a point) is one step at its first position."""
+    steps: list[tuple[float, float]] = []
+    previous = -2
+    for i, (a, b) in enumerate(pairwise(ys)):
+        if b - a <= threshold:
+            continue
+        at = 0.5 * (xs[i] + xs[i + 1])
+        if i == previous + 1 and steps:
+            steps[-1] = (steps[-1][0], steps[-1][1] + b - a)
+        else:
+            steps.append((at, b - a))
+        previous = i
+    return steps
 
 
 def staircase(pyramid: Pyramid, signal: Signal, s0: float, min_span: float, tol: float) -> Trend | None:
-    """A staircase rise of ``signal`` since ``s0`` (every part higher, about alike, material), or None."""
+    """A staircase of ``signal`` since ``s0`` (several steps, a regular cadence still going,
+    material), or None."""
     cfg = pyramid.config
-    xs, ys, block_span = pyramid.window(signal, s0)
+    xs, ys, block_span = pyramid.window(signal, s0, points=cfg.ring_blocks)
     n = len(xs)
-    parts = cfg.stair_parts
-    if n < max(cfg.min_blocks, 3 * parts):
+    if n < cfg.min_blocks:
         return None
     span = xs[-1] - xs[0] + block_span
     if span < min_span - block_span or ys[-1] - ys[0] < 0.5 * tol:
         return None
-    cuts = [round(i * n / parts) for i in range(parts + 1)]
-    levels = [_lower_median(ys[a:b]) for a, b in pairwise(cuts)]
-    rises = [b - a for a, b in pairwise(levels)]
-    smallest = min(rises)
-    if smallest <= 0 or smallest < cfg.stair_ratio * max(rises):
+    # a step stands out of the point-to-point jitter, and is a share of a material rise (a
+    # staircase of ``stair_steps`` steps adds up to ``tol``): the minima of quiet blocks still
+    # wobble by a MiB or two, which is no step
+    threshold = max(cfg.stair_z * math.sqrt(2.0) * noise_sigma(ys), tol / (2 * cfg.stair_steps))
+    steps = steps_of(xs, ys, threshold)
+    if len(steps) < cfg.stair_steps:
         return None
-    per_part = n / parts
-    noise = _MEDIAN_SE * noise_sigma(ys) * math.sqrt(2.0 / per_part)
-    if smallest <= cfg.stair_z * noise:
+    positions = [at for at, _ in steps]
+    gaps = [b - a for a, b in pairwise(positions)]
+    if max(gaps) > cfg.stair_spread * min(gaps) or xs[-1] + 0.5 * block_span - positions[-1] > max(gaps):
         return None
-    centres = [sum(xs[a:b]) / (b - a) for a, b in pairwise(cuts)]
-    slope = (levels[-1] - levels[0]) / (centres[-1] - centres[0])
-    if slope * span < tol:
+    rise = sum(size for _, size in steps)
+    if rise < tol:
         return None
+    slope = (rise / len(steps)) / (sum(gaps) / len(gaps))
     return Trend(slope, span, n, ys[-1])
