@@ -56,7 +56,13 @@ def staircase(pyramid: Pyramid, signal: Signal, s0: float, min_span: float, tol:
     """A staircase of ``signal`` since ``s0`` (several steps, a regular cadence still going,
     material), or None."""
     cfg = pyramid.config
-    xs, ys, block_span = pyramid.window(signal, s0, points=cfg.ring_blocks)
+    last = pyramid.last
+    if last is None:
+        return None
+    # from a little before s0: a window opened at a break's onset must see the level before the
+    # step that broke the plateau, or it misses one step of the staircase
+    lead = 2 * max(cfg.block_steps, (last.end - s0) / cfg.ring_blocks)
+    xs, ys, block_span = pyramid.window(signal, max(pyramid.start, s0 - lead), points=cfg.ring_blocks)
     n = len(xs)
     if n < cfg.min_blocks:
         return None
