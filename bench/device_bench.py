@@ -40,6 +40,7 @@ class Outcome:
     alarms: dict[str, list[float]] = field(default_factory=dict)  # detector -> alarm times (unix s)
     seconds_to_oom: float | None = None  # the engine's projection at its first leak alarm
     events: list[dict[str, Any]] = field(default_factory=list)
+    final_state: str = ""  # the engine's state after the last sample
 
 
 def run_trace(trace: DeviceTrace) -> Outcome:
@@ -61,6 +62,7 @@ def run_trace(trace: DeviceTrace) -> Outcome:
             next_eval = ts + SCRAPE_S
             if rule.fires(ts, sample["nvml_used_bytes"], sample["total_bytes"]):
                 out.alarms["predict_linear"].append(ts)
+    out.final_state = engine.state
     return out
 
 
@@ -161,11 +163,14 @@ def section(results: dict[str, list[Outcome]], took: float) -> str:
         errors = oom_errors(outcomes)
         samples = sum(o.samples for o in outcomes)
         err = f"median {statistics.median(errors):+.0%}, {len(errors)} alarms" if errors else "-"
+        found = [o for o in outcomes if o.truth.leak and _found(o, "engine") is not None]
+        held = sum(1 for o in found if o.final_state == "leak")
         parts.append(
             f"*{split}* ({len(outcomes)} traces, {samples:,} samples)\n\n"
             + table(("detector", "leak recall", "false alarms (traces without a leak)", "fired before onset",
                      "detection delay (median)", "runway left (mean)"), rows)
-            + f"\n\nEngine's time to OOM at its first alarm vs what was left: {err}.\n\n"
+            + f"\n\nEngine's time to OOM at its first alarm vs what was left: {err}. Leaks found and still "
+            f"`leak` at the trace's end: {held}/{len(found)}.\n\n"
             + table(("family", "traces", "engine", "predict_linear"), per_family(outcomes))
         )
     return "\n\n".join(parts) + f"\n\nBench took {took:.0f} s."

@@ -134,6 +134,7 @@ def test_a_staircase_of_ratchets_is_a_leak_with_a_runway(clock: str, every_min: 
     assert (oom_s - (leak["ts"] - START)) / (oom_s - 3600 * onset_h) >= 0.5
     left = (TOTAL - level(leak["ts"] - START)) / rate
     assert leak["seconds_to_oom"] == pytest.approx(left, rel=0.35)
+    assert engine.summary()["state"] == "leak"  # the staircase goes on: so does the verdict
 
 
 def test_one_time_ratchets_and_a_decelerating_staircase_are_no_leak() -> None:

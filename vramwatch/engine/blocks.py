@@ -119,12 +119,14 @@ class Level:
 
 
 class Trend(NamedTuple):
-    """A significant, material, linear, gradual rise found by :meth:`Pyramid.trend`."""
+    """A significant, material, linear, gradual rise found by :meth:`Pyramid.trend` (or a
+    staircase found by ``staircase.staircase``)."""
 
-    slope: float  # bytes per step (Theil-Sen over the window)
+    slope: float  # bytes per step (Theil-Sen over the window; a staircase's mean rate)
     span: float  # steps the window covers
     n: int  # points the verdict rests on
     last: float  # the window's last value
+    cadence: float = 0.0  # a staircase's mean gap between steps (steps); 0 for a steady rise
 
 
 class Pyramid:
@@ -201,6 +203,21 @@ class Pyramid:
             if b.start <= at:
                 return getattr(b, signal)
         return getattr(ring[0], signal)
+
+    def value_before(self, signal: Signal, at: float) -> float | None:
+        """Signal of the latest block (at the finest level that reaches back that far) starting
+        at or before ``at``; the oldest block held when none does. O(levels + ring)."""
+        oldest = None
+        for level in self.levels:
+            ring = level.blocks
+            if not ring:
+                break
+            oldest = ring[0]
+            if ring[0].start <= at:
+                for b in reversed(ring):
+                    if b.start <= at:
+                        return getattr(b, signal)
+        return None if oldest is None else getattr(oldest, signal)
 
     def min_since(self, signal: Signal, since: float) -> float:
         """Lowest value over blocks wholly inside ``[since, now]`` at any level (the floor after

@@ -57,8 +57,9 @@ def staircase(pyramid: Pyramid, signal: Signal, s0: float, min_span: float, tol:
     material), or None."""
     cfg = pyramid.config
     last = pyramid.last
-    if last is None:
-        return None
+    before = pyramid.value_before(signal, s0)
+    if last is None or before is None or getattr(last, signal) - before < 0.5 * tol:
+        return None  # no material rise since s0: no window to read
     # from a little before s0: a window opened at a break's onset must see the level before the
     # step that broke the plateau, or it misses one step of the staircase
     lead = 2 * max(cfg.block_steps, (last.end - s0) / cfg.ring_blocks)
@@ -83,5 +84,5 @@ def staircase(pyramid: Pyramid, signal: Signal, s0: float, min_span: float, tol:
     rise = sum(size for _, size in steps)
     if rise < tol:
         return None
-    slope = (rise / len(steps)) / (sum(gaps) / len(gaps))
-    return Trend(slope, span, n, ys[-1])
+    cadence = sum(gaps) / len(gaps)
+    return Trend((rise / len(steps)) / cadence, span, n, ys[-1], cadence)
