@@ -27,7 +27,8 @@ RUN groupadd --gid 10001 vramwatch \
        --shell /usr/sbin/nologin vramwatch
 COPY --from=build /dist /dist
 COPY deploy/server-constraints.txt /constraints.txt
-RUN pip install --no-cache-dir -c /constraints.txt "$(ls /dist/vramwatch-*.whl)[server]" \
+# server: the collector; otlp: `serve --otlp-endpoint` (the OpenTelemetry SDK and its OTLP/HTTP exporter)
+RUN pip install --no-cache-dir -c /constraints.txt "$(ls /dist/vramwatch-*.whl)[server,otlp]" \
     && rm -rf /dist /constraints.txt
 USER 10001:10001
 WORKDIR /data

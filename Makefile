@@ -59,9 +59,14 @@ lint: install-test
 check-deploy: install-test system-deps
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec deploy/compose.yaml
 	for v in 1.28.0 1.31.0 1.34.0; do \
-	  $(VENV)/bin/kubernetes-validate --strict --quiet -k $$v deploy/k8s/collector.yaml deploy/k8s/node-local/daemonset.yaml || exit 1; \
+	  $(VENV)/bin/kubernetes-validate --strict --quiet -k $$v deploy/k8s/collector/collector.yaml deploy/k8s/node-local/daemonset.yaml \
+	    deploy/k8s/components/kube-prometheus-stack/networkpolicy.yaml deploy/k8s/components/kube-prometheus-stack/grafana-*.yaml || exit 1; \
 	done
-	$(PY) deploy/k8s/check_operator_objects.py deploy/k8s/monitoring/servicemonitor.yaml deploy/k8s/monitoring/prometheusrule.yaml
+	$(PY) deploy/k8s/check_operator_objects.py deploy/k8s/monitoring/servicemonitor.yaml deploy/k8s/monitoring/prometheusrule.yaml \
+	  deploy/k8s/components/kube-prometheus-stack/alertmanagerconfig.yaml
+	for k in deploy/k8s deploy/k8s/node-local deploy/k8s/kube-prometheus-stack deploy/k8s/kube-prometheus-stack/node-local; do \
+	  kubectl kustomize $$k >/dev/null || exit 1; \
+	done
 	$(VENV)/bin/hadolint Dockerfile
 	cd deploy && $(abspath $(VENV))/bin/yamllint --strict -c .yamllint.yaml .
 	promtool check config --syntax-only deploy/prometheus/prometheus.yml
@@ -69,6 +74,7 @@ check-deploy: install-test system-deps
 	promtool test rules deploy/prometheus/tests/vramwatch.rules.test.yml
 	amtool check-config deploy/alertmanager/alertmanager.yml
 	$(PY) deploy/k8s/generate_prometheusrule.py --check
+	$(PY) deploy/k8s/generate_grafana.py --check
 	$(PY) deploy/grafana/build_dashboard.py --check
 
 clean:

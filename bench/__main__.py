@@ -23,6 +23,7 @@ BENCHMARKS = {
     "series": "bench.series_bench",
     "decisions": "bench.decisions_bench",
     "http": "bench.http_bench",
+    "snapshot_diff": "bench.snapshot_diff_bench",
 }
 
 

@@ -1,4 +1,4 @@
-"""Attack benchmark (issue 10): ``/healthz`` p99 and the collector's peak RSS while a hostile
+"""Attack benchmark: ``/healthz`` p99 and the collector's peak RSS while a hostile
 or buggy client throws one of three things at it:
 
 (a) 1,000 idle sockets (connect, send nothing; the header deadline closes them);
@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     ]
     body = table(["attack", "/healthz p99 ms", "max ms", "failed polls", "collector peak RSS MB", "outcome"], rows)
     body += ("\n\nDefaults throughout (`--header-timeout 10`, `--max-connections 8192`, `--max-series 20000`, "
-             "50,000 samples per request). `/healthz` polled every 20 ms on its own connection. Before the "
-             "hardening (issue 10): (a) `/healthz` timed out and the log grew by MiB/s of accept() tracebacks; "
+             "50,000 samples per request). `/healthz` polled every 20 ms on its own connection. Without the "
+             "bounds: (a) `/healthz` timed out and the log grew by MiB/s of accept() tracebacks; "
              "(b) 4.5 GB RSS, 16 s, `/healthz` frozen; (c) 5 GB RSS, `/metrics` 560 MiB in 13.8 s, restart 57 s.")
     write_section("Attacks", body, f"python -m bench.attack_bench --series {args.series} --idle {args.idle}")
 

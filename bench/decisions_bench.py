@@ -33,7 +33,7 @@ from vramwatch.engine.analyze import analyze_paths
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from corpus import SCALES, STEPS, make_case
 
-GOAL = 0.10  # error goal for the largest batch and projected peaks (issue 13)
+GOAL = 0.10  # error goal for the largest batch and projected peaks
 DEVICES = {"h200": SCALES["h200"].total_bytes, "80gb": SCALES["a100-80gb"].total_bytes,
            "24gb": SCALES["rtx-24gb"].total_bytes}
 FACTORS = (1.1, 1.2, 1.3)

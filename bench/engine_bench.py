@@ -251,7 +251,7 @@ def throughput(repeats: int = 3) -> dict[str, float]:
         return result
 
 
-#: Issue 10's goal: resident bytes per live series that has not closed a block yet.
+#: The goal: resident bytes per live series that has not closed a block yet.
 SERIES_LIMIT_BYTES = 4096
 
 
@@ -413,9 +413,9 @@ one {speed["bytes_per_sample"]:.0f}-byte-per-line JSONL file, CPU time of the pr
 {speed_table}
 
 **analyze / bare orjson parse of the same file: {speed["analyze"]:,.0f} / {speed["decode"]:,.0f} samples/s =
-{ratio:.2f}** (goal >= 0.5, issue 12). `decode` (the limit) is bare orjson, one `loads` per line, lines read
+{ratio:.2f}** (goal >= 0.5). `decode` (the limit) is bare orjson, one `loads` per line, lines read
 in 1 MiB chunks; `decode+validate` is `wire.iter_samples`, what analyze does per line: one msgspec pass into
-structs generated from the field table plus the checks a struct cannot express (`vramwatch/wire_decode.py`,
+structs generated from the field table plus the checks a struct cannot express (`vramwatch/wire/decode.py`,
 msgspec from the `server` extra); `orjson + wire.validate` is the pure-Python path (analyze without msgspec,
 and the per-sample validation ingest runs); `engine only` feeds pre-validated dicts to one `TrendEngine`
 per series. Per sample, analyze ≈ decode+validate + engine, in parses of the same line: decode+validate
@@ -425,7 +425,7 @@ building the dict that `decode+validate` builds.
 
 **Resident memory per series** (`series_memory`: tracemalloc over 2,000 series, 200 for 1,000 steps, fed the demo
 scenario's train samples; *collector* = the collector's `LiveState` with its default engine, the trend engine plus
-the decisions model, i.e. what `vramwatch serve` holds per series; *engine* = a bare `TrendEngine`). Goal (issue 10):
+the decisions model, i.e. what `vramwatch serve` holds per series; *engine* = a bare `TrendEngine`). Goal:
 ≤ 4 KB for a series that has not closed a block yet (a block closes every 32 steps).
 
 {memory_table}

@@ -5,7 +5,7 @@
    per-call time (median, p99) on the training thread. Measured alongside: the simulated
    probe's ``read()`` alone, and the hook with a constant probe (its own overhead: dict,
    timestamps, deque append), so the figure can be split into probe and hook.
-2. The real torch probe (issue 12): torch's own ``torch.cuda`` Python code with only its C++
+2. The real torch probe: torch's own ``torch.cuda`` Python code with only its C++
    entry points replaced (``torch._C._cuda_memoryStats`` returns a fresh nested dict of the
    real shape, ``tests/fakes/cuda_memory_stats.json``; ``_cuda_resetPeakMemoryStats``;
    ``is_initialized``). Measured in the same run, interleaved: the *floor* (one

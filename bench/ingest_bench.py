@@ -119,7 +119,7 @@ def _chained(bodies: list[bytes], engine_factory: object,
     from vramwatch.collector.body import iter_inflated
     from vramwatch.collector.live import LiveState
     from vramwatch.collector.store import Store
-    from vramwatch.wire_decode import decode_body_fast
+    from vramwatch.wire.decode import decode_body_fast
 
     decode = decode or (lambda raw: decode_body_fast(raw, now=time.time()))  # type: ignore[misc]
     clock = time.process_time
@@ -164,10 +164,11 @@ def stage_costs(total: int, ranks: int, batch: int) -> list[tuple[str, float]]:
     engines' shares are the differences between runs with no engine, the trend engine and
     the collector's decision engine. Rows named ``(alternative) ...`` are not on the route
     and not summed."""
+    from vramwatch.collector.body import parse_body
     from vramwatch.decisions.live import DecisionEngine
     from vramwatch.engine import TrendEngine
-    from vramwatch.wire import parse_body, validate
-    from vramwatch.wire_decode import decode_body_fast
+    from vramwatch.wire import validate
+    from vramwatch.wire.decode import decode_body_fast
 
     bodies = make_bodies(min(total, 64_000), ranks, batch)
     n = sum(gzip.decompress(b).count(b"\n") for b in bodies)
@@ -183,7 +184,7 @@ def stage_costs(total: int, ranks: int, batch: int) -> list[tuple[str, float]]:
                   for _ in range(2)) * per_k
     return [
         ("gunzip", full["gunzip"] * per_k),
-        ("decode + validate in one pass (`wire_decode.decode_body_fast`)", full["decode"] * per_k),
+        ("decode + validate in one pass (`wire.decode.decode_body_fast`)", full["decode"] * per_k),
         ("SQLite insert (`Store.insert`)", full["insert"] * per_k),
         ("live state, engines excluded", runs["none"]["live"] * per_k),
         ("trend engine (`TrendEngine.update`)", (runs["trend"]["live"] - runs["none"]["live"]) * per_k),
@@ -239,7 +240,7 @@ def server_cpu_vs_limit(total: int, ranks: int, batch: int) -> dict[str, float]:
             "p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))], "batches": len(latencies)}
 
 
-#: why the goal is out of reach, from the stages measured inside the serving process (session 4)
+#: why the goal is out of reach, from the stages measured inside the serving process
 CEILING_NOTE = (
     "Why 0.7 is out of reach as the limit is defined: timed inside the serving process (thread CPU around "
     "each stage of the handler, 64 batches, 2026-12-01 20:30 UTC, server CPU 19.8 ms per 1000 samples), the "
@@ -247,7 +248,7 @@ CEILING_NOTE = (
     "the same rows into the same table: 5.9 to 7.6 ms in these runs); inflate + decode + validate 5.9 ms, "
     "the engines and live state 4.5, the capacity check 0.4, the handler 0.9, HTTP 0.2 to 0.3. With decode "
     "and the engines free, the ratio would be about 0.6; the engines judge every sample in Python by design "
-    "(docs/engine.md). The measurements: docs/notes/session4-lead.md.")
+    "(docs/engine.md).")
 
 
 def write_cpu_section(res: dict[str, float], stages: list[tuple[str, float]], args: argparse.Namespace) -> None:
@@ -259,7 +260,7 @@ def write_cpu_section(res: dict[str, float], stages: list[tuple[str, float]], ar
          f"{1e6 / res['limit_ms']:,.0f}"),
     ])
     body += (f"\n\n**measured / limit = {1e6 / res['server_ms']:,.0f} / {1e6 / res['limit_ms']:,.0f} samples per "
-             f"CPU-second = {res['ratio']:.2f}** (goal, issue 12: ≥ 0.7). Per batch of {args.batch} samples "
+             f"CPU-second = {res['ratio']:.2f}** (goal ≥ 0.7). Per batch of {args.batch} samples "
              f"({res['batches']:.0f} POSTs, one client connection): p50 {res['p50_ms']:.1f} ms, "
              f"**p99 {res['p99_ms']:.1f} ms** (goal < 100 ms). The median of {len(res['rounds'])} rounds, each "
              "measured against its own limit; all rounds' ratio (p99): "
@@ -290,9 +291,9 @@ def store_limit(total: int, ranks: int, batch: int) -> tuple[float, float]:
     the same shape (the store's own, emptied), measured side by side."""
     import orjson
 
+    from vramwatch.collector.body import gunzip_limited, parse_body
     from vramwatch.collector.store import Store
     from vramwatch.collector.store.schema import insert_sql
-    from vramwatch.wire import gunzip_limited, parse_body
 
     raws = [gunzip_limited(b, 1 << 28) for b in make_bodies(min(total, 64_000), ranks, batch)]
     items = [parse_body(r) for r in raws]

@@ -1,4 +1,4 @@
-"""Benchmark: GET /metrics render time for thousands of ranks (issue 5 target: 4096 ranks < 250 ms).
+"""Benchmark: GET /metrics render time for thousands of ranks (target: 4096 ranks < 250 ms).
 
     .venv/bin/python -m bench.metrics_bench [--ranks 4096] [--repeat 15]
 

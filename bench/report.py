@@ -14,9 +14,11 @@ from pathlib import Path
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 HEADER = (
     "# Benchmarks\n\n"
-    "Produced by `make bench` (`python -m bench`), or one module at a time as each section says.\n"
-    "Figures are medians of repeated runs on the development machine (2 cores, shared, noisy):\n"
-    "compare ratios measured side by side in one run, not absolute numbers across sections.\n"
+    "One section per benchmark, each with the command that produced its figures (`make bench` runs\n"
+    "them all: `python -m bench`, or `python -m bench NAME ...`). Where a goal exists a figure reads\n"
+    "*measured / limit = ratio*. Figures come from the development machine (2 cores, shared with\n"
+    "other work, noisy): compare ratios measured side by side in one run, not absolute numbers\n"
+    "across sections. Earlier runs are in this file's git history.\n"
 )
 
 

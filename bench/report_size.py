@@ -1,4 +1,4 @@
-"""Size and build time of ``vramwatch report`` for 8 and 512 ranks (issue 18: "8 MB for 8 ranks
+"""Size and build time of ``vramwatch report`` for 8 and 512 ranks (an operator's report: "8 MB for 8 ranks
 and 23 MB for 512"), with the plotly bundle the report inlines: the partial cartesian bundle
 the dashboard serves (``dashboard_plotly_js_path()``, now the default) against the full one
 (``plotly_js_path()``, before), both in the same run on the same databases.

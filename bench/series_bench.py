@@ -3,7 +3,7 @@
 Compares, in one run on the same database, the previous path (``Store.query_columns`` →
 Python lists → ``downsample``) with ``Store.series_window`` (numpy columns cached per rank,
 grown by the rows stored since; vectorised min/max selection), cold (first request) and
-warm (a dashboard poll after 10 new steps). Limit: 100 ms (issue 12 item 5).
+warm (a dashboard poll after 10 new steps). Limit: 100 ms.
 
     python -m bench.series_bench [--steps 100000]
 """
@@ -22,7 +22,7 @@ from vramwatch.collector.store import Store
 
 FIELDS = ["allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes"]
 LIMIT_MS = 100.0
-#: what the old path took when issue 12 set the limit ("today 188 ms")
+#: what the old path took when the limit was set ("today 188 ms")
 ISSUE_OLD_MS = 188.0
 GiB = 2**30
 
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
             "the old path and the cold read interleaved.\n\n"
             + table(["path", "measured", f"/ limit {LIMIT_MS:.0f} ms = ratio",
                      f"/ same-run limit {same_run:.0f} ms = ratio"], rows)
-            + f"\n\nThe same-run limit: issue 12 set {LIMIT_MS:.0f} ms when the old path took {ISSUE_OLD_MS:.0f} ms, "
+            + f"\n\nThe same-run limit: the {LIMIT_MS:.0f} ms goal dates from the old path at {ISSUE_OLD_MS:.0f} ms, "
             f"i.e. {LIMIT_MS / ISSUE_OLD_MS:.2f} of the old path, which this run measured at {old_ms:.0f} ms on the "
             "same machine in the same minutes (absolute times here move 2x between runs)."
             "\n\nThe cold read is bound by sqlite3 making a Python object of every value: the rows stream "

@@ -1,4 +1,4 @@
-/* Readiness and batch advice for the run (issue 13's panel): is this batch ready, the
+/* Readiness and batch advice for the run (docs/decisions.md): is this batch ready, the
  * largest tokens per step that fit, what to do next. The numbers are the collector's
  * GET /api/v1/runs/{run}/advice; a collector without that route leaves the panel hidden.
  * A target tokens-per-step typed by the user is projected by the same route. */

@@ -122,6 +122,20 @@ export async function getPostmortem(run) {
   return getJSON(runPath(run) + "/postmortem");
 }
 
+/** Leaking ranks' growing allocation sites (GET /api/v1/runs/{run}/suspects); a report embeds them. */
+export async function getSuspects(run) {
+  if (STATIC) return STATIC.suspects || [];
+  if (!(await hasRoute("/api/v1/runs/{run}/suspects"))) return [];
+  return getJSON(runPath(run) + "/suspects");
+}
+
+/** Per rank, the other processes on its GPU by name (GET /api/v1/runs/{run}/processes). */
+export async function getProcesses(run) {
+  if (STATIC) return STATIC.processes || [];
+  if (!(await hasRoute("/api/v1/runs/{run}/processes"))) return [];
+  return getJSON(runPath(run) + "/processes");
+}
+
 /** Report files: every response is embedded; zoom slices the embedded (downsampled) data. */
 function staticSource(data) {
   const missing = (what) => Promise.reject(new ApiError(404, what + " is not included in this report"));

@@ -1,17 +1,20 @@
-/* Evidence for the run (issue 14): ask the selected rank for an allocator snapshot, list the
- * run's snapshots (each downloads as the pickle pytorch.org/memory_viz opens), and the
- * post-mortem of a run whose ranks stopped (who failed first, when, why; how every rank
- * ended and what it held at that moment). Data: the collector's /capture, /snapshots and
- * /postmortem routes; a report embeds the snapshot list and the post-mortem. */
+/* Evidence for the run (docs/evidence.md): ask the selected rank for an allocator snapshot, list
+ * the run's snapshots (each downloads as the pickle pytorch.org/memory_viz opens), the leak
+ * suspects (per leaking rank, the lines of code whose live memory grew between two of its
+ * snapshots), and the post-mortem of a run whose ranks stopped (who failed first, when, why; how
+ * every rank ended, what it held at that moment, which other processes held memory on its GPU).
+ * Data: the collector's /capture, /snapshots, /suspects and /postmortem routes; a report embeds them. */
 
-import { clock, gib, intText, isNum, plural } from "./format.js";
+import { MIB, clock, gib, intText, isNum, plural } from "./format.js";
 import { $, append, clear, el } from "./dom.js";
-import { ApiError, STATIC, getPostmortem, getSnapshots, requestCapture, source } from "./api.js";
+import { ApiError, STATIC, getPostmortem, getSnapshots, getSuspects, requestCapture, source } from "./api.js";
 import { S } from "./state.js";
 
 const MEMORY_VIZ = "https://pytorch.org/memory_viz";
 const DEFAULT_STEPS = 3;
 const PM_EVERY = 30;
+// suspects come from snapshot diffs the collector computes once per pair: cheap to re-read
+const SUSPECTS_EVERY = 10;
 
 export function evidencePanel() {
   const steps = el("input", { type: "number", id: "capture-steps", min: 1, max: 100, step: 1, value: DEFAULT_STEPS,
@@ -25,6 +28,7 @@ export function evidencePanel() {
         el("a", { href: MEMORY_VIZ, target: "_blank", rel: "noopener", text: "pytorch.org/memory_viz" })),
       STATIC ? null : el("div", { class: "tools" }, el("label", { class: "tool" }, "steps", steps), button)),
     el("p", { class: "capture-result", id: "capture-result", role: "status", hidden: true }),
+    el("section", { class: "suspects", id: "suspects", hidden: true }),
     el("section", { class: "postmortem", id: "postmortem", hidden: true }),
     el("div", { class: "table-wrap" }, el("table", { class: "data", id: "snapshot-table" }, el("thead"), el("tbody"))),
     el("p", { class: "muted", id: "snapshot-empty", text: "no snapshots for this run yet" }));
@@ -80,6 +84,33 @@ function drawSnapshots(list) {
   }
 }
 
+function mib(bytes) { return (bytes >= 0 ? "+" : "") + (bytes / MIB).toFixed(1) + " MiB"; }
+
+/** Leak suspects: per leaking rank, its growing allocation sites between two snapshots. */
+function drawSuspects(list) {
+  const box = $("suspects");
+  clear(box);
+  box.hidden = !list.length;
+  if (!list.length) return;
+  append(box, el("h3", { text: "Leak suspects" }),
+    el("p", { class: "muted", text: "live memory by the line that allocated it (first frame outside torch), " +
+      "between two snapshots of each leaking rank; the allocator's cache is not counted" }));
+  for (const s of list) {
+    const head = "rank " + s.rank + " · " + s.host + " · steps " + intText(s.old_step) + " → " + intText(s.new_step) +
+      " (" + plural(s.steps, "step") + ")";
+    const untraced = s.untraced && s.untraced.bytes_delta ? " · " + mib(s.untraced.bytes_delta) + " allocated while no history was recorded" : "";
+    append(box, el("p", { class: "suspect-head", text: head + untraced }),
+      s.sites.length ? el("div", { class: "table-wrap" }, el("table", { class: "data suspect-table", dataset: { rank: s.rank } },
+        el("thead", null, el("tr", null, ["Allocation site", "Function", "Growth", "Blocks", "Then → now"].map((t) => el("th", { text: t })))),
+        el("tbody", null, s.sites.map((c) => el("tr", { dataset: { file: c.file, line: c.line } },
+          el("td", { class: "site", text: c.file + ":" + c.line, title: (c.stack || []).join("\n") }),
+          el("td", { text: c.function }), el("td", { text: mib(c.bytes_delta) }),
+          el("td", { text: (c.blocks_delta >= 0 ? "+" : "") + intText(c.blocks_delta) }),
+          el("td", { text: (c.bytes_old / MIB).toFixed(1) + " → " + (c.bytes_new / MIB).toFixed(1) + " MiB" }))))))
+        : el("p", { class: "muted", text: "no allocation site grew between the two snapshots" }));
+  }
+}
+
 /** Is a post-mortem worth showing: the run crashed, or a rank is not live. */
 async function needsPostmortem() {
   if ((S.ranks || []).some((r) => r.vw && r.vw.liveness && r.vw.liveness !== "live")) return true;
@@ -117,6 +148,11 @@ function drawPostmortem(pm) {
       el("td", { text: gib(r.headroom_bytes) }), el("td", { text: gib(r.held_at_failure_bytes) }),
       el("td", { text: gib(r.headroom_at_failure_bytes) }),
       el("td", null, snaps.has(r.rank) ? snapshotLink(snaps.get(r.rank), snaps.get(r.rank).trigger + " · step " + snaps.get(r.rank).step) : "—")))))));
+  const foreign = (pm.ranks || []).filter((r) => (r.foreign_processes || []).length);
+  if (foreign.length) {
+    append(box, el("ul", { class: "pm-foreign", id: "pm-foreign" }, foreign.flatMap((r) => r.foreign_processes.map((p) =>
+      el("li", { dataset: { rank: r.rank, pid: p.pid }, text: "rank " + r.rank + ": " + p.summary })))));
+  }
 }
 
 /** Refresh the snapshot list and, when the run needs one, the post-mortem. Routes a
@@ -134,6 +170,12 @@ export async function refreshEvidence() {
   }
   if (gen !== S.gen) return;
   drawSnapshots(list);
+  if (!isNum(S.suspectsTick) || S.tick - S.suspectsTick >= SUSPECTS_EVERY) {
+    S.suspectsTick = S.tick;
+    const suspects = await getSuspects(S.run);
+    if (gen !== S.gen) return;
+    drawSuspects(suspects);
+  }
   // the post-mortem replays the run on the collector: at most every PM_EVERY polls
   if (isNum(S.pmTick) && S.tick - S.pmTick < PM_EVERY) return;
   S.pmTick = S.tick;

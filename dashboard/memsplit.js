@@ -1,4 +1,4 @@
-/* Memory outside torch and on the host (issue 14, items 4-5), for the selected rank.
+/* Memory outside torch and on the host (docs/evidence.md), for the selected rank.
  *
  * Device: NVML's used memory split into this process's allocator (reserved), what the
  * process holds outside the allocator (NVML used − reserved − foreign: CUDA context, NCCL,
@@ -6,12 +6,14 @@
  * notebook kernel). Host: the trainer's RSS, its children's RSS (DataLoader workers), the
  * node's available memory, pinned host memory; checkpoint-phase host peaks are marked
  * (FSDP state_dict materialisation kills hosts through the OOM-killer, no CUDA hook sees it).
- * Sources are sparse (issue 15): a chart whose fields were never sent is hidden, and the
- * panel too when both are. One /chart request per refresh (every few polls). */
+ * Sources may be sparse (schema 2): a chart whose fields were never sent is hidden, and the
+ * panel too when both are. One /chart request per refresh (every few polls), and the run's
+ * /processes: the other processes on the selected rank's GPU by name ("a Jupyter kernel (pid
+ * 4242, ipykernel_launcher) holds 38.0 GiB on GPU 3"), in the note and on the chart. */
 
-import { GIB, gib, isNum, toGiB } from "./format.js";
+import { GIB, gib, isNum, plotlyText, toGiB } from "./format.js";
 import { $, el, nextTask, timed } from "./dom.js";
-import { source } from "./api.js";
+import { getProcesses, source } from "./api.js";
 import { S } from "./state.js";
 import { PLOT_CONFIG, baseLayout, chartTheme, drawChart, uirev, xAxis, yAxis } from "./chartbase.js";
 
@@ -62,6 +64,11 @@ export async function refreshMem() {
   }
   let phases = [];
   try { phases = await source.phases(S.run, r); } catch (err) { phases = []; }
+  let named = [];
+  try {
+    const report = (await getProcesses(S.run)).find((p) => p.rank === r.rank && p.host === r.host);
+    named = report ? report.processes : [];
+  } catch (err) { named = []; } // an older collector: the split still shows, unnamed
   if (gen !== S.gen || !S.selected || S.selected.rank !== r.rank || S.selected.host !== r.host) return;
   const s = d.series;
   const devOk = has(s.nvml_used_bytes) && has(s.reserved_bytes);
@@ -72,13 +79,22 @@ export async function refreshMem() {
   if (panel.hidden) return;
   const xs = S.x === "time" ? (s.ts || []).map((ts) => ts * 1000) : d.x;
   // one chart per task (each is a plotly redraw)
-  if (devOk) timed("memsplit", () => drawDevice(xs, s));
+  if (devOk) timed("memsplit", () => drawDevice(xs, s, named));
   if (!hostOk) return;
   await nextTask();
   if (gen === S.gen) timed("memhost", () => drawHost(xs, s, phases));
 }
 
-function drawDevice(xs, s) {
+/** The chart's note on who holds the foreign memory: the largest named process at the last point. */
+function foreignAnnotation(xs, split, named, t) {
+  if (!named.length || !xs.length) return [];
+  const y = (last(split.reserved) || 0) + (last(split.outside) || 0) + (last(split.foreign) || 0);
+  const more = named.length > 1 ? " (+" + (named.length - 1) + " more)" : "";
+  return [{ x: xs[xs.length - 1], y: y / GIB, xanchor: "right", yanchor: "bottom", showarrow: true, ax: -30, ay: -24,
+    text: plotlyText(named[0].summary + more), font: { size: 11, color: t.leak }, arrowcolor: t.leak }];
+}
+
+function drawDevice(xs, s, named) {
   const t = chartTheme();
   const split = deviceSplit(s);
   const area = (name, y, color) => ({ name, x: xs, y: toGiB(y), mode: "lines", stackgroup: "dev", line: { color, width: 1 },
@@ -90,10 +106,12 @@ function drawDevice(xs, s) {
   if (has(split.foreign)) traces.push(area("other processes on this GPU", split.foreign, t.leak));
   drawChart($("chart-device-split"), traces, baseLayout(t, {
     uirevision: uirev("devsplit"), xaxis: xAxis(t), yaxis: yAxis(t), margin: { l: 64, r: 14, t: 40, b: 40 },
+    annotations: foreignAnnotation(xs, split, named, t),
   }), PLOT_CONFIG);
   const f = last(split.foreign), o = last(split.outside);
+  const who = named.length ? ": " + named.map((p) => p.summary).join("; ") : "";
   $("device-split-note").textContent = "Now: allocator " + gib(last(split.reserved)) + ", outside the allocator " + gib(o) +
-    (has(split.foreign) ? ", other processes " + gib(f) + (f > 0 ? " — another process holds memory on this training GPU" : "") : "") +
+    (has(split.foreign) ? ", other processes " + gib(f) + (f > 0 ? " — another process holds memory on this training GPU" + who : "") : "") +
     " (NVML used = the sum).";
 }
 

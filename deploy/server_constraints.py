@@ -2,7 +2,7 @@
 
     python deploy/server_constraints.py > deploy/server-constraints.txt
 
-Prints ``name==version`` for every distribution the ``server`` extra (plus the base
+Prints ``name==version`` for every distribution the ``server`` and ``otlp`` extras (plus the base
 dependencies and the wheel's build backend) pulls in on Linux/CPython 3.11, at the versions
 installed in the running environment: run it from the venv the tests passed in, so the
 image installs what was tested. tests/test_deploy.py checks that the file pins every
@@ -21,6 +21,8 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = Path(__file__).resolve().parent / "server-constraints.txt"
+#: The extras the image installs (the Dockerfile's `[server,otlp]`).
+IMAGE_EXTRAS = ("server", "otlp")
 #: The image's platform: markers are evaluated for it, not for the machine running this.
 IMAGE_ENV = {"python_version": "3.11", "python_full_version": "3.11.13", "sys_platform": "linux",
              "platform_system": "Linux", "os_name": "posix", "platform_machine": "x86_64",
@@ -33,7 +35,8 @@ def canonical(name: str) -> str:
 
 def top_requirements() -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    reqs = [*project["project"]["dependencies"], *project["project"]["optional-dependencies"]["server"],
+    extras = project["project"]["optional-dependencies"]
+    reqs = [*project["project"]["dependencies"], *(r for extra in IMAGE_EXTRAS for r in extras[extra]),
             *project["build-system"]["requires"]]
     return [Requirement(r) for r in reqs]
 

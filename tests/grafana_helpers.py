@@ -18,6 +18,7 @@ from prometheus_helpers import promql_metric_names
 #: dcgm-exporter's families the dashboard reads (its default-counters.csv names, metrics in MiB, %, W, C).
 DCGM_METRICS = {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP"}
 DATASOURCE_VAR = "${datasource}"
+_ANY_AGGREGATION = re.compile(r"\b(?:sum|min|max|avg|count|group|topk|bottomk|quantile)\s+by\s*\(")
 _AGGREGATION = re.compile(r"\s*(?:sum|min|max|avg|count|group|topk|bottomk)\s+by\s*\(([^)]*)\)\s*\(", re.S)
 
 
@@ -54,13 +55,28 @@ def keeps_run_label(expr: str) -> bool:
     return "$run" in expr and (grouping is None or "run" in grouping)
 
 
+def keeps_gpu_label(expr: str) -> bool:
+    """A per-rank or per-GPU query (it selects by ``$rank``, ``$focus`` or ``$gpu``) whose result
+    keeps the ``gpu`` label: a rank restarted on another GPU is two of its series."""
+    if not any(v in expr for v in ("$rank", "$focus", "$gpu")):
+        return False
+    grouping = outer_grouping(expr)
+    if grouping is not None:
+        return "gpu" in grouping
+    # not one aggregation: raw series keep it, and so does a join (the many side's labels);
+    # arithmetic between aggregations keeps only what they all group by
+    return not _ANY_AGGREGATION.search(expr) or bool(re.search(r"\bgroup_(left|right)\b", expr))
+
+
 def check_dashboard(dashboard: dict[str, Any], known_metrics: set[str]) -> list[str]:
     """Problems a Grafana user would hit; [] when there are none. Pure: reads only the JSON.
 
     - duplicate rows per rank: a row or panel repeated over a multi-value variable (one copy
       per rank: ~1000 panels at 512 ranks), or a merged table whose queries do not all
       aggregate to the same labels (``__name__`` or another label kept: one row per query);
-    - a legend of a query that keeps ``run`` without ``{{run}}`` (run is multi-select);
+    - a legend of a query that keeps ``run`` without ``{{run}}`` (run is multi-select), or of a
+      per-rank query that keeps ``gpu`` without ``{{gpu}}`` (a rank restarted on another GPU
+      would draw two lines under one legend);
     - a metric name that is neither exposed, recorded nor dcgm-exporter's;
     - a panel or query not on the ``$datasource`` variable (an import into another Grafana breaks);
     - a link naming a variable the dashboard does not define, or a table field (``${__data.fields.X}``)
@@ -91,6 +107,9 @@ def check_dashboard(dashboard: dict[str, Any], known_metrics: set[str]) -> list[
             if item.get("format") != "table" and keeps_run_label(item["expr"]) and "{{run}}" not in item.get(
                     "legendFormat", ""):
                 problems.append(f"{title} {item['refId']}: legend lacks {{{{run}}}}")
+            if item.get("format") != "table" and keeps_gpu_label(item["expr"]) and "{{gpu}}" not in item.get(
+                    "legendFormat", ""):
+                problems.append(f"{title} {item['refId']}: legend lacks {{{{gpu}}}}")
             for name in promql_metric_names(item["expr"]) - known_metrics:
                 problems.append(f"{title} {item['refId']}: unknown metric {name}")
     for item in dashboard["annotations"]["list"]:

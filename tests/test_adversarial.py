@@ -6,7 +6,7 @@ that cannot be written, and importers given one bad row in the middle of a good 
 The rule under test (README): bad input gets a clear error and changes nothing: a 4xx whose
 message names the field, a CLI error with exit code 2 in one line, never a traceback, a 500 or a
 half-written row or file. ``test_fuzz.py`` generates inputs; this file keeps the ones found by
-hand (each was a 500, a traceback or a wrong status before its fix; see docs/notes/fuzz.md)."""
+hand (each was a 500, a traceback or a wrong status before its fix)."""
 
 from __future__ import annotations
 
@@ -606,7 +606,7 @@ def test_hook_settings_out_of_range_are_a_value_error_naming_them(env, kwargs, n
 def test_watch_keeps_polling_through_answers_of_the_wrong_shape(fake_servers, tmp_path, caplog, name) -> None:
     """A list answer raised AttributeError inside the polling task, which ended it: the collector
     kept serving, silently watching nothing (and printed a traceback at shutdown)."""
-    from vramwatch.watch import WatchConfig, lifespan_hook
+    from vramwatch.collector.watch import WatchConfig, lifespan_hook
 
     config = WatchConfig(fake_servers[name], interval_s=0.05, lookback_s=1, timeout_s=2)
     with BackgroundServer(str(tmp_path / "vw.db"), lifespan_hooks=(lifespan_hook(config),)) as server:

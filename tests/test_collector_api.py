@@ -213,7 +213,7 @@ def test_large_responses_are_gzipped_for_clients_that_ask(collector) -> None:
     assert "content-encoding" not in plain.headers and len(plain.content) > 16 * 1024
 
 
-# ------------------------------------------------------------------ deaths stay visible (issue 18)
+# ------------------------------------------------------------------ deaths stay visible
 
 
 def _live_with(samples_by_time):
@@ -374,7 +374,7 @@ def test_ingest_takes_the_one_pass_decoder_and_refuses_bad_bodies_exactly_as_the
 
 
 def test_a_serving_collector_collects_its_young_generation_less_often(tmp_path) -> None:
-    """Full collections paused a 4,096-rank collector for up to 190 ms (docs/notes/ingest.md):
+    """Full collections paused a 4,096-rank collector for up to 190 ms (docs/reliability.md):
     the app raises the young threshold once, and never lowers a higher one."""
     import gc
 

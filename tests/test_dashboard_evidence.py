@@ -1,9 +1,11 @@
-"""Evidence on the run page (issue 14), in headless Chromium against a real collector:
-the capture button, the snapshot list, the post-mortem panel, and the memory outside
-torch / on the host. The run: 4 ranks, 1 s steps, checkpoints every 100; rank 2 stops at
-step 200 while the others go on to 599 (killed alone); rank 1 shares its GPU with another
-process (2 GiB); every rank reports host memory, higher in its checkpoints. The collector is
-restarted on the database so replay makes the silence real (as in test_dashboard_operator)."""
+"""Evidence on the run page (docs/evidence.md), in headless Chromium against a real collector:
+the capture button, the snapshot list, the leak suspects, the post-mortem panel, and the memory
+outside torch / on the host with the other process named. The run: 4 ranks, 1 s steps,
+checkpoints every 100; rank 2 stops at step 200 while the others go on to 599 (killed alone);
+rank 1 shares its GPU with a Jupyter kernel (2 GiB), as its hook reports; rank 3 leaks (its two
+snapshots, from the leak triggers, hold a growing allocation site); every rank reports host
+memory, higher in its checkpoints. The collector is restarted on the database so replay makes
+the silence real (as in test_dashboard_operator)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import httpx
 import pytest
 from test_dashboard import Page, browser, run_url
 from test_dashboard_operator import post
+from test_snapshot_diff import LEAK, leaking_pair
 
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.probe.simulated import simulate_trace
@@ -27,8 +30,10 @@ __all__ = ["browser"]
 
 GiB = 2**30
 RUN = "evidence-4"
-DEAD, SHARED = 2, 1
+DEAD, SHARED, LEAKING = 2, 1, 3
 FOREIGN = 2 * GiB
+KERNEL_PID = 4242
+KERNEL = f"a Jupyter kernel (pid {KERNEL_PID}, ipykernel_launcher) holds 2.0 GiB on GPU 1"
 
 
 def evidence_run() -> list[dict[str, Any]]:
@@ -59,11 +64,23 @@ def evidence(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     with BackgroundServer(db) as first:
         post(first.url, samples)
     with BackgroundServer(db) as server:
-        snap = gzip.compress(pickle.dumps({"segments": [], "device_traces": [[]]}))
-        up = httpx.post(f"{server.url}/api/v1/snapshots", content=snap, timeout=10,
-                        params={"run": RUN, "host": "node-0", "rank": DEAD, "step": 200, "trigger": "oom"})
-        assert up.status_code == 201, up.text
-        yield {"url": server.url, "db": db, "samples": samples, "snapshot": up.json()}
+        triggers = ("auto:leak", "auto:leak-second")
+        ids = [_upload(server.url, snap, rank=LEAKING, step=step, trigger=trigger)["id"]
+               for snap, step, trigger in zip(leaking_pair(), (100, 400), triggers, strict=True)]
+        oom = _upload(server.url, {"segments": [], "device_traces": [[]]}, rank=DEAD, step=200, trigger="oom")
+        kernel = {"pid": KERNEL_PID, "used_bytes": FOREIGN, "name": "python3", "container": "",
+                  "cmdline": "/opt/conda/bin/python3 -m ipykernel_launcher -f /root/.local/share/jupyter/kernel-1.json"}
+        report = {"run": RUN, "host": "node-0", "rank": SHARED, "ts": time.time(), "gpu": 1, "uuid": None,
+                  "processes": [kernel]}
+        assert httpx.post(f"{server.url}/api/v1/processes", json=report, timeout=10).status_code == 200
+        yield {"url": server.url, "db": db, "samples": samples, "snapshot": oom, "snapshot_ids": [*ids, oom["id"]]}
+
+
+def _upload(url: str, snap: Any, *, rank: int, step: int, trigger: str) -> dict[str, Any]:
+    up = httpx.post(f"{url}/api/v1/snapshots", content=gzip.compress(pickle.dumps(snap)), timeout=10,
+                    params={"run": RUN, "host": "node-0", "rank": rank, "step": step, "trigger": trigger})
+    assert up.status_code == 201, up.text
+    return up.json()
 
 
 @pytest.fixture
@@ -151,6 +168,29 @@ def test_memory_split_and_host_panel(evidence: dict[str, Any], page: Page) -> No
     assert page.errors == []
 
 
+def test_leak_suspects_and_the_process_on_a_ranks_gpu_by_name(evidence: dict[str, Any], page: Page) -> None:
+    p = page.page
+    p.goto(run_url(evidence["url"], RUN, rank=SHARED))
+    page.ready()
+    p.wait_for_selector("#suspects:not([hidden]) .suspect-table tbody tr")
+    api = httpx.get(f"{evidence['url']}/api/v1/runs/{RUN}/suspects").json()
+    assert len(api) == 1 and api[0]["rank"] == LEAKING
+    assert f"rank {LEAKING} · node-0 · steps 100 → 400 (300 steps)" in p.text_content(".suspect-head")
+    rows = p.eval_on_selector_all(".suspect-table tbody tr",
+                                  "trs => trs.map(t => Array.from(t.cells).map(c => c.textContent))")
+    assert rows[0] == [f"{LEAK[0]}:{LEAK[1]}", LEAK[2], "+60.0 MiB", "+30", "20.0 → 80.0 MiB"]
+    assert len(rows) == len(api[0]["sites"]) == 1  # only sites that grew are suspects
+    assert "train.py:95:train_step" in p.get_attribute(".suspect-table td.site", "title")  # the stack on hover
+    # the memory split names the other process on this rank's GPU, in the note and on the chart
+    p.wait_for_function("(document.getElementById('device-split-note')?.textContent ?? '').includes('Jupyter')")
+    assert KERNEL in p.text_content("#device-split-note")
+    assert p.evaluate("document.getElementById('chart-device-split').layout.annotations[0].text") == KERNEL
+    # the post-mortem lists it under the rank it shares the GPU with
+    p.wait_for_selector("#postmortem:not([hidden]) #pm-foreign li")
+    assert p.text_content(f"#pm-foreign li[data-rank='{SHARED}']") == f"rank {SHARED}: {KERNEL}"
+    assert page.errors == []
+
+
 def test_panels_without_data_stay_hidden(browser: Any, tmp_path: Any) -> None:
     with BackgroundServer(str(tmp_path / "vw.db")) as srv:
         post(srv.url, list(simulate_trace("healthy", steps=50, run="plain", host="h", rank=0,
@@ -165,6 +205,7 @@ def test_panels_without_data_stay_hidden(browser: Any, tmp_path: Any) -> None:
             # NVML used and reserved exist (the device split shows); no host fields: that chart hides
             assert p.evaluate("document.getElementById('mem-host-box').hidden")
             assert p.evaluate("document.getElementById('postmortem').hidden")  # every rank live, not crashed
+            assert p.evaluate("document.getElementById('suspects').hidden")  # no leaking rank, no pair
             assert page.errors == []
         finally:
             page.close()
@@ -174,7 +215,9 @@ def test_report_has_the_postmortem_and_snapshots(evidence: dict[str, Any], brows
     data = report_data(evidence["db"], RUN)
     pm = data["postmortem"]
     assert (pm["first_failure"]["rank"], pm["first_failure"]["cause"]) == (DEAD, "silent")
-    assert [s["id"] for s in pm["snapshots"]] == [evidence["snapshot"]["id"]] == [s["id"] for s in data["snapshots"]]
+    assert [s["id"] for s in pm["snapshots"]] == evidence["snapshot_ids"] == [s["id"] for s in data["snapshots"]]
+    assert [s["sites"][0]["line"] for s in data["suspects"]] == [LEAK[1]]
+    assert [p["summary"] for p in data["processes"][0]["processes"]] == [KERNEL]
     assert all("last_sample" not in r for r in pm["ranks"])
     out = tmp_path / "evidence.html"
     write_report(evidence["db"], RUN, out)
@@ -191,6 +234,8 @@ def test_report_has_the_postmortem_and_snapshots(evidence: dict[str, Any], brows
         assert p.query_selector("#snapshot-table a") is None
         assert p.query_selector("#capture-btn") is None  # a report asks no rank for anything
         p.wait_for_selector("#mem-panel:not([hidden]) #chart-host .main-svg")
+        p.wait_for_selector("#suspects:not([hidden]) .suspect-table tbody tr")
+        assert p.text_content("#suspects .suspect-table tbody tr td.site") == f"{LEAK[0]}:{LEAK[1]}"
         assert [u for u in page.requests if not u.startswith(("file:", "data:"))] == []
         assert page.errors == []
     finally:

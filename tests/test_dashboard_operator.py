@@ -1,4 +1,4 @@
-"""The operator's view (issue 18), in headless Chromium against real collectors.
+"""The operator's view, in headless Chromium against real collectors.
 
 Runs are built by POSTing simulated samples (``vramwatch.probe.simulated``) to a real
 collector. For the run with deaths the collector is then restarted on the same database:
@@ -160,7 +160,7 @@ def test_runs_list_shows_status_and_ooms_from_the_api(deaths: dict[str, Any], pa
     p.wait_for_selector("#runs-table tbody tr")
     row = p.locator("#runs-table tbody tr", has_text=DEATHS_RUN)
     cells = row.locator("td").all_text_contents()
-    # the collector's status and OOM count (issue 18 interface), "—" from a collector without them
+    # the collector's status and OOM count (runs rows), "—" from a collector without them
     assert cells[1] == api.get("status", "—")
     assert cells[2] == (f"{api['ooms']:,}" if "ooms" in api else "—")
     if "ooms" in api:
@@ -487,7 +487,7 @@ def test_worst_card_holds_and_rows_stay_under_the_cursor(browser: Any, tmp_path:
             page.close()
 
 
-# ---------------------------------------------------------------- decisions (issue 13's panels)
+# ---------------------------------------------------------------- decisions (the advice panel and the compare view)
 
 def test_advice_panel_and_compare_view_follow_the_collector(collector: dict[str, Any], page: Page) -> None:
     """With the collector's advice route the panel shows its readiness verdict and

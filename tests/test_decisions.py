@@ -370,8 +370,8 @@ def _bytes_held_per_series(factory, samples_per_series: int, series: int = 2000)
     return sum(d.size_diff for d in after.compare_to(before, "filename")) / series
 
 
-def test_a_new_series_engine_fits_issue_10s_budget_beside_the_collectors_own_state() -> None:
-    """Issue 10: <= 4 KB resident per series that has not closed a block. The collector's own
+def test_a_new_series_engine_fits_its_4_kb_budget_beside_the_collectors_own_state() -> None:
+    """<= 4 KB resident per series that has not closed a block. The collector's own
     state is bounded at 700 B (test_hardening); its engine (trend engine + decisions model) gets
     the rest. Nothing is allocated for what has not happened yet (rings, events, buckets)."""
     from vramwatch.collector.live import collector_engine

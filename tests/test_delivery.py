@@ -291,7 +291,7 @@ def test_bad_url_names_the_argument(url):
         HttpTransport(url)
 
 
-# ---------------------------------------------------------------- issue 10: bounded replies, warn once, back off
+# ---------------------------------------------------------------- bounded replies, warn once, back off
 
 
 def _raw_server(reply: bytes) -> tuple[str, threading.Thread]:
@@ -399,7 +399,7 @@ def test_the_spool_cap_holds_per_rank_across_restarts(tmp_path):
     assert (tmp_path / "run.rank0.old3.jsonl").exists()  # newest kept for replay
 
 
-# ---------------------------------------------------------------- issue 12: adaptive flush, hints, directives
+# ---------------------------------------------------------------- adaptive flush, hints, directives
 
 
 def test_the_collectors_interval_hint_is_honoured_and_directives_parsed_safely(ingest, tmp_path):

@@ -10,7 +10,7 @@ import sys
 import pytest
 from fakes.collector import stored
 
-from vramwatch.demo import run_demo
+from vramwatch.cli.demo import run_demo
 
 
 def test_demo_feeds_every_rank_through_the_hook_into_the_collector(tmp_path):
@@ -55,7 +55,7 @@ def test_demo_bad_arguments_name_the_field(bad):
 def test_demo_serves_the_dashboard_while_it_runs(tmp_path):
     script = (
         "import sys, threading, urllib.request, json\n"
-        "from vramwatch import demo\n"
+        "from vramwatch.cli import demo\n"
         "seen = {}\n"
         "def probe_dashboard(line):\n"
         "    print(line, flush=True)\n"

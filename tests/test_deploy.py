@@ -45,6 +45,7 @@ from vramwatch.verdicts import LOW_HEADROOM_FRACTION, STATES
 REQUIRED_ALERTS = {
     "VramwatchPlateauBreak",
     "VramwatchMemoryLeak",
+    "VramwatchOOM",
     "VramwatchHeadroomLow",
     "VramwatchAllocRetriesRising",
     "VramwatchGrowthOutsideAllocator",
@@ -124,7 +125,7 @@ def test_promql_name_extraction() -> None:
 def test_promtool_check_rules() -> None:
     result = run_promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 12 rules found" in result.stdout  # 9 + 2 evidence alerts + vramwatch-decisions
+    assert "SUCCESS: 13 rules found" in result.stdout  # 10 + 2 evidence alerts + vramwatch-decisions
 
 
 def test_promtool_unit_tests_for_every_alert_pass() -> None:
@@ -229,6 +230,13 @@ def test_dashboard_check_catches_each_defect(scrape_names) -> None:
     def legend_without_run(d):
         panel(d, "Headroom per rank")["targets"][0]["legendFormat"] = "rank {{rank}} ({{Hostname}})"
 
+    def legend_without_gpu(d):
+        panel(d, "Reserved per rank")["targets"][0]["legendFormat"] = "{{run}} r{{rank}} {{Hostname}}"
+
+    def dcgm_without_run(d):  # the dcgm panels are joined to the ranks, so they filter and name by run
+        target = panel(d, "DCGM power")["targets"][0]
+        target["expr"], target["legendFormat"] = 'DCGM_FI_DEV_POWER_USAGE{gpu=~"$gpu"}', "{{Hostname}}"
+
     def misspelt(d):
         target = panel(d, "Reserved per rank")["targets"][0]
         target["expr"] = target["expr"].replace("reserved", "reservd")
@@ -249,6 +257,8 @@ def test_dashboard_check_catches_each_defect(scrape_names) -> None:
     assert "repeated per value of multi-value $rank" in problems_after(repeat_per_rank)
     assert "Ranks now: merged queries do not aggregate to one label set" in problems_after(raw_table_query)
     assert "Headroom per rank A: legend lacks {{run}}" in problems_after(legend_without_run)
+    assert problems_after(legend_without_gpu) == "Reserved per rank A: legend lacks {{gpu}}"
+    assert problems_after(dcgm_without_run) == "DCGM power A: legend lacks {{gpu}}"
     assert "unknown metric vramwatch_memory_reservd_bytes" in problems_after(misspelt)
     assert "query datasource is not ${datasource}" in problems_after(fixed_datasource)
     assert "no __inputs entry" in problems_after(no_inputs)

@@ -93,11 +93,11 @@ def test_alertmanager_routes_critical_vramwatch_alerts_to_oncall() -> None:
     (inhibit,) = config["inhibit_rules"]
     assert set(inhibit["equal"]) == {"run", "Hostname", "rank"}
     critical = {name for name, rule in alert_rules().items() if rule["labels"]["severity"] == "critical"}
-    assert critical == {"VramwatchMemoryLeak"}
+    assert critical == {"VramwatchMemoryLeak", "VramwatchOOM"}
 
 
 def test_kubernetes_collector_and_node_local_daemonset() -> None:
-    single = {d["kind"]: d for d in k8s_docs("collector.yaml")}
+    single = {d["kind"]: d for d in k8s_docs("collector", "collector.yaml")}
     node = {d["kind"]: d for d in k8s_docs("node-local", "daemonset.yaml")}
     assert {"Deployment", "Service", "PersistentVolumeClaim"} <= set(single) and {"DaemonSet", "Service"} <= set(node)
     deployment = single["Deployment"]
@@ -134,12 +134,13 @@ def test_kubernetes_collector_and_node_local_daemonset() -> None:
 
 def test_servicemonitor_is_selected_by_kube_prometheus_stack_and_authenticates() -> None:
     (monitor,) = k8s_docs("monitoring", "servicemonitor.yaml")
-    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    # the Helm release's name is filled in when the manifests are rendered (tests/test_deploy_kube.py)
+    assert monitor["metadata"]["labels"]["release"] == "__VRAMWATCH_RELEASE__"
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["honorLabels"] is True and endpoint["port"] == "http"
     secret = endpoint["authorization"]["credentials"]
-    collector_secret = next(e for e in k8s_docs("collector.yaml")[1]["spec"]["template"]["spec"]["containers"][0]["env"]
-                            if e["name"] == "VRAMWATCH_TOKEN")["valueFrom"]["secretKeyRef"]
+    container = k8s_docs("collector", "collector.yaml")[1]["spec"]["template"]["spec"]["containers"][0]
+    collector_secret = next(e for e in container["env"] if e["name"] == "VRAMWATCH_TOKEN")["valueFrom"]["secretKeyRef"]
     assert (secret["name"], secret["key"]) == (collector_secret["name"], collector_secret["key"])
 
 
@@ -149,7 +150,7 @@ def test_prometheusrule_is_generated_from_the_rules_file() -> None:
     assert result.returncode == 0, result.stderr
     (rule,) = k8s_docs("monitoring", "prometheusrule.yaml")
     assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
-    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["metadata"]["labels"]["release"] == "__VRAMWATCH_RELEASE__"
 
 
 def test_prometheusrule_check_fails_when_the_rules_change(tmp_path) -> None:
@@ -167,13 +168,13 @@ def test_prometheusrule_check_fails_when_the_rules_change(tmp_path) -> None:
 
 
 def test_kustomizations_reference_their_files_and_set_the_image() -> None:
-    for base in ("", "node-local", "monitoring"):
+    for base in ("", "collector", "node-local", "monitoring"):
         directory = DEPLOY / "k8s" / base
         kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
         assert kustomization["kind"] == "Kustomization"
         for resource in kustomization["resources"]:
             assert (directory / resource).exists(), (base, resource)
-        if base != "monitoring":
+        if base in ("collector", "node-local"):  # the image is set once per workload
             (image,) = kustomization["images"]
             assert image["name"] == "vramwatch" and "/" in image["newName"]  # a registry, not a bare name
             assert image["newTag"] == __version__
@@ -189,6 +190,9 @@ def test_dockerfile_is_reproducible_and_runs_as_10001() -> None:
     assert "groupadd --gid 10001" in dockerfile and "--uid 10001 --gid 10001" in dockerfile
     assert "useradd --system" not in dockerfile and "USER 10001:10001" in dockerfile
     assert dockerfile.count("-c /constraints.txt") == 2  # the build backend and the server deps
+    # the image runs `serve --otlp-endpoint`: the otlp extra is installed, and pinned like the rest
+    extras = re.search(r'vramwatch-\*\.whl\)\[([a-z,]+)\]', dockerfile).group(1).split(",")
+    assert extras == list(load_module(DEPLOY / "server_constraints.py").IMAGE_EXTRAS) == ["server", "otlp"]
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert "!deploy/server-constraints.txt" in ignore
 
@@ -208,7 +212,7 @@ def test_server_constraints_pin_every_dependency_of_the_image() -> None:
 # ------------------------------------------------------------------ each file checked by its own tool
 
 K8S_VERSIONS = ("1.28.0", "1.31.0", "1.34.0")
-K8S_MANIFESTS = ("collector.yaml", "node-local/daemonset.yaml")
+K8S_MANIFESTS = ("collector/collector.yaml", "node-local/daemonset.yaml")
 
 
 def test_compose_file_matches_the_compose_spec() -> None:
@@ -226,7 +230,8 @@ def test_kubernetes_manifests_validate_strictly(version) -> None:
 
 def test_kubernetes_validation_rejects_a_misspelt_field(tmp_path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text((DEPLOY / "k8s" / "collector.yaml").read_text().replace("readinessProbe:", "readynessProbe:"))
+    manifest = (DEPLOY / "k8s" / "collector" / "collector.yaml").read_text()
+    bad.write_text(manifest.replace("readinessProbe:", "readynessProbe:"))
     result = run_tool("kubernetes-validate", "--strict", "-k", K8S_VERSIONS[-1], str(bad))
     assert result.returncode != 0 and "readynessProbe" in result.stdout + result.stderr
 

@@ -246,7 +246,7 @@ def check_multi_rank(case: Case, results: dict[int, RankResult], factor: float) 
     assert gap == pytest.approx(0.016 * case.scale.total_bytes, rel=0.5)  # rank 0 ~2.3 GB higher on H200
 
 
-# ---------------------------------------------------------------- sparse samples (issue 15)
+# ---------------------------------------------------------------- sparse samples (schema 2)
 # What other tools record: allocated only (Megatron-LM's memory scalars; fields absent) and
 # device used only (dcgm-exporter, nvidia-smi; fields null, no phase marks). The engine
 # judges the level it has, says which, and keeps detectors that need more off.

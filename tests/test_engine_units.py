@@ -15,11 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vramwatch import wire, wire_decode
+from vramwatch import wire
 from vramwatch.engine import EngineConfig, TrendEngine
 from vramwatch.engine.analyze import analyze_paths, format_table
 from vramwatch.engine.stats import mann_kendall_z, noise_sigma, rolling_min, theil_sen
 from vramwatch.probe.simulated import simulate_trace
+from vramwatch.wire import decode as wire_decode
 
 GB = 1_000_000_000
 TOTAL = 80 * GB

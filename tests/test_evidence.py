@@ -15,11 +15,11 @@ import torch
 from fakes.fake_snapshot import MiB, fake_allocator_history, snapshot_of
 from helpers import GiB, make_sample, ndjson
 
-from vramwatch import postmortem
-from vramwatch.capture import CaptureAgent, SnapshotUploader
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.collector.snapshots import DirectiveBoard, SnapshotError, SnapshotStore
-from vramwatch.probe.allocator_history import AllocatorHistory
+from vramwatch.evidence import postmortem
+from vramwatch.evidence.allocator_history import AllocatorHistory
+from vramwatch.evidence.capture import CaptureAgent, SnapshotUploader
 
 T0 = 1_760_000_000.0
 

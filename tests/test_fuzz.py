@@ -23,6 +23,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from vramwatch import wire
+from vramwatch.collector import body as wire_body
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.engine import STATES, EngineConfig, TrendEngine
 from vramwatch.probe.simulated import simulate_trace
@@ -138,8 +139,8 @@ def test_valid_samples_validate_and_round_trip_through_every_encoding(sample) ->
     assert wire.validate(sample) == sample
     body = wire.encode_lines([sample, sample])
     for data in (body, orjson.dumps([sample]), gzip.compress(body)):
-        raw = wire.gunzip_limited(data, 10**7) if data[:2] == b"\x1f\x8b" else data
-        decoded = [wire.validate(x) for x in wire.parse_body(raw)]
+        raw = wire_body.gunzip_limited(data, 10**7) if data[:2] == b"\x1f\x8b" else data
+        decoded = [wire.validate(x) for x in wire_body.parse_body(raw)]
         assert all(d == sample for d in decoded)
 
 
@@ -158,7 +159,7 @@ def test_any_corrupted_field_is_a_wire_error_naming_it_or_a_valid_sample(sample,
 @FUZZ
 @given(st.binary(max_size=2000) | json_values.map(orjson.dumps))
 def test_parser_only_ever_raises_wire_errors(data) -> None:
-    for parse in (wire.parse_body, lambda d: wire.gunzip_limited(d, 10_000)):
+    for parse in (wire_body.parse_body, lambda d: wire_body.gunzip_limited(d, 10_000)):
         try:
             parse(data)
         except wire.WireError:
@@ -170,7 +171,7 @@ def test_parser_only_ever_raises_wire_errors(data) -> None:
 def test_gunzip_never_returns_more_than_its_limit(payload, limit) -> None:
     packed = gzip.compress(payload)
     try:
-        out = wire.gunzip_limited(packed, limit)
+        out = wire_body.gunzip_limited(packed, limit)
     except wire.WireError as exc:
         assert len(payload) > limit and "exceeds" in exc.message
     else:

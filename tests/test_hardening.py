@@ -1,4 +1,4 @@
-"""Issue 10: every resource a client can reach is bounded — connections, memory per
+"""Every resource a client can reach is bounded — connections, memory per
 request, series, responses — and shutdown tells the truth. Real uvicorn on loopback, real
 SQLite, real sockets; each test fails on the collector before the hardening."""
 

@@ -136,9 +136,9 @@ def test_context_manager_and_no_url_writes_jsonl_trace_files(tmp_path, monkeypat
 
 
 def test_cpu_torch_without_cuda_warns_once_and_is_a_no_op(tmp_path, monkeypatch):
-    import vramwatch.probe as probe_mod
+    import vramwatch.probe.base as probe_base
 
-    monkeypatch.setattr(probe_mod, "_warned", set())
+    monkeypatch.setattr(probe_base, "_warned", set())
     monkeypatch.delenv("VRAMWATCH_PROBE", raising=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -295,7 +295,7 @@ def test_samples_left_in_the_spool_by_a_dead_collector_are_replayed_by_the_next_
 
 
 def test_the_hook_needs_neither_torch_nor_the_server_stack():
-    code = ("import sys, vramwatch, vramwatch.hook, vramwatch.delivery, vramwatch.demo\n"
+    code = ("import sys, vramwatch, vramwatch.hook, vramwatch.delivery, vramwatch.cli.demo\n"
             "print(sorted(m for m in ('torch', 'fastapi', 'uvicorn', 'httpx', 'pynvml') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -310,7 +310,7 @@ def test_a_bad_collector_url_is_refused_before_training_starts(monkeypatch):
         hook.init(probe="simulated")
 
 
-# ---------------------------------------------------------------- one config (issue 11 item 5)
+# ---------------------------------------------------------------- one config
 
 
 def test_every_vramwatch_variable_is_in_the_config_table_and_the_readme():
@@ -370,7 +370,7 @@ def test_monitor_takes_a_config_and_its_constructor_is_small(tmp_path):
     assert lines <= 40, f"Monitor.__init__ is {lines} lines"
 
 
-# ---------------------------------------------------------------- host memory (issue 14 item 5)
+# ---------------------------------------------------------------- host memory
 
 
 def test_host_memory_of_the_real_process_and_its_children():
@@ -453,7 +453,7 @@ def test_two_phases_of_one_name_at_one_step_are_numbered_when_the_wire_knows_seq
         assert all("seq" not in p for p in phases)
 
 
-# ---------------------------------------------------------------- end markers for the post-mortem (issue 14)
+# ---------------------------------------------------------------- end markers for the post-mortem
 
 
 def _trace(vw) -> list[dict]:

@@ -80,3 +80,34 @@ def test_the_device_cost_rows_run_through_torchs_own_code(monkeypatch, tmp_path)
     assert vw.close(10) and vw.stats()["samples"] == 200 + 1  # 2 rounds of 100, the exit marker
     assert set(cost) == {"floor", "memory_stats()", "probe.read()", "vw.step()"}
     assert cost["memory_stats()"] > cost["floor"] > 0  # flatten + sort costs more than the nested read
+
+
+def test_the_leak_site_check_names_the_leaking_line_and_nothing_else(tmp_path):
+    """gpu_check's leak-site check on CPU: snapshots in torch's shape whose frames are the ones
+    the device run records (the leaking line of the script), through the same safe load and diff."""
+    import torch
+    from fakes.fake_snapshot import TORCH_DIR, Alloc, build_snapshot, frame
+
+    module = runpy.run_path(str(SCRIPT), run_name="gpu_check_module")
+    file, line, function = module["leak_site"]()
+    assert "kept.append(torch.empty(LEAK_BYTES" in Path(file).read_text().splitlines()[line - 1]
+    leak = module["LEAK_BYTES"]
+    caller = [frame(file, 520, "leak_site_check"), frame(file, 700, "main"), frame(file, 760, "<module>")]
+    at_line = [frame(file, line, function), *caller]
+    scratch = [frame(file, line + 1, function), *caller]
+
+    def snap(kept: int, scratch_size: int) -> dict:
+        allocs = [Alloc(leak, at_line) for _ in range(kept)] + [Alloc(scratch_size, scratch, "inactive")]
+        return build_snapshot([*allocs, Alloc(64 * 2**20, [frame(f"{TORCH_DIR}/nn/modules/module.py", 1, "to")])])
+
+    ok, text = module["check_leak_diff"](snap(5, 3 * leak), snap(25, 3 * leak + 4096 * 25), steps=20,
+                                         workdir=tmp_path)
+    assert ok, text
+    assert f"{file}:{line} in {function}: +40.0 MiB in +20 blocks" in text
+    assert not module["check_leak_diff"](snap(5, leak), snap(24, leak), steps=20, workdir=tmp_path)[0]
+    elsewhere = [frame(file, line - 3, function), *caller]
+    moved = build_snapshot([Alloc(leak, elsewhere) for _ in range(25)])
+    assert not module["check_leak_diff"](snap(5, leak), moved, steps=20, workdir=tmp_path)[0]
+    kept: list = []
+    module["leak_workload"](torch, "cpu", 3, kept)  # the workload itself runs anywhere
+    assert len(kept) == 3 and all(t.numel() == leak for t in kept)

@@ -18,8 +18,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from prometheus_helpers import post_samples
 
 from vramwatch.cli import main
+from vramwatch.collector.otlp import lifespan_hook, metrics_url
 from vramwatch.collector.server import BackgroundServer
-from vramwatch.otlp import lifespan_hook, metrics_url
 from vramwatch.probe.simulated import simulate_trace
 
 
@@ -135,7 +135,12 @@ def test_serve_pushes_per_rank_memory_and_verdicts_as_otlp(tmp_path, traces) -> 
         limit = metrics["hw.gpu.memory.limit"]
         assert limit.unit == "By" and limit.WhichOneof("data") == "sum" and not limit.sum.is_monotonic
         assert _value(limit) == last["total_bytes"]
-        assert _attrs(limit.sum.data_points[0].attributes) == {"hw.id": last["uuid"], "hw.type": "gpu"}
+        # the GPU's semantic-convention attributes, each only when known: NVML measured it (NVIDIA)
+        gpu = {"hw.id": last["uuid"], "hw.type": "gpu", "hw.name": f"GPU {last['gpu']}"}
+        if last["nvml_used_bytes"] is not None:
+            gpu["hw.vendor"] = "NVIDIA"
+        assert _attrs(limit.sum.data_points[0].attributes) == gpu
+        assert gpu.items() <= attrs.items()
         assert _value(metrics["vramwatch.memory.allocated"]) == last["allocated_bytes"]
         assert _value(metrics["vramwatch.memory.reserved"]) == last["reserved_bytes"]
         if last["nvml_used_bytes"] is None:
@@ -176,6 +181,25 @@ def test_a_dcgm_only_rank_sends_device_metrics_and_no_allocator_zeros(tmp_path) 
         & set(metrics)
     signals = {_attrs(p.attributes).get("vramwatch.signal") for p in metrics["vramwatch.trend.state"].gauge.data_points}
     assert signals == {"device_used"}  # the verdict says which level it rests on
+
+
+def test_operator_gives_the_gpu_model_and_driver_in_the_standard_variable(tmp_path, monkeypatch) -> None:
+    # what the samples do not carry: a node-local collector's one kind of GPU, set by the operator
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "hw.model=NVIDIA H200,hw.driver_version=550.90.07,"
+                                                   "k8s.node.name=gpu-node-07")
+    mig = [dict(s, uuid="MIG-4f1c9a2e-0000-5000-8000-000000000001", nvml_used_bytes=None)
+           for s in simulate_trace("healthy", steps=200, run="otel-mig", host="gpu-node-07", rank=0, seed=3)]
+    with Receiver() as receiver, BackgroundServer(
+        tmp_path / "vw.db", lifespan_hooks=(lifespan_hook(receiver.url, interval_s=0.2),)
+    ) as server:
+        post_samples(server.url, mig)
+        request = receiver.wait(lambda r: 0 in _by_rank(r))
+    attrs, metrics = _by_rank(request)[0]
+    gpu = {"hw.id": mig[-1]["uuid"], "hw.type": "gpu", "hw.name": f"GPU {mig[-1]['gpu']}", "hw.vendor": "NVIDIA",
+           "hw.model": "NVIDIA H200", "hw.driver_version": "550.90.07"}
+    assert _attrs(metrics["hw.gpu.memory.limit"].sum.data_points[0].attributes) == gpu  # a MIG UUID is NVIDIA's
+    assert gpu.items() <= attrs.items() and attrs["k8s.node.name"] == "gpu-node-07"
+    assert attrs["service.name"] == "vramwatch" and attrs["vramwatch.run"] == "otel-mig"
 
 
 def test_shutdown_pushes_the_last_state_once_more(tmp_path, traces, monkeypatch) -> None:

@@ -23,7 +23,7 @@ def test_wheel_ships_the_dashboard_inside_the_package(tmp_path) -> None:
     (wheel,) = tmp_path.glob("vramwatch-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "vramwatch/_dashboard/index.html" in names
-    assert "vramwatch/wire.py" in names and "vramwatch/collector/app.py" in names
+    assert "vramwatch/wire/fields.py" in names and "vramwatch/collector/app.py" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "vramwatch = vramwatch.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
 
@@ -61,7 +61,7 @@ def test_dockerfile_lints_clean_and_runs_the_collector_as_non_root() -> None:
     assert any("/healthz" in ln for ln in lines)
     assert lines[-1] == 'CMD ["serve", "--host", "0.0.0.0", "--port", "8765"]'
     assert 'ENTRYPOINT ["vramwatch"]' in lines
-    assert "[server]" in (ROOT / "Dockerfile").read_text()
+    assert "[server,otlp]" in (ROOT / "Dockerfile").read_text()  # the collector and `serve --otlp-endpoint`
 
 
 def test_ci_entry_point_runs_make_test() -> None:

@@ -12,8 +12,8 @@ import pytest
 from fakes.fake_cuda import FakeCuda, GiB
 from fakes.fake_pynvml import FakeGpu, make_pynvml
 
-from vramwatch import probe as probe_mod
 from vramwatch.probe import NoProbeWarning, make_probe
+from vramwatch.probe import base as probe_base
 from vramwatch.probe.nvml import NvmlPoller, normalize_uuid, open_device
 from vramwatch.probe.torch_cuda import NoCudaError, TorchCudaProbe, load_torch_cuda, uuid_text
 from vramwatch.wire import validate
@@ -154,7 +154,7 @@ def test_bad_peak_policy_names_the_argument(monkeypatch):
 
 
 def test_no_cuda_here_is_one_clear_warning_and_no_probe(monkeypatch):
-    monkeypatch.setattr(probe_mod, "_warned", set())
+    monkeypatch.setattr(probe_base, "_warned", set())
     with pytest.raises(NoCudaError, match="no CUDA device"):
         load_torch_cuda()
     with warnings.catch_warnings(record=True) as caught:
@@ -304,7 +304,7 @@ def test_torch_uuid_in_its_various_shapes(monkeypatch):
     assert probe_with(monkeypatch, cuda).device_info()["uuid"] == f"GPU-{UUID1}"  # no NVML: torch's own uuid
 
 
-# ---------------------------------------------------------------- the nested-stats read (issue 12)
+# ---------------------------------------------------------------- the nested-stats read
 
 
 def test_the_probe_reads_the_nested_dict_and_never_falls_back_to_memory_stats(monkeypatch):
@@ -390,7 +390,7 @@ def test_before_cuda_initialisation_the_probe_reports_true_zeros(monkeypatch):
     as_wire(reading)
 
 
-# ---------------------------------------------------------------- honest fakes (issue 11)
+# ---------------------------------------------------------------- honest fakes
 
 
 def test_every_pynvml_name_the_fake_defines_exists_in_nvidia_ml_py_with_a_compatible_signature():
@@ -413,6 +413,14 @@ def test_every_pynvml_name_the_fake_defines_exists_in_nvidia_ml_py_with_a_compat
             assert ours == theirs, name
         elif isinstance(theirs, type):
             assert issubclass(ours, Exception) and ours.__name__ == theirs.__name__
+    # process entries carry the real structure's field names (what nvmlStructToFriendlyObject copies)
+    from fakes.fake_pynvml import PROCESS_INFO_FIELDS
+
+    assert tuple(name for name, _ in real.c_nvmlProcessInfo_t._fields_) == PROCESS_INFO_FIELDS
+    gpu = machine()[1]
+    for fn in (fake.nvmlDeviceGetComputeRunningProcesses, fake.nvmlDeviceGetGraphicsRunningProcesses):
+        gpu.graphics = {77: GiB}
+        assert all(set(vars(p)) == set(PROCESS_INFO_FIELDS) for p in fn(gpu))
     # errors behave alike: NVMLError(value) is the registered subclass and carries .value
     lost_real, lost_fake = real.NVMLError(real.NVML_ERROR_GPU_IS_LOST), fake.NVMLError(fake.NVML_ERROR_GPU_IS_LOST)
     assert type(lost_real).__name__ == type(lost_fake).__name__ == "NVMLError_GpuIsLost"

@@ -15,8 +15,8 @@ from prometheus_helpers import PrometheusServer, exposed_samples, scrape
 
 from vramwatch.cli import main
 from vramwatch.collector.server import BackgroundServer
+from vramwatch.collector.watch import Poller, WatchConfig, build_query, lifespan_hook
 from vramwatch.probe.simulated import simulate_trace
-from vramwatch.watch import Poller, WatchConfig, build_query, lifespan_hook
 
 MiB = 1024**2
 #: dcgm-exporter 3.x's labels on every series (etc/default-counters.csv metrics)

@@ -12,8 +12,10 @@ from helpers import H200_TOTAL, GiB, make_sample
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vramwatch import wire, wire_decode
+from vramwatch import wire
+from vramwatch.collector import body as wire_body
 from vramwatch.wire import WireError, validate
+from vramwatch.wire import decode as wire_decode
 
 
 def test_valid_sample_round_trips_unchanged() -> None:
@@ -88,25 +90,25 @@ def test_future_timestamps_rejected_only_against_a_clock() -> None:
 
 def test_parse_body_accepts_array_object_and_ndjson() -> None:
     a, b = make_sample(1), make_sample(2)
-    assert wire.parse_body(orjson.dumps([a, b])) == [a, b]
-    assert wire.parse_body(wire.encode_lines([a, b])) == [a, b]
-    assert wire.parse_body(b"\n" + orjson.dumps(a) + b"\n\n") == [a]
+    assert wire_body.parse_body(orjson.dumps([a, b])) == [a, b]
+    assert wire_body.parse_body(wire.encode_lines([a, b])) == [a, b]
+    assert wire_body.parse_body(b"\n" + orjson.dumps(a) + b"\n\n") == [a]
     with pytest.raises(WireError, match="line 2"):
-        wire.parse_body(orjson.dumps(a) + b"\n{oops\n")
+        wire_body.parse_body(orjson.dumps(a) + b"\n{oops\n")
     with pytest.raises(WireError, match="empty"):
-        wire.parse_body(b"   ")
+        wire_body.parse_body(b"   ")
 
 
 def test_gunzip_refuses_bombs_and_garbage() -> None:
     bomb = gzip.compress(b"\0" * (10 * 1024 * 1024))
     assert len(bomb) < 20_000
     with pytest.raises(WireError, match="exceeds"):
-        wire.gunzip_limited(bomb, 1024 * 1024)
+        wire_body.gunzip_limited(bomb, 1024 * 1024)
     with pytest.raises(WireError, match="gzip"):
-        wire.gunzip_limited(b"not gzip at all", 1024)
+        wire_body.gunzip_limited(b"not gzip at all", 1024)
     with pytest.raises(WireError, match="truncated"):
-        wire.gunzip_limited(gzip.compress(b"x" * 1000)[:-12], 1 << 20)
-    assert wire.gunzip_limited(gzip.compress(b"hello"), 10) == b"hello"
+        wire_body.gunzip_limited(gzip.compress(b"x" * 1000)[:-12], 1 << 20)
+    assert wire_body.gunzip_limited(gzip.compress(b"hello"), 10) == b"hello"
 
 
 @pytest.mark.parametrize("name", ["trace.jsonl", "trace.jsonl.gz"])
@@ -172,8 +174,8 @@ def assert_paths_agree(candidate: dict) -> tuple[bool, bool]:
     """Both fast paths against the full check on one candidate: ``_plainly_valid`` (on the dict,
     what ingest uses) and ``decode_line_fast`` (on its JSON line, what analyze uses) may only
     accept what the slow path accepts, and must return what it returns (values and types)."""
-    from vramwatch.wire import _plainly_valid, _validate_slow
-    from vramwatch.wire_decode import decode_line_fast
+    from vramwatch.wire.decode import decode_line_fast
+    from vramwatch.wire.validate import _plainly_valid, _validate_slow
 
     try:
         slow = _validate_slow(dict(candidate), None, 300.0)
@@ -236,7 +238,7 @@ def test_fast_paths_agree_with_the_full_check_on_generated_samples(base: dict, c
 
 def test_line_fast_path_leaves_odd_lines_to_the_full_check() -> None:
     """Lines the one-pass decoder does not take: the slow path normalises or names the field."""
-    from vramwatch.wire_decode import decode_line_fast
+    from vramwatch.wire.decode import decode_line_fast
 
     if decode_line_fast is None:
         assert not os.environ.get("CI"), "msgspec (server extra) missing in CI"
@@ -354,7 +356,7 @@ def test_json_schema_agrees_with_validation() -> None:
 def test_docs_field_table_is_up_to_date() -> None:
     from pathlib import Path
 
-    from vramwatch.wire_schema import REGENERATE
+    from vramwatch.wire.schema import REGENERATE
 
     doc = Path(__file__).resolve().parents[1] / "docs" / "fields.md"
     assert doc.read_text(encoding="utf-8") == wire.fields_markdown(), f"docs/fields.md is stale: run {REGENERATE}"
@@ -365,7 +367,7 @@ def test_fast_path_shape_cache_is_bounded_and_still_decides_right() -> None:
     still judged, just without caching: a client varying its key order cannot grow memory."""
     import random
 
-    from vramwatch.wire import _SHAPES, _plainly_valid
+    from vramwatch.wire.validate import _SHAPES, _plainly_valid
 
     rng = random.Random(3)
     base = make_sample(5, uuid="GPU-1", incarnation="i-1", host_rss_bytes=7, exit=False, extra={"loss": 0.5})

@@ -9,9 +9,11 @@ import orjson
 import pytest
 from helpers import GiB, make_sample
 
-from vramwatch import wire, wire_decode
+from vramwatch import wire
+from vramwatch.collector import body as wire_body
 from vramwatch.engine import analyze
 from vramwatch.probe.simulated import simulate_trace
+from vramwatch.wire import decode as wire_decode
 
 
 def require_msgspec() -> None:
@@ -66,7 +68,7 @@ def test_iter_samples_is_the_same_with_and_without_the_one_pass_decoder(tmp_path
 
 def slow_body(body: bytes, now: float | None = None) -> list | None:
     try:
-        return [wire.validate(x, now=now) for x in wire.parse_body(body)]
+        return [wire.validate(x, now=now) for x in wire_body.parse_body(body)]
     except wire.WireError:
         return None
 

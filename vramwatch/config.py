@@ -17,6 +17,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
+from urllib.parse import SplitResult, urlsplit
+
+#: what the torch probe does with the allocator's peak counter after each read
+PEAK_POLICIES = ("reset", "never")
+
+
+def collector_url(url: str) -> SplitResult:
+    """``url`` (``http(s)://host[:port][/prefix]``; a bare ``host:port`` means http) split, or a
+    ValueError naming it: checked when the configuration is read, so a bad URL stops the run
+    before training starts rather than at the first flush."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+        raise ValueError(f"url: must be http(s)://host[:port][/prefix], got {url!r}")
+    return parts
 
 
 class EnvVar(NamedTuple):
@@ -103,8 +121,6 @@ class Config:
     snapshot_max_entries: int = 20_000  # allocator history entries kept while capturing
 
     def __post_init__(self) -> None:
-        from vramwatch.probe.torch_cuda import PEAK_POLICIES
-
         if self.peak not in PEAK_POLICIES:
             raise ValueError(f"peak: must be one of {', '.join(PEAK_POLICIES)}, got {self.peak!r}")
         for name in ("flush_interval_s", "nvml_interval_s", "host_interval_s", "backoff_max_s"):
@@ -131,10 +147,8 @@ class Config:
         url_from_env = "url" not in values
         values.setdefault("url", _text(env, "VRAMWATCH_URL"))
         if values["url"]:
-            from vramwatch.delivery.exporters import HttpExporter
-
             try:
-                HttpExporter(values["url"])  # parse now: a bad URL stops the run before training starts
+                collector_url(values["url"])  # parse now: a bad URL stops the run before training starts
             except ValueError as exc:
                 raise ValueError("VRAMWATCH_URL" + str(exc)[3:] if url_from_env else str(exc)) from None
         token = values.get("token")

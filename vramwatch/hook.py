@@ -59,9 +59,10 @@ from types import TracebackType
 from typing import Any
 
 from vramwatch import identity as _identity
-from vramwatch.capture import CaptureAgent, attach_capture
 from vramwatch.config import Config
 from vramwatch.delivery import BatchSender, FileExporter, HttpExporter, leftover_spools, lifecycle, spool_prefix
+from vramwatch.evidence.capture import CaptureAgent, attach_capture
+from vramwatch.evidence.foreign import ForeignReporter, attach_foreign
 from vramwatch.probe import BaseProbe, make_probe
 from vramwatch.probe.host import HostPoller
 from vramwatch.wire import FIELDS, MAX_INT, PHASE_RE, SCHEMA_VERSION
@@ -147,6 +148,7 @@ class Monitor:
         self._step_hooks: tuple[Callable[[int], None], ...] = ()
         self._close_hooks: tuple[Callable[[float], object], ...] = ()
         self.capture: CaptureAgent | None = None
+        self.foreign: ForeignReporter | None = None
         lifecycle.on_fork_in_child(self, "_after_fork_in_child")
         if config.enabled and self._start_probe():
             self._base = self._base_sample()
@@ -154,6 +156,7 @@ class Monitor:
             self.host = HostPoller.start(config.host_interval_s, pinned=self.probe.pinned_host_bytes)  # type: ignore[union-attr]
             self._active = True
             self.capture = attach_capture(self)  # None unless CUDA, a collector URL and snapshots on
+            self.foreign = attach_foreign(self)  # None unless NVML is polled and there is a collector
         lifecycle.register(self)  # after its sender: the exit handler closes newest first, so this one first
 
     def _start_probe(self) -> bool:
@@ -471,6 +474,8 @@ class Monitor:
                 out.update(self.probe.stats())
             if self.host is not None:
                 out.update(self.host.stats())
+            if self.foreign is not None:
+                out.update({f"foreign_{k}": v for k, v in self.foreign.stats().items()})
             if self.sender is not None:
                 sender_stats = self.sender.stats()
                 out["last_delivery_error"] = sender_stats.pop("last_error")

@@ -8,11 +8,9 @@ and the server's ``detail`` message, so a CLI can exit 2 on a 4xx and 1 on an ou
 from __future__ import annotations
 
 import json
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -20,36 +18,9 @@ T = TypeVar("T")
 MAX_REPLY_BYTES = 256 * 2**20
 
 
-class Outage(Exception):
-    """The collector or front could not be reached (a CLI exits 1; a 4xx is the caller's error: exit 2)."""
-
-
 #: what reading a document of the wrong shape raises (a list where an object was due, a missing
 #: key, a string where a number was): the server's fault, reported as such, never a traceback
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)
-
-
-def cli_call(command: str, url: str | None, call: Callable[[str], T], what: str = "answer") -> T:
-    """Run ``call(base_url(url))`` for CLI ``command``: a bad URL, a 4xx, or an answer ``call``
-    cannot read (not JSON, or JSON of the wrong shape: ``call`` should read everything it
-    needs, so a malformed ``what`` is caught here) raises the CLI's UsageError (exit 2, one
-    line); an outage prints one line and raises :class:`Outage`."""
-    from vramwatch.cli import UsageError
-
-    try:
-        base = base_url(url)
-        _token()
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    try:
-        return call(base)
-    except RemoteError as exc:
-        if exc.status is not None and 400 <= exc.status < 500:
-            raise UsageError(exc.detail) from None
-        print(f"vramwatch {command}: error: {exc.detail}", file=sys.stderr)
-        raise Outage from None
-    except MALFORMED as exc:
-        raise UsageError(f"{base}: not a valid {what} ({type(exc).__name__}: {exc})") from None
 
 
 def detail_text(detail: Any) -> str:
@@ -85,7 +56,7 @@ def base_url(url: str | None) -> str:
     return value
 
 
-def _token() -> str | None:
+def check_token() -> str | None:
     """``$VRAMWATCH_TOKEN``, checked: it travels in an HTTP header, where a newline or a character
     outside Latin-1 cannot go (http.client raised, deep in the request)."""
     from vramwatch.config import client_env
@@ -112,9 +83,16 @@ def get_json(url: str, path: str, params: dict[str, Any] | None = None, *, timeo
     return _call(url, path, query, timeout, max_bytes)
 
 
-def _call(url: str, path: str, query: str, timeout: float, max_bytes: int, data: bytes | None = None) -> Any:
-    token = _token()
-    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+def get_bytes(url: str, path: str, *, timeout: float = 120.0, max_bytes: int = MAX_REPLY_BYTES) -> bytes:
+    """GET a binary document (a snapshot download) with the same bound and typed errors."""
+    return _call(url, path, "", timeout, max_bytes, parse=False)
+
+
+def _call(url: str, path: str, query: str, timeout: float, max_bytes: int, data: bytes | None = None,
+          parse: bool = True) -> Any:
+    token = check_token()
+    accept = "application/json" if parse else "*/*"
+    headers = {"Accept": accept, **({"Authorization": f"Bearer {token}"} if token else {})}
     if data is not None:
         headers["Content-Type"] = "application/json"
     request = urllib.request.Request(url + path + query, data=data, headers=headers,
@@ -133,4 +111,4 @@ def _call(url: str, path: str, query: str, timeout: float, max_bytes: int, data:
         raise RemoteError(None, f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
     if len(body) > max_bytes:
         raise RemoteError(None, f"{url}: reply larger than {max_bytes} bytes")
-    return json.loads(body)
+    return json.loads(body) if parse else body

@@ -29,14 +29,17 @@ from typing import Any
 
 import orjson
 
-from vramwatch import postmortem, verdicts
+from vramwatch import verdicts
 from vramwatch.collector.app import dashboard_dir, dashboard_plotly_js_path
 from vramwatch.collector.bundle import BundleError, bundle
 from vramwatch.collector.live import LiveState
+from vramwatch.collector.processes import ProcessBook
 from vramwatch.collector.rows import MAX_RANK_ROWS, rank_rows
 from vramwatch.collector.snapshots import SnapshotStore
 from vramwatch.collector.store import Store
+from vramwatch.collector.suspects import DiffCache, enrich_postmortem, run_suspects
 from vramwatch.collector.views import run_chart, run_heatmap
+from vramwatch.evidence import postmortem
 
 #: Fields the run page charts (the rank chart's list in rankchart.js, and memsplit.js's
 #: device split / host memory fields).
@@ -94,7 +97,7 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             key = f"{s.host}\u0000{s.rank}"
             series[key] = run_chart(store, run, s.rank, host=s.host, fields=list(SERIES_FIELDS), points=per_rank)
             phases[key] = store.phase_samples(run, s.host, s.rank)
-        evidence = _evidence(db_path, run, store)
+        evidence = _evidence(db_path, run, store, live)
         heatmap = {
             x: {f: run_heatmap(store, run, field=f, x=x, cols=HEATMAP_COLS) for f in ("headroom", "reserved")}
             for x in ("step", "ts")
@@ -115,14 +118,22 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
         store.close()
 
 
-def _evidence(db_path: str, run: str, store: Store) -> dict[str, Any]:
-    """The run's snapshot list, and its post-mortem when a rank failed (``postmortem`` key
-    absent otherwise). Cost: two sequential reads of the run's samples."""
-    snaps = [i.to_dict() for i in SnapshotStore.beside(db_path).list(run)]
+def _evidence(db_path: str, run: str, store: Store, live: LiveState) -> dict[str, Any]:
+    """The run's snapshot list, leak suspects and named foreign processes, and its post-mortem
+    when a rank failed (``postmortem`` key absent otherwise). Cost: two sequential reads of
+    the run's samples, the snapshot diffs of leaking ranks."""
+    from vramwatch.collector.processes import foreign_only, rank_pids, report_doc
+
+    snapshots, book = SnapshotStore.beside(db_path), ProcessBook.beside(db_path)
+    diffs = DiffCache(snapshots)
+    infos = snapshots.list(run)
+    pids = rank_pids(live, run)
+    out: dict[str, Any] = {"snapshots": [i.to_dict() for i in infos],
+                           "suspects": [s.to_dict() for s in run_suspects(diffs, live, run, infos)],
+                           "processes": [report_doc(foreign_only(r, pids)) for r in book.run(run)]}
     pm = postmortem.build(run, lambda: store.iter_samples(run), now=time.time())
-    out: dict[str, Any] = {"snapshots": snaps}
     if pm.first_failure is not None:
-        pm.snapshots = snaps
+        enrich_postmortem(pm, snapshots=snapshots, diffs=diffs, processes=book, live=live)
         doc = pm.to_dict()
         for r in doc["ranks"]:
             r.pop("last_sample", None)  # the verdict table has the last sample; 512 of them add ~0.5 MB
@@ -201,6 +212,8 @@ def report_data_remote(url: str, run: str, *, points: int | None = None,
         "runs": [r for r in get(url, "/api/v1/runs", None) if r["run"] == run],
         "ranks": rows, "series": series, "phases": phases, "events": events, "heatmap": heatmap,
         "snapshots": doc("snapshots"),
+        "suspects": _optional(doc, "suspects"),
+        "processes": _optional(doc, "processes"),
     }
     pm = doc("postmortem")
     if pm.get("first_failure") is not None:
@@ -208,6 +221,18 @@ def report_data_remote(url: str, run: str, *, points: int | None = None,
             r.pop("last_sample", None)
         data["postmortem"] = pm
     return data
+
+
+def _optional(doc: Callable[..., Any], what: str) -> list[Any]:
+    """A run-level list an older collector does not serve (404 on the route): empty."""
+    from vramwatch import remote
+
+    try:
+        return doc(what)
+    except remote.RemoteError as exc:
+        if exc.status == 404:
+            return []
+        raise
 
 
 def build_report(db_path: str, run: str) -> str:

@@ -27,7 +27,9 @@ OUT = Path(__file__).resolve().parent / "dashboards" / "vramwatch.json"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'run=~"$run", Hostname=~"$host", rank=~"$rank"'
 FOCUS = 'run=~"$run", Hostname=~"$host", rank="$focus"'
-RANK_LEGEND = "{{run}} r{{rank}} {{Hostname}}"
+#: Every per-rank series names its run, rank, host and GPU: a rank restarted on another GPU of its
+#: host is two series (the GPU labels differ), which one legend without the GPU would not tell apart.
+RANK_LEGEND = "{{run}} r{{rank}} {{Hostname}} GPU {{gpu}}"
 #: Colour per state: only a leak is red; rising is a warning, not an alarm.
 STATE_COLORS = {"plateau": "green", "warmup": "blue", "rising": "yellow", "fragmentation": "orange", "leak": "red"}
 NOTHING_GROWING = "nothing growing"
@@ -35,7 +37,7 @@ DCGM = 'instance=~"$instance", gpu=~"$gpu"'
 MIB = 1048576
 
 
-def state_code_expr(selector: str, by: str = "run, Hostname, rank") -> str:
+def state_code_expr(selector: str, by: str = "run, Hostname, rank, gpu") -> str:
     """One number per rank: its state's severity + 1 (0 would be indistinguishable from no series)."""
     terms = [f'{SEVERITY[s] + 1} * vramwatch_trend_state{{state="{s}", {selector}}}' for s in STATES]
     return f"max by ({by}) (\n  " + "\n  + ignoring (state) ".join(terms) + "\n)"
@@ -344,10 +346,18 @@ def ranks(lay: Layout) -> list[dict[str, Any]]:
     return panels
 
 
+def dcgm_of_ranks(metric: str) -> str:
+    """A dcgm-exporter family filtered and labelled by the run and rank on each GPU: joined on UUID
+    through UUID:vramwatch_rank:latest (one series per GPU). dcgm's own Hostname is its exporter
+    pod's name on Kubernetes, so the rank's Hostname replaces it; its gpu index is kept."""
+    return (f"max by (UUID, gpu, instance) ({metric}{{{DCGM}}})\n  * on (UUID) group_left (run, rank, Hostname)\n  "
+            f"UUID:vramwatch_rank:latest{{{SEL}}}")
+
+
 def gpu_context(lay: Layout) -> list[dict[str, Any]]:
     """dcgm-exporter's GPU-level view beside the per-rank one (its metrics are MiB, %, W, C)."""
     panels = [row(lay, "GPU context (dcgm-exporter)")]
-    joined = (f"max by (UUID) (DCGM_FI_DEV_FB_USED) * {MIB}\n  * on (UUID) group_left (run, rank, Hostname)\n  "
+    joined = (f"max by (UUID) (DCGM_FI_DEV_FB_USED) * {MIB}\n  * on (UUID) group_left (run, rank, Hostname, gpu)\n  "
               f"UUID:vramwatch_rank:latest{{{SEL}}}")
     panels.append(timeseries(
         lay, "torch reserved vs DCGM FB used", "Per rank: what the PyTorch allocator reserved and what "
@@ -357,14 +367,15 @@ def gpu_context(lay: Layout) -> list[dict[str, Any]]:
          target("B", joined, f"{RANK_LEGEND} DCGM FB used")], "bytes", w=24, h=9,
         no_value="no dcgm-exporter series for these GPUs"))
     for title, expr, unit in (
-        ("DCGM frame buffer used", f"DCGM_FI_DEV_FB_USED{{{DCGM}}} * {MIB}", "bytes"),
-        ("DCGM GPU utilisation", f"DCGM_FI_DEV_GPU_UTIL{{{DCGM}}}", "percent"),
-        ("DCGM power", f"DCGM_FI_DEV_POWER_USAGE{{{DCGM}}}", "watt"),
-        ("DCGM temperature", f"DCGM_FI_DEV_GPU_TEMP{{{DCGM}}}", "celsius"),
+        ("DCGM frame buffer used", f"{dcgm_of_ranks('DCGM_FI_DEV_FB_USED')} * {MIB}", "bytes"),
+        ("DCGM GPU utilisation", dcgm_of_ranks("DCGM_FI_DEV_GPU_UTIL"), "percent"),
+        ("DCGM power", dcgm_of_ranks("DCGM_FI_DEV_POWER_USAGE"), "watt"),
+        ("DCGM temperature", dcgm_of_ranks("DCGM_FI_DEV_GPU_TEMP"), "celsius"),
     ):
-        panels.append(timeseries(lay, title, "dcgm-exporter, per GPU ($instance, $gpu).",
-                                 [target("A", expr, "{{Hostname}} GPU {{gpu}}")], unit, w=6,
-                                 no_value="no dcgm-exporter data", calcs=("lastNotNull",)))
+        panels.append(timeseries(lay, title, "dcgm-exporter, per GPU ($instance, $gpu) that a selected rank "
+                                 "(run, host, rank) reported on within 10 minutes.",
+                                 [target("A", expr, RANK_LEGEND)], unit, w=6,
+                                 no_value="no dcgm-exporter data for these ranks", calcs=("lastNotNull",)))
     return panels
 
 
@@ -372,7 +383,7 @@ def rank_detail(lay: Layout) -> list[dict[str, Any]]:
     """One rank (``$focus``, single-select) in detail: a collapsed row, never repeated per rank."""
     detail = Layout()
     detail.next_id, detail.y = lay.next_id, lay.y + 1
-    legend = "{{run}} {{Hostname}} "
+    legend = "{{run}} {{Hostname}} GPU {{gpu}} "
     inner = [
         timeseries(detail, "Rank $focus: allocated, reserved, peak, NVML used, plateau, checkpoint peak",
                    "The focused rank's memory families.",

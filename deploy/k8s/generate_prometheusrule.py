@@ -4,7 +4,8 @@
     python deploy/k8s/generate_prometheusrule.py --check  # exit 1 if it differs from the rules file
 
 One source for the rules: compose mounts the rules file, Kubernetes gets the same groups
-wrapped in a PrometheusRule (labelled for kube-prometheus-stack's default ruleSelector).
+wrapped in a PrometheusRule (labelled for kube-prometheus-stack's default ruleSelector:
+`release: <release name>`, filled in when the manifests are rendered).
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules" / "vramwatch.rules.yml"
 OUT = Path(__file__).resolve().parent / "monitoring" / "prometheusrule.yaml"
+#: Replaced by the Helm release name of kube-prometheus-stack when the manifests are rendered
+#: (docs/deploy.md); not a valid label value, so forgetting it fails at apply time.
+RELEASE_PLACEHOLDER = "__VRAMWATCH_RELEASE__"
 HEADER = """\
 # GENERATED from deploy/prometheus/rules/vramwatch.rules.yml by deploy/k8s/generate_prometheusrule.py:
 # edit the rules file, then re-run the script (tests/test_deploy.py fails when they differ).
-# kube-prometheus-stack loads PrometheusRules labelled `release: <helm release name>`.
+# kube-prometheus-stack loads PrometheusRules labelled `release: <helm release name>`: the documented
+# command (docs/deploy.md) puts your release name in place of the placeholder.
 """
 
 
@@ -54,7 +59,7 @@ def build() -> dict[str, Any]:
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {"name": "vramwatch", "labels": {"app.kubernetes.io/name": "vramwatch",
-                                                     "release": "kube-prometheus-stack"}},
+                                                     "release": RELEASE_PLACEHOLDER}},
         "spec": {"groups": groups},
     }
 

@@ -63,7 +63,8 @@ class FakeGpu:
     name: str = "NVIDIA H200"
     total: int = 143_771 * 2**20  # nvidia-smi: 143771 MiB
     used: int = 10 * GiB
-    processes: dict[int, int | None] = field(default_factory=dict)  # pid -> usedGpuMemory
+    processes: dict[int, int | None] = field(default_factory=dict)  # pid -> usedGpuMemory (compute)
+    graphics: dict[int, int | None] = field(default_factory=dict)  # pid -> usedGpuMemory (graphics)
     mig: list[FakeGpu] = field(default_factory=list)
     lost: bool = False
     process_list_supported: bool = True
@@ -125,13 +126,22 @@ def make_pynvml(gpus: list[FakeGpu], *, init_fails: bool = False) -> types.Modul
         return types.SimpleNamespace(total=gpu.total, used=gpu.used, free=gpu.total - gpu.used)
 
     @counted
+    def nvmlDeviceGetIndex(handle: FakeGpu) -> int:
+        if handle not in gpus:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # a MIG device handle has no index of its own
+        return gpus.index(check(handle))
+
+    @counted
     def nvmlDeviceGetComputeRunningProcesses(handle: FakeGpu) -> list[Any]:
         gpu = check(handle)
         if not gpu.process_list_supported:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        # nvidia-ml-py returns friendly objects with these attributes (usedGpuMemory None under WDDM)
-        return [types.SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF,
-                                      computeInstanceId=0xFFFFFFFF) for pid, used in gpu.processes.items()]
+        return [process_info(pid, used) for pid, used in gpu.processes.items()]
+
+    @counted
+    def nvmlDeviceGetGraphicsRunningProcesses(handle: FakeGpu) -> list[Any]:
+        gpu = check(handle)
+        return [process_info(pid, used) for pid, used in gpu.graphics.items()]
 
     @counted
     def nvmlDeviceGetMigMode(device: FakeGpu) -> list[int]:
@@ -150,6 +160,17 @@ def make_pynvml(gpus: list[FakeGpu], *, init_fails: bool = False) -> types.Modul
         return device.mig[index]
 
     return nv
+
+
+#: the attributes of nvidia-ml-py's process entries (its ``c_nvmlProcessInfo_t`` fields, through
+#: ``nvmlStructToFriendlyObject``); the contract test compares them with the real structure's
+PROCESS_INFO_FIELDS = ("pid", "usedGpuMemory", "gpuInstanceId", "computeInstanceId")
+
+
+def process_info(pid: int, used: int | None) -> Any:
+    """One entry as nvidia-ml-py returns it (``usedGpuMemory`` None where NVML cannot say, WDDM)."""
+    values = {"pid": pid, "usedGpuMemory": used, "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF}
+    return types.SimpleNamespace(**{name: values[name] for name in PROCESS_INFO_FIELDS})
 
 
 PUBLIC_CONSTANTS = ("NVMLError", "NVMLError_NotSupported", "NVMLError_NotFound", "NVMLError_DriverNotLoaded",

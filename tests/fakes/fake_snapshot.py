@@ -95,3 +95,81 @@ def fake_allocator_history(monkeypatch: Any) -> Iterator[FakeAllocatorHistory]:
     monkeypatch.setattr(torch._C, "_cuda_attach_out_of_memory_observer", fake.attach_oom_observer, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     yield fake
+
+
+# ---------------------------------------------------------------- snapshots with allocation sites
+#: where torch lives in a typical installation (frames from it are never an allocation site)
+TORCH_DIR = "/opt/venv/lib/python3.11/site-packages/torch"
+
+
+def frame(filename: str, line: int, name: str) -> dict[str, Any]:
+    """One ``Frame`` (``{filename, line, name}``), as torch's ``py_symbolize`` writes it."""
+    return {"filename": filename, "line": line, "name": name}
+
+
+def user_stack(filename: str, line: int, name: str, *outer: dict[str, Any]) -> list[dict[str, Any]]:
+    """A realistic Python stack, innermost first: torch's module call machinery, then the user's
+    line, then whatever called it (``outer``), then the interpreter's entry."""
+    return [frame(f"{TORCH_DIR}/nn/modules/linear.py", 125, "forward"),
+            frame(f"{TORCH_DIR}/nn/modules/module.py", 1751, "_call_impl"),
+            frame(f"{TORCH_DIR}/nn/modules/module.py", 1740, "_wrapped_call_impl"),
+            frame(filename, line, name), *outer,
+            frame("/home/op/proj/train.py", 210, "main"), frame("<frozen runpy>", 88, "_run_code")]
+
+
+@dataclass
+class Alloc:
+    """One block to lay out: ``size`` bytes (``requested`` what the caller asked, default the size)."""
+
+    size: int
+    frames: list[dict[str, Any]]
+    state: str = "active_allocated"
+    requested: int | None = None
+
+
+def build_snapshot(allocs: list[Alloc], *, segment_bytes: int = 64 * MiB, cached_bytes: int = 0,
+                   base: int = 0x7F0000000000, history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A snapshot in torch's documented shape holding ``allocs`` in order, packed into segments of
+    ``segment_bytes`` (a segment's unused tail is an ``inactive`` block, so every segment's blocks
+    add up to its ``total_size`` as the allocator's do), plus ``cached_bytes`` of wholly
+    inactive segments. Same allocations in the same order give the same segment addresses, so
+    growth inside kept segments is what two such snapshots show."""
+    segments: list[dict[str, Any]] = []
+    current: list[dict[str, Any]] = []
+    used = 0
+
+    def close(total: int) -> None:
+        nonlocal current, used
+        if used < total:
+            current.append({"size": total - used, "requested_size": 0, "state": "inactive", "frames": []})
+        segments.append(_segment(base + sum(s["total_size"] for s in segments), total, current))
+        current, used = [], 0
+
+    for a in allocs:
+        if current and used + a.size > segment_bytes:
+            close(segment_bytes)
+        current.append({"size": a.size, "requested_size": a.size if a.requested is None else a.requested,
+                        "state": a.state, "frames": a.frames})
+        used += a.size
+    if current:
+        close(max(segment_bytes, used))
+    if cached_bytes:
+        current = []
+        close(cached_bytes)
+    return {"segments": segments, "device_traces": [list(history or [])],
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}}
+
+
+def _segment(address: int, total: int, blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    at = address
+    for b in blocks:
+        b["address"] = at
+        at += b["size"]
+    allocated = [b for b in blocks if b["state"] == "active_allocated"]
+    active = [b for b in blocks if b["state"] != "inactive"]
+    return {"address": address, "total_size": total, "stream": 0,
+            "segment_type": "large" if total > MiB else "small", "segment_pool_id": (0, 0),
+            "allocated_size": sum(b["requested_size"] for b in allocated),
+            "active_size": sum(b["size"] for b in active),
+            "requested_size": sum(b["requested_size"] for b in allocated), "device": 0, "is_expandable": False,
+            "frames": [], "blocks": blocks}

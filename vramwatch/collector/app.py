@@ -38,12 +38,14 @@ from vramwatch.collector.front import FrontDoor
 from vramwatch.collector.live import LiveState, tune_gc_for_serving
 from vramwatch.collector.openapi import sample_json_schema
 from vramwatch.collector.pages import dashboard_dir, dashboard_plotly_js_path, plotly_js_path
+from vramwatch.collector.processes import ProcessBook
 from vramwatch.collector.responses import JSONBytes, install_error_handlers
 from vramwatch.collector.restore import restore
 from vramwatch.collector.routes_evidence import make_router as evidence_router
 from vramwatch.collector.settings import Settings, background
 from vramwatch.collector.snapshots import DirectiveBoard, SnapshotStore
 from vramwatch.collector.store import Store, StoreError
+from vramwatch.collector.suspects import DiffCache
 
 log = logging.getLogger("vramwatch.collector")
 
@@ -160,9 +162,12 @@ def open_state(app: Any, settings: Settings) -> None:
         log.info("rebuilt live state from %d stored samples in %.1f s (%d finished runs listed, not replayed)",
                  done["samples"], done["seconds"], done["retired_runs"])
     app.state.store, app.state.live = store, live
-    app.state.registry, app.state.ingest_metrics = build_registry(live, finished_after_s=settings.finished_after_s)
+    app.state.processes = ProcessBook.beside(settings.db_path)
+    app.state.registry, app.state.ingest_metrics = build_registry(live, finished_after_s=settings.finished_after_s,
+                                                                  processes=app.state.processes)
     app.state.ingestor = ingest.Ingestor(app.state, settings)
     app.state.snapshots = SnapshotStore.beside(settings.db_path)
+    app.state.diffs = DiffCache(app.state.snapshots)
     app.state.directives = DirectiveBoard()
     views = _views()
     if views is not None:

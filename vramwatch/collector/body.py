@@ -18,7 +18,7 @@ Guarantees (docs/reliability.md, "memory per request"):
   extra keys in all (413 past it: the hook halves the batch).
 
 Fast path: a body of at most :data:`FAST_BODY_BYTES` once inflated (a hook's batch always is) is
-first decoded and validated in one C pass (:func:`vramwatch.wire_decode.decode_body_fast`,
+first decoded and validated in one C pass (:func:`vramwatch.wire.decode.decode_body_fast`,
 msgspec). It only ever says "all valid, within every bound above" (then its samples are the
 batch, identical to the slow path's) or "not plainly so"; then the body is decoded again by the
 bounded path below, which refuses it or names each bad sample and field exactly as before. Its
@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 
 from vramwatch.wire import FIELD_TABLE, MAX_EXTRA_KEYS, Sample, WireError, validate
-from vramwatch.wire_decode import decode_body_fast
+from vramwatch.wire.decode import decode_body_fast
 
 #: gzip output and raw input are handled in blocks of this many bytes (small: one block is
 #: one C call holding the GIL, and its objects are the transient memory)

@@ -42,7 +42,7 @@ def tune_gc_for_serving() -> None:
     With CPython's 700, a request's in-flight objects (decoded samples, h11 events, futures)
     are alive at several young collections each, get promoted, and the promotions trigger full
     collections over every live object not frozen: at 4,096 ranks x 1 step/s the collector
-    paused 2-3 times a minute for 54-190 ms (gc.callbacks, docs/notes/ingest.md), longer than
+    paused 2-3 times a minute for 54-190 ms (measured with gc.callbacks), longer than
     the whole p99 budget of a POST. At 10,000 the same runs had no full collection. Cost:
     at most 10,000 young objects scanned at once (a few ms), less GC CPU in all."""
     young, middle, old = gc.get_threshold()

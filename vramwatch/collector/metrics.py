@@ -235,6 +235,7 @@ class SeriesCollector(Collector):
         # the same new plateau breaks
         self._rows_lock = threading.Lock()
         self.exported_series = 0
+        self.exported_keys: set[tuple[str, str, int]] = set()
         self.aged_out_series = 0
 
     # -------------------------------------------------------------- rows
@@ -303,6 +304,7 @@ class SeriesCollector(Collector):
             self._checkpoints.forget(alive)
         rows.sort(key=lambda row: (row[4].run, row[4].host, row[4].rank))
         self.exported_series = len(rows)
+        self.exported_keys = {(row[4].run, row[4].host, row[4].rank) for row in rows}
         self.aged_out_series = len(snapshot) - len(rows)
         return rows
 
@@ -409,23 +411,31 @@ class _RegistryView(Collector):
 class VramwatchRegistry(CollectorRegistry):
     """A registry whose ``collect()`` yields everything; ``render`` uses its fast path."""
 
-    def __init__(self, live: Any, *, finished_after_s: float) -> None:
+    def __init__(self, live: Any, *, finished_after_s: float, processes: Any = None) -> None:
         super().__init__(auto_describe=False)
         self.process = CollectorRegistry(auto_describe=False)
         self.series = SeriesCollector(live, finished_after_s=finished_after_s)
         self.ingest = IngestMetrics(self.process)
         Info("vramwatch_build", "vramwatch collector build.", registry=self.process).info({"version": __version__})
         self.register(_RegistryView(self.process))
-        self.register(self.series)
+        self.register(self.series)  # before the foreign processes: they follow the series it exported
+        self.foreign = None
+        if processes is not None:
+            from vramwatch.collector.processes import ForeignProcessCollector
+
+            self.foreign = ForeignProcessCollector(processes, live, lambda: self.series.exported_keys)
+            self.register(self.foreign)
 
 
-def build_registry(live: Any, *, finished_after_s: float = 3600.0) -> tuple[CollectorRegistry, IngestMetrics]:
+def build_registry(live: Any, *, finished_after_s: float = 3600.0, processes: Any = None
+                   ) -> tuple[CollectorRegistry, IngestMetrics]:
     """The registry that ``GET /metrics`` renders, and the ingest metrics each POST updates.
 
     ``live``: anything with ``snapshot()`` returning series states (see collector/live.py).
     ``finished_after_s``: a run with no sample for this long leaves ``/metrics``.
+    ``processes``: a :class:`~vramwatch.collector.processes.ProcessBook` (named foreign processes).
     """
-    registry = VramwatchRegistry(live, finished_after_s=finished_after_s)
+    registry = VramwatchRegistry(live, finished_after_s=finished_after_s, processes=processes)
     return registry, registry.ingest
 
 
@@ -436,11 +446,13 @@ def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]
         return encoder(registry), content_type
     openmetrics = content_type.startswith(OPENMETRICS_CONTENT_TYPE)
     head = encoder(registry.process)
+    foreign = registry.foreign.render_text if registry.foreign is not None else str
     if openmetrics:
         # The OpenMetrics encoder ends with "# EOF"; the rank families go before it.
         head = head.removesuffix(b"# EOF\n")
-        return head + registry.series.render_text(openmetrics=True).encode() + b"# EOF\n", content_type
-    return head + registry.series.render_text().encode(), content_type
+        body = registry.series.render_text(openmetrics=True) + foreign()
+        return head + body.encode() + b"# EOF\n", content_type
+    return head + (registry.series.render_text() + foreign()).encode(), content_type
 
 
 __all__ = [

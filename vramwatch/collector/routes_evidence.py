@@ -1,8 +1,11 @@
-"""Routes for evidence: capture requests, snapshot upload/list/download, the post-mortem.
+"""Routes for evidence: capture requests, snapshot upload/list/download/diff, leak suspects,
+the foreign-process side channel, the post-mortem.
 
 ``make_router(ingest_auth, read_auth)`` takes the app's two auth dependencies, so this
 module knows nothing about tokens. State it reads from ``app.state``: ``snapshots``
-(:class:`SnapshotStore`), ``directives`` (:class:`DirectiveBoard`), ``live`` and ``store``.
+(:class:`SnapshotStore`), ``directives`` (:class:`DirectiveBoard`), ``diffs``
+(:class:`~vramwatch.collector.suspects.DiffCache`), ``processes``
+(:class:`~vramwatch.collector.processes.ProcessBook`), ``live`` and ``store``.
 """
 
 from __future__ import annotations
@@ -13,11 +16,15 @@ from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
-from vramwatch import postmortem as _postmortem
+from vramwatch.collector import processes as _processes
 from vramwatch.collector.snapshots import DEFAULT_STEPS, MAX_STEPS, SnapshotError
+from vramwatch.collector.suspects import check_skip, enrich_postmortem, run_suspects
+from vramwatch.evidence import postmortem as _postmortem
 from vramwatch.wire import MAX_INT, MAX_NAME, series_key
 
 _CHUNK = 1 << 20
@@ -99,6 +106,7 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
                               gz=b"".join(chunks))
         except SnapshotError as exc:
             return _error(exc)
+        request.app.state.directives.on_snapshot(info)  # a leak's first snapshot asks for its second
         return JSONResponse(info.to_dict(), status_code=201)
 
     @router.get("/api/v1/runs/{run:path}/snapshots", dependencies=read)
@@ -125,14 +133,85 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
     @router.get("/api/v1/runs/{run:path}/postmortem", dependencies=read)
     def postmortem(request: Request, run: str, silent_after_s: Annotated[float, Query(gt=0, le=86400)] = 300.0
                    ) -> dict[str, Any]:
-        store = request.app.state.store
+        store, state = request.app.state.store, request.app.state
         if run not in store.runs():
             raise HTTPException(404, f"run: no run {run!r}")
         pm = _postmortem.build(run, lambda: store.iter_samples(run), now=time.time(), silent_after_s=silent_after_s)
-        pm.snapshots = [i.to_dict() for i in request.app.state.snapshots.list(run)]
-        return pm.to_dict()
+        return enrich_postmortem(pm, snapshots=state.snapshots, diffs=state.diffs, processes=state.processes,
+                                 live=state.live).to_dict()
 
+    _add_diff_routes(router, read)
+    _add_process_routes(router, write, read)
     return router
+
+
+def _add_diff_routes(router: APIRouter, read: list[Any]) -> None:
+    @router.get("/api/v1/runs/{run:path}/snapshots/diff", dependencies=read)
+    def snapshot_diff(request: Request, run: str, old: Annotated[str, Query(max_length=64)],
+                      new: Annotated[str, Query(max_length=64)], top: Annotated[int, Query(ge=1, le=1000)] = 50,
+                      skip: Annotated[list[str] | None, Query()] = None) -> Response:
+        """Live memory per allocation site in two of the run's snapshots, by growth (the
+        ``vramwatch snapshots diff --json`` document, plus both snapshots and the steps between)."""
+        state = request.app.state
+        try:
+            patterns = check_skip(skip or [])
+            infos = {name: state.diffs.open(name, ident)[0] for name, ident in (("old", old), ("new", new))}
+            for name, info in infos.items():
+                if info.run != run:
+                    raise SnapshotError(name, f"snapshot {info.id} is not of run {run!r}", 404)
+            result = state.diffs.diff(old, new, patterns)
+        except SnapshotError as exc:
+            return _error(exc)
+        doc = {"run": run, "old": infos["old"].to_dict(), "new": infos["new"].to_dict(),
+               "steps": infos["new"].step - infos["old"].step, **result.to_dict()}
+        doc["sites"] = doc["sites"][:top]
+        return JSONResponse(doc)
+
+    @router.get("/api/v1/runs/{run:path}/suspects", dependencies=read)
+    def suspects(request: Request, run: str) -> list[dict[str, Any]]:
+        """Each leaking rank's growing allocation sites between two of its snapshots."""
+        state = request.app.state
+        infos = state.snapshots.list(run)
+        return [s.to_dict() for s in run_suspects(state.diffs, state.live, run, infos)]
+
+
+def _add_process_routes(router: APIRouter, write: list[Any], read: list[Any]) -> None:
+    @router.post("/api/v1/processes", dependencies=write)
+    async def report_processes(request: Request) -> dict[str, Any]:
+        """A rank's report of the other processes on its GPU (the hook's side channel)."""
+        try:
+            raw = await _bounded_body(request, _processes.MAX_BODY_BYTES)
+            body = _processes.ReportBody.model_validate_json(raw or b"null")
+        except ValidationError as exc:
+            errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+            raise RequestValidationError(errors) from None
+        report = body.report()
+        if request.app.state.live.get(report.run, report.host, report.rank) is None:
+            raise HTTPException(404, f"rank: no rank {report.rank} on {report.host!r} in run {report.run!r} "
+                                "(send samples first)")
+        request.app.state.processes.put(report)
+        return {"processes": len(report.processes)}
+
+    @router.get("/api/v1/runs/{run:path}/processes", dependencies=read)
+    def processes(request: Request, run: str) -> list[dict[str, Any]]:
+        """Per rank, the other processes on its GPU by name (ranks of the run left out)."""
+        state = request.app.state
+        pids = _processes.rank_pids(state.live, run)
+        return [{**_processes.report_doc(_processes.foreign_only(r, pids)),
+                 "received": state.processes.received(r.run, r.host, r.rank)} for r in state.processes.run(run)]
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes:
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPException(413, f"body: larger than {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise HTTPException(400, "body: the client left before sending it") from None
+    return b"".join(chunks)
 
 
 def reply_directives(state: Any, samples: list[Any]) -> list[dict[str, Any]]:

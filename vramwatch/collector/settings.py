@@ -61,7 +61,7 @@ class Settings:
     #: the address the server is bound to (set by server.py; used for the Host check)
     bind_host: str = field(default="127.0.0.1")
     #: ``hook(app) -> async context manager`` entered after the store and live state are up,
-    #: exited before the store closes (vramwatch/otlp.py, vramwatch/watch.py)
+    #: exited before the store closes (vramwatch/collector/otlp.py, vramwatch/collector/watch.py)
     lifespan_hooks: tuple[Callable[[Any], AbstractAsyncContextManager[None]], ...] = ()
 
     def __post_init__(self) -> None:

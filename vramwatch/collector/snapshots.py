@@ -9,7 +9,7 @@ boundary and uploads it gzip-compressed. Snapshots live as files beside the data
 
 Bounds: a snapshot is at most ``max_snapshot_bytes`` compressed, the folder at most
 ``max_total_bytes`` (oldest evicted first); automatic triggers are rate-limited per rank
-(``auto_interval_s``); a directive is handed out at most once per rank and expires
+(``auto_interval_s``, per rank and trigger); a directive is handed out at most once per rank and expires
 (``directive_ttl_s``) if the rank never asks again.
 """
 
@@ -25,6 +25,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from vramwatch.evidence.suspects import FOLLOWUP_STEPS, FOLLOWUP_TRIGGER, LEAK_TRIGGER
 
 SeriesKey = tuple[str, str, int]
 
@@ -91,8 +93,12 @@ class DirectiveBoard:
     auto_interval_s: float = 1800.0
     directive_ttl_s: float = 3600.0
     steps: int = DEFAULT_STEPS
+    #: steps the second capture of a leaking rank records (its blocks then carry their stacks)
+    followup_steps: int = FOLLOWUP_STEPS
     _pending: dict[SeriesKey, list[_Pending]] = field(default_factory=dict)
-    _last_auto: dict[SeriesKey, float] = field(default_factory=dict)
+    #: (series, trigger) -> when it last asked: one automatic capture per rank and trigger per interval
+    #: (a leak usually starts as a plateau break; its own capture must not wait 30 minutes behind it)
+    _last_auto: dict[tuple[SeriesKey, str], float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def request(self, keys: Iterable[SeriesKey], *, steps: int, trigger: str, now: float | None = None) -> list[str]:
@@ -145,11 +151,21 @@ class DirectiveBoard:
             if kind == "oom":
                 targets = [k for k in run_keys(key[0]) if k != key]
             for target in targets:
-                if now - self._last_auto.get(target, float("-inf")) < self.auto_interval_s and kind != "oom":
+                if now - self._last_auto.get((target, kind), float("-inf")) < self.auto_interval_s and kind != "oom":
                     continue
-                self._last_auto[target] = now
+                self._last_auto[(target, kind)] = now
                 queued += len(self.request([target], steps=self.steps, trigger=f"auto:{kind}", now=now))
         return queued
+
+
+    def on_snapshot(self, info: SnapshotInfo, now: float | None = None) -> int:
+        """A snapshot the engine's leak verdict asked for asks that rank for a second one,
+        recorded over ``followup_steps`` steps: the pair is what names the leaking lines
+        (:mod:`vramwatch.evidence.suspects`). Returns directives queued (0 or 1)."""
+        if info.trigger != LEAK_TRIGGER:
+            return 0
+        key = (info.run, info.host, info.rank)
+        return len(self.request([key], steps=self.followup_steps, trigger=FOLLOWUP_TRIGGER, now=now))
 
 
 class SnapshotStore:

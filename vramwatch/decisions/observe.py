@@ -1,8 +1,8 @@
 """One pass over a run's samples: per rank a trend engine, a memory-model builder and the figures
 that readiness, advice and compare read (checkpoints passed, OOMs, worst headroom, peaks per phase).
 
-Sources are the database (:func:`observe_db`, read-only) and trace files
-(:func:`observe_files`); both yield the same :class:`RunObservation`. Cost: one
+Sources (the database, read-only, or trace files: ``vramwatch.cli.decisions``) both yield the
+same :class:`RunObservation`. Cost: one
 ``TrendEngine.update`` plus O(1) bookkeeping per sample; memory is bounded by ranks,
 phases and token buckets, except the engine events, which are kept in full (a run raises
 tens to hundreds; the latest :data:`EVENTS_KEPT` are kept).
@@ -10,7 +10,6 @@ tens to hundreds; the latest :data:`EVENTS_KEPT` are kept).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -187,56 +186,4 @@ def observe(samples: Iterable[dict[str, Any]]) -> dict[str, RunObservation]:
     return runs
 
 
-def observe_db(db_path: str, run: str) -> RunObservation:
-    """A stored run, read through a read-only Store (never writes)."""
-    from vramwatch.collector.store import Store, StoreError
-
-    if not os.path.exists(db_path):
-        raise SourceError(f"no database at {db_path}")
-    try:
-        store = Store(db_path, readonly=True)
-    except StoreError as exc:
-        raise SourceError(str(exc)) from None
-    try:
-        if run not in store.runs():
-            raise SourceError(f"no run named {run!r} in {db_path}")
-        return observe(store.iter_samples(run))[run]
-    finally:
-        store.close()
-
-
-def observe_files(paths: Iterable[str]) -> RunObservation:
-    """Trace files (.jsonl / .jsonl.gz) holding one run; several runs in them is an error."""
-    from vramwatch.wire import WireError, iter_samples
-
-    def samples() -> Iterable[dict[str, Any]]:
-        for path in paths:
-            if not os.path.isfile(path):
-                raise SourceError(f"cannot read {path}: no such file")
-            try:
-                yield from iter_samples(path)
-            except WireError as exc:
-                raise SourceError(str(exc)) from None
-            except (OSError, EOFError, UnicodeDecodeError) as exc:
-                raise SourceError(f"cannot read {path}: {exc}") from None
-
-    runs = observe(samples())
-    if not runs:
-        raise SourceError("no samples in " + ", ".join(paths))
-    if len(runs) > 1:
-        raise SourceError(f"traces hold several runs ({', '.join(sorted(runs))}); give one run's files")
-    return next(iter(runs.values()))
-
-
-def resolve(source: str, db_path: str | None) -> RunObservation:
-    """A run name in the database, or a trace file, or comma-separated trace files."""
-    parts = [p for p in source.split(",") if p]
-    if parts and all(os.path.isfile(p) for p in parts):
-        return observe_files(parts)
-    if db_path is None:
-        raise SourceError(f"{source!r} is neither a trace file nor a run (no database given)")
-    return observe_db(db_path, source)
-
-
-__all__ = ["LOOP_CAUSES", "PlateauClock", "RankTrack", "RunObservation", "SourceError", "observe", "observe_db",
-           "observe_files", "phase_kind", "resolve"]
+__all__ = ["LOOP_CAUSES", "PlateauClock", "RankTrack", "RunObservation", "SourceError", "observe", "phase_kind"]

@@ -25,10 +25,10 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import orjson
 
+from vramwatch.config import collector_url
 from vramwatch.delivery.results import Directive, ExportResult, Failure, Outcome
 
 INGEST_PATH = "/api/v1/samples"
@@ -83,17 +83,11 @@ class HttpExporter:
 
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 5.0,
                  compresslevel: int = 5) -> None:
-        parts = urlsplit(url if "://" in url else f"http://{url}")
-        try:
-            port = parts.port
-        except ValueError:
-            port = -1
-        if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
-            raise ValueError(f"url: must be http(s)://host[:port][/prefix], got {url!r}")
+        parts = collector_url(url)
         self.url = url
         self.scheme = parts.scheme
         self.host = parts.hostname
-        self.port = port
+        self.port = parts.port
         base = parts.path.rstrip("/")
         self.path = base if base.endswith(INGEST_PATH) else base + INGEST_PATH
         self.timeout_s = timeout_s

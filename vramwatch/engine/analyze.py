@@ -24,7 +24,7 @@ import orjson
 from vramwatch.units import gib
 
 from ..wire import Sample, WireError, validate
-from ..wire_decode import decode_line_lazy, sample_of
+from ..wire.decode import decode_line_lazy, sample_of
 from .config import EngineConfig
 from .core import TrendEngine
 
@@ -90,7 +90,7 @@ def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: Engine
     Kept flat because it is the hot path. Lines are read in ~1 MiB chunks but each is
     decoded and folded in at once, while its dict is still in cache (decoding a whole chunk
     first and folding afterwards measured ~30 % slower). Each line is its own JSON document.
-    A canonical line is decoded and validated in one C pass (:mod:`vramwatch.wire_decode`,
+    A canonical line is decoded and validated in one C pass (:mod:`vramwatch.wire.decode`,
     when msgspec is installed); any other line takes ``orjson.loads`` + ``wire.validate``,
     which normalise it or name the bad field: the same samples, errors and counts either way.
     A plainly valid schema-1 line stays a decoded struct that the engine reads by attribute

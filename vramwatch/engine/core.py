@@ -162,7 +162,7 @@ class TrendEngine:
 
     def update_struct(self, s: Any, as_sample: Callable[[Any], dict[str, Any]]) -> list[dict[str, Any]]:
         """:meth:`update` for a plainly valid schema-1 sample still in its decoded form
-        (:func:`vramwatch.wire_decode.decode_line_lazy`: one attribute per field, ``msgspec.UNSET``
+        (:func:`vramwatch.wire.decode.decode_line_lazy`: one attribute per field, ``msgspec.UNSET``
         when absent); ``as_sample(s)`` is the dict :meth:`update` would have been given.
 
         Same events, verdicts and summary as ``update(as_sample(s))``, without building the dict

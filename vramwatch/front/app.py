@@ -47,6 +47,9 @@ from vramwatch.remote import MALFORMED, detail_text
 _API = "/api/v1/runs/"
 #: per-rank requests forwarded to the owning shard
 _OWNED = ("series", "chart", "phases")
+#: requests a shard may take seconds to answer the first time (snapshot diffs, then cached there)
+_SLOW = {"suspects": 30.0}
+DIFF_TIMEOUT_S = 30.0
 
 
 def _snapshots(run: str, answers: Sequence[merge.ShardAnswer], params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -65,6 +68,8 @@ _MERGED: dict[str, Callable[[str, Sequence[merge.ShardAnswer], dict[str, Any]], 
     "snapshots": _snapshots,
     "heatmap": lambda run, answers, params: merge.merge_heatmap(answers, int(_last(params.get("cols", 240)))),
     "postmortem": lambda run, answers, params: merge.merge_postmortem(run, answers),
+    "suspects": lambda run, answers, params: merge.merge_lists(answers, order=("rank",)),
+    "processes": lambda run, answers, params: merge.merge_lists(answers, order=("rank",)),
     "advice": lambda run, answers, params: merge.merge_advice(answers),
     "figures": lambda run, answers, params: merge.merge_figures(run, answers),
 }
@@ -112,9 +117,11 @@ def _malformed_is_502(what: str) -> Iterator[None]:
                             ) from None
 
 
-async def _gather(request: Request, path: str, params: dict[str, Any] | None = None) -> list[merge.ShardAnswer]:
+async def _gather(request: Request, path: str, params: dict[str, Any] | None = None, *,
+                  timeout_s: float | None = None) -> list[merge.ShardAnswer]:
     settings: FrontSettings = request.app.state.settings
-    return await request.app.state.fanout.get_all(await _peers(settings), path, params)
+    timeout = None if timeout_s is None else max(timeout_s, settings.timeout_s)
+    return await request.app.state.fanout.get_all(await _peers(settings), path, params, timeout_s=timeout)
 
 
 async def _run_level(request: Request, run: str, what: str) -> Any:
@@ -125,7 +132,7 @@ async def _run_level(request: Request, run: str, what: str) -> Any:
     # ``version``, so the dashboard does not ask the front for deltas)
     for key in ("since", "compact", "offset", "limit"):
         params.pop(key, None)
-    answers = await _gather(request, _API + _quote(run) + "/" + what, params)
+    answers = await _gather(request, _API + _quote(run) + "/" + what, params, timeout_s=_SLOW.get(what))
     if all(a.data is None for a in answers):
         refused = next((a for a in answers if a.refused and a.status != 404), None)
         if refused is not None and refused.status:  # a shard refused the parameters: say so, as a collector would
@@ -284,10 +291,28 @@ async def _download(request: Request, snapshot_id: str, shard: str | None = None
     raise HTTPException(404, f"snapshot: no shard has snapshot {snapshot_id!r}")
 
 
+async def _snapshot_diff(request: Request, run: str) -> Any:
+    """Two snapshots' per-site diff from the shard that stores them (the run's ranks, hence its
+    snapshots, live on one shard per rank: the shard that has both answers)."""
+    params: dict[str, Any] = {k: (v if len(v) > 1 else v[0]) for k in request.query_params
+                              if (v := request.query_params.getlist(k))}
+    answers = await _gather(request, _API + _quote(run) + "/snapshots/diff", params, timeout_s=DIFF_TIMEOUT_S)
+    done = next((a for a in answers if isinstance(a.data, dict) and not a.stale), None)
+    if done is not None:
+        return {**done.data, "shard": done.shard}
+    refused = next((a for a in answers if a.refused and a.status != 404), None)
+    if refused is not None and refused.status:
+        raise HTTPException(refused.status, refused.error)
+    missing = next((a for a in answers if a.status == 404), None)
+    raise HTTPException(404 if missing else 504, missing.error if missing else
+                        "snapshot: no shard answered in time")
+
+
 def _add_run_routes(app: FastAPI, read: list[Any]) -> None:
     """The collector's read API, route by route (so the dashboard's OpenAPI check finds each)."""
     from vramwatch.collector.routes_evidence import require_json
 
+    app.add_api_route(_API + "{run:path}/snapshots/diff", _snapshot_diff, methods=["GET"], dependencies=read)
     for what in (*_MERGED, *_OWNED):
         app.add_api_route(_API + "{run:path}/" + what, _route(what), methods=["GET"], dependencies=read,
                           name=f"front_{what}")

@@ -70,11 +70,13 @@ class Fanout:
         while len(store) > self.max_cached:
             store.popitem(last=False)
 
-    async def _fetch(self, peer: Peer, path: str, params: dict[str, Any]) -> ShardAnswer:
+    async def _fetch(self, peer: Peer, path: str, params: dict[str, Any], timeout_s: float | None = None
+                     ) -> ShardAnswer:
         key = self._key(peer, path, params)
         started = time.perf_counter()
         try:
-            reply = await self._client.get(peer.url + path, params=params)
+            timeout = self.timeout_s if timeout_s is None else timeout_s
+            reply = await self._client.get(peer.url + path, params=params, timeout=timeout)
             if 400 <= reply.status_code < 500:  # the request was refused, the shard is fine: no stale answer
                 status = reply.status_code
                 answer = ShardAnswer(peer.name, None, _detail(reply)[:300], status=status)
@@ -98,7 +100,10 @@ class Fanout:
         self._remember(self._last_good, key, data)
         return answer
 
-    async def get_one(self, peer: Peer, path: str, params: dict[str, Any] | None = None) -> ShardAnswer:
+    async def get_one(self, peer: Peer, path: str, params: dict[str, Any] | None = None, *,
+                      timeout_s: float | None = None) -> ShardAnswer:
+        """One shard's answer (cached ``cache_ttl_s``); ``timeout_s`` overrides the front's for
+        requests a shard may take long to answer the first time (a snapshot diff)."""
         params = params or {}
         key = self._key(peer, path, params)
         cached = self._fresh.get(key)
@@ -108,16 +113,16 @@ class Fanout:
         pending = self._inflight.get(key)
         if pending is not None:  # the same request is already on its way: share it
             return await asyncio.shield(pending)
-        task = asyncio.ensure_future(self._fetch(peer, path, params))
+        task = asyncio.ensure_future(self._fetch(peer, path, params, timeout_s))
         self._inflight[key] = task
         try:
             return await task
         finally:
             self._inflight.pop(key, None)
 
-    async def get_all(self, peers: Sequence[Peer], path: str, params: dict[str, Any] | None = None
-                      ) -> list[ShardAnswer]:
-        return list(await asyncio.gather(*(self.get_one(p, path, params) for p in peers)))
+    async def get_all(self, peers: Sequence[Peer], path: str, params: dict[str, Any] | None = None, *,
+                      timeout_s: float | None = None) -> list[ShardAnswer]:
+        return list(await asyncio.gather(*(self.get_one(p, path, params, timeout_s=timeout_s) for p in peers)))
 
     async def post_one(self, peer: Peer, path: str, body: Any) -> tuple[int, Any]:
         """POST a JSON body to one shard (never cached): (status, decoded reply); status 0 when the

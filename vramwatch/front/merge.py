@@ -150,6 +150,7 @@ def merge_heatmap(answers: Sequence[ShardAnswer], cols: int = 240) -> dict[str, 
 def merge_postmortem(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any]:
     ranks: list[dict[str, Any]] = []
     snapshots: list[dict[str, Any]] = []
+    suspects: list[dict[str, Any]] = []
     first: dict[str, Any] | None = None
     status = None
     for answer in answers:
@@ -158,13 +159,16 @@ def merge_postmortem(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any]
             continue
         ranks.extend({**r, "shard": answer.shard} for r in doc.get("ranks", []))
         snapshots.extend(snapshot_via_front({**s, "shard": answer.shard}) for s in doc.get("snapshots", []))
+        suspects.extend({**s, "shard": answer.shard} for s in doc.get("suspects", []))
         f = doc.get("first_failure")
         if f and (first is None or (f["ts"], f["cause"] != "oom") < (first["ts"], first["cause"] != "oom")):
             first = {**f, "shard": answer.shard}
         if _STATUS_ORDER.get(doc.get("status"), -1) > _STATUS_ORDER.get(status or "", -1):
             status = doc.get("status")
     ranks.sort(key=lambda r: (r.get("rank", 0), str(r.get("host", ""))))
-    return {"run": run, "status": status, "first_failure": first, "ranks": ranks, "snapshots": snapshots}
+    suspects.sort(key=lambda s: (s.get("rank", 0), str(s.get("host", ""))))
+    return {"run": run, "status": status, "first_failure": first, "ranks": ranks, "snapshots": snapshots,
+            "suspects": suspects}
 
 
 def merge_advice(answers: Sequence[ShardAnswer]) -> dict[str, Any] | None:

@@ -26,9 +26,14 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from vramwatch.probe.processes import ForeignProcess, ProcessNames
+
+#: Foreign processes a reading names (the largest first); the rest count in foreign_used_bytes only.
+MAX_FOREIGN = 16
+
 
 class GpuProcess(NamedTuple):
-    """One entry of NVML's compute-process list (``usedGpuMemory`` None: NVML does not say)."""
+    """One entry of NVML's compute- or graphics-process list (``usedGpuMemory`` None: NVML does not say)."""
 
     pid: int
     used_bytes: int | None
@@ -43,6 +48,9 @@ class NvmlReading(NamedTuple):
     # NVML gives no process list or this process is not in it (another PID namespace: cannot tell)
     foreign_used_bytes: int | None = None
     processes: tuple[GpuProcess, ...] = ()
+    # the other processes by name (largest first, at most MAX_FOREIGN); empty when NVML's PIDs
+    # are another namespace's (this process is not in the list): their /proc is not theirs here
+    foreign: tuple[ForeignProcess, ...] = ()
 
 
 def load_pynvml() -> ModuleType | None:
@@ -72,38 +80,57 @@ def _text(value: Any) -> str:
 class NvmlDevice:
     """One NVML handle (a whole GPU or a MIG device) plus what this process uses on it."""
 
-    def __init__(self, pynvml: ModuleType, handle: Any, *, pid: int | None = None) -> None:
+    def __init__(self, pynvml: ModuleType, handle: Any, *, pid: int | None = None,
+                 names: ProcessNames | None = None) -> None:
         self.pynvml = pynvml
         self.handle = handle
         self.pid = os.getpid() if pid is None else pid
+        self.names = ProcessNames() if names is None else names
         self.uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
         try:
             self.name = _text(pynvml.nvmlDeviceGetName(handle))
         except Exception:
             self.name = "unknown"
         self.is_mig = self.uuid.upper().startswith("MIG-")
+        try:  # the host's numbering ("GPU 3" in nvidia-smi), not torch's renumbered index
+            self.index: int | None = int(pynvml.nvmlDeviceGetIndex(handle))
+        except Exception:
+            self.index = None  # a MIG handle, an old driver
 
     def read(self) -> NvmlReading:
-        """Device memory and the compute-process list: milliseconds, so only on the poller thread."""
+        """Device memory and the process lists: milliseconds, so only on the poller thread."""
         nv = self.pynvml
         info = nv.nvmlDeviceGetMemoryInfo(self.handle)
         processes = self._processes()
         own, foreign = _split_processes(processes, self.pid)
-        return NvmlReading(int(info.used), int(info.total), own, time.time(), foreign, processes or ())
+        named: tuple[ForeignProcess, ...] = ()
+        if foreign is not None and processes:  # our PID is listed: the others' PIDs are ours to read
+            others = sorted((p for p in processes if p.pid != self.pid), key=lambda p: -(p.used_bytes or 0))
+            named = tuple(self.names.lookup(p.pid, p.used_bytes) for p in others[:MAX_FOREIGN])
+        return NvmlReading(int(info.used), int(info.total), own, time.time(), foreign, processes or (), named)
 
     def _processes(self) -> tuple[GpuProcess, ...] | None:
+        """Compute and graphics processes, one entry per PID (a process in both lists is one
+        process: NVML reports its whole usage in each)."""
         nv = self.pynvml
         try:
-            listed = nv.nvmlDeviceGetComputeRunningProcesses(self.handle)
+            listed = list(nv.nvmlDeviceGetComputeRunningProcesses(self.handle))
         except Exception as exc:
             if _is_gpu_lost(nv, exc):
                 raise
             return None  # not supported here (e.g. MIG without privileges): unknown, not zero
-        out = []
+        try:
+            listed += nv.nvmlDeviceGetGraphicsRunningProcesses(self.handle)
+        except Exception as exc:
+            if _is_gpu_lost(nv, exc):
+                raise  # no graphics list on a compute-only GPU: the compute list is the answer
+        by_pid: dict[int, int | None] = {}
         for proc in listed:
             used = getattr(proc, "usedGpuMemory", None)
-            out.append(GpuProcess(int(proc.pid), None if used is None else int(used)))
-        return tuple(out)
+            pid, used = int(proc.pid), None if used is None else int(used)
+            if pid not in by_pid or (used or 0) > (by_pid[pid] or 0):
+                by_pid[pid] = used
+        return tuple(GpuProcess(pid, used) for pid, used in by_pid.items())
 
 
 def _split_processes(processes: tuple[GpuProcess, ...] | None, pid: int) -> tuple[int | None, int | None]:

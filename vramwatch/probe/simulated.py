@@ -32,7 +32,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from vramwatch.probe import BaseProbe
+from vramwatch.probe.base import BaseProbe
 from vramwatch.probe.scenarios import (  # noqa: F401 - the tables, re-exported
     _SEGMENT,
     DEFAULTS,

@@ -45,12 +45,11 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from vramwatch.probe import BaseProbe
+from vramwatch.config import PEAK_POLICIES
+from vramwatch.probe.base import BaseProbe
 from vramwatch.wire import FIELDS
 
 from .nvml import NvmlPoller, open_device
-
-PEAK_POLICIES = ("reset", "never")
 
 _NO_POOLS = {"all": {"current": 0, "peak": 0}}
 

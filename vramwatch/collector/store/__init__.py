@@ -1,7 +1,8 @@
 """SQLite store: every sample, on disk, idempotent. All SQL of vramwatch lives in this package.
 
 * ``schema.py``: tables derived from ``wire.FIELD_TABLE``, versioned migrations;
-* ``core.py``: :class:`Store` (open, lock, insert, retention, checkpoints, close) and errors;
+* ``core.py``: :class:`Store` (open, lock, insert, retention, checkpoints, close);
+* ``errors.py``: ``StoreError`` and its kinds;
 * ``reads.py``: series, runs, export/replay, chart columns, phase markers;
 * ``aggregates.py``: bucketed reads behind the heatmap and the chart envelope.
 """
@@ -11,14 +12,16 @@ from vramwatch.collector.store.core import (
     WAL_SIZE_LIMIT_BYTES,
     InsertResult,
     RetentionResult,
-    RunFullError,
     Store,
+    default_db_path,
+    thread_reader,
+)
+from vramwatch.collector.store.errors import (
+    RunFullError,
     StoreBusyError,
     StoreCloseError,
     StoreError,
     StoreLockedError,
-    default_db_path,
-    thread_reader,
 )
 from vramwatch.collector.store.reads import SeriesRow
 from vramwatch.collector.store.schema import (

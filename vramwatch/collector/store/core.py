@@ -23,6 +23,13 @@ import orjson
 
 from vramwatch.collector.store.aggregates import Aggregates
 from vramwatch.collector.store.columns import ColumnCache
+from vramwatch.collector.store.errors import (
+    RunFullError,
+    StoreBusyError,
+    StoreCloseError,
+    StoreError,
+    StoreLockedError,
+)
 from vramwatch.collector.store.reads import Reads, SeriesRow
 from vramwatch.collector.store.schema import VALUE_NAMES, insert_sql, migrate
 from vramwatch.wire import Sample
@@ -34,33 +41,6 @@ except ImportError:  # pragma: no cover - Windows: no advisory lock
 
 SeriesKey = tuple[str, str, int]
 _VALUE_SET = frozenset(VALUE_NAMES)
-
-
-class StoreError(RuntimeError):
-    """The database cannot be opened or written (locked, read-only, newer schema)."""
-
-
-class StoreBusyError(StoreError):
-    """Another connection or process holds the write lock past the busy timeout."""
-
-
-class StoreLockedError(StoreError):
-    """Another collector already serves this database file (``exclusive=True`` open)."""
-
-
-class StoreCloseError(StoreError):
-    """The final checkpoint at shutdown failed (disk full, I/O error): the samples are safe
-    in the ``-wal`` file and are recovered on the next open, but the close was not clean."""
-
-
-class RunFullError(StoreError):
-    """A run reached its cap of stored samples (``max_samples_per_run``); nothing was stored."""
-
-    def __init__(self, run: str, stored: int, cap: int) -> None:
-        super().__init__(f"run: {run!r} holds {stored} samples, its cap is {cap} (max_samples_per_run)")
-        self.run = run
-        self.stored = stored
-        self.cap = cap
 
 
 #: WAL policy. The collector checkpoints (PASSIVE) every few seconds from a background

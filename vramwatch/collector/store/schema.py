@@ -165,7 +165,7 @@ def migrate(conn: sqlite3.Connection, path: str) -> None:
 
     Cost: migration 2 copies every sample once (a table rebuild; ~1 s per million samples).
     """
-    from vramwatch.collector.store.core import StoreError
+    from vramwatch.collector.store.errors import StoreError
 
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:

@@ -1,0 +1,393 @@
+"""``vramwatch`` command line. Bad arguments or input: one line on stderr, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from vramwatch.cli.common import (
+    EXIT_USAGE,
+    Outage,
+    Parser,
+    UsageError,
+    add_db,
+    cli_call,
+    db_path,
+    existing_files,
+    non_negative,
+    output,
+    port,
+    positive,
+    read_secret,
+    read_token,
+)
+
+# ---------------------------------------------------------------- commands
+
+def cmd_front(args: argparse.Namespace) -> int:
+    """``serve --peers``: the federating front over node-local collectors (stores nothing)."""
+    from vramwatch.front import FrontSettings, PeerError, PeerSource, parse_peers
+    from vramwatch.front.server import serve_front
+
+    try:
+        source = PeerSource(static=parse_peers(args.peers.split(",")) if args.peers else None,
+                            file=args.peers_file, prometheus=args.peers_prometheus, job=args.peers_job)
+    except PeerError as exc:
+        raise UsageError(str(exc)) from None
+    if not source.current() and not args.peers_prometheus:
+        raise UsageError("--peers: no peer given")
+    peer_token = None
+    if args.peer_token_file:
+        peer_token = read_secret("--peer-token-file", args.peer_token_file) or None
+    settings = FrontSettings(peers=source, token=read_token(args) if args.auth_read else None,
+                             peer_token=peer_token or read_token(args), timeout_s=args.peer_timeout,
+                             bind_host=args.host, allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
+                             header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                             max_connections=args.max_connections)
+    print(f"vramwatch front: http://{args.host}:{args.port}/  shards={len(source.current())}", file=sys.stderr)
+    try:
+        serve_front(settings, host=args.host, port=args.port, log_level=args.log_level)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.peers or args.peers_file or args.peers_prometheus:
+        if args.otlp_endpoint:
+            raise UsageError("--otlp-endpoint: a federating front holds no ranks; set it on each collector")
+        return cmd_front(args)
+    from vramwatch.collector.app import Settings
+    from vramwatch.collector.guard import http_protocol
+    from vramwatch.collector.server import ShutdownError, serve
+    from vramwatch.collector.store import StoreError
+
+    token = read_token(args)
+    hooks = ()
+    if args.otlp_endpoint:  # push per-rank metrics over OTLP/HTTP (vramwatch/collector/otlp.py)
+        from vramwatch.collector.otlp import lifespan_hook
+
+        try:
+            hooks = (lifespan_hook(args.otlp_endpoint, args.otlp_interval),)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    settings = Settings(db_path=db_path(args), token=token, auth_read=args.auth_read, lifespan_hooks=hooks,
+                        finished_after_s=args.finished_after,
+                        max_samples_per_run=args.max_samples_per_run or None,
+                        retention_days=args.retention_days or None,
+                        min_free_bytes=int(args.min_free_mb * 1024 * 1024),
+                        max_series=args.max_series, max_ranks_per_run=args.max_ranks_per_run,
+                        max_connections=args.max_connections, header_timeout_s=args.header_timeout,
+                        body_timeout_s=args.body_timeout, shutdown_timeout_s=args.shutdown_timeout,
+                        allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None)
+    if args.auth_read and not token:
+        raise UsageError("--auth-read needs a token (VRAMWATCH_TOKEN or --token-file)")
+    if args.host in ("0.0.0.0", "::") and not token:
+        logging.getLogger("vramwatch").warning(
+            "listening on %s without a token: anyone on the network can write samples. "
+            "Set VRAMWATCH_TOKEN or --token-file.", args.host)
+    try:
+        http_protocol(args.http)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        serve(settings, host=args.host, port=args.port, log_level=args.log_level, http=args.http)
+    except ShutdownError as exc:
+        print(f"vramwatch serve: {exc}", file=sys.stderr)
+        return 1
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from vramwatch.cli.demo import check_arguments, run_demo
+
+    try:
+        check_arguments(args.ranks, args.steps_per_s, args.duration)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    run_demo(ranks=args.ranks, duration=args.duration, port=args.port, db=args.db,
+             steps_per_s=args.steps_per_s, host=args.host)
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    import orjson
+
+    from vramwatch.engine.analyze import analyze_paths, format_table
+    from vramwatch.wire import WireError
+
+    if args.source != "jsonl":  # other tools' files (vramwatch/importers)
+        from vramwatch.cli.importers import cmd_analyze as analyze_imported
+
+        doc = analyze_imported(args, UsageError)
+    else:
+        paths = existing_files(args.paths)
+        try:
+            doc = analyze_paths([str(p) for p in paths], strict=args.strict)
+        except WireError as exc:
+            raise UsageError(str(exc)) from None
+        except (OSError, EOFError) as exc:
+            raise UsageError(f"cannot read trace: {exc}") from None
+    if doc["skipped_lines"]:
+        print(f"skipped {doc['skipped_lines']} bad lines (--strict stops at the first): "
+              + "; ".join(doc["bad_lines"][:3]), file=sys.stderr)
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+    else:
+        sys.stdout.write(format_table(doc) + "\n")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from vramwatch.collector.store import Store, StoreError
+    from vramwatch.wire import WireError
+
+    if args.source != "jsonl":  # other tools' files (vramwatch/importers)
+        from vramwatch.cli.importers import cmd_import as import_other
+
+        return import_other(args, db_path(args), UsageError)
+    from vramwatch.cli.importers import report_skipped
+    from vramwatch.importers import ImportStats
+
+    paths = existing_files(args.paths)
+    check = ImportStats(skip_invalid=True)
+    on_bad = check.bad if args.skip_invalid else None  # counts and names the first few bad lines
+    try:
+        # pass 1: validate everything, so bad input changes nothing (unless --skip-invalid)
+        total = sum(1 for _ in _trace_samples(paths, on_bad))
+        check.rows = total + check.skipped
+        store = Store(db_path(args))
+    except WireError as exc:
+        raise UsageError(f"{exc} (nothing imported; use --skip-invalid to skip bad rows)") from None
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        accepted, duplicates = store.insert_stream(_trace_samples(paths, (lambda e: None) if on_bad else None))
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        store.close()
+    report_skipped(check, "import")
+    print(f"imported {accepted} samples ({duplicates} already present) of {total} into {store.path}",
+          file=sys.stderr)
+    return 0
+
+
+def _trace_samples(paths: Sequence[Path], on_bad: Any) -> Iterator[Any]:
+    """Every sample of the trace files (``wire.iter_samples``); a file that cannot be read at all
+    (truncated gzip, a directory) is a UsageError naming it."""
+    from vramwatch.wire import iter_samples
+
+    for path in paths:
+        try:
+            yield from iter_samples(path, on_bad)
+        except (OSError, EOFError) as exc:
+            raise UsageError(f"cannot read {path}: {exc}") from None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from vramwatch.collector.store import Store, StoreError
+    from vramwatch.wire import encode
+
+    try:
+        store = Store(db_path(args), readonly=True)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        if args.run not in store.runs():
+            raise UsageError(f"no run named {args.run!r} in {store.path}")
+        with output(args.out) if args.out else contextlib.nullcontext(sys.stdout.buffer) as out:
+            count = 0
+            for sample in store.iter_samples(args.run):
+                out.write(encode(sample) + b"\n")
+                count += 1
+            out.flush()
+    finally:
+        store.close()
+    print(f"exported {count} samples of run {args.run!r}", file=sys.stderr)
+    return 0
+
+
+def _remote_report(args: argparse.Namespace) -> str | None:
+    from vramwatch.report import render_report, report_data_remote
+
+    try:
+        data = cli_call("report", args.url, lambda url: report_data_remote(url, args.run),
+                               f"document for the report of {args.run!r}")
+    except Outage:
+        return None
+    return render_report(data)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from vramwatch.collector.store import Store, StoreError
+    from vramwatch.report import build_report
+
+    if args.url:
+        page = _remote_report(args)
+        if page is None:
+            return 1
+        return _write_report(args.out, page)
+    db = db_path(args)
+    try:
+        store = Store(db, readonly=True)
+        known = store.runs()
+        store.close()
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    if args.run not in known:
+        raise UsageError(f"no run named {args.run!r} in {db}")
+    return _write_report(args.out, build_report(db, args.run))
+
+
+def _write_report(out: str, page: str) -> int:
+    with output(out) as fh:
+        fh.write(page.encode("utf-8"))
+    print(f"wrote {out} ({len(page) // 1024} KiB)", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+def _add_serve(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the collector (HTTP ingest, API, dashboard, /metrics)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=port, default=8765, help="port (default 8765)")
+    add_db(p)
+    p.add_argument("--token-file", metavar="FILE", help="bearer token for ingest (else $VRAMWATCH_TOKEN)")
+    p.add_argument("--auth-read", action="store_true", help="require the token for the dashboard and read API too")
+    p.add_argument("--finished-after", type=positive(float), default=3600.0, metavar="SECONDS",
+                   help="runs silent this long leave /metrics (default 3600)")
+    p.add_argument("--max-samples-per-run", type=non_negative(int), default=100_000_000, metavar="N",
+                   help="refuse (422) batches that would take a run past N stored samples; 0: no cap "
+                        "(default 100000000, about 8 GB)")
+    p.add_argument("--retention-days", type=non_negative(float), default=0.0, metavar="DAYS",
+                   help="delete samples older than DAYS (checked every minute); 0: keep all (default)")
+    p.add_argument("--min-free-mb", type=non_negative(float), default=256.0, metavar="MB",
+                   help="refuse ingest (507: hooks spool and retry) while the database's disk has less "
+                        "free space (default 256)")
+    p.add_argument("--max-series", type=positive(int), default=20_000, metavar="N",
+                   help="live series (run, host, rank) held at once; past it batches get 422 (default 20000)")
+    p.add_argument("--max-ranks-per-run", type=positive(int), default=16_384, metavar="N",
+                   help="series of one run; past it batches get 422 (default 16384)")
+    p.add_argument("--max-connections", type=positive(int), default=8192, metavar="N",
+                   help="open connections; past it new ones get 503, /healthz still answers (default 8192)")
+    p.add_argument("--header-timeout", type=positive(float), default=10.0, metavar="SECONDS",
+                   help="a request's headers must arrive within this (default 10)")
+    p.add_argument("--body-timeout", type=positive(float), default=10.0, metavar="SECONDS",
+                   help="a request's body must arrive within this after its headers (default 10)")
+    p.add_argument("--http", choices=["auto", "httptools", "h11"], default="auto",
+                   help="HTTP parser: httptools (C, the default when installed) or h11 (pure Python: about "
+                        "twice httptools' CPU for the HTTP layer of a request); auto: httptools when installed")
+    p.add_argument("--shutdown-timeout", type=positive(float), default=10.0, metavar="SECONDS",
+                   help="on SIGTERM, wait this long for running requests (default 10)")
+    p.add_argument("--allowed-host", action="append", metavar="NAME",
+                   help="a Host header name to serve (repeat; default: loopback names on a loopback bind, "
+                        "any name otherwise); others get 421")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--otlp-endpoint", metavar="URL",
+                   help="push per-rank memory and verdict metrics to this OTLP/HTTP endpoint (e.g. http://otel:4318)")
+    p.add_argument("--otlp-interval", type=positive(float), default=15.0, metavar="SECONDS",
+                   help="seconds between OTLP pushes (default 15)")
+    front = p.add_argument_group("federating front (stores nothing; see docs/deploy.md)")
+    front.add_argument("--peers", metavar="URL[,URL...]", help="serve one dashboard/API over these collectors")
+    front.add_argument("--peers-file", metavar="FILE", help="peer URLs (one per line, name=URL allowed); "
+                       "re-read when it changes")
+    front.add_argument("--peers-prometheus", metavar="URL", help="discover peers from this Prometheus's targets")
+    front.add_argument("--peers-job", default="vramwatch", help="the scrape job of the collectors (default vramwatch)")
+    front.add_argument("--peer-token-file", metavar="FILE", help="token sent to the peers (default: the front's token)")
+    front.add_argument("--peer-timeout", type=positive(float), default=2.0, metavar="SECONDS",
+                       help="a shard that does not answer within this is shown as unreachable (default 2)")
+    p.set_defaults(func=cmd_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from vramwatch.__about__ import __version__
+    from vramwatch.cli.importers import add_arguments as add_import_arguments
+
+    parser = Parser(prog="vramwatch", description="Live GPU-memory telemetry for deep-learning training.")
+    parser.add_argument("--version", action="version", version=f"vramwatch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+
+    _add_serve(sub)
+
+    p = sub.add_parser("demo", help="collector + a simulated 8-rank run through the real hook")
+    p.add_argument("--ranks", type=positive(int), default=8, help="simulated ranks (default 8)")
+    p.add_argument("--duration", type=positive(float), default=None, metavar="SECONDS",
+                   help="stop after this long (default: until Ctrl-C)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=port, default=0, help="port (default: a free one)")
+    p.add_argument("--steps-per-s", type=positive(float), default=10.0, help="simulated steps per second")
+    add_db(p)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("analyze", help="trend verdicts per rank from trace files (.jsonl, .jsonl.gz)")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout (stable contract)")
+    p.add_argument("--strict", action="store_true", help="stop at the first bad line (exit 2) instead of skipping it")
+    add_import_arguments(p, skip_default=True)
+    p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("import", help="load trace files (or other tools' files: --from) into the database")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    add_db(p)
+    add_import_arguments(p)
+    p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("export", help="write a run's samples as JSON Lines, exactly as ingested")
+    p.add_argument("run")
+    add_db(p)
+    p.add_argument("--out", metavar="FILE", help="output file (default stdout)")
+    p.set_defaults(func=cmd_export)
+
+    from vramwatch.cli.watch import add_parser as add_watch_parser
+
+    add_watch_parser(sub, add_db, port, positive)
+
+    p = sub.add_parser("report", help="self-contained static HTML report of a run")
+    p.add_argument("run")
+    add_db(p)
+    p.add_argument("--out", metavar="FILE", required=True, help="output .html file")
+    p.add_argument("--url", help="build it from a collector's or a federating front's API instead of --db")
+    p.set_defaults(func=cmd_report)
+
+    from vramwatch.cli.decisions import register as register_decisions
+    from vramwatch.cli.evidence import register as register_evidence
+
+    register_decisions(sub, add_db)
+    register_evidence(sub, add_db, positive)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    import sqlite3
+
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"vramwatch {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except sqlite3.DatabaseError as exc:
+        # a damaged file opens fine and fails where a command first reads a bad page, deep
+        # inside it; any output file is not left behind (output), so this is the whole story
+        db = db_path(args) if hasattr(args, "db") else "the database"
+        print(f"vramwatch {args.command}: error: cannot read {db}: {exc} "
+              "(check it with: sqlite3 FILE 'PRAGMA integrity_check')", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
