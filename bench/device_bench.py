@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.device_bench            # both splits; writes docs/benchmarks.md "## Device used only"
     .venv/bin/python -m bench.device_bench --quick    # two stories per family, no file written
-    .venv/bin/python -m bench.device_bench --split heldout --per-family 10 --show
+    .venv/bin/python -m bench.device_bench --split tune --per-family 4 --show   # per trace, for tuning
 
 The corpus is ``bench/device_corpus.py``'s (seeded stories; the ``heldout`` split draws devices,
 sampling, rates, cadences and warm-ups from other ranges with other seeds). Each trace goes through
@@ -180,7 +180,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.device_bench")
     parser.add_argument("--quick", action="store_true", help="two stories per family, no docs update")
     parser.add_argument("--split", choices=("tune", "heldout"), action="append")
-    parser.add_argument("--per-family", type=int, default=6)
+    parser.add_argument("--per-family", type=int, default=16)
     parser.add_argument("--show", action="store_true", help="print every trace's truth and events")
     args = parser.parse_args(argv)
     splits = args.split or ["tune", "heldout"]

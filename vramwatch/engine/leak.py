@@ -108,12 +108,12 @@ class LeakDetector:
         return None
 
     def never_settled(self, ctx: Context, age: int, block: Block) -> Trend | None:
-        """A series that never settled (or settled on a warm-up still climbing) leaks only if it
-        keeps rising long past any warm-up: once the process has run ``warmup_leak_horizons``
-        warm-up horizons of wall time, the floor since the later of the first horizon and a
-        quarter of its life rises in a straight line (three slopes within 20 %) or, on a
-        ratcheting level, in a staircase. A warm-up, however long, keeps decelerating; steps are
-        not the clock here (dcgm's step is a second, nvidia-smi's a row)."""
+        """A series that never settled leaks only if it keeps rising long past any warm-up:
+        once the process has run ``warmup_leak_horizons`` warm-up horizons of wall time, the
+        floor since the later of the first horizon and a quarter of its life rises in a
+        straight line (three slopes within 20 %) or, on a ratcheting level, in a staircase. A
+        warm-up, however long, keeps decelerating; steps are not the clock here (dcgm's step is
+        a second, nvidia-smi's a row)."""
         if not ctx.past_horizon(block, ctx.config.warmup_leak_horizons):
             return None
         assert ctx.horizon_step is not None

@@ -38,6 +38,7 @@ class PlateauDetector:
     first_judged: int | None = None  # where the process's first plateau was judged ...
     first_young: bool = False  # ... within the warm-up horizon (wall time) ...
     first_broke: int | None = None  # ... and the onset of the first rise that left it
+
     def note_phase(self, phase: str, step: int, reserved_before: int | None, reserved: int | None, rtol: float) -> None:
         """A phase sample: remember what it added to reserved (a phase's ratchet is no growth)."""
         if reserved_before is None or reserved is None or reserved <= reserved_before:
