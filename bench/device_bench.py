@@ -156,8 +156,27 @@ def show(outcomes: list[Outcome]) -> None:
         print(f"{o.name:32} {o.source:5} {truth:32} engine {alarms} {' '.join(events)}")
 
 
+INTRO = """What the engine sees without the hook: device used and capacity only, no phases (`vramwatch watch
+--prometheus`, `import --from nvidia-smi|prometheus`, a hook without torch's fields). The corpus is
+`bench/device_corpus.py`: seeded stories simulated in wall time through a caching allocator (reserved grows in
+segments, device used = context + reserved + reading jitter), recorded as dcgm-exporter (the Prometheus importer's
+conversion: whole MiB, step = unix second), as `nvidia-smi -l` (step = row) or as a hook without allocator fields
+(step = training step). Leaks: a smooth rise from the first sample, a smooth rise after a plateau, staircases of kept
+tensors every 5 min to 2 h, small leaks reaching the device in large segments, slow leaks under A100-like jitter
+(+-300 MiB white, a third of it wandering), leaks in runs that checkpoint and evaluate. No leak: plateaus, warm-ups
+of up to an hour (ramps that then hold, slow approaches, compile staircases), variable batch lengths, checkpoint
+ratchets, eval phases (a ratchet, or `empty_cache` after each), restarts (device used falls to 0), noisy plateaus.
+*tune* is the split the rules were tuned on (80 and 140 GiB cards, 15 s scrapes and rows, 1-2 s steps); *heldout*
+draws every parameter from other ranges (24 to 96 GiB cards, 10 and 30 s scrapes, 5 s rows, 0.5-3 s steps, other
+rates, cadences, warm-up lengths) with seeds never run before the final measurement. `predict_linear(used[10m], 4h)
+> total` is bench/engine_bench.py's emulation, evaluated on the same readings every 15 s. A leak is found when the
+first alarm falls between its onset and the OOM (projected when the trace ends first); an alarm on a trace without a
+leak is a false alarm, one before the onset is counted apart. Runway left = (OOM - detection) / (OOM - onset), a miss
+counts 0 %. Target: recall >= 0.8 with no false alarm on both splits."""
+
+
 def section(results: dict[str, list[Outcome]], took: float) -> str:
-    parts = []
+    parts = [INTRO]
     for split, outcomes in results.items():
         rows = [_row(d, score(outcomes, d)) for d in DETECTORS]
         errors = oom_errors(outcomes)
