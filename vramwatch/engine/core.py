@@ -47,7 +47,7 @@ class TrendEngine:
     (32 steps) the detectors run on at most 16 points each (tens of microseconds). Memory is
     bounded by the pyramid (8 x 48 blocks) and ``max_events``, whatever the run length; what is
     bounded is allocated as it fills (the pyramid's levels, the event ring): a series that has
-    not closed a block holds ~1.6 KB.
+    not closed a block holds ~1.7 KB.
     """
 
     __slots__ = (

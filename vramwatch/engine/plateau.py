@@ -38,7 +38,7 @@ class PlateauDetector:
     first_judged: int | None = None  # where the process's first plateau was judged ...
     first_young: bool = False  # ... within the warm-up horizon (wall time) ...
     first_broke: int | None = None  # ... and the onset of the first rise that left it
-    levels_seen: list[float] = field(default_factory=list)  # the floors of the latest 4 plateaus
+    levels_seen: list[float] | None = None  # the floors of the latest 4 plateaus (made at the first)
 
     def note_phase(self, phase: str, step: int, reserved_before: int | None, reserved: int | None, rtol: float) -> None:
         """A phase sample: remember what it added to reserved (a phase's ratchet is no growth)."""
@@ -129,6 +129,8 @@ class PlateauDetector:
             self.first_judged = block.end
             self.first_young = ctx.wall_age(block) < ctx.config.warmup_horizon_s
         if ctx.plateau is not None:
+            if self.levels_seen is None:
+                self.levels_seen = []  # allocated as it fills: most series hold a few hundred bytes
             keep_last(self.levels_seen, ctx.plateau.floor, 4)
         self.phase_ratchet = None
         self.floor_cusum.reset(block.end + 1)
@@ -190,11 +192,11 @@ class PlateauDetector:
         shortest) and the plateaus between them rose alike (the smallest rise at least half the
         largest): a staircase of ratchets, as a leak through the allocator makes. A warm-up's
         compile or batch-length breaks come at ever longer gaps, each adding less than the last."""
-        onsets = self.break_onsets[-4:]
-        if len(onsets) < 4 or len(self.levels_seen) < 4:
+        onsets, levels = self.break_onsets[-4:], self.levels_seen
+        if len(onsets) < 4 or levels is None or len(levels) < 4:
             return False
         gaps = [b - a for a, b in pairwise(onsets)]
-        rises = [b - a for a, b in pairwise(self.levels_seen)]
+        rises = [b - a for a, b in pairwise(levels)]
         return min(gaps) > 0 and max(gaps) <= 2 * min(gaps) and min(rises) > 0 and max(rises) <= 2 * min(rises)
 
     # ------------------------------------------------------------------ after a break
