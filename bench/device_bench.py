@@ -168,7 +168,7 @@ of up to an hour (ramps that then hold, slow approaches, compile staircases), va
 ratchets, eval phases (a ratchet, or `empty_cache` after each), restarts (device used falls to 0), noisy plateaus.
 *tune* is the split the rules were tuned on (80 and 140 GiB cards, 15 s scrapes and rows, 1-2 s steps); *heldout*
 draws every parameter from other ranges (24 to 96 GiB cards, 10 and 30 s scrapes, 5 s rows, 0.5-3 s steps, other
-rates, cadences, warm-up lengths) with seeds never run before the final measurement. `predict_linear(used[10m], 4h)
+rates, cadences, warm-up lengths) with seeds not run while the rules were tuned. `predict_linear(used[10m], 4h)
 > total` is bench/engine_bench.py's emulation, evaluated on the same readings every 15 s. A leak is found when the
 first alarm falls between its onset and the OOM (projected when the trace ends first); an alarm on a trace without a
 leak is a false alarm, one before the onset is counted apart. Runway left = (OOM - detection) / (OOM - onset), a miss
