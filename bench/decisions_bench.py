@@ -20,13 +20,16 @@ from typing import Any
 
 from bench.report import median_time, table, write_section
 from vramwatch import wire
-from vramwatch.decisions.advice import advise, project
+from vramwatch.decisions.advice import advise, decide, project
+from vramwatch.decisions.compare import WorldSizeMismatch
 from vramwatch.decisions.gate import gate
 from vramwatch.decisions.live import DecisionEngine
 from vramwatch.decisions.model import fit_transient
 from vramwatch.decisions.observe import RunObservation, observe
-from vramwatch.decisions.readiness import run_readiness
+from vramwatch.decisions.readiness import ReadinessConfig
 from vramwatch.decisions.scenarios import regression_overrides, token_trace, token_truth
+from vramwatch.decisions.stories import STORIES, story_trace, story_truth
+from vramwatch.decisions.views import run_readiness
 from vramwatch.engine import TrendEngine
 from vramwatch.engine.analyze import analyze_paths
 
@@ -79,7 +82,7 @@ def _accuracy_row(name: str, device: str, seed: int, steps: int, refs: bool = Fa
     for f in FACTORS:
         tokens = int(seen * f)
         got = project([model], tokens, 0.05)
-        row[f] = (got.worst_peak_bytes - truth.worst_need(tokens)) / truth.worst_need(tokens)
+        row[f] = (got.need_bytes - truth.worst_need(tokens)) / truth.worst_need(tokens)
     return row
 
 
@@ -187,9 +190,90 @@ def readiness_on_corpus() -> tuple[str, int, int]:
         want = expected(case)
         agree += r.verdict == want
         rows.append([case.name, want, r.verdict, "yes" if r.verdict == want else "**no**",
-                     f"{r.plateau_steps:,}", r.checkpoints_passed, r.reasons[0][:90] if r.reasons else ""])
+                     f"{r.plateau_steps:,}", r.checkpoints_passed, r.reasons[0].text[:90] if r.reasons else ""])
     text = table(["case", "expected", "verdict", "agrees", "plateau held", "checkpoints", "first reason"], rows)
     return text, agree, len(cases)
+
+
+def _story_row(name: str, seed: int, with_reference: bool) -> dict[str, Any]:
+    refs = [observe(story_trace("proven", run="proven", seed=seed))["proven"]] if with_reference else []
+    a = advise(observe(story_trace(name, seed=seed))[name], references=refs)
+    truth = story_truth(name, seed=seed)
+    true_max = truth.max_tokens(0.05)
+    g = a.evidence.granularity
+    step = a.next
+    fits = truth.worst_need(step.tokens_per_step) <= 0.95 * truth.total_bytes if step.tokens_per_step else None
+    return {"story": name + (" + the proven run as --reference" if refs else ""),
+            "ooms": len({(o.run, o.ordinal) for o in a.evidence.ooms}),
+            "next": f"{step.action} {step.tokens_per_step:,} ({step.because.cause})", "fits": fits,
+            "settable_truth": true_max // g * g, "g": g, "max": a.max_tokens_per_step, "bound": a.bound,
+            "err": (a.max_tokens_per_step - true_max) / true_max, "true_max": true_max,
+            "model_err": ((a.model_max_tokens_per_step or 0) - true_max) / true_max}
+
+
+def procedure(seeds: int) -> tuple[str, list[float]]:
+    """The procedure's replays (vramwatch/decisions/stories.py): what advise says next, and the
+    largest batch against the truth, on runs that include OOMs."""
+    rows, errors = [], []
+    for name, with_reference in (*((n, False) for n in STORIES), ("try_alone", True)):
+        items = [_story_row(name, seed, with_reference) for seed in range(seeds)]
+        first = items[0]
+        worst = max(items, key=lambda r: abs(r["err"]))["err"]
+        model = max(items, key=lambda r: abs(r["model_err"]))["model_err"]
+        if first["ooms"]:
+            errors.append(abs(worst))
+        fits = {True: "yes", False: "**no**", None: "-"}[first["fits"]]
+        settable = f"{first['settable_truth']:,} (g {first['g']:,})"
+        largest = f"{first['max']:,} ({first['bound']})"
+        rows.append([first["story"], first["ooms"], first["next"], fits, settable, largest, f"{first['true_max']:,}",
+                     f"{worst:+.2%}", f"{model:+.2%}"])
+    headers = ["replay", "OOMs", "next step (seed 0)", "next batch keeps the margin in truth",
+               "largest settable in truth", "largest batch (what bounds it)", "truth", "largest batch: worst error",
+               "the model alone: worst error"]
+    return table(headers, rows), errors
+
+
+def leak_gate(seeds: int) -> str:
+    """A candidate leaking 0.5 MiB/step against a clean baseline: the gate must fail it whatever
+    its growth so far; runs of different world sizes are refused unless asked per rank."""
+    failed, growths, mismatched = 0, [], 0
+    rate = 0.5 * 2**20 / DEVICES["h200"]
+    for seed in range(seeds):
+        base = _run("fixed", 3000, 300 + seed, DEVICES["h200"])
+        cand = _run("fixed", 3000, 400 + seed, DEVICES["h200"], leak_rank=1, leak_onset=1200, leak_rate_frac=rate)
+        result = gate(base, cand, 0.03)
+        failed += not result.passed and bool(result.troubles) and result.troubles[0].cause == "leak"
+        growths.append(result.worst.growth if result.worst else float("nan"))
+        wide = observe(s for r in range(2) for s in token_trace("fixed", steps=600, run="wide", rank=r,
+                                                                  seed=500 + seed + r, world_size=64))["wide"]
+        try:
+            gate(base, wide, 0.03)
+        except WorldSizeMismatch:
+            mismatched += 1
+    rows = [["leaks 0.5 MiB/step on rank 1 (from step 1,200 of 3,000)", seeds, failed,
+             f"{min(growths):+.2%} .. {max(growths):+.2%}"],
+            ["2 of 64 ranks against 2 of 2 (world sizes differ)", seeds, f"{mismatched} refused (exit 2)", "-"]]
+    return table(["candidate", "pairs", "gate failed naming rank and cause", "largest peak growth so far"], rows)
+
+
+def live_advice_cost() -> str:
+    """``/advice`` on the tracks the collector holds against replaying the run (8 ranks x 5,000 steps)."""
+    from vramwatch.collector.live import LiveState
+    from vramwatch.collector.routes_decisions import live_view
+
+    samples = [s for r in range(8) for s in token_trace("varlen", steps=5000, run="eight", rank=r, seed=r,
+                                                         world_size=8)]
+    live = LiveState()
+    live.rebuild(samples)
+    config = ReadinessConfig()
+    states = live.for_run("eight")
+    live_t = median_time(lambda: decide(live_view("eight", states, config), [], config=config), 5)
+    replay_t = median_time(lambda: advise(observe(samples)["eight"]), 3)
+    same = decide(live_view("eight", states, config), [], config=config).next == advise(observe(samples)["eight"]).next
+    return table(["what", "measured / limit = ratio", "limit"], [[
+        f"`/advice` from the live tracks (8 ranks x 5,000 steps; same next step as the replay: {same})",
+        f"{live_t * 1e3:.1f} ms / {0.1 * replay_t * 1e3:.1f} ms = {live_t / (0.1 * replay_t):.2f}",
+        "a tenth of replaying the run"]])
 
 
 def gate_pairs(seeds: int) -> str:
@@ -257,7 +341,9 @@ def main(argv: list[str]) -> None:
     real = torch_real()
     ready, agree, cases = readiness_on_corpus()
     gates = gate_pairs(3 if args.quick else 10)
-    cost = costs()
+    steps, step_errors = procedure(1 if args.quick else 3)
+    leaks = leak_gate(2 if args.quick else 5)
+    cost = costs() + "\n\n" + live_advice_cost()
     body = f"""
 **Largest batch that fits and projected peaks** against the simulator's truth (token scenarios of
 `vramwatch/decisions/scenarios.py`: transient = fixed part + activation per token, 3 % batch-composition
@@ -293,10 +379,25 @@ against the measurement of that batch:
 
 {ready}
 
+**The procedure on replays with known truth** (`vramwatch/decisions/stories.py`: a KoHRM-like job, 22,528
+token slots per GPU = 180,224 global over 8, played process by process; a buffer the checkpoint needs only
+above 23,552 tokens per rank makes the raise to 24,576 run out of memory at its first checkpoint; 2 of the 8
+ranks simulated, {3 if not args.quick else 1} seed(s)). "Largest batch" is what `advise` reports: the model
+bounded by the evidence (below a batch that ran out of memory, never under a proven one; a model contradicted by
+an OOM yields to the proven batch, else to just below the OOM, an upper bound). **Largest-batch error on the
+replays that include OOMs: worst {max(step_errors):.2%}** (the model alone, which cannot see the checkpoint's
+buffer, in the last column).
+
+{steps}
+
 **Gate** (`vramwatch gate`, tolerance 3 %) on baseline/candidate pairs with different seeds, the candidate
 holding more persistent memory (its training peak +1 % or +6 %):
 
 {gates}
+
+Trouble the baseline does not have fails the candidate whatever its growth so far:
+
+{leaks}
 
 **Costs**:
 

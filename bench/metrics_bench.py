@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from prometheus_client import generate_latest
 
 from vramwatch.collector.metrics import build_registry, render
+from vramwatch.runlife import RankLife, judge
 
 GIB = 1024**3
 
@@ -48,12 +49,15 @@ def standin_live(ranks: int, now: float) -> SimpleNamespace:
             "peak_allocated_bytes": 126 * GIB, "inactive_split_bytes": 3 * GIB, "alloc_retries": 0, "ooms": 0,
             "nvml_used_bytes": 130 * GIB, "total_bytes": 143 * GIB, "active_bytes": 121 * GIB,
         }
+        life = RankLife(last["host"], rank)
+        life.feed(last)
         series.append(SimpleNamespace(
             run="bench-run", host=last["host"], rank=rank, uuid=f"GPU-{rank:08x}-1111-2222-3333-444455556666",
             gpu=rank % 8, incarnation="i0", last=last, last_train=last, engine=_StaticEngine(rank),
-            samples=100, last_seen=now,
+            samples=100, last_seen=now, life=life, ooms=0, restarts=0,
         ))
-    return SimpleNamespace(snapshot=lambda: list(series))
+    return SimpleNamespace(snapshot=lambda: list(series),
+                           story=lambda run, states, at: judge(run, [s.life for s in states], at))
 
 
 def real_live(ranks: int, steps: int):
@@ -137,8 +141,14 @@ def main(argv: list[str] | None = None) -> dict:
         t0 = time.perf_counter()
         render(registry, "application/openmetrics-text; version=1.0.0")
         om.append(time.perf_counter() - t0)
+    fresh = []  # the run's life judged afresh: a scrape that is the first to ask for it this second
+    for _ in range(max(3, args.repeat // 3)):
+        getattr(live, "_stories", {}).clear()
+        t0 = time.perf_counter()
+        render(registry, None)
+        fresh.append(time.perf_counter() - t0)
     result = {
-        "ranks": args.ranks, "source": source,
+        "ranks": args.ranks, "source": source, "median_render_judged_ms": statistics.median(fresh) * 1e3,
         "series": sum(1 for line in body.splitlines() if line and not line.startswith(b"#")),
         "bytes": len(body), "median_render_ms": statistics.median(fast) * 1e3,
         "median_generic_ms": statistics.median(generic) * 1e3,
@@ -159,13 +169,16 @@ def write(result: dict, args: argparse.Namespace) -> None:
 
     rows = [
         ["`metrics.render` (text 0.0.4, fast path)", f"{result['median_render_ms']:.0f} ms"],
+        ["`metrics.render` judging the run's life afresh (the first reader in a second; later ones share it)",
+         f"{result['median_render_judged_ms']:.0f} ms"],
         ["`metrics.render` (OpenMetrics)", f"{result['median_openmetrics_ms']:.0f} ms"],
         ["prometheus_client `generate_latest`, same registry", f"{result['median_generic_ms']:.0f} ms"],
     ]
     if "median_http_ms" in result:
         http = f"{result['median_http_ms']:.0f} ms"
         rows.append(["`GET /metrics` through a real collector (uvicorn, loopback)", http])
-    verdict = "meets" if result["median_render_ms"] < 250 else "MISSES"
+    worst = max(result["median_render_ms"], result["median_render_judged_ms"])
+    verdict = "meets" if worst < 250 else "MISSES"
     body = f"""
 `/metrics` for **{result['ranks']} ranks** ({result['series']} series, {result['bytes'] / 1e6:.1f} MB of text;
 {result['source']}). Median of {args.repeat} renders; the fast path and the generic
@@ -173,7 +186,8 @@ encoder were timed interleaved in one run.
 
 {table(["what", "median"], rows)}
 
-Target < 250 ms for 4096 ranks: **{verdict}** it ({result['median_render_ms']:.0f} ms); the fast path is
+Target < 250 ms for 4096 ranks: **{verdict}** it ({worst:.0f} / 250 ms = {worst / 250:.2f}, the run's life
+judged afresh included: one judgement per run and second is shared by every reader); the fast path is
 **{result['speedup']:.1f}x** faster than prometheus_client's generic encoder, which the collector would
 otherwise use (and which alone would miss the target). Both paths yield the same samples
 (tests/test_metrics.py::test_fast_path_and_standard_collect_agree). A scrape does no database I/O.

@@ -71,8 +71,9 @@ function hasRoute(path) {
 }
 const NOT_FOUND = () => Promise.reject(new ApiError(404, "Not Found"));
 
-/** Readiness and batch advice (GET /api/v1/runs/{run}/advice); a report embeds none. */
+/** Readiness and the next step (GET /api/v1/runs/{run}/advice); a report embeds the document. */
 export async function getAdvice(run, targetTokens) {
+  if (STATIC) return STATIC.advice || NOT_FOUND();
   if (!(await hasRoute("/api/v1/runs/{run}/advice"))) return NOT_FOUND();
   return getJSON(runPath(run) + "/advice" + query({ target_tokens: targetTokens }));
 }

@@ -11,11 +11,11 @@
  * textContent / attribute setters (dom.js), and reaches plotly (which renders a small
  * HTML subset in labels) only through plotlyText(), which entity-escapes it. */
 
-import { age, rankLabel } from "./format.js";
+import { age, clock, rankLabel, timeZoneLabel } from "./format.js";
 import { $, append, clear, el, markOnce, timed } from "./dom.js";
 import { ApiError, RankRows, STATIC, plotlyReady, source } from "./api.js";
 import { S, resetState, setVocab } from "./state.js";
-import { annotate, lastHeard, sortRanks } from "./verdict.js";
+import { annotate, isRunning, lastHeard, sortRanks } from "./verdict.js";
 import { drawRuns, runHref } from "./runs.js";
 import { drawCards } from "./cards.js";
 import { drawStrip, stripHooks } from "./ranktable.js";
@@ -32,9 +32,9 @@ import { memPanel, refreshMem } from "./memsplit.js";
 
 const POLL_MS = 1000; // new samples must show within 2 s
 const BIG_RUN = 256; // ranks: past this, overview panels refresh less often
-const ADVICE_EVERY = 30;
+const ADVICE_EVERY = 5; // polls: the collector decides on the tracks it holds (a copy per rank, a fit each)
 const MEM_EVERY = 5; // polls: device split and host memory of the selected rank
-const EVIDENCE_EVERY = 3; // polls: snapshot list (a directory listing); the post-mortem less often // polls: advice replays the run on the collector, so not every second
+const EVIDENCE_EVERY = 3; // polls: snapshot list (a directory listing); the post-mortem less often
 
 // ------------------------------------------------------------------ routing
 function parseRoute() {
@@ -131,7 +131,11 @@ function pollRuns() {
     clearError();
     drawRuns(runs, startHint, stateMsg);
     const newest = runs.reduce((m, r) => Math.max(m, r.last_ts || 0), 0);
-    setLive("live", runs.length ? "live · last sample " + age(newest) : "live · waiting for samples");
+    const running = runs.filter((r) => r.status === "running").length;
+    $("live").title = "times in " + timeZoneLabel();
+    if (!runs.length) setLive("live", "collector up · waiting for samples");
+    else if (running) setLive("live", "live · " + running + " run" + (running === 1 ? "" : "s") + " running · last sample " + age(newest));
+    else setLive("ended", "no run running · last sample " + clock(newest));
   }, (err) => {
     if (gen !== S.gen) return;
     handleError(err);
@@ -149,7 +153,7 @@ function renderRunPage() {
   document.title = "vramwatch · " + S.run;
   clear($("view"));
   append($("view"), loadingMsg("loading run…"));
-  if (STATIC) setLive("static", "static report · generated " + new Date(STATIC.generated_at * 1000).toLocaleString());
+  if (STATIC) setLive("static", "static report · generated " + clock(STATIC.generated_at) + " · times in " + timeZoneLabel());
   S.rankRows = new RankRows();
   pollRun();
 }
@@ -267,6 +271,8 @@ async function pollRun() {
     if (S.tick === 0) {
       // first load: the rank chart first, the overview panels right after it, so their
       // (heavier, cold-cache) requests do not delay the chart
+      // the advice is the run's verdict: asked with the page, not when scrolled into view
+      work.push(refreshPanel("advice-panel", true));
       work.push(main.then(() => Promise.all([refreshPanel("chart-heatmap", true), refreshPanel("chart-overlay", true),
         refreshPanel("evidence-panel", true), refreshPanel("mem-panel", true)])));
     } else {
@@ -328,11 +334,17 @@ function refreshPanel(id, always) {
 
 function drawSecondary() { refreshPanel("chart-frag", S.tick <= 1); refreshPanel("events-table", S.tick <= 1); }
 
+/** The top bar says "live" only while a rank of the run is live (the collector's liveness);
+ * once every rank exited, died or ended it says how the run ended and when. */
 function updateLiveText() {
   if (STATIC) return;
   const newest = S.ranks.reduce((m, r) => Math.max(m, lastHeard(r)), 0);
-  const stale = Date.now() / 1000 - newest > 120;
-  setLive(stale ? "stale" : "live", (stale ? "no new samples · last " : "live · last sample ") + age(newest));
+  const live = S.ranks.filter((r) => r.liveness === "live").length;
+  $("live").title = "times in " + timeZoneLabel();
+  if (live) { setLive("live", "live · " + live + " of " + S.ranks.length + " ranks · last sample " + age(newest)); return; }
+  if (S.ranks.some(isRunning)) { setLive("stale", "no rank live · silent since " + clock(newest)); return; }
+  const status = S.runStatus ? S.runStatus + " · " : "";
+  setLive("ended", "ended · " + status + "last sample " + clock(newest));
 }
 
 function chooseSelection() {

@@ -21,8 +21,7 @@ export function worstRank(ranks) {
 }
 
 function deathText(death) {
-  return (death.how === "out of memory" ? "died of OOM" : death.how === "silent" ? "silent since" : "exited at") +
-    " step " + intText(death.step) + " · " + clock(death.ts);
+  return "died (" + death.how + ") at step " + intText(death.step) + " · " + clock(death.ts);
 }
 
 function worstCard(worst) {
@@ -36,7 +35,7 @@ function worstCard(worst) {
   else if (v.state === "warmup") why = "still warming up";
   else if (v.state === "plateau" && !vw.ooms && !vw.restarts) why = "all ranks stable";
   if (vw.ooms) why = "OOM ×" + vw.ooms + (why ? " · " + why : "");
-  const badge = vw.death ? (vw.death.how === "out of memory" ? "oom" : vw.liveness) : vw.shown;
+  const badge = vw.death ? (vw.death.cause === "oom" ? "oom" : vw.liveness) : vw.shown;
   return {
     label: "Worst rank", alert: vw.shown === "leak" || !!vw.death || vw.ooms > 0,
     value: el("span", null, el("span", { class: "badge", dataset: { state: badge }, text: badge }), " ", el("span", { text: "rank " + worst.rank })),
@@ -61,7 +60,7 @@ function headroomCard(ranks) {
 }
 
 function oomCard(ranks) {
-  const dead = ranks.filter((r) => r.vw.death && r.vw.death.how === "out of memory");
+  const dead = ranks.filter((r) => r.vw.death && r.vw.death.cause === "oom");
   if (dead.length) {
     const first = dead.slice().sort((a, b) => (a.vw.death.ts || 0) - (b.vw.death.ts || 0))[0];
     return { label: "Out of memory", alert: true, value: "rank " + first.rank + " died",
@@ -81,21 +80,23 @@ function oomCard(ranks) {
 function ranksCard(ranks) {
   const hosts = new Set(ranks.map((r) => r.host)).size;
   const byState = {};
-  let silent = 0, exited = 0, ooms = 0, oomRanks = 0, restarts = 0;
+  let silent = 0, exited = 0, dead = 0, ooms = 0, oomRanks = 0, restarts = 0;
   for (const r of ranks) {
     byState[r.vw.shown] = (byState[r.vw.shown] || 0) + 1;
     if (r.vw.liveness === "silent") silent++;
     if (r.vw.liveness === "exited") exited++;
+    if (r.vw.liveness === "dead") dead++;
     if (r.vw.ooms) { ooms += r.vw.ooms; oomRanks++; }
     restarts += r.vw.restarts || 0;
   }
   const parts = [];
+  if (dead) parts.push(dead + " dead");
   if (silent) parts.push(silent + " silent");
   if (oomRanks) parts.push("OOM ×" + ooms + (oomRanks > 1 ? " on " + oomRanks + " ranks" : ""));
   if (restarts) parts.push("restart ×" + restarts);
   if (exited) parts.push(exited + " exited");
   parts.push(statesBySeverity(Object.keys(byState)).map((k) => byState[k] + " " + k).join(", "));
-  return { label: "Ranks", value: intText(ranks.length), alert: silent > 0 || oomRanks > 0,
+  return { label: "Ranks", value: intText(ranks.length), alert: dead > 0 || silent > 0 || oomRanks > 0,
     sub: hosts + (hosts === 1 ? " host" : " hosts") + " · " + parts.join(" · ") };
 }
 
@@ -107,7 +108,7 @@ export function drawCards() {
   const cards = [
     worstCard(worst), headroomCard(ranks), oomCard(ranks), ranksCard(ranks),
     // a report is read long after it was made: there the time itself, not "… ago"
-    { label: "Last sample", value: STATIC ? new Date(newest * 1000).toLocaleString() : age(newest), sub: "step " + intText(lastStep) },
+    { label: "Last sample", value: STATIC ? clock(newest) : age(newest), sub: "step " + intText(lastStep), title: "last sample " + clock(newest) },
   ];
   const box = $("cards");
   clear(box);

@@ -1,7 +1,7 @@
 /* What every plotly chart shares: the theme (read back from the CSS variables), axes,
  * the plot config, and the step <-> wall-time mapping of the selected rank. */
 
-import { rankKey } from "./format.js";
+import { chartMs, chartTs, rankKey, timeZoneLabel } from "./format.js";
 import { cssVar, nextTask } from "./dom.js";
 import { S } from "./state.js";
 
@@ -44,8 +44,8 @@ export function xAxis(t, extra) {
   const time = S.x === "time";
   return { ...TICKS_AS_DRAWN,
     gridcolor: t.grid, zerolinecolor: t.grid, linecolor: t.border, tickfont: { color: t.muted },
-    title: { text: time ? "" : "step", font: { color: t.muted, size: 11 }, standoff: 4 },
-    type: time ? "date" : "linear", hoverformat: time ? "%H:%M:%S" : ",d", tickformat: time ? "" : "~s",
+    title: { text: time ? "wall time · " + timeZoneLabel() : "step", font: { color: t.muted, size: 11 }, standoff: 4 },
+    type: time ? "date" : "linear", hoverformat: time ? "%Y-%m-%d %H:%M:%S" : ",d", tickformat: time ? "" : "~s",
     ...extra,
   };
 }
@@ -82,9 +82,9 @@ export function interp(xs, ys, v) {
 /** A step as the chart's x value (the step, or epoch milliseconds on the wall-time axis). */
 export function stepToX(step, ts) {
   if (S.x !== "time") return step;
-  if (typeof ts === "number" && isFinite(ts)) return ts * 1000;
+  if (typeof ts === "number" && isFinite(ts)) return chartMs(ts);
   const m = S.stepTs;
-  return m ? interp(m.steps, m.ts, step) * 1000 : null;
+  return m ? chartMs(interp(m.steps, m.ts, step)) : null;
 }
 
 export function xToStep(x) {
@@ -92,7 +92,7 @@ export function xToStep(x) {
   const text = String(x);
   const ms = typeof x === "number" ? x : Date.parse(text.replace(" ", "T") + (/[zZ]|[+-]\d\d:?\d\d$/.test(text) ? "" : "Z"));
   const m = S.stepTs;
-  return m ? interp(m.ts, m.steps, ms / 1000) : null;
+  return m ? interp(m.ts, m.steps, chartTs(ms)) : null;
 }
 
 export function medianStepSeconds() {

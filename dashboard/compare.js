@@ -3,7 +3,7 @@
  * Which value: by default the one the worst rank's verdict is about (allocated for an
  * allocator leak, NVML used for a leak outside the allocator, reserved otherwise). */
 
-import { plotlyText, rankKey, rankLabel, toGiB } from "./format.js";
+import { chartMs, plotlyText, rankKey, rankLabel, toGiB } from "./format.js";
 import { $, el, timed } from "./dom.js";
 import { plotlyReady, source } from "./api.js";
 import { S } from "./state.js";
@@ -94,7 +94,7 @@ export function refreshOverlay() {
         const r = ranks[i];
         const sel = S.selected && r.rank === S.selected.rank && r.host === S.selected.host;
         traces.push({ name: plotlyText(rankLabel(r)) + " (" + (r.vw ? r.vw.shown : verdictOf(r).state) + ")",
-          x: S.x === "time" ? s.series.ts.map((v) => v * 1000) : s.x, y: toGiB(s.series[field]), mode: "lines",
+          x: S.x === "time" ? s.series.ts.map(chartMs) : s.x, y: toGiB(s.series[field]), mode: "lines",
           line: { color: PALETTE[i % PALETTE.length], width: sel ? 2.4 : 1.4 }, hovertemplate: "%{y:.2f} GiB" });
       });
       const layout = baseLayout(t, {

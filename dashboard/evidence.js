@@ -1,14 +1,17 @@
 /* Evidence for the run (docs/evidence.md): ask the selected rank for an allocator snapshot, list
  * the run's snapshots (each downloads as the pickle pytorch.org/memory_viz opens), the leak
  * suspects (per leaking rank, the lines of code whose live memory grew between two of its
- * snapshots), and the post-mortem of a run whose ranks stopped (who failed first, when, why; how
- * every rank ended, what it held at that moment, which other processes held memory on its GPU).
- * Data: the collector's /capture, /snapshots, /suspects and /postmortem routes; a report embeds them. */
+ * snapshots), and the post-mortem (who failed first, when, why; how every rank's latest process
+ * ended, what it held at that moment, which other processes held memory on its GPU), shown as soon
+ * as a rank died or hit an OOM, during the run, and once every rank ended. Data: the collector's
+ * /capture, /snapshots, /suspects and /postmortem routes; a report embeds them. Times carry their
+ * date and the viewer's zone. */
 
-import { MIB, clock, gib, intText, isNum, plural } from "./format.js";
+import { MIB, clock, gib, intText, isNum, plural, timeZoneLabel } from "./format.js";
 import { $, append, clear, el } from "./dom.js";
-import { ApiError, STATIC, getPostmortem, getSnapshots, getSuspects, requestCapture, source } from "./api.js";
-import { S } from "./state.js";
+import { ApiError, STATIC, getPostmortem, getSnapshots, getSuspects, requestCapture } from "./api.js";
+import { S, vocab } from "./state.js";
+import { isRunning } from "./verdict.js";
 
 const MEMORY_VIZ = "https://pytorch.org/memory_viz";
 const DEFAULT_STEPS = 3;
@@ -111,30 +114,37 @@ function drawSuspects(list) {
   }
 }
 
-/** Is a post-mortem worth showing: the run crashed, or a rank is not live. */
-async function needsPostmortem() {
-  if ((S.ranks || []).some((r) => r.vw && r.vw.liveness && r.vw.liveness !== "live")) return true;
-  if (STATIC) return !!STATIC.postmortem;
-  const runs = await source.runs();
-  const row = runs.find((r) => r.run === S.run);
-  return !!row && row.status === "crashed";
+/** What makes a post-mortem worth showing, from the collector's rank rows: a process that died
+ * (the latest or an earlier one), an OOM, or a run whose ranks all ended. Its text changes when
+ * one more rank dies, which asks for the post-mortem at once. */
+function postmortemReason() {
+  const ranks = S.ranks || [];
+  if (STATIC) return STATIC.postmortem ? "embedded" : "";
+  const dead = ranks.filter((r) => r.vw.death).length;
+  const deaths = ranks.reduce((n, r) => n + r.vw.deaths, 0);
+  const ooms = ranks.reduce((n, r) => n + r.vw.ooms, 0);
+  const ended = ranks.length > 0 && !ranks.some(isRunning);
+  return dead || deaths || ooms || ended ? [dead, deaths, ooms, ended].join("|") : "";
 }
 
-const END_STATE = { oom: "leak", silent: "warmup", exit: "unknown", running: "plateau" };
+const END_STATE = { oom: "oom", killed: "dead", stopped: "dead", exited: "exited", ended: "ended", running: "plateau" };
 
 function drawPostmortem(pm) {
   const box = $("postmortem");
   clear(box);
   box.hidden = false;
   const f = pm.first_failure;
-  append(box, el("h3", { text: "Post-mortem · " + (pm.status || "") }));
+  S.runStatus = pm.status || null;
+  const meaning = (vocab.run_status_meaning || {})[pm.status];
+  append(box, el("h3", { text: "Post-mortem · " + (pm.status || ""), title: meaning || null }),
+    el("p", { class: "muted", id: "pm-zone", text: "times in " + timeZoneLabel() }));
   if (f) {
     append(box, el("p", { class: "pm-first", id: "pm-first" },
       el("strong", { text: "First failure: rank " + f.rank + " on " + f.host }),
       " · " + f.cause + " · step " + intText(f.step) + " · " + clock(f.ts)),
     f.detail ? el("p", { class: "muted", id: "pm-detail", text: f.detail }) : null);
   } else {
-    append(box, el("p", { id: "pm-first", text: "No failure: every rank is running or exited cleanly." }));
+    append(box, el("p", { id: "pm-first", text: "No failure: every rank is running or closed cleanly." }));
   }
   const snaps = new Map();
   for (const s of pm.snapshots || []) if (!snaps.has(s.rank)) snaps.set(s.rank, s);
@@ -143,7 +153,8 @@ function drawPostmortem(pm) {
       "Headroom at failure", "Snapshot"].map((t) => el("th", { text: t })))),
     el("tbody", null, (pm.ranks || []).map((r) => el("tr", { dataset: { rank: r.rank, end: r.end } },
       el("td", { text: r.rank }), el("td", { text: r.host }),
-      el("td", null, el("span", { class: "badge", dataset: { state: END_STATE[r.end] || "unknown" }, text: r.end + (r.ooms ? " · OOM ×" + r.ooms : "") })),
+      el("td", null, el("span", { class: "badge", dataset: { state: END_STATE[r.end] || "unknown" }, title: (vocab.outcomes || {})[r.end] || null,
+        text: r.end + (r.ooms ? " · OOM ×" + r.ooms : "") + (r.restarts ? " · restart ×" + r.restarts : "") })),
       el("td", { text: intText(r.last_step) }), el("td", { text: clock(r.last_ts) }),
       el("td", { text: gib(r.headroom_bytes) }), el("td", { text: gib(r.held_at_failure_bytes) }),
       el("td", { text: gib(r.headroom_at_failure_bytes) }),
@@ -176,10 +187,13 @@ export async function refreshEvidence() {
     if (gen !== S.gen) return;
     drawSuspects(suspects);
   }
-  // the post-mortem replays the run on the collector: at most every PM_EVERY polls
-  if (isNum(S.pmTick) && S.tick - S.pmTick < PM_EVERY) return;
+  // the post-mortem replays the run on the collector: at most every PM_EVERY polls, and at once
+  // when a rank died since the last one
+  const reason = postmortemReason();
+  if (!reason) { $("postmortem").hidden = true; S.pmReason = ""; return; }
+  if (reason === S.pmReason && isNum(S.pmTick) && S.tick - S.pmTick < PM_EVERY) return;
   S.pmTick = S.tick;
-  if (!(await needsPostmortem())) { $("postmortem").hidden = true; return; }
+  S.pmReason = reason;
   let pm;
   try {
     pm = await getPostmortem(S.run);

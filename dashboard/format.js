@@ -38,12 +38,42 @@ export function age(ts) {
   return duration(s) + " ago";
 }
 
-/** Wall-clock time of an epoch timestamp, "HH:MM:SS" (with the date when not today). */
+function pad2(n) { return String(n).padStart(2, "0"); }
+
+/** The viewer's offset from UTC at that moment, "UTC+02:00". */
+export function utcOffset(d) {
+  const minutes = -d.getTimezoneOffset();
+  const a = Math.abs(minutes);
+  return "UTC" + (minutes >= 0 ? "+" : "-") + pad2(Math.floor(a / 60)) + ":" + pad2(a % 60);
+}
+
+/** An epoch timestamp in the viewer's time zone, with its date and zone stated:
+ * "2025-10-09 14:03:12 UTC+02:00" (a report is read days later, elsewhere). */
 export function clock(ts) {
   if (!isNum(ts)) return "—";
   const d = new Date(ts * 1000);
-  const time = d.toLocaleTimeString("en-GB", { hour12: false });
-  return d.toDateString() === new Date().toDateString() ? time : d.toISOString().slice(0, 10) + " " + time;
+  return d.getFullYear() + "-" + pad2(d.getMonth() + 1) + "-" + pad2(d.getDate()) + " " +
+    pad2(d.getHours()) + ":" + pad2(d.getMinutes()) + ":" + pad2(d.getSeconds()) + " " + utcOffset(d);
+}
+
+/** The viewer's time zone, as the page states it: "Europe/Berlin, UTC+02:00". */
+export function timeZoneLabel() {
+  let zone = "";
+  try { zone = Intl.DateTimeFormat().resolvedOptions().timeZone || ""; } catch (e) { /* no Intl */ }
+  return (zone ? zone + ", " : "") + utcOffset(new Date());
+}
+
+/** Epoch seconds as a wall-time chart x: plotly draws epoch milliseconds as UTC, so the
+ * viewer's offset (at that moment: DST moves it) is added to show their own clock. */
+export function chartMs(ts) {
+  const ms = ts * 1000;
+  return ms - new Date(ms).getTimezoneOffset() * 60000;
+}
+
+/** The inverse of chartMs: a wall-time chart x back to epoch seconds. */
+export function chartTs(ms) {
+  const guess = ms + new Date(ms).getTimezoneOffset() * 60000;
+  return (ms + new Date(guess).getTimezoneOffset() * 60000) / 1000;
 }
 
 export function intText(n) { return isNum(n) ? Math.round(n).toLocaleString("en-US") : "—"; }

@@ -4,7 +4,7 @@
  * "inactive split" is freed blocks split too small to reuse; retries are the allocator
  * freeing its cache to satisfy a request (each one a stall, the step before an OOM). */
 
-import { GIB, gib, intText, isNum, toGiB } from "./format.js";
+import { GIB, chartMs, gib, intText, isNum, toGiB } from "./format.js";
 import { $ } from "./dom.js";
 import { S } from "./state.js";
 import { stateOf, verdictOf } from "./verdict.js";
@@ -24,7 +24,7 @@ export function drawFrag() {
   if (!gd || !d) return;
   const t = chartTheme();
   const s = d.series;
-  const xs = S.x === "time" ? s.series.ts.map((ts) => ts * 1000) : s.x;
+  const xs = S.x === "time" ? s.series.ts.map(chartMs) : s.x;
   const unused = s.x.map((_, i) => {
     const p = s.series.peak_allocated_bytes[i], rs = s.series.reserved_bytes[i];
     return isNum(p) && isNum(rs) ? Math.max(0, rs - p) / GIB : null;

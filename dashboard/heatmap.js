@@ -3,7 +3,7 @@
  * among 512 healthy ones, and cells under the low-headroom threshold (from /api/v1/meta) are
  * coloured danger whatever their peers do. A click on a row opens that rank. */
 
-import { GIB, intText, isNum } from "./format.js";
+import { GIB, chartMs, intText, isNum } from "./format.js";
 import { $, markOnce, nextTask, timed } from "./dom.js";
 import { plotlyReady, source } from "./api.js";
 import { S, vocab } from "./state.js";
@@ -123,7 +123,7 @@ async function heatmapFigure(h, mode) {
   const uniqueRanks = new Set(h.rows.map((r) => r.rank)).size === h.rows.length;
   // y is the rank number (ranks are unique within a run); duplicates fall back to row index
   const ys = h.rows.map((r, i) => { const y = uniqueRanks ? r.rank : i; rowsByRank[y] = r; return y; });
-  const xs = h.x.map((x) => (S.x === "time" ? x * 1000 : x));
+  const xs = h.x.map((x) => (S.x === "time" ? chartMs(x) : x));
   const totals = {};
   for (const r of S.ranks || []) totals[r.host + "\u0000" + r.rank] = totalOf(r);
   const fraction = vocab.low_headroom_fraction;
@@ -146,7 +146,7 @@ async function heatmapFigure(h, mode) {
     type: "heatmap", x: xs, y: ys, z: grid.z, customdata: custom, zmin: grid.zmin, zmax: grid.zmax,
     colorscale: mode === "deviation" ? deviationScale(t.heatNeutral || "#e6f0e9") : mode === "headroom" ? HEADROOM_SCALE : RESERVED_SCALE,
     hoverongaps: false, xgap: 0, ygap: h.rows.length <= 64 ? 1 : 0, colorbar,
-    hovertemplate: (uniqueRanks ? "rank %{y}" : "row %{y}") + "<br>" + (S.x === "time" ? "%{x|%H:%M:%S}" : "step %{x:,d}") + "<br>" +
+    hovertemplate: (uniqueRanks ? "rank %{y}" : "row %{y}") + "<br>" + (S.x === "time" ? "%{x|%Y-%m-%d %H:%M:%S}" : "step %{x:,d}") + "<br>" +
       (isHeadroom ? "min headroom %{customdata[0]:.2f} GiB<br>%{customdata[1]:+.2f} GiB vs the run's median" : "max reserved %{customdata[0]:.2f} GiB") +
       "<extra></extra>",
   };

@@ -11,7 +11,7 @@
  * /processes: the other processes on the selected rank's GPU by name ("a Jupyter kernel (pid
  * 4242, ipykernel_launcher) holds 38.0 GiB on GPU 3"), in the note and on the chart. */
 
-import { GIB, gib, isNum, plotlyText, toGiB } from "./format.js";
+import { GIB, chartMs, gib, isNum, plotlyText, toGiB } from "./format.js";
 import { $, el, nextTask, timed } from "./dom.js";
 import { getProcesses, source } from "./api.js";
 import { S } from "./state.js";
@@ -77,7 +77,7 @@ export async function refreshMem() {
   $("mem-device-box").hidden = !devOk;
   $("mem-host-box").hidden = !hostOk;
   if (panel.hidden) return;
-  const xs = S.x === "time" ? (s.ts || []).map((ts) => ts * 1000) : d.x;
+  const xs = S.x === "time" ? (s.ts || []).map(chartMs) : d.x;
   // one chart per task (each is a plotly redraw)
   if (devOk) timed("memsplit", () => drawDevice(xs, s, named));
   if (!hostOk) return;
@@ -123,7 +123,7 @@ function drawHost(xs, s, phases) {
   const peaks = phases.filter((p) => isNum(p.host_rss_bytes));
   if (peaks.length) {
     traces.push({ name: "host RSS at " + (peaks.every((p) => p.phase === "checkpoint") ? "checkpoints" : "phases"),
-      x: peaks.map((p) => (S.x === "time" ? p.ts * 1000 : p.step)), y: peaks.map((p) => p.host_rss_bytes / GIB),
+      x: peaks.map((p) => (S.x === "time" ? chartMs(p.ts) : p.step)), y: peaks.map((p) => p.host_rss_bytes / GIB),
       text: peaks.map((p) => p.phase), mode: "markers", marker: { symbol: "triangle-up", size: 9, color: t.ckptLine },
       hovertemplate: "%{text}: RSS %{y:.2f} GiB" });
   }

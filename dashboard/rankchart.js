@@ -9,7 +9,7 @@
  * the x axis end (axisEnd) and everything but the lines as they were, so it takes plotly's
  * cheap path (chartbase.drawChart): no long task per poll. */
 
-import { GIB, alpha, duration, gib, intText, isNum, plotlyText, rankKey, slopeText, toGiB } from "./format.js";
+import { GIB, alpha, chartMs, chartTs, clock, duration, gib, intText, isNum, plotlyText, rankKey, slopeText, toGiB } from "./format.js";
 import { $, append, clear, el, markInteractive, markOnce, timed } from "./dom.js";
 import { ApiError, plotlyReady, source } from "./api.js";
 import { S } from "./state.js";
@@ -171,12 +171,12 @@ function markers(r, v, events) {
     }
   }
   const death = r.vw && r.vw.death;
-  if (death && isNum(death.step) && death.how !== "exited") {
+  if (death && isNum(death.step)) {
     // the OOM that killed the process is one marker, not two
     const same = out.find((m) => m.kind === "oom" && m.step === death.step);
     if (same) same.text = "died: OOM";
-    else out.push({ step: death.step, ts: death.ts, kind: "oom", text: death.how === "out of memory" ? "died: OOM" : "went silent",
-      hover: "last sample at step " + intText(death.step) });
+    else out.push({ step: death.step, ts: death.ts, kind: "oom", text: "died: " + death.how,
+      hover: "last sample at step " + intText(death.step) + " · " + clock(death.ts) });
   }
   return out;
 }
@@ -190,7 +190,7 @@ export function drawMain() {
   const v = verdictOf(r);
   const s = d.series;
   const timeMode = S.x === "time";
-  const xs = timeMode ? s.series.ts.map((ts) => ts * 1000) : s.x;
+  const xs = timeMode ? s.series.ts.map(chartMs) : s.x;
   drawTitle(r, s, d.zoomed);
   if (!s.x.length) {
     window.Plotly.react(gd, [], baseLayout(t, { xaxis: xAxis(t), yaxis: yAxis(t), uirevision: uirev("main"),
@@ -294,12 +294,12 @@ function leakProjection(r, v, capacity, timeMode) {
   const behind = isNum(r.last_step) && (!isNum(v.step) || r.last_step > v.step);
   const lastStep = behind ? r.last_step : v.step;
   const stepX = behind && timeMode ? stepToX(lastStep) : null;
-  const lastTs = isNum(stepX) ? stepX / 1000 : isNum(v.ts) ? v.ts : r.last_ts;
+  const lastTs = isNum(stepX) ? chartTs(stepX) : isNum(v.ts) ? v.ts : r.last_ts;
   const startLevel = capacity - v.slope_bytes_per_step * v.steps_to_oom;
   let x;
   if (timeMode) {
     const secPerStep = isNum(v.seconds_to_oom) && v.steps_to_oom > 0 ? v.seconds_to_oom / v.steps_to_oom : medianStepSeconds();
-    x = [lastTs * 1000, (lastTs + v.steps_to_oom * secPerStep) * 1000];
+    x = [chartMs(lastTs), chartMs(lastTs + v.steps_to_oom * secPerStep)];
   } else x = [lastStep, lastStep + v.steps_to_oom];
   // the label on the chart in two significant digits (the note below says it exactly): it
   // changes every hundred steps or so, not every step, so a poll does not redraw the figure
@@ -321,14 +321,14 @@ function phaseBands(d, t, timeMode, xs, traces, shapes) {
   const lo = d.zoomed ? Math.min(...xs) : -Infinity, hi = d.zoomed ? Math.max(...xs) : Infinity;
   const byPhase = {};
   for (const g of groups) {
-    const gx0 = timeMode ? g.ts0 * 1000 : g.step0, gx1 = timeMode ? g.ts1 * 1000 : g.step1;
+    const gx0 = timeMode ? chartMs(g.ts0) : g.step0, gx1 = timeMode ? chartMs(g.ts1) : g.step1;
     if (gx1 < lo || gx0 > hi) continue;
     const isCkpt = /ckpt|checkpoint|save/i.test(g.phase);
     shapes.push({ type: "rect", xref: "x", yref: "paper", x0: gx0 - half, x1: gx1 + half, y0: 0, y1: 1, layer: "below",
       name: (isCkpt ? "checkpoint" : "phase") + " band " + g.phase, fillcolor: isCkpt ? t.ckpt : t.evalFill,
       line: { width: 1, color: isCkpt ? t.ckptLine : t.evalLine }, opacity: 0.55 });
     const m = byPhase[g.phase] || (byPhase[g.phase] = { x: [], y: [], text: [], isCkpt });
-    m.x.push(timeMode ? g.peakTs * 1000 : g.peakStep);
+    m.x.push(timeMode ? chartMs(g.peakTs) : g.peakStep);
     m.y.push(g.peak / GIB);
     m.text.push(plotlyText(g.phase) + " at step " + intText(g.peakStep) + " · peak " + gib(g.peak));
   }
@@ -368,13 +368,13 @@ function writeNote(r, v, haveNvml, groups, projection) {
   if (groups.length) {
     const ck = checkpointPeak(r);
     notes.push(groups.length + " checkpoint/eval phase" + (groups.length === 1 ? "" : "s") + " shaded; diamonds mark each peak" +
-      (isNum(ck.bytes) ? " (" + ck.which + " checkpoint peak " + gib(ck.bytes) + ")" : "") +
+      (isNum(ck) ? " (latest checkpoint peak " + gib(ck) + ")" : "") +
       (isNum(v.checkpoint_headroom_bytes) ? "; headroom at the latest checkpoint peak " + gib(v.checkpoint_headroom_bytes) : "") + ".");
   }
   if (projection) notes.push("Leak projection: the device fills in " + intText(v.steps_to_oom) + " steps at " + slopeText(v.slope_bytes_per_step) + ".");
   const death = r.vw && r.vw.death;
-  if (death) notes.push("This rank " + (death.how === "out of memory" ? "died of an out-of-memory error" : death.how === "silent" ? "stopped sending" : "exited") +
-    " at step " + intText(death.step) + ".");
+  if (death) notes.push("This rank's process died (" + death.how + ") at step " + intText(death.step) + ", " + clock(death.ts) + ".");
+  else if (r.vw && r.vw.liveness === "exited") notes.push("This rank's process closed cleanly.");
   const off = v.detectors_off && typeof v.detectors_off === "object" ? Object.keys(v.detectors_off) : [];
   if (off.length) notes.push("Not judged, the samples do not measure what they need: " + off.map((k) => k.replace(/_/g, " ") + " (" + v.detectors_off[k] + ")").join("; ") + ".");
   if (v.leak_source === "outside_allocator" || v.leak_source === "outside") notes.push("The leak is outside the torch allocator (NVML used − reserved is growing): look at NCCL, CUDA graphs, or native extensions.");

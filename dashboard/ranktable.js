@@ -10,7 +10,8 @@ import { clock, duration, gib, intText, isNum, MIB, rankKey, slopeText } from ".
 import { $, append, clear, el, setText } from "./dom.js";
 import { S, vocab } from "./state.js";
 import {
-  checkpointPeak, filterWords, isLowHeadroom, lowHeadroomText, sortRanks, stateOf, statesBySeverity, totalOf, verdictOf,
+  checkpointPeak, filterWords, isLowHeadroom, lowHeadroomText, scopeText, sortRanks, stateOf, statesBySeverity, totalOf,
+  verdictOf,
 } from "./verdict.js";
 import { compareSet } from "./compare.js";
 
@@ -22,19 +23,20 @@ export function stripHooks(h) { Object.assign(hooks, h); }
 
 function columns() {
   const hd = vocab.headroom || {};
-  const ck = S.ranks && S.ranks.length ? checkpointPeak(S.ranks[0]).which : "highest";
+  // figures side by side share a scope: the checkpoint peak and headroom are the same (latest) checkpoint's
+  const scope = (figure, tip) => tip + (scopeText(figure) ? " — " + scopeText(figure) : "");
   return [
     { key: null, title: "cmp", tip: "compare this rank in the overlay chart" },
     { key: "rank", title: "Rank", num: true },
     { key: "host", title: "Host" },
     { key: "state", title: "State", tip: "engine state, and what happened to the process: OOM, restart, silent, exited" },
-    { key: "plateau", title: "Plateau", num: true, tip: "reserved memory on the current plateau (the last one before a break)" },
-    { key: "headroom", title: "Headroom", num: true, tip: hd.headroom_bytes || "headroom at the latest training step" },
-    { key: "ckpt", title: "Ckpt peak", num: true, tip: ck + " checkpoint peak (allocated)" },
-    { key: "ckpt_headroom", title: "Ckpt headroom", num: true, tip: hd.checkpoint_headroom_bytes || "headroom at the checkpoint peak" },
-    { key: "slope", title: "Slope", num: true, tip: "growth per step at step boundaries (leak or rising)" },
+    { key: "plateau", title: "Plateau", num: true, tip: scope("plateau_bytes", "reserved memory on the current plateau (the last one before a break)") },
+    { key: "headroom", title: "Headroom", num: true, tip: scope("headroom_bytes", hd.headroom_bytes || "headroom at the latest training step") },
+    { key: "ckpt", title: "Ckpt peak", num: true, tip: scope("checkpoint_peak_bytes", "peak allocated at the latest checkpoint") },
+    { key: "ckpt_headroom", title: "Ckpt headroom", num: true, tip: scope("checkpoint_headroom_bytes", hd.checkpoint_headroom_bytes || "headroom at the latest checkpoint's peak") },
+    { key: "slope", title: "Slope", num: true, tip: scope("slope_bytes_per_step", "growth per step at step boundaries (leak or rising)") },
     { key: "oom", title: "OOM in", num: true, tip: "projected time (and steps) until the device is full; for a dead rank, how and when it died" },
-    { key: "outside", title: "Outside torch", num: true, tip: "NVML used − reserved: CUDA context, NCCL, other libraries" },
+    { key: "outside", title: "Outside torch", num: true, tip: scope("outside_allocator_bytes", "NVML used − reserved: CUDA context, NCCL, other libraries") },
     { key: "step", title: "Last step", num: true },
   ];
 }
@@ -68,7 +70,7 @@ function buildHead(table) {
 
 function oomText(r) {
   const v = verdictOf(r), d = r.vw.death;
-  if (d) return (d.how === "out of memory" ? "died: OOM" : d.how === "silent" ? "silent since" : "exited") + " · step " + intText(d.step) + " · " + clock(d.ts);
+  if (d) return "died: " + d.how + " · step " + intText(d.step) + " · " + clock(d.ts);
   if (isNum(v.seconds_to_oom)) return duration(v.seconds_to_oom) + " (" + intText(v.steps_to_oom) + " steps)";
   if (isNum(v.steps_to_oom)) return intText(v.steps_to_oom) + " steps";
   return "—";
@@ -80,8 +82,8 @@ function stateCell(r) {
   if (v.fragmentation && stateOf(r) !== "fragmentation") flags.push(["frag", "flag", "fragmentation: reserved − allocated growing, allocator retries"]);
   if (vw.ooms) flags.push(["OOM ×" + vw.ooms, "flag oom", "the allocator ran out of memory on this rank (kept until the run ends)"]);
   if (vw.restarts) flags.push(["restart ×" + vw.restarts, "flag restart", "the process on this rank restarted"]);
-  if (vw.liveness && vw.liveness !== "live") flags.push([vw.liveness, "flag " + vw.liveness, vw.liveness === "silent"
-    ? "no sample from this rank since " + clock(r.last_ts) + " while the rest of its run reports" : "this rank's process closed its monitor"]);
+  if (vw.liveness && vw.liveness !== "live") flags.push([vw.liveness, "flag " + vw.liveness, (vocab.liveness_meaning || {})[vw.liveness] ||
+    vw.liveness]);
   // a plateau re-levelled by a checkpoint is normal: said in the badge's tooltip, not flagged
   const sig = vw.shown + "|" + flags.map((f) => f[0]).join("|");
   return { sig, build: (td) => {
@@ -121,7 +123,7 @@ function fillRow(tr, r, cmp, sel) {
   if (c[3].dataset.sig !== st.sig) { c[3].dataset.sig = st.sig; st.build(c[3]); }
   setText(c[4], gib(v.plateau_bytes)); c[4].className = "num";
   setText(c[5], gib(v.headroom_bytes)); c[5].className = head(v.headroom_bytes);
-  setText(c[6], gib(checkpointPeak(r).bytes)); c[6].className = "num";
+  setText(c[6], gib(checkpointPeak(r))); c[6].className = "num";
   setText(c[7], gib(v.checkpoint_headroom_bytes)); c[7].className = head(v.checkpoint_headroom_bytes);
   const showSlope = leaking || (isNum(v.slope_bytes_per_step) && Math.abs(v.slope_bytes_per_step) >= MIB);
   setText(c[8], showSlope ? slopeText(v.slope_bytes_per_step) : "—"); c[8].className = "num" + (leaking ? " bad" : " muted");
@@ -212,10 +214,11 @@ function drawFoot() {
   const foot = $("strip-foot");
   clear(foot);
   const counts = {};
-  let silent = 0, oom = 0;
+  let silent = 0, oom = 0, dead = 0;
   for (const r of S.ranks) {
     counts[r.vw.shown] = (counts[r.vw.shown] || 0) + 1;
     if (r.vw.liveness === "silent") silent++;
+    if (r.vw.liveness === "dead") dead++;
     if (r.vw.ooms) oom++;
   }
   const matching = S.stripRows.length;
@@ -224,6 +227,7 @@ function drawFoot() {
   for (const k of statesBySeverity(Object.keys(counts))) {
     append(foot, el("span", null, el("span", { class: "badge", dataset: { state: k }, text: k }), " " + counts[k]));
   }
+  if (dead) append(foot, el("span", null, el("span", { class: "flag dead", text: "dead" }), " " + dead));
   if (silent) append(foot, el("span", null, el("span", { class: "flag silent", text: "silent" }), " " + silent));
   if (oom) append(foot, el("span", null, el("span", { class: "flag oom", text: "OOM" }), " " + oom));
   const low = lowHeadroomText();

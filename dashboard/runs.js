@@ -1,7 +1,8 @@
-/* The runs list (#/): every run with its status (running / finished / crashed), OOM count,
- * worst rank's state and least headroom, newest first. Updated in place on every poll. */
+/* The runs list (#/): every run with its status (the collector's model: running, finished,
+ * recovered, crashed, ended; meanings from /api/v1/meta), OOM count, worst rank's state and
+ * least headroom, newest first. Updated in place on every poll. */
 
-import { age, duration, gib, intText, isNum } from "./format.js";
+import { age, clock, duration, gib, intText, isNum } from "./format.js";
 import { $, clear, el, setText } from "./dom.js";
 import { S, vocab } from "./state.js";
 
@@ -42,12 +43,15 @@ function fillRow(tr, r) {
   sb.dataset.status = status;
   setText(c[2], isNum(r.ooms) ? intText(r.ooms) : "—");
   c[2].className = "num" + (r.ooms > 0 ? " bad" : " muted");
-  // what else happened to the run's processes, when the collector counts it
+  // what else happened to the run's processes, as the collector counts it
   const more = [];
+  if (r.dead_ranks > 0) more.push(intText(r.dead_ranks) + " dead rank" + (r.dead_ranks === 1 ? "" : "s"));
   if (r.restarts > 0) more.push(intText(r.restarts) + " restart" + (r.restarts === 1 ? "" : "s"));
   if (r.silent_ranks > 0) more.push(intText(r.silent_ranks) + " silent rank" + (r.silent_ranks === 1 ? "" : "s"));
   c[2].title = more.join(", ");
-  sb.title = more.join(", ");
+  const meaning = (vocab.run_status_meaning || {})[status];
+  sb.title = (meaning ? status + ": " + meaning : status) + (more.length ? " · " + more.join(", ") : "");
+  if (r.dead_ranks > 0 && status === "running") setText(sb, "running · " + r.dead_ranks + " dead");
   const b = c[3].firstChild;
   setText(b, r.worst_state || "no verdict");
   b.dataset.state = r.worst_state || "unknown";
@@ -55,11 +59,12 @@ function fillRow(tr, r) {
   setText(c[5], intText(r.hosts));
   setText(c[6], gib(r.min_headroom_bytes));
   c[6].className = "num" + (lowHeadroom(r) ? " bad" : "");
-  const eta = isNum(r.seconds_to_oom) && r.status !== "crashed" && r.status !== "finished";
+  const eta = isNum(r.seconds_to_oom) && r.status === "running";
   setText(c[7], eta ? duration(r.seconds_to_oom) : "no leak");
   c[7].className = "num" + (eta ? " bad" : " muted");
   setText(c[8], intText(r.last_step));
   setText(c[9], age(r.last_ts));
+  c[9].title = clock(r.last_ts);
   setText(c[10], intText(r.samples));
 }
 

@@ -1,14 +1,13 @@
 /* One rank's verdict as the page shows it: state, liveness, deaths (OOM / restart / crash),
- * severity order and the headroom figures. The vocabulary (state list, severity, the
- * low-headroom threshold) comes from GET /api/v1/meta (state.js `vocab`), never retyped.
- * Fields the collector or engine may not send yet are derived here as a fallback only. */
+ * severity order and the headroom figures. A rank's life (liveness, how its latest process died,
+ * OOM and restart counts, severity) is the collector's model (vramwatch/runlife.py), read from
+ * the /ranks row as it is: nothing here judges it again. The vocabulary (states, liveness, run
+ * statuses and their meanings, figure scopes, the low-headroom threshold) comes from
+ * GET /api/v1/meta (state.js `vocab`), never retyped. */
 
 import { isNum } from "./format.js";
 import { vocab } from "./state.js";
 
-// Fallback only, when /ranks rows carry no `liveness`: a rank whose last sample is this much
-// older than its run's newest, and behind it in steps, is shown silent.
-const SILENT_FALLBACK_S = 60;
 const PHASE_CAUSE = /ckpt|checkpoint|save|eval|val/i;
 
 export function verdictOf(r) { return (r && r.verdict) || {}; }
@@ -17,73 +16,38 @@ export function verdictOf(r) { return (r && r.verdict) || {}; }
 export function lastHeard(r) { return Math.max(isNum(r.last_seen) ? r.last_seen : 0, isNum(r.last_ts) ? r.last_ts : 0); }
 export function stateOf(r) { return verdictOf(r).state || "unknown"; }
 
-function eventsOf(r, type) { return (r.events || []).filter((e) => e.type === type); }
 function lastEvent(r, type) {
-  const evs = eventsOf(r, type);
+  const evs = (r.events || []).filter((e) => e.type === type);
   return evs.length ? evs[evs.length - 1] : null;
 }
 
-/** Newest sample time and step of a run: what "silent" is measured against. */
-export function runClock(rows) {
-  let newest = 0, maxStep = 0;
-  for (const r of rows) {
-    if (isNum(r.last_ts) && r.last_ts > newest) newest = r.last_ts;
-    if (isNum(r.last_step) && r.last_step > maxStep) maxStep = r.last_step;
-  }
-  return { newest, maxStep };
-}
+/** A rank whose latest process still runs (live, or silent and not judged yet). */
+export function isRunning(r) { return r.liveness === "live" || r.liveness === "silent"; }
+
+/** How a death reads: "OOM", "killed alone", "stopped with the job". */
+export const DEATH_TEXT = { oom: "OOM", killed: "killed alone", stopped: "stopped with the job" };
 
 /**
- * Everything the table, cards and charts say about a rank's life, computed once per poll
- * and kept on the row as ``r.vw``: liveness, OOM and restart counts, how and when it died,
- * severity (sort key: higher is worse) and the state as displayed.
+ * Everything the table, cards and charts say about a rank's life, kept on the row as ``r.vw``
+ * once per poll: the collector's liveness, OOM and restart counts, its death (``died``:
+ * cause, step, time), severity, and the state as displayed.
  */
 export function annotate(rows) {
-  const run = runClock(rows);
-  for (const r of rows) r.vw = describe(r, run);
-  return run;
+  for (const r of rows) r.vw = describe(r);
 }
 
-function describe(r, run) {
-  const v = verdictOf(r);
-  let liveness = r.liveness;
-  if (!liveness) {
-    const behind = isNum(r.last_ts) && run.newest - r.last_ts > SILENT_FALLBACK_S && r.last_step < run.maxStep;
-    liveness = behind ? "silent" : "live";
-  }
-  const events = r.events || [];
-  const oomEvent = lastEvent(r, "oom");
-  const ooms = isNum(r.ooms) ? r.ooms : Math.max(eventsOf(r, "oom").length, (r.last && r.last.ooms) || 0);
-  const restarts = isNum(r.restarts) ? r.restarts : eventsOf(r, "restart").length;
-  // An OOM with no restart after it: the process died there (a restart is a new process).
-  const oomIsLast = !!oomEvent && events.lastIndexOf(oomEvent) > events.lastIndexOf(lastEvent(r, "restart"));
-  let death = null;
-  if (r.died !== undefined) {
-    // the collector's word: how and when the rank stopped (null: it did not)
-    const d = r.died;
-    death = d ? { how: d.how === "oom" ? "out of memory" : d.how, step: d.step, ts: isNum(d.ts) ? d.ts : r.last_ts } : null;
-  } else if (oomIsLast || (ooms > 0 && !restarts && liveness !== "live")) {
-    death = { how: "out of memory", step: oomEvent ? oomEvent.step : r.last_step,
-      ts: oomEvent && isNum(oomEvent.ts) ? oomEvent.ts : r.last_ts };
-  } else if (liveness === "silent") {
-    death = { how: "silent", step: r.last_step, ts: r.last_ts };
-  } else if (liveness === "exited") {
-    death = { how: "exited", step: r.last_step, ts: r.last_ts };
-  }
-  const shown = shownState(r, v);
-  return { liveness, ooms, restarts, death, severity: severityOf(r, liveness, ooms), ...shown };
+function describe(r) {
+  const d = r.died;
+  const death = d ? { cause: d.cause, how: DEATH_TEXT[d.cause] || d.cause, step: d.step, ts: d.ts } : null;
+  return { liveness: r.liveness, ooms: r.ooms || 0, restarts: r.restarts || 0, deaths: r.deaths || 0, death,
+    severity: isNum(r.severity) ? r.severity : -1, ...shownState(r, verdictOf(r)) };
 }
 
-/** Sort key, higher is worse: the collector's when it sends one, else the same rule from
- * the meta vocabulary (a silent rank, then one that hit an OOM, outranks any state). */
-export function severityOf(r, liveness, ooms) {
-  if (isNum(r.severity)) return r.severity;
-  const sev = vocab.severity || {};
-  const n = (vocab.states || []).length;
-  const base = sev[stateOf(r)] !== undefined ? sev[stateOf(r)] : -1;
-  if (liveness === "silent") return base + 2 * n + 1;
-  if (ooms) return base + n;
-  return base;
+/** What part of a rank's life a figure covers ("its current process" / "every process of the
+ * rank"), from the meta's figure scopes: said in the column tips. */
+export function scopeText(figure) {
+  const scope = (vocab.figure_scopes || {})[figure];
+  return scope && vocab.scopes ? vocab.scopes[scope] : "";
 }
 
 /** A checkpoint's one-time ratchet is not a growing problem: show its cause instead of "rising". */
@@ -110,11 +74,10 @@ export function worstHeadroom(r) {
   return values.length ? Math.min(...values) : null;
 }
 
-/** Checkpoint peak as the engine reports it: the highest when it says so, else the latest. */
+/** The latest checkpoint's peak: the same checkpoint as ``checkpoint_headroom_bytes`` (one scope). */
 export function checkpointPeak(r) {
   const v = verdictOf(r);
-  if (isNum(v.checkpoint_peak_max_bytes)) return { bytes: v.checkpoint_peak_max_bytes, which: "highest" };
-  return { bytes: isNum(v.checkpoint_peak_bytes) ? v.checkpoint_peak_bytes : null, which: "latest" };
+  return isNum(v.checkpoint_peak_bytes) ? v.checkpoint_peak_bytes : null;
 }
 
 export function totalOf(r) {
@@ -160,7 +123,7 @@ export function sortValue(r, key) {
     case "state": return r.vw.severity;
     case "plateau": return v.plateau_bytes;
     case "headroom": return v.headroom_bytes;
-    case "ckpt": return checkpointPeak(r).bytes;
+    case "ckpt": return checkpointPeak(r);
     case "ckpt_headroom": return v.checkpoint_headroom_bytes;
     case "slope": return v.slope_bytes_per_step;
     case "oom": return oomEta(r);
@@ -191,7 +154,7 @@ export function filterWords(r) {
   const w = [stateOf(r), r.vw.shown, r.vw.liveness];
   if (r.vw.ooms) w.push("oom");
   if (r.vw.restarts) w.push("restart");
-  if (r.vw.death) w.push("dead", "died", r.vw.death.how);
+  if (r.vw.death) w.push("dead", "died", r.vw.death.cause, r.vw.death.how);
   if (r.vw.cause) w.push(r.vw.cause);
   return w.join(" ").toLowerCase();
 }

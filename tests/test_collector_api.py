@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import httpx
 import orjson
@@ -33,7 +34,8 @@ def post(srv, samples, *, gzip_body=False, as_array=False):
 
 
 def test_ingest_store_api_and_metrics(collector) -> None:
-    samples = [make_sample(i, rank=r, host=f"node-{r // 4}") for r in range(8) for i in range(100)]
+    t0 = time.time() - 100  # a run still going: its ranks' state families are on /metrics
+    samples = [make_sample(i, rank=r, host=f"node-{r // 4}", ts=t0 + i) for r in range(8) for i in range(100)]
     r = post(collector, samples, gzip_body=True)
     assert r.status_code == 200, r.text
     assert r.json() == {"accepted": 800, "duplicates": 0, "rejected": 0, "flush_interval_s": 1.0}
@@ -205,7 +207,7 @@ def test_state_is_rebuilt_from_the_database_after_restart(tmp_path) -> None:
 
 
 def test_large_responses_are_gzipped_for_clients_that_ask(collector) -> None:
-    post(collector, [make_sample(0, rank=r, uuid=f"GPU-{r:04d}") for r in range(200)])
+    post(collector, [make_sample(0, rank=r, uuid=f"GPU-{r:04d}", ts=time.time()) for r in range(200)])
     r = collector.client.get("/metrics", headers={"accept-encoding": "gzip"})
     assert r.status_code == 200 and r.headers["content-encoding"] == "gzip"
     assert r.text.count("vramwatch_memory_reserved_bytes{") == 200  # httpx inflated it
@@ -225,50 +227,57 @@ def _live_with(samples_by_time):
     return live
 
 
-def test_an_oom_and_restart_stick_to_the_rank_and_the_run() -> None:
+def _rows_at(live, now, run="run-a"):
     from vramwatch.collector.rows import rank_rows
 
+    states = live.for_run(run)
+    return {r["rank"]: r for r in rank_rows(states, live.story(run, states, now))}
+
+
+def test_an_oom_and_restart_stick_to_the_rank_and_the_run() -> None:
     t0 = 1_760_000_000.0
     first = [make_sample(i, rank=r, ts=t0 + i) for r in range(4) for i in range(50)]
     oom = [make_sample(50, rank=2, ts=t0 + 50, ooms=1)]
     again = [make_sample(i, rank=2, ts=t0 + i, incarnation="restart-1") for i in range(51, 60)]
     live = _live_with([(t0 + 49, first), (t0 + 50, oom), (t0 + 60, again)])
-    rows = {r["rank"]: r for r in rank_rows(live.for_run("run-a"), now=t0 + 61)}
+    rows = _rows_at(live, t0 + 61)
     assert rows[2]["ooms"] == 1 and rows[2]["restarts"] == 1 and rows[2]["liveness"] == "live"
+    assert rows[2]["died"] is None and rows[2]["deaths"] == 1 and rows[2]["outcome"] == "running"
     assert rows[0]["ooms"] == 0 and rows[2]["severity"] > rows[0]["severity"]
     run = live.run_summaries(now=t0 + 61)[0]
     assert run["ooms"] == 1 and run["restarts"] == 1 and run["status"] == "running" and run["worst_rank"] == 2
-    # the run stops 10 minutes later: it finished (the restarted rank ran to the end)
-    assert live.run_summaries(now=t0 + 700)[0]["status"] == "finished"
+    # every rank closes cleanly: the run recovered from its OOM (not "finished", not "crashed")
+    live.ingest([{**make_sample(59, rank=r, ts=t0 + 60, incarnation="restart-1" if r == 2 else ""), "seq": 1,
+                  "exit": True} for r in range(4)], received_at=t0 + 61)
+    assert live.run_summaries(now=t0 + 700)[0]["status"] == "recovered"
+    assert {r["liveness"] for r in _rows_at(live, t0 + 700).values()} == {"exited"}
 
 
-def test_a_dead_rank_is_silent_sorts_worst_and_has_no_time_to_oom() -> None:
-    from vramwatch.collector.rows import rank_rows
-
+def test_a_dead_rank_is_dead_sorts_worst_and_has_no_time_to_oom() -> None:
     t0 = 1_760_000_000.0
     early = [make_sample(i, rank=r, ts=t0 + i) for r in range(3) for i in range(20)]
     later = [make_sample(i, rank=r, ts=t0 + i) for r in (0, 1) for i in range(20, 400)]
     live = _live_with([(t0 + 20, early), (t0 + 400, later)])
-    rows = {r["rank"]: r for r in rank_rows(live.for_run("run-a"), now=t0 + 401)}
-    assert rows[2]["liveness"] == "silent" and rows[0]["liveness"] == "live"
+    rows = _rows_at(live, t0 + 401)
+    assert rows[2]["liveness"] == "dead" and rows[0]["liveness"] == "live"
     assert rows[2]["severity"] > max(rows[0]["severity"], rows[1]["severity"])
-    assert rows[2]["verdict"]["seconds_to_oom"] is None and rows[2]["died"]["how"] == "silent"
-    assert rows[2]["died"]["step"] == 19
+    assert rows[2]["verdict"]["seconds_to_oom"] is None and rows[2]["died"] == {"cause": "killed", "step": 19,
+                                                                                "ts": t0 + 19}
     run = live.run_summaries(now=t0 + 401)[0]
-    assert run["silent_ranks"] == 1 and run["worst_rank"] == 2 and run["status"] == "running"
-    # the run ends: it crashed (a rank died before the others)
+    assert run["dead_ranks"] == 1 and run["worst_rank"] == 2 and run["status"] == "running"
+    # the run ends with no clean close: it crashed, and the killed rank is still the one killed
     assert live.run_summaries(now=t0 + 1000)[0]["status"] == "crashed"
+    rows = _rows_at(live, t0 + 5000)
+    assert rows[2]["died"]["cause"] == "killed" and {rows[0]["died"]["cause"], rows[1]["died"]["cause"]} == {"stopped"}
 
 
 def test_a_clean_exit_is_exited_not_silent_and_the_run_finishes() -> None:
-    from vramwatch.collector.rows import rank_rows
-
     t0 = 1_760_000_000.0
     samples = [make_sample(i, rank=r, ts=t0 + i) for r in range(2) for i in range(10)]
-    closing = [{**make_sample(10, rank=r, ts=t0 + 10), "exit": True} for r in range(2)]
+    # the hook's clean close: a copy of the last train sample (same step, next seq) marked exit
+    closing = [{**make_sample(9, rank=r, ts=t0 + 10), "seq": 1, "exit": True} for r in range(2)]
     live = _live_with([(t0 + 10, samples), (t0 + 11, closing)])
-    rows = rank_rows(live.for_run("run-a"), now=t0 + 12)
-    assert [r["liveness"] for r in rows] == ["exited", "exited"]
+    assert [r["liveness"] for r in _rows_at(live, t0 + 12).values()] == ["exited", "exited"]
     assert live.run_summaries(now=t0 + 12)[0]["status"] == "finished"
 
 
@@ -294,20 +303,18 @@ def test_runs_and_ranks_over_http_carry_status_liveness_and_ooms(collector) -> N
     runs = collector.client.get("/api/v1/runs").json()
     assert runs[0]["status"] == "running" and runs[0]["ooms"] == 1
     ranks = collector.client.get("/api/v1/runs/run-a/ranks").json()
-    assert [(r["rank"], r["liveness"], r["ooms"]) for r in ranks] == [(0, "live", 0), (1, "live", 1)]
-    assert ranks[1]["died"]["how"] == "oom" and ranks[1]["verdict"]["seconds_to_oom"] is None
+    assert [(r["rank"], r["liveness"], r["ooms"]) for r in ranks] == [(0, "live", 0), (1, "dead", 1)]
+    assert ranks[1]["died"]["cause"] == "oom" and ranks[1]["verdict"]["seconds_to_oom"] is None
 
 
 def test_a_rank_that_goes_on_after_an_oom_keeps_the_count_but_is_not_dead() -> None:
-    from vramwatch.collector.rows import rank_rows
-
     t0 = 1_760_000_000.0
     live = _live_with([(t0 + 5, [make_sample(i, ts=t0 + i) for i in range(5)]),
                        (t0 + 6, [make_sample(5, ts=t0 + 5, ooms=1)])])
-    row = rank_rows(live.for_run("run-a"), now=t0 + 7)[0]
-    assert row["died"]["how"] == "oom" and row["died"]["step"] == 5
+    row = _rows_at(live, t0 + 7)[0]
+    assert row["died"] == {"cause": "oom", "step": 5, "ts": t0 + 5} and row["liveness"] == "dead"
     live.ingest([make_sample(i, ts=t0 + i, ooms=1) for i in range(6, 9)], received_at=t0 + 9)
-    row = rank_rows(live.for_run("run-a"), now=t0 + 10)[0]
+    row = _rows_at(live, t0 + 10)[0]
     assert row["died"] is None and row["ooms"] == 1 and row["liveness"] == "live"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -105,17 +106,23 @@ def test_capture_button_snapshot_list_and_postmortem(evidence: dict[str, Any], p
     assert status[0] == 200 and status[1] > 0
     assert "pytorch.org/memory_viz" in p.text_content("#evidence-hint")
 
-    # post-mortem: a rank is not live, so the panel shows who failed first and how each ended
+    # post-mortem, during the run: a rank died (killed alone while the others go on), so the panel
+    # shows who failed first and how each rank's process ended; times carry date and zone
     p.wait_for_selector("#postmortem:not([hidden]) #pm-ranks tbody tr")
     api = httpx.get(f"{evidence['url']}/api/v1/runs/{RUN}/postmortem").json()
-    assert api["first_failure"]["rank"] == DEAD and api["first_failure"]["cause"] == "silent"
+    assert api["first_failure"]["rank"] == DEAD and api["first_failure"]["cause"] == "killed"
+    assert api["status"] == "running"
     first = p.text_content("#pm-first")
-    assert f"rank {DEAD} on node-0" in first and "silent" in first and f"step {api['first_failure']['step']}" in first
+    assert f"rank {DEAD} on node-0" in first and "killed" in first and f"step {api['first_failure']['step']}" in first
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC[+-]\d\d:\d\d", first), first
+    assert p.text_content("#pm-zone").startswith("times in ")
+    # the top bar: live, since ranks are
     ends = p.eval_on_selector_all("#pm-ranks tbody tr", "trs => trs.map(t => [t.dataset.rank, t.dataset.end])")
     assert sorted(ends) == sorted([str(r["rank"]), r["end"]] for r in api["ranks"])
     cells_of = "tr => Array.from(tr.cells).map(c => c.textContent)"
     dead_row = p.eval_on_selector(f"#pm-ranks tbody tr[data-rank='{DEAD}']", cells_of)
-    assert dead_row[2].startswith("silent") and "oom · step 200" in dead_row[8]
+    assert dead_row[2].startswith("killed") and "oom · step 200" in dead_row[8]
+    assert p.get_attribute("#live", "data-state") == "live" and "3 of 4 ranks" in p.text_content("#live-text")
     held = next(r for r in api["ranks"] if r["rank"] == 0)["held_at_failure_bytes"]
     row0 = p.eval_on_selector("#pm-ranks tbody tr[data-rank='0']", cells_of)
     assert held >= 10 * GiB and row0[6] == f"{held / GiB:.1f} GiB"
@@ -214,7 +221,7 @@ def test_panels_without_data_stay_hidden(browser: Any, tmp_path: Any) -> None:
 def test_report_has_the_postmortem_and_snapshots(evidence: dict[str, Any], browser: Any, tmp_path: Any) -> None:
     data = report_data(evidence["db"], RUN)
     pm = data["postmortem"]
-    assert (pm["first_failure"]["rank"], pm["first_failure"]["cause"]) == (DEAD, "silent")
+    assert (pm["first_failure"]["rank"], pm["first_failure"]["cause"]) == (DEAD, "killed")
     assert [s["id"] for s in pm["snapshots"]] == evidence["snapshot_ids"] == [s["id"] for s in data["snapshots"]]
     assert [s["sites"][0]["line"] for s in data["suspects"]] == [LEAK[1]]
     assert [p["summary"] for p in data["processes"][0]["processes"]] == [KERNEL]
@@ -228,7 +235,7 @@ def test_report_has_the_postmortem_and_snapshots(evidence: dict[str, Any], brows
         page.ready()
         p.wait_for_selector("#postmortem:not([hidden]) #pm-ranks tbody tr")
         assert f"First failure: rank {DEAD} on node-0" in p.text_content("#pm-first")
-        assert p.eval_on_selector_all("#pm-ranks tbody tr", "trs => trs.map(t => t.dataset.end)").count("silent") >= 1
+        assert p.eval_on_selector_all("#pm-ranks tbody tr", "trs => trs.map(t => t.dataset.end)").count("killed") == 1
         # the snapshot is listed; offline there is no link to follow, the cell names where it lives
         p.wait_for_selector("#snapshot-table tbody tr")
         assert p.query_selector("#snapshot-table a") is None

@@ -106,11 +106,12 @@ def test_deaths_stick_to_rank_table_and_cards(deaths: dict[str, Any], page: Page
     p.wait_for_function("document.querySelectorAll('#verdict-strip tbody tr').length === 8")
     rows = strip_rows(p)
     by_rank = {r["rank"]: r for r in rows}
-    # the dead and silent ranks sort worst, then the rank that hit an OOM and came back
+    # the dead ranks sort worst (killed alone while the others went on, and dead of an OOM), then
+    # the rank that hit an OOM and came back
     assert {rows[0]["rank"], rows[1]["rank"]} == {SILENT_RANK, OOM_DEAD_RANK}
     assert rows[2]["rank"] == RESTARTED_RANK
-    silent = " ".join(by_rank[SILENT_RANK]["cells"])
-    assert "silent" in silent
+    killed = " ".join(by_rank[SILENT_RANK]["cells"])
+    assert "dead" in killed and "died: killed alone · step 600" in killed, killed
     # the OOM and the restart stick although the new process reports ooms = 0
     assert deaths["ranks"][RESTARTED_RANK]["last"]["ooms"] == 0
     restarted = " ".join(by_rank[RESTARTED_RANK]["cells"])
@@ -124,12 +125,12 @@ def test_deaths_stick_to_rank_table_and_cards(deaths: dict[str, Any], page: Page
 
     c = cards(p)
     assert c["Worst rank"]["alert"] and "all ranks stable" not in c["Worst rank"]["sub"]
-    assert "2 silent" in c["Ranks"]["sub"] and f"OOM {TIMES}2 on 2 ranks" in c["Ranks"]["sub"], c["Ranks"]
+    assert "2 dead" in c["Ranks"]["sub"] and f"OOM {TIMES}2 on 2 ranks" in c["Ranks"]["sub"], c["Ranks"]
     assert c["Out of memory"]["value"] == f"rank {OOM_DEAD_RANK} died"
     assert f"OOM at step {deaths['oom_step']}" in c["Out of memory"]["sub"]
 
-    # the filter finds the silent ranks, and the OOM ones
-    p.fill("#strip-filter", "silent")
+    # the filter finds the dead ranks, and the OOM ones
+    p.fill("#strip-filter", "dead")
     p.wait_for_function("document.querySelectorAll('#verdict-strip tbody tr').length === 2")
     assert sorted(r["rank"] for r in strip_rows(p)) == [SILENT_RANK, OOM_DEAD_RANK]
     p.fill("#strip-filter", "oom")
@@ -149,7 +150,7 @@ def test_dead_rank_chart_shows_the_death_not_a_projection(deaths: dict[str, Any]
     assert not any(n.startswith("leak → OOM") for n in names), names
     labels = p.evaluate("document.getElementById('chart-rank').layout.annotations.map(a => a.text)")
     assert "died: OOM" in labels
-    assert f"died of an out-of-memory error at step {deaths['oom_step']}" in p.text_content("#rank-note")
+    assert f"This rank's process died (OOM) at step {deaths['oom_step']}, " in p.text_content("#rank-note")
     assert page.errors == []
 
 
@@ -160,8 +161,9 @@ def test_runs_list_shows_status_and_ooms_from_the_api(deaths: dict[str, Any], pa
     p.wait_for_selector("#runs-table tbody tr")
     row = p.locator("#runs-table tbody tr", has_text=DEATHS_RUN)
     cells = row.locator("td").all_text_contents()
-    # the collector's status and OOM count (runs rows), "—" from a collector without them
-    assert cells[1] == api.get("status", "—")
+    # the collector's status (with its dead ranks while it runs) and OOM count
+    assert api["status"] == "running" and api["dead_ranks"] == 2
+    assert cells[1] == "running · 2 dead"
     assert cells[2] == (f"{api['ooms']:,}" if "ooms" in api else "—")
     if "ooms" in api:
         assert api["ooms"] >= 2 and "bad" in row.locator("td").nth(2).get_attribute("class")
@@ -289,11 +291,15 @@ def test_labels_agree_with_numbers(collector: dict[str, Any], page: Page) -> Non
     page.ready()
     p.wait_for_function("document.querySelectorAll('#verdict-strip tbody tr').length === 8")
     # tooltips are the collector's own definitions
-    assert p.get_attribute("#verdict-strip th[data-key='headroom']", "title") == meta["headroom"]["headroom_bytes"]
+    # with the scope of each figure: the checkpoint peak and its headroom are one checkpoint's
+    scopes, where = meta["scopes"], meta["figure_scopes"]
+    assert p.get_attribute("#verdict-strip th[data-key='headroom']", "title") == (
+        meta["headroom"]["headroom_bytes"] + " — " + scopes[where["headroom_bytes"]])
     assert (p.get_attribute("#verdict-strip th[data-key='ckpt_headroom']", "title")
-            == meta["headroom"]["checkpoint_headroom_bytes"])
-    which = "highest" if "checkpoint_peak_max_bytes" in ranks[0]["verdict"] else "latest"
-    assert p.get_attribute("#verdict-strip th[data-key='ckpt']", "title").startswith(which)
+            == meta["headroom"]["checkpoint_headroom_bytes"] + " — " + scopes[where["checkpoint_headroom_bytes"]])
+    assert p.get_attribute("#verdict-strip th[data-key='ckpt']", "title") == (
+        "peak allocated at the latest checkpoint — " + scopes[where["checkpoint_peak_bytes"]])
+    assert where["checkpoint_peak_bytes"] == where["checkpoint_headroom_bytes"]
     # one low-headroom threshold: a headroom cell is red exactly when under the meta fraction
     frac = meta["low_headroom_fraction"]
     assert f"under {round(frac * 100)} % of the device" in p.text_content("#strip-foot")
@@ -511,7 +517,7 @@ def test_advice_panel_and_compare_view_follow_the_collector(collector: dict[str,
                         " return b !== null && !b.textContent.includes('loading'); })()", timeout=30_000)
     if "/api/v1/compare" in paths:
         doc = httpx.get(f"{url}/api/v1/compare", params={"a": DEMO_RUN, "b": DEMO_RUN}).json()
-        assert p.locator("#compare-table tbody tr").count() == len(doc["metrics"])
+        assert p.locator("#compare-table tbody tr").count() == len({m["rank"] for m in doc["metrics"]})  # one per rank
     else:
         assert "no compare route" in p.text_content("#compare-body")
     assert p.input_value("#cmp-a") == DEMO_RUN

@@ -7,13 +7,17 @@ import re
 
 import pytest
 
-from vramwatch.decisions.advice import EXTRAPOLATION_LIMIT, advise
+from vramwatch.decisions.advice import advise
 from vramwatch.decisions.gate import gate
 from vramwatch.decisions.model import BUCKET_WIDTH, PROPORTIONAL_UNCERTAINTY, RankModelBuilder
+from vramwatch.decisions.nextstep import ACTIONS, EXTRAPOLATION_LIMIT
 from vramwatch.decisions.observe import RunObservation, observe
-from vramwatch.decisions.readiness import ReadinessConfig, plateau_held_steps, run_readiness
+from vramwatch.decisions.readiness import ReadinessConfig, plateau_held_steps
+from vramwatch.decisions.reasons import CAUSES
 from vramwatch.decisions.scenarios import regression_overrides, token_trace, token_truth
+from vramwatch.decisions.views import run_readiness
 from vramwatch.probe.simulated import SCENARIOS, simulate_trace
+from vramwatch.units import gib
 
 
 def run_of(name: str, steps: int = 4000, ranks: int = 1, seed: int = 1, **overrides) -> RunObservation:
@@ -107,7 +111,9 @@ def test_a_phase_that_alone_breaks_the_margin_leaves_no_batch() -> None:
     obs = run_of("varlen_eval", steps=1500, eval_act_frac=0.57)
     result = advise(obs)
     assert result.max_tokens_per_step == 0 and result.ranks[0].binding_phase == "eval"
-    assert result.action == "lower" and "eval phase alone" in result.recommendation
+    # lowering the batch cannot help: the eval phase is what to fix
+    assert result.action == "fix" and result.next.because.cause == "phase_peak"
+    assert "eval phase alone" in result.recommendation
 
 
 # ------------------------------------------------------------------ readiness
@@ -126,12 +132,14 @@ def test_plateau_held_counts_across_a_checkpoint_ratchet_but_not_a_loop_break() 
 def test_readiness_not_ready_then_ready_with_numbers() -> None:
     early = run_readiness(run_of("varlen", steps=1500))
     assert early.verdict == "not_ready"
-    held = re.search(r"plateau held ([\d,]+) of 2,000 steps", " ".join(early.reasons))
+    assert {r.cause for r in early.reasons} == {"plateau"}
+    held = re.search(r"plateau held ([\d,]+) of 2,000 steps", " ".join(r.text for r in early.reasons))
     assert held and int(held.group(1).replace(",", "")) == early.plateau_steps < 2000
     assert early.checkpoints_passed == 1
     late = run_readiness(run_of("varlen", steps=4000))
     assert late.verdict == "ready" and late.plateau_steps >= 2000 and late.checkpoints_passed == 3
-    assert late.min_headroom_bytes is not None and late.worst_rank == 0
+    assert late.min_headroom_bytes is not None and late.worst_rank == late.min_headroom_rank == 0
+    assert [r.cause for r in late.reasons] == ["proven"]
     # thresholds are configurable
     relaxed = run_readiness(run_of("varlen", steps=1500), ReadinessConfig(plateau_steps=500, checkpoints=1))
     assert relaxed.verdict == "ready"
@@ -141,18 +149,19 @@ def test_no_checkpoint_yet_is_not_ready() -> None:
     obs = run_of("varlen", steps=2900, ckpt_every=0)
     result = run_readiness(obs, ReadinessConfig(plateau_steps=1000))
     assert result.verdict == "not_ready" and result.checkpoints_passed == 0
-    assert any("0 of 1 checkpoint(s) passed" in r for r in result.reasons)
+    assert any(r.cause == "checkpoint" and "0 of 1 checkpoint(s) passed" in r.text for r in result.reasons)
 
 
-@pytest.mark.parametrize(("scenario", "steps", "needle"), [
-    ("fast_leak", 5000, "leak (allocator)"),
-    ("leak_to_oom", 6000, "OOM"),
+@pytest.mark.parametrize(("scenario", "steps", "causes", "needle"), [
+    ("fast_leak", 5000, ("leak",), "MiB/step"),
+    ("leak_to_oom", 6000, ("oom", "leak"), "OOM at step"),
 ])
-def test_leaks_and_ooms_are_unsafe(scenario: str, steps: int, needle: str) -> None:
+def test_leaks_and_ooms_are_unsafe(scenario: str, steps: int, causes: tuple[str, ...], needle: str) -> None:
     obs = observe(simulate_trace(scenario, steps=steps, run="u", seed=1))["u"]
     result = run_readiness(obs)
-    assert result.verdict == "unsafe"
-    assert any(needle in r for r in result.reasons), result.reasons
+    assert result.verdict == "unsafe" and result.causes[:len(causes)] == causes
+    assert result.reasons[0].cause == causes[0] and needle in result.reasons[0].text, result.reasons
+    assert not any(" MB" in r.text for r in result.reasons)
 
 
 def test_headroom_under_the_margin_is_unsafe_and_advice_lowers_by_the_computed_share() -> None:
@@ -160,11 +169,12 @@ def test_headroom_under_the_margin_is_unsafe_and_advice_lowers_by_the_computed_s
     obs = run_of("fixed_tight", **tight)
     result = advise(obs, margin=0.10)
     assert result.readiness.verdict == "unsafe"
-    assert any("under the 10% margin" in r for r in result.readiness.reasons)
-    assert result.action == "lower"
-    low = int(re.search(r"to ([\d,]+) per rank", result.recommendation).group(1).replace(",", ""))
+    assert any(r.cause == "margin" and "under the 10% margin" in r.text for r in result.readiness.reasons)
+    assert result.action == "back_off" and result.next.because.cause == "margin"
+    low = result.next.tokens_per_step
     cut = 1 - low / 22528
-    assert f"at least {cut:.1%}" in result.recommendation and 0.05 < cut < 0.25
+    assert low % result.evidence.granularity == 0 and result.evidence.granularity == 2048  # 22,528 = 11 x 2,048
+    assert f"Back off to {low:,} tokens per step per rank" in result.recommendation and 0.05 < cut < 0.25
     truth = token_truth("fixed_tight", seed=0, **tight)
     # lowering by that share restores the margin in truth, though part of the transient is fixed
     assert truth.worst_need(low) <= 0.90 * truth.total_bytes
@@ -173,7 +183,7 @@ def test_headroom_under_the_margin_is_unsafe_and_advice_lowers_by_the_computed_s
 def test_a_checkpoint_that_alone_breaks_the_margin_is_named() -> None:
     result = advise(run_of("fixed_tight"), margin=0.15)
     assert result.readiness.verdict == "unsafe" and result.max_tokens_per_step == 0
-    assert "checkpoint phase alone" in result.recommendation
+    assert result.action == "fix" and "checkpoint phase alone" in result.recommendation
 
 
 # ------------------------------------------------------------------ advice
@@ -193,7 +203,11 @@ def test_without_tokens_the_advice_says_so_and_projects_nothing() -> None:
     obs = observe(simulate_trace("checkpoint", steps=2500, run="plain", seed=1))["plain"]
     result = advise(obs, target_tokens=20000)
     assert result.max_tokens_per_step is None and result.max_global_tokens_per_step is None
-    assert result.target is None and result.action == "hold" and "tokens=" in result.recommendation
+    assert result.action == "hold" and "tokens=" in result.recommendation
+    assert result.next.tokens_per_step is None and "0 tokens" not in result.recommendation
+    # a target is never dropped: it is answered, saying why it cannot be judged
+    assert result.target.tokens_per_step == 20000 and result.target.fits is None
+    assert result.target.because.cause == "no_tokens"
 
 
 def test_not_ready_run_holds_and_names_the_projection() -> None:
@@ -220,7 +234,9 @@ def test_a_leak_is_fixed_before_the_batch_is_touched() -> None:
     obs = run_of("varlen", steps=5000, leak_onset=1200, leak_rate_frac=4e-5)
     result = advise(obs)
     assert result.readiness.verdict == "unsafe" and "leak" in result.readiness.causes
-    assert result.action == "hold" and "fix first" in result.recommendation and "leak" in result.recommendation
+    assert result.action == "fix" and result.next.because.cause == "leak" and result.next.because.rank == 0
+    assert result.recommendation.startswith("Fix first, holding 16,3") and "MiB/step" in result.recommendation
+    assert result.next.tokens_per_step == result.readiness.ranks[0].tokens
 
 
 def test_an_oom_the_batch_does_not_explain_is_not_answered_by_lowering() -> None:
@@ -228,7 +244,11 @@ def test_an_oom_the_batch_does_not_explain_is_not_answered_by_lowering() -> None
     obs = run_of("varlen", steps=6000, outside_onset=1000, outside_rate_frac=6e-5, ckpt_every=0)
     result = advise(obs)
     assert result.readiness.verdict == "unsafe"
-    assert result.action == "hold", result.recommendation
+    oom = obs.tracks()[0].trial.oom
+    assert oom is not None and oom.cause == "leak" and "outside_allocator" in oom.detail
+    # the leak is the cause, not the batch: nothing caps the batch, the leak is to be fixed
+    assert result.evidence.ceiling() is None and result.bound == "model"
+    assert result.action == "fix" and result.next.because.cause == "leak", result.recommendation
 
 
 # ------------------------------------------------------------------ the collector's engine
@@ -269,22 +289,32 @@ def test_an_oomed_step_bounds_the_batch_instead_of_joining_the_envelope() -> Non
     obs = run_of("varlen", steps=3000, act_frac=0.62, ckpt_every=0)
     track = obs.tracks()[0]
     assert track.ooms == 1
+    oom = track.trial.oom
+    assert oom is not None and oom.phase == "train" and oom.cause == "batch"
     model = track.builder.model()
     # the process died there: the truth is the one of that moment (warm-up not over)
     truth = token_truth("varlen", seed=1, act_frac=0.62, ckpt_every=0, at_step=track.last_step)
-    assert model.oom_tokens is not None and model.oom_tokens > truth.max_tokens(0.0)
+    assert oom.tokens > truth.max_tokens(0.0)
     # the OOM sample's capped peak did not bend the envelope: the fit still matches the truth
     assert model.max_tokens(0.05)[0] == pytest.approx(truth.max_tokens(0.05), rel=0.03)
-    assert model.max_tokens(0.0)[0] < model.oom_tokens
-    result = advise(obs)
-    assert result.action == "lower" and result.readiness.causes[0] == "oom"
+    result = advise(obs, target_tokens=oom.tokens)
+    assert result.max_tokens_per_step < oom.tokens
+    assert result.target.fits is False and result.target.because.cause == "oom"
+    assert result.action == "back_off" and result.readiness.causes[0] == "oom"
+    assert result.next.tokens_per_step < oom.tokens and result.next.because.cause == "batch"
 
 
-def test_a_phase_that_ooms_leaves_no_batch() -> None:
+def test_a_phase_that_ooms_caps_the_batch_it_ran_not_every_batch() -> None:
     obs = run_of("varlen", steps=1500, ckpt_above_frac=0.2)
-    model = obs.tracks()[0].builder.model()
-    assert model.oom_phases == ("checkpoint",)
-    assert model.max_tokens(0.05) == (0, "checkpoint")
+    trial = obs.tracks()[0].trial
+    assert trial.oom.phase == "checkpoint" and trial.oom.cause == "phase_peak"
+    assert trial.oom.tokens == trial.tokens  # the batch the process ran
+    result = advise(obs, target_tokens=trial.tokens - 300)
+    assert result.bound == "oom" and result.max_tokens_per_step == trial.tokens - 1
+    assert result.next.action == "back_off" and result.next.because.cause == "phase_peak"
+    g = result.evidence.granularity
+    assert result.next.tokens_per_step % g == 0 and result.next.tokens_per_step < trial.tokens
+    assert result.target.fits is not False  # below the OOM's batch the model decides
 
 
 def test_gate_names_a_phase_only_the_candidate_has() -> None:
@@ -310,7 +340,8 @@ def test_every_simulator_scenario_gets_a_sentence_with_numbers(scenario: str) ->
     obs = observe(simulate_trace(scenario, steps=3000, run="s", seed=2, tokens_per_step=8192, seq_min=0.5))["s"]
     result = advise(obs, target_tokens=9000)
     doc = result.as_dict()
-    assert doc["action"] in ("raise", "hold", "lower") and doc["recommendation"].endswith(".")
+    assert doc["action"] in ACTIONS and doc["recommendation"].endswith(".")
+    assert doc["next"]["action"] == doc["action"] and doc["next"]["because"]["cause"] in CAUSES
     assert re.search(r"\d", doc["recommendation"])
     assert doc["readiness"]["verdict"] in ("ready", "not_ready", "unsafe")
     if doc["max_tokens_per_step"] is not None:
@@ -337,14 +368,19 @@ def test_byte_figures_are_gib_as_the_dashboard_shows_them() -> None:
     from vramwatch.units import gib
 
     late = run_readiness(run_of("varlen", steps=4000))
-    text = " ".join(late.reasons)
-    assert " GB" not in text
+    text = " ".join(r.text for r in late.reasons)
+    assert " GB" not in text and " MB" not in text
     assert f"worst headroom {gib(late.min_headroom_bytes)} at" in text  # the same text as "Min headroom"
     samples = [{k: v for k, v in s.items() if k != "tokens"} for s in token_trace("varlen", steps=600, run="nt")]
     no_tokens = advise(observe(samples)["nt"])
     assert "worst headroom " in no_tokens.recommendation and " GB" not in no_tokens.recommendation
     assert re.search(r"worst headroom \d+\.\d+ GiB on rank", no_tokens.recommendation), no_tokens.recommendation
     assert (gib(9.41 * 2**30), gib(12.34 * 2**30), gib(None)) == ("9.41 GiB", "12.3 GiB", "-")
+    # a leak's slope in MiB per step (the dashboard's unit), never MB
+    leak = advise(run_of("varlen", steps=5000, leak_onset=1200, leak_rate_frac=4e-5))
+    slope = leak.models[0].total_bytes * 4e-5 / 2**20
+    said = re.search(r"leak \(allocator\) (\d+\.\d\d) MiB/step", leak.recommendation)
+    assert said and float(said.group(1)) == pytest.approx(slope, rel=0.05), leak.recommendation
 
 
 def _bytes_held_per_series(factory, samples_per_series: int, series: int = 2000) -> float:
@@ -381,3 +417,85 @@ def test_a_new_series_engine_fits_its_4_kb_budget_beside_the_collectors_own_stat
         held = _bytes_held_per_series(collector_engine, samples)
         assert held <= 4096 - 700, (samples, held)  # was 18.6 KB (rings and deques made up front)
         assert _bytes_held_per_series(TrendEngine, samples) <= 2048  # was 13.7 KB
+
+
+def test_the_least_headroom_and_the_soonest_oom_are_named_on_their_own_ranks() -> None:
+    """4 ranks, two leaking: rank 3 faster than rank 0. The headroom named is the least one's, on
+    its rank; the leak to fix first is the one that runs out first."""
+    samples = []
+    for r, rate in ((0, 2.5e-5), (1, 0.0), (2, 0.0), (3, 3.5e-5)):
+        leak = {"leak_onset": 1200, "leak_rate_frac": rate} if rate else {}
+        samples += token_trace("fixed", steps=3000, run="four", rank=r, seed=r, world_size=4, **leak)
+    result = advise(observe(samples)["four"])
+    r = result.readiness
+    tight = min(r.ranks, key=lambda x: x.min_headroom_bytes)
+    assert r.min_headroom_rank == tight.rank and r.min_headroom_bytes == tight.min_headroom_bytes
+    leaking = {x.rank: x.steps_to_oom for x in r.ranks if "leak" in x.causes}
+    assert set(leaking) == {0, 3} and leaking[3] < leaking[0]
+    assert r.worst_rank == 3 and r.reasons[0].rank == 3 and r.reasons[0].cause == "leak"
+    assert result.action == "fix" and result.next.because.rank == 3
+    assert f"OOM in {leaking[3]:,} steps" in result.recommendation and "soonest of 2 ranks" in result.recommendation
+    from vramwatch.cli.decisions import advice_text
+
+    assert f"worst headroom {gib(tight.min_headroom_bytes)} on rank {tight.rank})" in advice_text(result)
+
+
+def test_a_rank_killed_while_the_job_went_on_is_a_death_the_gate_and_the_advice_name() -> None:
+    """How a process ended is the run-life model's judgement (vramwatch.runlife): rank 1 stops at
+    step 1,500 without an exit or an OOM while rank 0 goes on for 1,500 s more: killed."""
+    base = run_of("fixed", steps=3000, ranks=2)
+    samples = [s for r in range(2) for s in token_trace("fixed", steps=3000, run="cut", rank=r, seed=r, world_size=2)
+               if r == 0 or s["step"] <= 1500]
+    cut = observe(samples)["cut"]
+    result = advise(cut)
+    assert result.readiness.verdict == "unsafe" and result.readiness.causes[0] == "death"
+    assert result.readiness.worst_rank == 1 and result.action == "hold" and result.next.because.cause == "death"
+    assert [d.rank for d in result.evidence.deaths] == [1]
+    verdict = gate(base, cut, 0.03)
+    assert not verdict.passed and verdict.troubles[0].cause == "death" and verdict.troubles[0].rank == 1
+    assert verdict.line.startswith("FAIL: rank 1: killed at step 1,500") and "(cause death;" in verdict.line
+    # the baseline had the same death: not the candidate's doing
+    assert gate(cut, cut, 0.03).passed
+
+
+def test_the_docs_list_every_cause_with_its_meaning() -> None:
+    """docs/decisions.md's cause table is generated from reasons.CAUSES (one definition)."""
+    from pathlib import Path
+
+    from vramwatch.decisions.reasons import causes_table
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "decisions.md").read_text()
+    start, end = doc.index("<!-- causes:start -->"), doc.index("<!-- causes:end -->")
+    assert doc[start + len("<!-- causes:start -->"):end].strip() == causes_table().strip()
+    assert all(f"| `{cause}` |" in doc for cause in CAUSES)
+
+
+def test_a_live_view_is_the_state_between_two_samples_while_the_writer_goes_on() -> None:
+    """The collector's writer never waits for /advice: the reader's copy is taken again when a
+    sample landed meanwhile, so every copy is whole (its process and its model at the same step)."""
+    import threading
+
+    from vramwatch.decisions.live import DecisionEngine
+
+    samples = token_trace("varlen", steps=6000, run="busy", seed=3)
+    engine = DecisionEngine()
+    for s in samples[:200]:
+        engine.update(s)
+    done = threading.Event()
+
+    def write() -> None:
+        for s in samples[200:]:
+            engine.update(s)
+        done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    views = 0
+    config = ReadinessConfig()
+    while not done.is_set() or views == 0:
+        view = engine.view(config)
+        assert view.trials[-1].last_step == view.model.step and len(view.points) >= 1
+        views += 1
+    writer.join()
+    final = engine.view(config)
+    assert views > 1 and final.model.step == final.trials[-1].last_step == samples[-1]["step"]

@@ -87,3 +87,59 @@ def test_advice_route_takes_reference_runs(client) -> None:
     assert both["max_tokens_per_step"] == pytest.approx(truth.max_tokens(0.05), rel=0.02)
     missing = client.get("/api/v1/runs/ref-main/advice", params={"reference": "nope"})
     assert missing.status_code == 404 and "reference" in missing.text
+
+
+def test_advice_reads_the_collector_s_live_tracks_and_a_replay_agrees(client, module_collector) -> None:
+    """The collector decides on the engines it already holds; replaying the same samples gives the
+    same answer (the live engines keep no step times: the only figure that differs)."""
+    import sqlite3
+
+    from vramwatch.decisions.advice import advise
+    from vramwatch.decisions.observe import observe
+    from vramwatch.decisions.stories import story_trace
+
+    samples = story_trace("raise_ooms", run="live-story")
+    post(client, samples)
+    live = client.get("/api/v1/runs/live-story/advice", params={"target_tokens": 24576}).json()
+    replayed = advise(observe(samples)["live-story"], target_tokens=24576).as_dict()
+    for doc in (live, replayed):
+        for model in doc["models"]:
+            model["step_time_s"] = None
+    assert live == replayed
+    assert live["next"]["action"] == "back_off" and live["next"]["tokens_per_step"] == 22528
+    assert live["target"]["fits"] is False and live["evidence"]["oom_ceiling"]["tokens"] == 24576
+    # the store is not read again: with the run's rows gone the live answer stands
+    con = sqlite3.connect(module_collector.db)
+    with con:
+        con.execute("DELETE FROM samples WHERE series IN (SELECT id FROM series WHERE run = 'live-story')")
+    con.close()
+    again = client.get("/api/v1/runs/live-story/advice", params={"target_tokens": 24576, "margin": 0.0501})
+    assert again.status_code == 200 and again.json()["next"]["action"] == "back_off"
+
+
+def test_advice_replays_a_run_whose_engines_are_not_decision_engines(client, module_collector) -> None:
+    """Engines that are plain trend engines hold no tracks: the route's view replays the store
+    (real SQLite, the collector's own file) and decides the same."""
+    from types import SimpleNamespace
+
+    from vramwatch.collector.live import LiveState
+    from vramwatch.collector.routes_decisions import run_view_of
+    from vramwatch.collector.store import Store
+    from vramwatch.decisions.advice import decide
+    from vramwatch.decisions.readiness import ReadinessConfig
+    from vramwatch.decisions.stories import story_trace
+    from vramwatch.engine import TrendEngine
+
+    post(client, story_trace("backed_off", run="plain-story"))
+    live_doc = client.get("/api/v1/runs/plain-story/advice").json()
+    store = Store(str(module_collector.db), readonly=True)
+    try:
+        plain = LiveState(TrendEngine)
+        plain.rebuild(store.iter_samples("plain-story"))
+        request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(live=plain, store=store)))
+        config = ReadinessConfig()
+        doc = decide(run_view_of(request, "plain-story", config), [], config=config).as_dict()
+    finally:
+        store.close()
+    assert doc["next"] == live_doc["next"] and doc["next"]["action"] == "hold"
+    assert doc["evidence"] == live_doc["evidence"] and doc["readiness"] == live_doc["readiness"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import yaml
 from prometheus_helpers import RULE_TESTS, RULES, exposed_samples, post_samples, run_promtool, scrape
@@ -14,14 +16,21 @@ ALERT = "VramwatchTokensNearLimit"
 NEAR = 0.95
 
 
+def running(samples: list[dict]) -> list[dict]:
+    """The trace as a run still going: its last sample 5 s ago (a rank whose process ended has its
+    gauges withdrawn from /metrics)."""
+    shift = time.time() - 5 - max(s["ts"] for s in samples)
+    return [{**s, "ts": s["ts"] + shift} for s in samples]
+
+
 @pytest.fixture(scope="module")
 def families(tmp_path_factory) -> dict[tuple[str, str, str], float]:
     db = tmp_path_factory.mktemp("decisions-metrics") / "vw.db"
     with BackgroundServer(str(db)) as srv:
-        post_samples(srv.url, token_trace("varlen", steps=3000, run="roomy", seed=1))
+        post_samples(srv.url, running(token_trace("varlen", steps=3000, run="roomy", seed=1)))
         # the same job with activations 30 % larger: its long batches are near the wall
-        post_samples(srv.url, token_trace("varlen", steps=3000, run="tight", seed=1, act_frac=0.47))
-        post_samples(srv.url, token_trace("varlen", steps=300, run="young", seed=1))
+        post_samples(srv.url, running(token_trace("varlen", steps=3000, run="tight", seed=1, act_frac=0.47)))
+        post_samples(srv.url, running(token_trace("varlen", steps=300, run="young", seed=1)))
         text = scrape(srv.url).text
     return {(name, labels.get("run", ""), labels.get("rank", "")): value
             for name, labels, value in exposed_samples(text) if name.startswith("vramwatch_")}

@@ -43,9 +43,9 @@ from vramwatch.probe.simulated import simulate_trace
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION, STATES
 
 REQUIRED_ALERTS = {
+    "VramwatchOOM",
     "VramwatchPlateauBreak",
     "VramwatchMemoryLeak",
-    "VramwatchOOM",
     "VramwatchHeadroomLow",
     "VramwatchAllocRetriesRising",
     "VramwatchGrowthOutsideAllocator",
@@ -66,17 +66,17 @@ PROMETHEUS_OWN = {"ALERTS", "ALERTS_FOR_STATE", "up"}
 def scrape_names(tmp_path_factory) -> set[str]:
     """Metric names from a real collector fed scenarios that exercise every family."""
     db = tmp_path_factory.mktemp("deploy-scrape") / "vw.db"
-    start = time.time() - 4000
+    now = time.time()  # every rank still running (a rank that stopped has its state families withdrawn)
     with BackgroundServer(str(db)) as srv:
         traces = [
-            simulate_trace("checkpoint", steps=2500, run="names", host="node-a", rank=0, start_ts=start,
+            simulate_trace("checkpoint", steps=2500, run="names", host="node-a", rank=0, start_ts=now - 2510,
                            tokens_per_step=16384, seq_min=0.4),  # tokens: the decision families
-            simulate_trace("fast_leak", steps=3000, run="names", host="node-a", rank=1, start_ts=start),
-            simulate_trace("late_step", steps=3600, run="names", host="node-b", rank=2, start_ts=start),
+            simulate_trace("fast_leak", steps=3000, run="names", host="node-a", rank=1, start_ts=now - 3010),
+            simulate_trace("late_step", steps=3600, run="names", host="node-b", rank=2, start_ts=now - 3610),
             # what the real hook adds: other processes on the GPU and host memory (docs/evidence.md)
             [dict(s, foreign_used_bytes=2**30, host_rss_bytes=40 * 2**30, host_children_rss_bytes=8 * 2**30,
                   host_available_bytes=900 * 2**30, host_pinned_bytes=2**30)
-             for s in simulate_trace("healthy", steps=50, run="names", host="node-c", rank=3, start_ts=start)],
+             for s in simulate_trace("healthy", steps=50, run="names", host="node-c", rank=3, start_ts=now - 60)],
         ]
         for trace in traces:
             post_samples(srv.url, trace)

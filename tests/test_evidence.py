@@ -70,7 +70,7 @@ def test_postmortem_names_the_rank_that_was_killed_alone():
     samples = _rank_samples(0, 2000) + _rank_samples(1, 600) + _rank_samples(2, 2000)
     pm = postmortem.build("run-a", lambda: samples, now=T0 + 5000)
     assert pm.first_failure is not None
-    assert (pm.first_failure.rank, pm.first_failure.cause, pm.first_failure.step) == (1, "silent", 599)
+    assert (pm.first_failure.rank, pm.first_failure.cause, pm.first_failure.step) == (1, "killed", 599)
     assert "killed alone" in pm.first_failure.detail
     assert pm.status == "crashed"
     held = {r.rank: r.held_at_failure_bytes for r in pm.ranks}
@@ -87,7 +87,7 @@ def test_postmortem_prefers_the_oom_over_its_silent_victims():
     f = pm.first_failure
     assert (f.rank, f.cause, f.step) == (3, "oom", 500)
     ends = {r.rank: r.end for r in pm.ranks}
-    assert ends == {0: "silent", 1: "silent", 2: "silent", 3: "oom"}
+    assert ends == {0: "stopped", 1: "stopped", 2: "stopped", 3: "oom"}
     assert next(r for r in pm.ranks if r.rank == 3).ooms == 1
 
 
@@ -95,7 +95,7 @@ def test_postmortem_clean_exit_and_running():
     samples = _rank_samples(0, 100, marker="exit") + _rank_samples(1, 100, marker="exit")
     pm = postmortem.build("run-a", lambda: samples, now=T0 + 10_000)
     assert pm.first_failure is None and pm.status == "finished"
-    assert {r.end for r in pm.ranks} == {"exit"}
+    assert {r.end for r in pm.ranks} == {"exited"} and {r.liveness for r in pm.ranks} == {"exited"}
     live = postmortem.build("run-a", lambda: _rank_samples(0, 100), now=T0 + 120)
     assert live.status == "running" and live.ranks[0].end == "running"
 
@@ -265,9 +265,9 @@ def test_postmortem_and_capture_cli(tmp_path: Path):
     code, out, err = _cli("postmortem", "run-a", "--db", db, "--json")
     assert code == 0, err
     doc = orjson.loads(out)
-    assert doc["first_failure"]["rank"] == 1 and doc["first_failure"]["cause"] == "silent"
+    assert doc["first_failure"]["rank"] == 1 and doc["first_failure"]["cause"] == "killed"
     assert doc["status"] == "crashed"
-    assert [(r["rank"], r["end"]) for r in doc["ranks"]] == [(0, "silent"), (1, "silent")]
+    assert [(r["rank"], r["end"]) for r in doc["ranks"]] == [(0, "stopped"), (1, "killed")]
     code, out, _ = _cli("postmortem", "run-a", "--db", db)
     assert code == 0 and "first failure: rank 1" in out
     code, _, err = _cli("postmortem", "nope", "--db", db)

@@ -233,6 +233,7 @@ def test_quiet_runs_are_evicted_listed_and_revived_on_demand(tmp_path) -> None:
 
     store = Store(str(tmp_path / "vw.db"))
     samples = [make_sample(i, run=run, rank=r) for run in ("old", "new") for r in range(4) for i in range(20)]
+    samples += [{**make_sample(19, run="old", rank=r), "seq": 1, "exit": True} for r in range(4)]  # clean closes
     store.insert(samples)
     live = LiveState()
     live.ingest([s for s in samples if s["run"] == "old"], received_at=1000.0)
@@ -410,6 +411,8 @@ def test_restart_replays_only_running_runs_and_lists_the_rest(tmp_path) -> None:
     store = Store(str(tmp_path / "vw.db"))
     store.insert([make_sample(i, run=f"old-{k}", rank=r, ts=now - 7200 + i) for k in range(50) for r in range(8)
                   for i in range(5)])
+    store.insert([{**make_sample(4, run=f"old-{k}", rank=r, ts=now - 7195), "seq": 1, "exit": True}
+                  for k in range(50) for r in range(8)])  # every old run closed cleanly
     store.insert([make_sample(i, run="running", rank=r, ts=now - 60 + i) for r in range(4) for i in range(30)])
     built = []
 
@@ -501,6 +504,7 @@ def test_a_finished_run_leaves_memory_but_stays_listed_and_readable(tmp_path) ->
     with BackgroundServer(str(tmp_path / "vw.db"), finished_after_s=1.0, maintenance_interval_s=0.2,
                           checkpoint_interval_s=0.2) as srv, httpx.Client(base_url=srv.url, timeout=30) as client:
         samples = [make_sample(i, rank=r, ts=now - 40 + i * 0.1) for r in range(4) for i in range(300)]
+        samples += [{**make_sample(299, rank=r, ts=now - 10), "seq": 1, "exit": True} for r in range(4)]
         assert client.post("/api/v1/samples", content=ndjson(samples), headers=NDJSON).status_code == 200
         assert client.get("/healthz").json()["series"] == 4
         deadline = time.monotonic() + 10

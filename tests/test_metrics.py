@@ -194,11 +194,11 @@ def test_missing_nvml_is_absent_not_zero_and_labels_are_escaped() -> None:
 
 def test_real_scrape_passes_promtool_check_metrics(tmp_path) -> None:
     with BackgroundServer(str(tmp_path / "vw.db")) as srv:
-        start = time.time() - 3000
+        now = time.time()  # both ranks still running: their state families are exposed
         post_samples(srv.url, simulate_trace("fast_leak", steps=2600, run="lint", host="node-a", rank=0,
-                                             start_ts=start))
+                                             start_ts=now - 2610))
         post_samples(srv.url, simulate_trace("checkpoint", steps=1200, run="lint", host="node-a", rank=1,
-                                             start_ts=start))
+                                             start_ts=now - 1210))
         response = scrape(srv.url)
         openmetrics = scrape(srv.url, accept="application/openmetrics-text; version=1.0.0")
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")

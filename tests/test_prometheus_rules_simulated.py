@@ -68,11 +68,13 @@ def exported_from(samples: list[dict], wanted: set[str] | None = None) -> tuple[
     samples = sorted(samples, key=lambda s: s["ts"])
     minutes = int((samples[-1]["ts"] - T0) // 60) + 1
     live = LiveState()
-    registry, _ = build_registry(live, finished_after_s=1e12)  # simulated clock: never age out
+    clock = [T0]
+    # the simulated clock: ranks are judged (running, dead) at the simulated minute; never age out
+    registry, _ = build_registry(live, finished_after_s=1e12, clock=lambda: clock[0])
     series: dict[str, list[float | None]] = {}
     index = 0
     for minute in range(minutes + 1):
-        now = T0 + 60 * minute
+        now = clock[0] = T0 + 60 * minute
         batch = []
         while index < len(samples) and samples[index]["ts"] <= now:
             batch.append(samples[index])
@@ -214,32 +216,52 @@ def test_checkpoint_annotation_marks_every_checkpoint_once(tmp_path) -> None:
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
 
 
-def test_checkpoint_counter_is_monotonic_across_restarts_and_event_eviction() -> None:
-    """Counted by event identity: a restarted rank (steps start again) keeps counting, and
-    checkpoints older than the bounded event list are not lost or counted twice."""
-    from collections import deque
-    from types import SimpleNamespace
+def test_checkpoint_count_is_the_engines_and_survives_restarts_and_event_eviction() -> None:
+    """vramwatch_checkpoints_total is the engine's own count (not rebuilt from its bounded
+    event list): a restarted rank (a new process, steps going back) keeps counting, and more
+    checkpoints than the event list keeps are all counted."""
+    from vramwatch.engine import TrendEngine
 
-    from vramwatch.collector.metrics import CheckpointCounter
+    engine = TrendEngine()
+    first = list(simulate_trace("checkpoint", steps=4200, run="r", host="h", rank=0, start_ts=T0))
+    seen = sum(1 for s in first if s["phase"] == "checkpoint")
+    for sample in first:
+        engine.update(sample)
+    assert seen == 4 and engine.summary()["checkpoints"] == seen
+    again = [{**s, "incarnation": "second", "ts": s["ts"] + 5000} for s in first]  # restarted from step 0
+    for sample in again:
+        engine.update(sample)
+    assert engine.summary()["checkpoints"] == 2 * seen
+    assert sum(1 for e in engine.events if e["type"] == "checkpoint_spike") <= 2 * seen
 
-    series = SimpleNamespace(run="r", host="h", rank=0, events=deque(maxlen=4))
-    counter = CheckpointCounter()
 
-    def emit(kind: str, step: int) -> None:
-        series.events.append({"type": kind, "step": step})
-
-    assert counter.count(series) == 0
-    emit("checkpoint_spike", 1000)
-    emit("plateau_break", 1200)
-    assert counter.count(series) == 1
-    assert counter.count(series) == 1  # a second scrape sees nothing new
-    emit("checkpoint_spike", 2000)
-    emit("checkpoint_spike", 200)  # the rank restarted from a checkpoint: steps go back
-    assert counter.count(series) == 3
-    for step in (300, 400, 500, 600):  # more events than the list keeps between two scrapes
-        emit("checkpoint_spike", step)
-    assert counter.count(series) == 7
-    emit("eval_spike", 700)
-    assert counter.count(series) == 7
-    other = SimpleNamespace(run="r", host="h", rank=1, events=deque([{"type": "checkpoint_spike", "step": 5}]))
-    assert counter.count(other) == 1 and counter.count(series) == 7
+@pytest.mark.parametrize("scenario", ["checkpoint", "late_step"])
+def test_plateau_break_annotation_skips_checkpoint_ratchets_as_the_alert_does(tmp_path, scenario) -> None:
+    """The Grafana "Plateau breaks" annotation marks what VramwatchPlateauBreak counts: a
+    checkpoint whose segments the allocator kept re-levels the plateau (a phase ratchet) and is
+    not marked; a break of the training loop itself is."""
+    steps = {"checkpoint": 4200, "late_step": 3700}[scenario]
+    samples = list(simulate_trace(scenario, steps=steps, run="pb", host="node-a", rank=0, start_ts=T0))
+    series, minutes = exported_from(samples, {"vramwatch_plateau_breaks_total", "vramwatch_phase_ratchets_total"})
+    (breaks,) = [v for k, v in series.items() if k.startswith("vramwatch_plateau_breaks_total{")]
+    (ratchets,) = [v for k, v in series.items() if k.startswith("vramwatch_phase_ratchets_total{")]
+    loop = [None if b is None else b - (r or 0) for b, r in zip(breaks, ratchets, strict=True)]
+    changes = [m for m in range(1, minutes + 1) if loop[m] is not None and loop[m - 1] is not None
+               and loop[m] != loop[m - 1]]
+    if scenario == "checkpoint":
+        assert breaks[-1] >= 1 and ratchets[-1] == breaks[-1] and not changes  # it ratcheted, and only that
+    else:
+        assert changes
+    marked = {m for c in changes for m in (c, c + 1)}
+    dashboard = json.loads(DASHBOARD.read_text())
+    (annotation,) = [a for a in dashboard["annotations"]["list"] if a.get("name") == "Plateau breaks"]
+    expr = "(" + grafana_to_promql(annotation["expr"]) + ") * 0 + 1"
+    labels = '{Hostname="node-a", rank="0", run="pb"}'
+    tests = [{"expr": expr, "eval_time": f"{m}m",
+              "exp_samples": [{"labels": labels, "value": 1}] if m in marked else []} for m in range(2, minutes + 1)]
+    test_file = tmp_path / "pb.test.yml"
+    test_file.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [
+        {"name": "plateau break annotations", "interval": "1m", "input_series": input_series(series),
+         "promql_expr_test": tests}]}, sort_keys=False, width=100000))
+    result = run_promtool("test", "rules", str(test_file))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

@@ -50,17 +50,21 @@ pytestmark = pytest.mark.prometheus
 RUN = "sharded-job"
 STEPS = 3700
 BREAK_STEP = 3000  # the late_step scenario's one-time step
+STEP_S = 0.2
 
 
 def test_prometheus_scrapes_two_shards_and_fires_plateau_break(tmp_path) -> None:
     need_binary("prometheus")
-    start_ts = time.time() - STEPS - 60
+    # 0.2 s steps, the first stage ending now: every stage is a run still going (a run whose latest
+    # sample is 5 minutes old has stopped, and its ranks' state gauges leave /metrics)
+    start_ts = time.time() - (BREAK_STEP - 100) * STEP_S
     layout = {  # (host, rank) -> scenario
         ("node-a", 0): "healthy", ("node-a", 1): "healthy",
         ("node-b", 2): "healthy", ("node-b", 3): "late_step",
     }
     traces = {
-        key: list(simulate_trace(scenario, steps=STEPS, run=RUN, host=key[0], rank=key[1], start_ts=start_ts))
+        key: list(simulate_trace(scenario, steps=STEPS, run=RUN, host=key[0], rank=key[1], start_ts=start_ts,
+                                 step_time_s=STEP_S))
         for key, scenario in layout.items()
     }
     assert {s["step"] for s in traces[("node-b", 3)]} >= {BREAK_STEP}

@@ -8,8 +8,9 @@ app.js and style.css, plotly.js inlined) with every API answer it needs embedded
 ``window.VRAMWATCH_STATIC``: the partial plotly bundle the dashboard serves (1.5 MB, not the
 full 4.8 MB one), verdicts from replaying the run through the same
 TrendEngine the collector uses, min/max-envelope series per rank (as ``/chart``), phases,
-events, the ranks x steps heatmaps, the snapshot list and, when a rank failed, the
-post-mortem (first failure, how each rank ended). Zooming works on the embedded points.
+events, the ranks x steps heatmaps, the snapshot list, the advice (readiness and the next step
+of the batch procedure) and, when a rank failed, the post-mortem (first failure, how each rank
+ended). Zooming works on the embedded points.
 
 Series are embedded for at most ``MAX_SERIES_RANKS`` ranks (the worst first, plus rank 0),
 sharing a budget of ``REPORT_POINTS`` chart points (each rank gets between
@@ -32,7 +33,7 @@ import orjson
 from vramwatch import verdicts
 from vramwatch.collector.app import dashboard_dir, dashboard_plotly_js_path
 from vramwatch.collector.bundle import BundleError, bundle
-from vramwatch.collector.live import LiveState
+from vramwatch.collector.live import LiveState, summary_row
 from vramwatch.collector.processes import ProcessBook
 from vramwatch.collector.rows import MAX_RANK_ROWS, rank_rows
 from vramwatch.collector.snapshots import SnapshotStore
@@ -40,6 +41,7 @@ from vramwatch.collector.store import Store
 from vramwatch.collector.suspects import DiffCache, enrich_postmortem, run_suspects
 from vramwatch.collector.views import run_chart, run_heatmap
 from vramwatch.evidence import postmortem
+from vramwatch.runlife import RunStory
 
 #: Fields the run page charts (the rank chart's list in rankchart.js, and memsplit.js's
 #: device split / host memory fields).
@@ -80,7 +82,9 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
         live = LiveState()
         live.rebuild(store.iter_samples(run))
         states = live.for_run(run)
-        rows = rank_rows(states, now=time.time())
+        now = time.time()
+        story = live.story(run, states, now)  # one judgement for the table, the runs row and the post-mortem
+        rows = rank_rows(states, story)
         # the ranks to embed: the rows' worst-first order, the one report --url uses too
         by_key = {(s.host, s.rank): s for s in states}
         chosen = [by_key[r["host"], r["rank"]] for r in sorted(rows, key=_row_order)[:MAX_SERIES_RANKS]]
@@ -97,7 +101,8 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             key = f"{s.host}\u0000{s.rank}"
             series[key] = run_chart(store, run, s.rank, host=s.host, fields=list(SERIES_FIELDS), points=per_rank)
             phases[key] = store.phase_samples(run, s.host, s.rank)
-        evidence = _evidence(db_path, run, store, live)
+        evidence = _evidence(db_path, run, store, live, story)
+        advice = _advice(run, states)
         heatmap = {
             x: {f: run_heatmap(store, run, field=f, x=x, cols=HEATMAP_COLS) for f in ("headroom", "reserved")}
             for x in ("step", "ts")
@@ -106,22 +111,35 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             "run": run,
             "generated_at": time.time(),
             "db": os.path.basename(db_path),
-            "runs": [r for r in live.run_summaries() if r["run"] == run],
+            "runs": [summary_row(states, story, now)],
             "ranks": rows,
             "series": series,
             "phases": phases,
             "events": events,
             "heatmap": heatmap,
             **evidence,
+            **advice,
         }
     finally:
         store.close()
 
 
-def _evidence(db_path: str, run: str, store: Store, live: LiveState) -> dict[str, Any]:
+def _advice(run: str, states: list[Any]) -> dict[str, Any]:
+    """The advice document the dashboard's panel shows (``advice`` key; absent when the engines
+    cannot say), decided on the rebuilt live state as the collector's route decides."""
+    from vramwatch.collector.routes_decisions import live_view
+    from vramwatch.decisions.advice import decide
+    from vramwatch.decisions.readiness import ReadinessConfig
+
+    config = ReadinessConfig()
+    view = live_view(run, states, config)
+    return {} if view is None else {"advice": decide(view, [], config=config).as_dict()}
+
+
+def _evidence(db_path: str, run: str, store: Store, live: LiveState, story: RunStory) -> dict[str, Any]:
     """The run's snapshot list, leak suspects and named foreign processes, and its post-mortem
-    when a rank failed (``postmortem`` key absent otherwise). Cost: two sequential reads of
-    the run's samples, the snapshot diffs of leaking ranks."""
+    when a rank failed (``postmortem`` key absent otherwise), judged as ``story`` (the table's).
+    Cost: two sequential reads of the run's samples, the snapshot diffs of leaking ranks."""
     from vramwatch.collector.processes import foreign_only, rank_pids, report_doc
 
     snapshots, book = SnapshotStore.beside(db_path), ProcessBook.beside(db_path)
@@ -131,7 +149,7 @@ def _evidence(db_path: str, run: str, store: Store, live: LiveState) -> dict[str
     out: dict[str, Any] = {"snapshots": [i.to_dict() for i in infos],
                            "suspects": [s.to_dict() for s in run_suspects(diffs, live, run, infos)],
                            "processes": [report_doc(foreign_only(r, pids)) for r in book.run(run)]}
-    pm = postmortem.build(run, lambda: store.iter_samples(run), now=time.time())
+    pm = postmortem.build(run, lambda: store.iter_samples(run), now=story.now, story=story)
     if pm.first_failure is not None:
         enrich_postmortem(pm, snapshots=snapshots, diffs=diffs, processes=book, live=live)
         doc = pm.to_dict()
@@ -215,6 +233,11 @@ def report_data_remote(url: str, run: str, *, points: int | None = None,
         "suspects": _optional(doc, "suspects"),
         "processes": _optional(doc, "processes"),
     }
+    try:
+        data["advice"] = doc("advice")
+    except remote.RemoteError as exc:
+        if exc.status is None or exc.status >= 500:
+            raise  # an outage is an outage; a collector without the route has no advice to embed
     pm = doc("postmortem")
     if pm.get("first_failure") is not None:
         for r in pm.get("ranks", []):

@@ -5,6 +5,7 @@ events, the dashboard): binary GiB (2^30), as nvidia-smi's MiB and the dashboard
 from __future__ import annotations
 
 GIB = 2**30
+MIB = 2**20
 
 
 def gib(value: float | None, digits: int | None = None, *, none: str = "-") -> str:
@@ -17,4 +18,12 @@ def gib(value: float | None, digits: int | None = None, *, none: str = "-") -> s
     return f"{g:.{digits}f} GiB"
 
 
-__all__ = ["GIB", "gib"]
+def mib(value: float | None, *, none: str = "-") -> str:
+    """``value`` bytes as ``"N.NN MiB"`` (a rate per step: a leak's slope); ``none`` when unknown."""
+    if value is None:
+        return none
+    m = value / MIB
+    return f"{m:.2f} MiB" if abs(m) < 100 else f"{m:,.0f} MiB"
+
+
+__all__ = ["GIB", "MIB", "gib", "mib"]

@@ -25,17 +25,104 @@ It is applied at two moments, named distinctly:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from enum import StrEnum
 from typing import Any
 
 #: Engine states, safest first. Severity is the index.
 STATES: tuple[str, ...] = ("plateau", "warmup", "rising", "fragmentation", "leak")
 SEVERITY: dict[str, int] = {state: i for i, state in enumerate(STATES)}
 
-#: Liveness of a rank's hook: sending, gone quiet while its run goes on, or closed cleanly.
-LIVENESS: tuple[str, ...] = ("live", "exited", "silent")
+# ---------------------------------------------------------------- a run's life
+# The names of vramwatch.runlife's model, with what each means and how bad it is; the model
+# (vramwatch/runlife.py) decides which applies, every view shows these names.
 
+
+class Outcome(StrEnum):
+    """How one process (an incarnation of a rank) ended."""
+
+    RUNNING = "running"
+    EXITED = "exited"
+    OOM = "oom"
+    KILLED = "killed"
+    STOPPED = "stopped"
+    ENDED = "ended"
+
+
+OUTCOME_MEANING: dict[Outcome, str] = {
+    Outcome.RUNNING: "still sending (or quiet for less than the silence window while its run goes on)",
+    Outcome.EXITED: "closed its monitor cleanly (the hook's end marker)",
+    Outcome.OOM: "died of a CUDA out-of-memory error: the OOM was its last word",
+    Outcome.KILLED: "killed alone: it stopped sending while the other ranks went on for longer than the silence "
+                    "window (SIGKILL, the host's OOM-killer, a lost node)",
+    Outcome.STOPPED: "stopped with the job: it and the other ranks stopped together with no clean close (a hang "
+                     "then a kill of the whole job, or a launcher restarting every rank)",
+    Outcome.ENDED: "stopped; its source (an import, dcgm) marks neither a clean close nor an OOM, so how is unknown",
+}
+#: outcomes that are a death (the process did not end on its own terms)
+DEATHS: frozenset[Outcome] = frozenset({Outcome.OOM, Outcome.KILLED, Outcome.STOPPED})
+
+
+class Liveness(StrEnum):
+    """A rank now: what its latest process's outcome makes of it."""
+
+    LIVE = "live"
+    SILENT = "silent"
+    EXITED = "exited"
+    DEAD = "dead"
+    ENDED = "ended"
+
+
+LIVENESS_MEANING: dict[Liveness, str] = {
+    Liveness.LIVE: "its process is running",
+    Liveness.SILENT: "its process sent nothing for the silence window while its run goes on: not judged yet",
+    Liveness.EXITED: "its process closed cleanly",
+    Liveness.DEAD: "its process died (out of memory, killed alone, or stopped with the job); `died` says how and when",
+    Liveness.ENDED: "its process stopped and its source cannot tell how",
+}
+#: Liveness of a rank, in the order the API lists it.
+LIVENESS: tuple[str, ...] = tuple(Liveness)
+
+
+class RunStatus(StrEnum):
+    """A run now, from its ranks' liveness and what happened to their processes."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    RECOVERED = "recovered"
+    CRASHED = "crashed"
+    ENDED = "ended"
+
+
+RUN_STATUS_MEANING: dict[RunStatus, str] = {
+    RunStatus.RUNNING: "a rank is live or silent (not judged yet)",
+    RunStatus.FINISHED: "every rank closed cleanly; no OOM, no death",
+    RunStatus.RECOVERED: "every rank closed cleanly, after an OOM or a death that a restart (or the training "
+                         "loop) got over",
+    RunStatus.CRASHED: "no rank is running and at least one rank's last process died",
+    RunStatus.ENDED: "no rank is running; its source does not mark clean closes, so how it ended is unknown",
+}
+#: Run status -> how much attention it needs (higher is worse).
+RUN_STATUS_SEVERITY: dict[RunStatus, int] = {
+    RunStatus.FINISHED: 0, RunStatus.ENDED: 1, RunStatus.RUNNING: 1, RunStatus.RECOVERED: 2, RunStatus.CRASHED: 3,
+}
 #: Run status for the runs list.
-RUN_STATUSES: tuple[str, ...] = ("running", "finished", "crashed")
+RUN_STATUSES: tuple[str, ...] = tuple(RunStatus)
+
+#: What part of a rank's life a figure covers. Figures shown side by side share a scope.
+SCOPES: dict[str, str] = {
+    "process": "the rank's current process (since its latest start)",
+    "rank": "every process of the rank (across restarts)",
+}
+#: Scope of each figure of a ``/ranks`` row (its verdict and counts) and of compare.
+FIGURE_SCOPES: dict[str, str] = {
+    "state": "process", "headroom_bytes": "process", "plateau_bytes": "process", "slope_bytes_per_step": "process",
+    "steps_to_oom": "process", "seconds_to_oom": "process", "outside_allocator_bytes": "process",
+    "fragmentation": "process", "min_headroom_bytes": "process",
+    # the checkpoint record is the rank's: its latest checkpoint, whichever process saved it
+    "checkpoint_peak_bytes": "rank", "checkpoint_headroom_bytes": "rank", "checkpoint_peak_max_bytes": "rank",
+    "worst_headroom_bytes": "rank", "plateau_breaks": "rank", "checkpoints": "rank",
+    "ooms": "rank", "restarts": "rank", "deaths": "rank",
+}
 
 #: One "low headroom" threshold everywhere (table, cards, alert, advice margin default):
 #: a fraction of the device's capacity.
@@ -47,9 +134,9 @@ _OOM_BONUS = len(STATES)
 
 
 def severity(state: str | None, liveness: str = "live", ooms: int = 0) -> int:
-    """Sort key, higher is worse: a silent rank or one that hit an OOM outranks any state."""
+    """Sort key, higher is worse: a dead or silent rank, then one that hit an OOM, outranks any state."""
     base = SEVERITY.get(state or "", -1)
-    if liveness == "silent":
+    if liveness in (Liveness.DEAD, Liveness.SILENT):
         return base + _SILENT_BONUS + _OOM_BONUS
     if ooms:
         return base + _OOM_BONUS
@@ -126,7 +213,13 @@ def meta() -> dict[str, object]:
         "states": list(STATES),
         "severity": dict(SEVERITY),
         "liveness": list(LIVENESS),
+        "liveness_meaning": {str(k): v for k, v in LIVENESS_MEANING.items()},
         "run_statuses": list(RUN_STATUSES),
+        "run_status_meaning": {str(k): v for k, v in RUN_STATUS_MEANING.items()},
+        "run_status_severity": {str(k): v for k, v in RUN_STATUS_SEVERITY.items()},
+        "outcomes": {str(k): v for k, v in OUTCOME_MEANING.items()},
+        "scopes": dict(SCOPES),
+        "figure_scopes": dict(FIGURE_SCOPES),
         "low_headroom_fraction": LOW_HEADROOM_FRACTION,
         "silent_after_s": SILENT_AFTER_S,
         "run_active_s": RUN_ACTIVE_S,
@@ -143,25 +236,9 @@ def meta() -> dict[str, object]:
 # The same numbers as the VramwatchHookSilent alert (deploy/prometheus/rules/vramwatch.rules.yml;
 # tests/test_dashboard_api.py checks that both agree).
 
-#: a rank is silent once nothing arrived from it for this long ...
+#: a rank is silent once nothing arrived from it for this long while its run goes on; a rank
+#: whose peers went on this long after its last sample was killed alone; a run quiet this long
+#: has stopped (vramwatch.runlife)
 SILENT_AFTER_S = 300.0
-#: ... while another rank of its run sent something within this long
+#: ... and "its run goes on" means another rank of it sent something within this long
 RUN_ACTIVE_S = 120.0
-
-
-def liveness(now: float, last_seen: float, run_last_seen: float, exited: bool = False) -> str:
-    """``exited`` (the hook closed cleanly), ``silent`` (the hook-silent alert's rule) or ``live``."""
-    if exited:
-        return "exited"
-    if now - last_seen > SILENT_AFTER_S and now - run_last_seen < RUN_ACTIVE_S:
-        return "silent"
-    return "live"
-
-
-def run_status(now: float, run_last_seen: float, *, all_exited: bool, died: bool) -> str:
-    """``running`` while any rank reports (and not all closed cleanly); once quiet for
-    :data:`SILENT_AFTER_S` (or all exited), ``crashed`` if a rank died (OOM at the end, or went
-    silent or quiet before the others), else ``finished``."""
-    if not all_exited and now - run_last_seen <= SILENT_AFTER_S:
-        return "running"
-    return "crashed" if died else "finished"

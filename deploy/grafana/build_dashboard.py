@@ -490,10 +490,14 @@ def annotations() -> list[dict[str, Any]]:
         # checkpoint and checkpoints whose peak equals the previous one.
         annotation("Checkpoints", f"sum by (run) (increase(vramwatch_checkpoints_total{{{SEL}}}[2m])) > 0",
                    "orange", "checkpoint", "{{run}}", "run"),
+        # the collector's count across a rank's processes: an OOM and a restart within a second mark too
         annotation("OOMs", f"sum by (run, Hostname, rank) (increase(vramwatch_ooms_total{{{SEL}}}[2m])) > 0",
                    "dark-red", "OOM", rank_text, "run,rank"),
+        # as VramwatchPlateauBreak counts them: a checkpoint's one-time ratchet (the allocator kept the
+        # phase's segments, the plateau re-levels) is not a break worth a mark
         annotation("Plateau breaks",
-                   f"max by (run, Hostname, rank) (increase(vramwatch_plateau_breaks_total{{{SEL}}}[2m])) > 0",
+                   f"max by (run, Hostname, rank) (increase(vramwatch_plateau_breaks_total{{{SEL}}}[2m])"
+                   f" - increase(vramwatch_phase_ratchets_total{{{SEL}}}[2m])) > 0",
                    "yellow", "plateau break", rank_text, "run,rank"),
         annotation("Alerts", 'ALERTS{alertname=~"Vramwatch.*", alertstate="firing", run=~"$run"}',
                    "red", "{{alertname}}", "{{run}} rank {{rank}} ({{Hostname}}) {{severity}}",

@@ -109,13 +109,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from vramwatch.cli.demo import check_arguments, run_demo
+    from vramwatch.cli.demo_scenarios import DEFAULT, listing
 
+    if args.list:
+        sys.stdout.write(listing())
+        return 0
+    name = args.scenario or DEFAULT
     try:
-        check_arguments(args.ranks, args.steps_per_s, args.duration)
+        check_arguments(args.ranks, args.steps_per_s, args.duration, name)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     run_demo(ranks=args.ranks, duration=args.duration, port=args.port, db=args.db,
-             steps_per_s=args.steps_per_s, host=args.host)
+             steps_per_s=args.steps_per_s, host=args.host, scenario_name=name)
     return 0
 
 
@@ -328,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=0, help="port (default: a free one)")
     p.add_argument("--steps-per-s", type=positive(float), default=10.0, help="simulated steps per second")
+    p.add_argument("--scenario", metavar="NAME",
+                   help="the story the simulated job tells (--list names them and the default)")
+    p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     add_db(p)
     p.set_defaults(func=cmd_demo)
 

@@ -1,7 +1,8 @@
 """``vramwatch advise``, ``compare`` and ``gate``: registered into the main CLI by :func:`register`.
 
-Exit codes: 0 done (gate: within tolerance), 1 gate failed (advise, compare: ``--url``
-unreachable), 2 bad input (one line on stderr, raised as :class:`vramwatch.cli.common.UsageError`),
+Exit codes: 0 done (gate: passed; ``advise --check``: ready), 1 gate failed or ``advise --check``
+not ready (advise, compare: ``--url`` unreachable), 2 bad input, runs of different world sizes
+without ``--per-rank`` (one line on stderr, raised as :class:`vramwatch.cli.common.UsageError`),
 3 gate: ``--url`` unreachable (a CI job can tell an outage from a regression).
 """
 
@@ -21,6 +22,8 @@ from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 from vramwatch.wire import WireError, iter_samples
 
 EXIT_GATE_FAILED = 1
+#: advise --check: the batch is not (yet) ready
+EXIT_NOT_READY = 1
 #: gate: the collector or front could not be reached (neither a pass nor a regression)
 EXIT_UNREACHABLE = 3
 
@@ -87,7 +90,7 @@ def _remote(command: str, args: argparse.Namespace, run: str, what: str, read: A
 def _figures(command: str, source: str, args: argparse.Namespace) -> Any:
     """A run's compare figures: from ``--url`` (joined over every shard when it is a front), else
     replayed from the database or trace files. None: the server could not be reached."""
-    from vramwatch.decisions.compare import RunFigures
+    from vramwatch.decisions.figures import RunFigures
 
     if args.url:
         return _remote(command, args, source, "figures", RunFigures.from_dict)
@@ -110,34 +113,49 @@ def _advice(args: argparse.Namespace) -> Any:
 
     if args.url:
         params = {"margin": args.margin, "target_tokens": args.target_tokens, "plateau_steps": args.plateau_steps,
-                  "checkpoints": args.checkpoints, "reference": args.reference}
-        return _remote("advise", args, args.run, "advice", lambda doc: join([doc]), params)
+                  "checkpoints": args.checkpoints, "reference": args.reference, "granularity": args.granularity}
+        return _remote("advise", args, args.run, "advice",
+                       lambda doc: join([doc], granularity=args.granularity), params)
     obs = _resolve(args.run, args)
     refs = [_resolve(r, args) for r in args.reference or []]
     config = ReadinessConfig(plateau_steps=args.plateau_steps, checkpoints=args.checkpoints, margin=args.margin)
     return advise(obs, margin=args.margin, target_tokens=args.target_tokens, readiness_config=config,
-                  references=refs)
+                  references=refs, granularity=args.granularity)
+
+
+_BOUND = {"model": "by the model", "oom": "below a batch that ran out of memory", "proven": "a proven batch"}
 
 
 def advice_text(result: Any) -> str:
-    """``vramwatch advise``'s text: verdict, reasons, the largest batch, a target's projection, what to do."""
+    """``vramwatch advise``'s text: verdict, reasons, the largest batch, the evidence, a target, the next step."""
     r = result.readiness
-    head = gib(r.min_headroom_bytes)
     lines = [f"run {result.run}: {r.verdict.upper()} (plateau held {r.plateau_steps:,} steps, "
-             f"{r.checkpoints_passed} checkpoint(s) passed, worst headroom {head} on rank {r.worst_rank})"]
-    lines += [f"  - {reason}" for reason in r.reasons]
+             f"{r.checkpoints_passed} checkpoint(s) passed, worst headroom {gib(r.min_headroom_bytes)} "
+             f"on rank {r.min_headroom_rank})"]
+    lines += [f"  - {reason.text}" for reason in r.reasons]
     if result.max_tokens_per_step is not None:
-        cap = next(c for c in result.ranks if c.rank == result.binding_rank)
+        cap = next((c for c in result.ranks if c.rank == result.binding_rank), None)
+        where = f"; binding: rank {cap.rank} at {cap.binding_phase}; fit {cap.fit_method}, uncertainty " \
+                f"{cap.uncertainty_frac:.1%}" if cap is not None else ""
         lines.append(f"largest tokens per step that keeps {result.margin:.0%} free: {result.max_tokens_per_step:,} "
-                     f"per rank ({result.max_global_tokens_per_step:,} global over {result.world_size} ranks); "
-                     f"binding: rank {cap.rank} at {cap.binding_phase}; fit {cap.fit_method}, "
-                     f"uncertainty {cap.uncertainty_frac:.1%}")
+                     f"per rank ({result.max_global_tokens_per_step:,} global over {result.world_size} ranks), "
+                     f"{_BOUND[result.bound]}{where}")
+    ev = result.evidence
+    top, proven = ev.ceiling(), result.next.proven
+    facts = [f"proven {proven.tokens_per_step:,} per rank ({proven.global_tokens_per_step:,} global, run "
+             f"{proven.run})"] if proven else []
+    if top is not None:
+        facts.append(f"OOM at {top.record.tokens:,} per rank (run {top.run}, rank {top.rank}, step "
+                     f"{top.record.step:,}, {top.record.phase}; cause {top.record.cause})")
+    how = "inferred" if ev.granularity_inferred else "--granularity"
+    lines.append(f"evidence: {'; '.join(facts) or 'nothing proven, no OOM'}; settable in steps of "
+                 f"{ev.granularity:,} tokens per rank ({how})")
     if result.target is not None:
         t = result.target
-        lines.append(f"at {t.tokens_per_step:,} tokens per step: worst peak {gib(t.worst_peak_bytes)} "
-                     f"(rank {t.rank}, {t.phase}), headroom {gib(t.headroom_bytes)}: "
-                     f"{'fits' if t.fits else 'does NOT fit'}")
-    lines.append(result.recommendation)
+        verdict = {True: "fits", False: "does NOT fit", None: "cannot be judged"}[t.fits]
+        lines.append(f"at {t.tokens_per_step:,} tokens per step ({t.global_tokens_per_step:,} global): {verdict} "
+                     f"({t.because.cause}: {t.because.text})")
+    lines.append(f"next: {result.next.sentence}")
     return "\n".join(lines) + "\n"
 
 
@@ -149,16 +167,21 @@ def cmd_advise(args: argparse.Namespace) -> int:
         _dump(result.as_dict())
     else:
         sys.stdout.write(advice_text(result))
+    if args.check and result.readiness.verdict != "ready":
+        return EXIT_NOT_READY
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from vramwatch.decisions.compare import compare, format_comparison
+    from vramwatch.decisions.compare import WorldSizeMismatch, compare, format_comparison
 
     both = _both_figures("compare", args.run_a, args.run_b, args)
     if both is None:
         return 1
-    result = compare(*both)
+    try:
+        result = compare(*both, per_rank=args.per_rank)
+    except WorldSizeMismatch as exc:
+        raise UsageError(str(exc)) from None
     if args.json:
         _dump(result.as_dict())
     else:
@@ -168,12 +191,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_gate(args: argparse.Namespace) -> int:
 
+    from vramwatch.decisions.compare import WorldSizeMismatch
     from vramwatch.decisions.gate import gate
 
     both = _both_figures("gate", args.baseline, args.candidate, args)
     if both is None:
         return EXIT_UNREACHABLE
-    result = gate(*both, args.max_growth)
+    try:
+        result = gate(*both, args.max_growth, per_rank=args.per_rank)
+    except WorldSizeMismatch as exc:
+        raise UsageError(str(exc)) from None
     if result.worst is None:
         raise UsageError("nothing comparable between baseline and candidate (no shared rank and phase)")
     print(f"vramwatch gate: {result.line}")
@@ -183,6 +210,11 @@ def cmd_gate(args: argparse.Namespace) -> int:
 def _add_url(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="ask a collector or a federating front (runs spread over shards are joined) "
                                  "instead of reading --db or trace files")
+
+
+def _add_per_rank(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--per-rank", action="store_true",
+                   help="compare runs of different world sizes rank by rank anyway (else exit 2)")
 
 
 def register(sub: Any, add_db: Any) -> None:
@@ -199,6 +231,9 @@ def register(sub: Any, add_db: Any) -> None:
                    help="steps a plateau must hold to be ready (default 2000)")
     p.add_argument("--checkpoints", type=_whole(0, MAX_CHECKPOINTS, "checkpoints"), default=1, metavar="N",
                    help="checkpoints that must be passed to be ready (default 1)")
+    p.add_argument("--granularity", type=_tokens, metavar="N",
+                   help="settable batches are multiples of N tokens per rank (default: inferred from the tokens seen)")
+    p.add_argument("--check", action="store_true", help="exit 1 unless the batch is ready (for scripts)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     _add_url(p)
     p.set_defaults(func=cmd_advise)
@@ -208,6 +243,7 @@ def register(sub: Any, add_db: Any) -> None:
     p.add_argument("run_b", metavar="RUN_B", help="run name or trace file(s)")
     add_db(p)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _add_per_rank(p)
     _add_url(p)
     p.set_defaults(func=cmd_compare)
 
@@ -216,6 +252,7 @@ def register(sub: Any, add_db: Any) -> None:
     p.add_argument("candidate", metavar="CANDIDATE", help="run name or trace file(s)")
     add_db(p)
     p.add_argument("--max-growth", type=_fraction, default=0.03, help="tolerated growth (default 0.03)")
+    _add_per_rank(p)
     _add_url(p)
     p.set_defaults(func=cmd_gate)
 

@@ -30,6 +30,7 @@ from vramwatch.collector.params import (
 )
 from vramwatch.collector.rows import COMPACT_COLUMNS, MAX_RANK_ROWS, rank_rows
 from vramwatch.collector.store import FIELD_COLUMNS, Store
+from vramwatch.runlife import RunStory
 
 DEFAULT_SERIES_FIELDS = (
     "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes",
@@ -75,16 +76,16 @@ def runs(live: LiveDep) -> list[dict[str, Any]]:
     return live.run_summaries()
 
 
-def _mark_liveness_changes(live: LiveState, states: list[SeriesState], now: float) -> None:
-    # liveness changes with time, not with ingest: a rank whose liveness changed since it
-    # was last shown counts as changed, so delta polls see a rank go silent
-    if not states:
-        return
-    run_last_seen = max(s.last_seen for s in states)
+def _mark_liveness_changes(live: LiveState, states: list[SeriesState], story: RunStory) -> None:
+    # liveness changes with time, not only with ingest (a rank is judged killed once its peers
+    # went on): a rank whose liveness changed since it was last shown counts as changed, so
+    # delta polls see it
+    index = story.index()
     for state in states:
-        alive = verdicts.liveness(now, state.last_seen, run_last_seen, state.exited)
-        if alive != state.shown_liveness:
-            state.shown_liveness = alive
+        rank = index.get((state.host, state.rank))
+        shown = "" if rank is None else str(rank.liveness)
+        if shown != state.shown_liveness:
+            state.shown_liveness = shown
             live.touch(state)
 
 
@@ -102,13 +103,12 @@ def ranks(
     ``compact`` or ``since``: ``{"run", "version", "total", "rows"}`` (compact: ``columns``
     names the values of each row list); keep ``version`` for the next ``since``."""
     states = find_run(live, run, store)
-    now = time.time()
-    _mark_liveness_changes(live, states, now)
+    story = live.story(run, states, time.time())
+    _mark_liveness_changes(live, states, story)
     version = live.version
-    run_last_seen = max(s.last_seen for s in states)
     if since is not None:
         states = [s for s in states if s.version > since]
-    page = rank_rows(states[offset:offset + limit], now=now, compact=compact, run_last_seen=run_last_seen)
+    page = rank_rows(states[offset:offset + limit], story, compact=compact)
     if not compact and since is None:
         return page
     doc: dict[str, Any] = {"run": run, "version": version, "total": len(states), "rows": page}

@@ -7,13 +7,17 @@ so verdicts continue where they left off (no spurious plateau breaks).
 Bounded (docs/reliability.md, "cardinality"): at most ``max_series`` series and
 ``max_ranks_per_run`` per run (:meth:`LiveState.check_capacity`, a 422 naming the limit);
 runs quiet for ``finished_after_s`` are evicted (:meth:`LiveState.evict_quiet`) and leave
-one small :class:`RetiredRun` row behind for the runs list. States, severity, liveness and
-run status come from :mod:`vramwatch.verdicts`.
+one small :class:`RetiredRun` row behind for the runs list. A run's life (its ranks'
+processes, how each ended, liveness, deaths, status) is :mod:`vramwatch.runlife`'s model: every
+sample is folded into its rank's :class:`~vramwatch.runlife.RankLife` (in any order: resends and
+spool replays change nothing) and :meth:`LiveState.story` judges it; states and severity come
+from :mod:`vramwatch.verdicts`.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 import threading
 import time
 from collections import deque
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramwatch import verdicts
+from vramwatch.runlife import RankLife, RunStory, judge
 from vramwatch.wire import Sample
 
 SeriesKey = tuple[str, str, int]
@@ -58,12 +63,6 @@ class SeriesLimitError(Exception):
         self.message = message
 
 
-def exit_marked(sample: Sample) -> bool:
-    """The hook's clean-close marker: the wire field ``exit`` (true on the last sample of a
-    clean ``close()``)."""
-    return bool(sample.get("exit"))
-
-
 class SeriesState:
     """One (run, host, rank): its engine, latest samples and what sticks (OOMs, restarts, exit).
 
@@ -80,16 +79,13 @@ class SeriesState:
         "gpu",
         "host",
         "incarnation",
-        "incarnation_ooms",
         "last",
-        "last_oom",
         "last_seen",
         "last_train",
         "late_samples",
+        "life",
         "local_rank",
-        "ooms_before",
         "rank",
-        "restarts",
         "run",
         "samples",
         "shown_liveness",
@@ -97,8 +93,10 @@ class SeriesState:
         "version",
     )
 
-    def __init__(self, run: str, host: str, rank: int, engine: Any) -> None:
+    def __init__(self, run: str, host: str, rank: int, engine: Any, life: RankLife | None = None) -> None:
         self.run, self.host, self.rank, self.engine = run, host, rank, engine
+        #: this rank's part of the run's life (vramwatch.runlife): OOMs, restarts, how each process ended
+        self.life = life if life is not None else RankLife(host, rank)
         self.incarnation = ""
         self.uuid: str | None = None
         self.gpu: int | None = None
@@ -113,13 +111,8 @@ class SeriesState:
         # arrivals (spool replay) are stored but not fed to the engine out of order.
         self._frontier_step = -1
         self._frontier_phases: tuple[str, ...] = ()
-        self.ooms_before = 0  # OOMs of earlier incarnations (the wire counter is per process)
-        self.incarnation_ooms = 0
-        self.restarts = 0
-        self.last_oom: dict[str, Any] | None = None  # {"step", "ts"} of the latest OOM: sticks
-        self.exited = False
         self.version = 0  # LiveState.version when this series last changed (delta polling)
-        self.shown_liveness = "live"
+        self.shown_liveness = ""  # the liveness the last /ranks answer showed (delta polling)
 
     @property
     def key(self) -> SeriesKey:
@@ -131,7 +124,12 @@ class SeriesState:
 
     @property
     def ooms(self) -> int:
-        return self.ooms_before + self.incarnation_ooms
+        """OOMs of every process of this rank (the model's monotonic count)."""
+        return self.life.ooms
+
+    @property
+    def restarts(self) -> int:
+        return self.life.restarts
 
     def add_event(self, event: dict[str, Any]) -> None:
         if self._events is None:
@@ -148,25 +146,14 @@ class SeriesState:
         return step == self._frontier_step and sample["phase"] not in self._frontier_phases
 
     def advance(self, sample: Sample) -> None:
+        """Move the engine's frontier to ``sample`` (a new process, step or phase)."""
         incarnation = sample.get("incarnation", "")
         step = sample["step"]
-        if incarnation != self.incarnation:
-            if self.last is not None:
-                self.restarts += 1
-                self.ooms_before += self.incarnation_ooms
-            self.incarnation_ooms = 0
-            self.exited = False
         if incarnation != self.incarnation or step != self._frontier_step:
             self._frontier_phases = ()
         self.incarnation = incarnation
         self._frontier_step = step
         self._frontier_phases = (*self._frontier_phases, sample["phase"])
-        ooms = sample.get("ooms")  # None: not measured (sparse sources)
-        if ooms is not None and ooms > self.incarnation_ooms:
-            self.incarnation_ooms = ooms
-            self.last_oom = {"step": step, "ts": sample["ts"]}
-        if exit_marked(sample):
-            self.exited = True
 
 
 @dataclass
@@ -193,6 +180,7 @@ class LiveState:
         self._ranks_per_run: dict[str, int] = {}
         self._retired: dict[str, RetiredRun] = {}
         self._revived: dict[str, list[SeriesState]] = {}
+        self._stories: dict[str, tuple[tuple[Any, ...], RunStory]] = {}  # the latest judgement per run
         self._unfrozen = 0  # series created since the last gc.freeze()
         self._lock = threading.Lock()
         #: bumped by every change; rows carry the version of their last change
@@ -252,10 +240,13 @@ class LiveState:
                     state.samples += 1
                 state.last_seen = now
                 state.version = version
+                # the model takes every sample, late and resent ones too: its records do not
+                # depend on the order (an exit marker repeats the last step: the engine skips it)
+                state.life.feed(s)
                 # sparse (schema 2) samples are judged too: the engine uses whatever level was measured
                 step = s["step"]
                 if (step > state._frontier_step and s.get("incarnation", "") == state.incarnation
-                        and state.last is not None and s.get("ooms") == state.incarnation_ooms and "exit" not in s):
+                        and state.last is not None):
                     state._frontier_step = step
                     state._frontier_phases = (s["phase"],)
                 elif state.accepts(s):
@@ -336,14 +327,12 @@ class LiveState:
         quiet = [run for run, states in by_run.items() if max(s.last_seen for s in states) < cutoff]
         for run in quiet:
             states = by_run[run]
-            stopped = max(now, max(s.last_seen for s in states) + verdicts.SILENT_AFTER_S + 1.0)
-            rows = self._summaries(states, stopped)
+            row = summary_row(states, self.story(run, states, now, stopped=True), now)
             with self._lock:
                 for state in states:
                     self._series.pop(state.key, None)
                 self._ranks_per_run.pop(run, None)
-                if rows:
-                    self._retired[run] = RetiredRun(rows[0])
+                self._retired[run] = RetiredRun(row)
                 self.version += 1
         return quiet
 
@@ -414,6 +403,33 @@ class LiveState:
         with self._lock:
             return {k[0] for k in self._series} | set(self._retired)
 
+    def is_retired(self, run: str) -> bool:
+        with self._lock:
+            return run in self._retired
+
+    def story(self, run: str, states: Iterable[SeriesState] | None = None, now: float | None = None, *,
+              stopped: bool = False) -> RunStory:
+        """The run's life judged at ``now`` (:func:`vramwatch.runlife.judge`) from its ranks' folds
+        (``states``: the run's series, live or revived; default: the live ones). A run evicted from
+        live state (``stopped``, or retired) is judged as a run that has stopped: at least the
+        silence window after its latest sample. O(n log n) in the run's processes."""
+        now = time.time() if now is None else now
+        if states is None:
+            states = self.for_run(run) or self._revived.get(run, [])
+        stopped = stopped or self.is_retired(run)
+        # one judgement per run per second of the clock and per change of its ranks, however many
+        # readers ask (a 4,096-rank judgement is ~90 ms): pollers, /runs, the post-mortem, /metrics
+        key = (len(states), max((s.version for s in states), default=-1), stopped, math.floor(now))
+        cached = self._stories.get(run)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        story = judge(run, [s.life for s in states], now, stopped=stopped)
+        with self._lock:
+            if len(self._stories) > 4096:
+                self._stories.clear()
+            self._stories[run] = (key, story)
+        return story
+
     def run_summaries(self, now: float | None = None) -> list[dict[str, Any]]:
         """One row per run (live and retired): status, OOMs, the worst rank's state, min
         headroom, soonest OOM, last sample. Newest first."""
@@ -421,45 +437,49 @@ class LiveState:
         by_run: dict[str, list[SeriesState]] = {}
         for state in self.snapshot():
             by_run.setdefault(state.run, []).append(state)
-        out = [row for states in by_run.values() for row in self._summaries(states, now)]
+        out = [summary_row(states, self.story(run, states, now), now) for run, states in by_run.items()]
         with self._lock:
             out.extend(dict(r.row) for run, r in self._retired.items() if run not in by_run)
         out.sort(key=lambda r: -(r["last_seen"] or 0))
         return out
 
-    @staticmethod
-    def _summaries(states: list[SeriesState], now: float) -> list[dict[str, Any]]:
-        if not states:
-            return []
-        run_seen = max(s.last_seen for s in states)
-        row: dict[str, Any] = {
-            "run": states[0].run, "ranks": len(states), "hosts": len({s.host for s in states}),
-            "samples": sum(s.samples for s in states), "last_ts": None, "last_step": None,
-            "worst_state": None, "worst_rank": None, "min_headroom_bytes": None, "seconds_to_oom": None,
-            "last_seen": run_seen, "ooms": 0, "restarts": 0, "silent_ranks": 0,
-        }
-        worst = -10**9
-        died = False
-        for state in states:
-            row["ooms"] += state.ooms
-            row["restarts"] += state.restarts
-            if state.last is not None:
-                ts, step = state.last["ts"], state.last["step"]
-                row["last_ts"] = ts if row["last_ts"] is None else max(row["last_ts"], ts)
-                row["last_step"] = step if row["last_step"] is None else max(row["last_step"], step)
-            summary = state.engine.summary()
-            alive = verdicts.liveness(now, state.last_seen, run_seen, state.exited)
-            row["silent_ranks"] += alive == "silent"
-            if state.incarnation_ooms or (not state.exited and run_seen - state.last_seen > verdicts.SILENT_AFTER_S):
-                died = True
-            severity = verdicts.severity(summary.get("state"), alive, state.ooms)
-            if summary.get("state") is not None and severity > worst:
-                worst, row["worst_state"], row["worst_rank"] = severity, summary["state"], state.rank
-            headroom = summary.get("headroom_bytes")
-            if headroom is not None and (row["min_headroom_bytes"] is None or headroom < row["min_headroom_bytes"]):
-                row["min_headroom_bytes"] = headroom
-            eta = summary.get("seconds_to_oom")
-            if alive == "live" and eta is not None and (row["seconds_to_oom"] is None or eta < row["seconds_to_oom"]):
-                row["seconds_to_oom"] = eta
-        row["status"] = verdicts.run_status(now, run_seen, all_exited=all(s.exited for s in states), died=died)
-        return [row]
+
+def story_row(story: RunStory) -> dict[str, Any]:
+    """The part of a ``/api/v1/runs`` row the model answers alone (a run not replayed at
+    start-up has only this): status, counts (``tally``: what a front adds up across shards),
+    ranks and hosts, latest sample time and step. O(ranks)."""
+    tally = story.tally
+    return {
+        "run": story.run, "status": str(story.status), "ranks": tally.ranks,
+        "hosts": len({r.host for r in story.ranks}), "samples": None,
+        "last_ts": None if story.last is None else story.last.ts,
+        "last_step": max((r.current.record.last.step for r in story.ranks), default=None),
+        "worst_state": None, "worst_rank": None, "min_headroom_bytes": None, "seconds_to_oom": None,
+        "last_seen": 0.0 if story.last is None else story.last.ts, "ooms": tally.ooms, "restarts": tally.restarts,
+        "deaths": tally.deaths, "silent_ranks": tally.silent, "dead_ranks": tally.dead, "tally": tally.as_dict(),
+    }
+
+
+def summary_row(states: list[SeriesState], story: RunStory, now: float) -> dict[str, Any]:
+    """One ``/api/v1/runs`` row: :func:`story_row` with the engines' worst state, least headroom
+    and soonest OOM (live ranks only), samples and receive time. O(ranks)."""
+    row = story_row(story)
+    row["samples"] = sum(s.samples for s in states)
+    row["last_seen"] = max(s.last_seen for s in states)
+    worst = -10**9
+    index = story.index()
+    for state in states:
+        rank = index.get((state.host, state.rank))
+        summary = state.engine.summary()
+        liveness = rank.liveness if rank is not None else verdicts.Liveness.LIVE
+        severity = verdicts.severity(summary.get("state"), liveness, state.ooms)
+        if summary.get("state") is not None and severity > worst:
+            worst, row["worst_state"], row["worst_rank"] = severity, summary["state"], state.rank
+        headroom = summary.get("headroom_bytes")
+        if headroom is not None and (row["min_headroom_bytes"] is None or headroom < row["min_headroom_bytes"]):
+            row["min_headroom_bytes"] = headroom
+        eta = summary.get("seconds_to_oom")
+        if liveness == verdicts.Liveness.LIVE and eta is not None and (
+                row["seconds_to_oom"] is None or eta < row["seconds_to_oom"]):
+            row["seconds_to_oom"] = eta
+    return row

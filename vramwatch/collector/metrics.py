@@ -1,17 +1,30 @@
 """Prometheus exposition of the collector's live state.
 
-A scrape reads only in-memory state (``LiveState.snapshot()`` and each series' engine
-summary): no database I/O. One custom collector yields the per-rank families; ingest
-counters, the latency histogram and ``vramwatch_build_info`` are ordinary
-prometheus_client metrics in a side registry.
+A scrape reads only in-memory state (``LiveState.snapshot()``, each series' engine summary and
+the run-life model's judgement, :mod:`vramwatch.runlife`): no database I/O. One custom collector
+yields the per-rank families; ingest counters, the latency histogram and
+``vramwatch_build_info`` are ordinary prometheus_client metrics in a side registry.
 
 Labels follow dcgm-exporter's spelling (``Hostname``, ``UUID``, ``gpu``) so PromQL can
 join vramwatch series with ``DCGM_FI_DEV_FB_USED`` on ``UUID``.
 
-``render`` has a fast path: prometheus_client's generic encoder spends ~15 µs per sample
-(1.8 s for 4096 ranks x 25 series, docs/benchmarks.md), so the per-rank families are written straight
-to text from cached label strings. ``collect()`` yields the same samples through the
-standard API; a test checks that both paths agree.
+What a rank's story means here (docs/architecture.md, "Run life"):
+
+* ``vramwatch_ooms_total`` and ``vramwatch_restarts_total`` are the model's counts per rank
+  across its processes: monotonic, so an OOM followed by a restart within a second is still a
+  rise of the counter at the next scrape (the wire's ``ooms`` counts per process and starts
+  again at 0);
+* ``vramwatch_rank_running`` is 1 while the rank's latest process runs (live or silent), 0 once
+  it exited, died or ended; the *state* families (memory levels, headroom, trend state, time to
+  OOM, ...) are withdrawn for a rank that is not running, so alerts on them resolve at once, and
+  the alerts on counters are gated by ``vramwatch_rank_running``; counters and the timestamps stay
+  until the run ages out (``finished_after_s``);
+* counters the engine keeps (plateau breaks, phase ratchets = its re-levels, checkpoints) are
+  read from its summary: monotonic, never rebuilt from its bounded event list.
+
+Every sample is produced once (:meth:`SeriesCollector.families`); ``collect()`` (the standard
+API) and ``render_text`` (the fast path: prometheus_client's generic encoder spends ~15 µs per
+sample, 1.8 s for 4096 ranks x 25 series, docs/benchmarks.md) only format it.
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info
@@ -40,123 +54,156 @@ TREND_STATES = ("warmup", "plateau", "rising", "leak", "fragmentation")
 
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text"
 
-Row = tuple[str, dict, dict | None, dict, Any, int, int]  # labels, last, last_train, summary, series,
-#                                                        phase ratchets, checkpoints
-
-#: Plateau-break causes that are the training loop itself; any other cause names the phase
-#: (checkpoint, eval, ...) whose peak made the allocator keep more segments.
-_LOOP_CAUSES = frozenset({"allocated", "reserved", None})
-
-
 _READINESS = {verdict: i for i, verdict in enumerate(READINESS_VERDICTS)}  # 0 ready, 1 not_ready, 2 unsafe
 
 
-def _sample(field: str) -> Callable[[Row], Any]:
-    return lambda row: row[1].get(field)
+@dataclass(frozen=True, slots=True)
+class RankRow:
+    """One rank as a scrape sees it: what every family reads."""
+
+    labels: str  # the label string, escaped (fast path)
+    label_values: tuple[str, str, str, str, str]  # SERIES_LABELS' values (standard API)
+    series: Any  # the live SeriesState
+    last: dict[str, Any]  # latest sample
+    last_train: dict[str, Any] | None  # latest training-step sample
+    summary: dict[str, Any]  # engine summary
+    ooms: int  # the model's count, every process of the rank
+    restarts: int
+    running: bool  # its latest process runs (live or silent)
 
 
-def _summary(key: str) -> Callable[[Row], Any]:
-    return lambda row: row[3].get(key)
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One per-rank family. Counters are named without ``_total`` (added on exposition, as
+    prometheus_client does). ``get`` returning None skips the rank; ``always``: exposed for a
+    rank that is no longer running too (counters, timestamps), else only while it runs."""
+
+    name: str
+    kind: str  # gauge | counter
+    help: str
+    get: Callable[[RankRow], Any]
+    always: bool = False
 
 
-def _headroom(row: Row) -> int | None:
+def _sample(field: str) -> Callable[[RankRow], Any]:
+    return lambda row: row.last.get(field)
+
+
+def _summary(key: str) -> Callable[[RankRow], Any]:
+    return lambda row: row.summary.get(key)
+
+
+def _headroom(row: RankRow) -> int | None:
     # Judged on the latest training step, not on a checkpoint/eval sample: those spikes
     # have their own family (checkpoint_headroom) and would make this gauge flap.
-    sample = row[2] or row[1]
-    return verdicts.sample_headroom(sample)
+    return verdicts.sample_headroom(row.last_train or row.last)
 
 
-def _outside_allocator(row: Row) -> int | float | None:
-    value = row[3].get("outside_allocator_bytes")
+def _outside_allocator(row: RankRow) -> int | float | None:
+    value = row.summary.get("outside_allocator_bytes")
     if value is not None:
         return value
-    sample = row[2] or row[1]
+    sample = row.last_train or row.last
     # NVML unavailable: no number rather than a fake one
     return verdicts.outside_allocator_bytes(sample.get("reserved_bytes"), sample.get("nvml_used_bytes"))
 
 
-def _fragmentation(row: Row) -> int | None:
-    flag = row[3].get("fragmentation")
+def _fragmentation(row: RankRow) -> int | None:
+    flag = row.summary.get("fragmentation")
     return None if flag is None else int(bool(flag))
 
 
-#: (name, type, help, getter). Counters are named without ``_total``; the suffix is added
-#: on exposition as prometheus_client does. A getter returning None skips the sample.
-SERIES_FAMILIES: tuple[tuple[str, str, str, Callable[[Row], Any]], ...] = (
-    ("vramwatch_memory_allocated_bytes", "gauge",
-     "Bytes held by live tensors (torch allocated_bytes) in the latest sample.", _sample("allocated_bytes")),
-    ("vramwatch_memory_reserved_bytes", "gauge",
-     "Bytes reserved by the caching allocator in the latest sample.", _sample("reserved_bytes")),
-    ("vramwatch_memory_peak_allocated_bytes", "gauge",
-     "Peak allocated bytes since the previous sample.", _sample("peak_allocated_bytes")),
-    ("vramwatch_memory_active_bytes", "gauge",
-     "Active bytes (allocated plus blocks awaiting cross-stream frees).", _sample("active_bytes")),
-    ("vramwatch_inactive_split_bytes", "gauge",
-     "Free bytes inside split allocator segments (not releasable).", _sample("inactive_split_bytes")),
-    ("vramwatch_device_used_bytes", "gauge",
-     "Device-wide used bytes reported by NVML (absent when NVML is unavailable).", _sample("nvml_used_bytes")),
-    ("vramwatch_process_used_bytes", "gauge",
-     "Bytes NVML attributes to the training process.", _sample("process_used_bytes")),
-    ("vramwatch_device_total_bytes", "gauge", "Device memory capacity in bytes.", _sample("total_bytes")),
-    ("vramwatch_foreign_used_bytes", "gauge",
-     "Device memory NVML lists for other processes on this GPU (a stale notebook kernel, another job).",
-     _sample("foreign_used_bytes")),
-    ("vramwatch_host_rss_bytes", "gauge", "Resident host memory of the training process.", _sample("host_rss_bytes")),
-    ("vramwatch_host_children_rss_bytes", "gauge",
-     "Resident host memory of the training process's children (DataLoader workers).",
-     _sample("host_children_rss_bytes")),
-    ("vramwatch_host_available_bytes", "gauge", "MemAvailable of the node.", _sample("host_available_bytes")),
-    ("vramwatch_host_pinned_bytes", "gauge", "Pinned host memory held by torch's host allocator.",
-     _sample("host_pinned_bytes")),
-    ("vramwatch_headroom_bytes", "gauge",
-     "Capacity minus what the device holds at the latest training step boundary "
-     "(vramwatch.verdicts.headroom_bytes).", _headroom),
-    ("vramwatch_outside_allocator_bytes", "gauge",
-     "NVML used minus allocator reserved: CUDA context, NCCL, cuBLAS workspaces, other leaks.",
-     _outside_allocator),
-    ("vramwatch_alloc_retries", "counter",
-     "Allocator retries (cudaMalloc failed, caches flushed, retried) in this process.", _sample("alloc_retries")),
-    ("vramwatch_ooms", "counter", "Out-of-memory errors raised by the allocator in this process.", _sample("ooms")),
-    ("vramwatch_plateau_breaks", "counter",
-     "Plateau breaks the trend engine found on this rank since the collector started.",
-     _summary("plateau_breaks")),
-    ("vramwatch_phase_ratchets", "counter",
-     "Plateau breaks caused by a checkpoint/eval phase whose segments the allocator kept "
-     "(included in vramwatch_plateau_breaks_total).", lambda row: row[5]),
-    ("vramwatch_checkpoints", "counter",
-     "Checkpoint phases the trend engine saw on this rank since the collector started (0 until the first).",
-     lambda row: row[6]),
-    ("vramwatch_plateau_bytes", "gauge", "Level of the current or last memory plateau.", _summary("plateau_bytes")),
-    ("vramwatch_leak_slope_bytes_per_step", "gauge",
-     "Robust growth slope of memory at step boundaries.", _summary("slope_bytes_per_step")),
-    ("vramwatch_steps_to_oom", "gauge",
-     "Projected steps until the device is full at the current slope (present while growing).",
-     _summary("steps_to_oom")),
-    ("vramwatch_seconds_to_oom", "gauge",
-     "Projected seconds until the device is full at the current slope (present while growing).",
-     _summary("seconds_to_oom")),
-    ("vramwatch_fragmentation", "gauge", "1 when the engine sees allocator fragmentation growing.", _fragmentation),
-    ("vramwatch_checkpoint_peak_bytes", "gauge",
-     "Peak allocated bytes of the latest checkpoint phase.", _summary("checkpoint_peak_bytes")),
-    ("vramwatch_checkpoint_headroom_bytes", "gauge",
-     "Headroom left at the peak of the latest checkpoint phase.", _summary("checkpoint_headroom_bytes")),
+#: Every per-rank family but ``vramwatch_trend_state`` (one series per state).
+SERIES_FAMILIES: tuple[Family, ...] = (
+    Family("vramwatch_memory_allocated_bytes", "gauge",
+           "Bytes held by live tensors (torch allocated_bytes) in the latest sample.", _sample("allocated_bytes")),
+    Family("vramwatch_memory_reserved_bytes", "gauge",
+           "Bytes reserved by the caching allocator in the latest sample.", _sample("reserved_bytes")),
+    Family("vramwatch_memory_peak_allocated_bytes", "gauge",
+           "Peak allocated bytes since the previous sample.", _sample("peak_allocated_bytes")),
+    Family("vramwatch_memory_active_bytes", "gauge",
+           "Active bytes (allocated plus blocks awaiting cross-stream frees).", _sample("active_bytes")),
+    Family("vramwatch_inactive_split_bytes", "gauge",
+           "Free bytes inside split allocator segments (not releasable).", _sample("inactive_split_bytes")),
+    Family("vramwatch_device_used_bytes", "gauge",
+           "Device-wide used bytes reported by NVML (absent when NVML is unavailable).", _sample("nvml_used_bytes")),
+    Family("vramwatch_process_used_bytes", "gauge",
+           "Bytes NVML attributes to the training process.", _sample("process_used_bytes")),
+    Family("vramwatch_device_total_bytes", "gauge", "Device memory capacity in bytes.", _sample("total_bytes")),
+    Family("vramwatch_foreign_used_bytes", "gauge",
+           "Device memory NVML lists for other processes on this GPU (a stale notebook kernel, another job).",
+           _sample("foreign_used_bytes")),
+    Family("vramwatch_host_rss_bytes", "gauge", "Resident host memory of the training process.",
+           _sample("host_rss_bytes")),
+    Family("vramwatch_host_children_rss_bytes", "gauge",
+           "Resident host memory of the training process's children (DataLoader workers).",
+           _sample("host_children_rss_bytes")),
+    Family("vramwatch_host_available_bytes", "gauge", "MemAvailable of the node.", _sample("host_available_bytes")),
+    Family("vramwatch_host_pinned_bytes", "gauge", "Pinned host memory held by torch's host allocator.",
+           _sample("host_pinned_bytes")),
+    Family("vramwatch_headroom_bytes", "gauge",
+           "Capacity minus what the device holds at the latest training step boundary "
+           "(vramwatch.verdicts.headroom_bytes).", _headroom),
+    Family("vramwatch_outside_allocator_bytes", "gauge",
+           "NVML used minus allocator reserved: CUDA context, NCCL, cuBLAS workspaces, other leaks.",
+           _outside_allocator),
+    Family("vramwatch_alloc_retries", "counter",
+           "Allocator retries (cudaMalloc failed, caches flushed, retried) in this process.", _sample("alloc_retries"),
+           always=True),
+    Family("vramwatch_ooms", "counter",
+           "Out-of-memory errors on this rank, every process of it (a restart does not reset it).",
+           lambda row: row.ooms, always=True),
+    Family("vramwatch_restarts", "counter", "Processes of this rank after the first (restarts).",
+           lambda row: row.restarts, always=True),
+    Family("vramwatch_rank_running", "gauge",
+           "1 while this rank's latest process runs (live or silent), 0 once it exited, died or ended "
+           "(vramwatch.runlife).", lambda row: int(row.running), always=True),
+    Family("vramwatch_plateau_breaks", "counter",
+           "Plateau breaks the trend engine found on this rank since the collector started.",
+           _summary("plateau_breaks"), always=True),
+    Family("vramwatch_phase_ratchets", "counter",
+           "Plateau breaks caused by a checkpoint/eval phase whose segments the allocator kept "
+           "(included in vramwatch_plateau_breaks_total).", _summary("plateau_relevels"), always=True),
+    Family("vramwatch_checkpoints", "counter",
+           "Checkpoint phases the trend engine saw on this rank (0 until the first).", _summary("checkpoints"),
+           always=True),
+    Family("vramwatch_plateau_bytes", "gauge", "Level of the current or last memory plateau.",
+           _summary("plateau_bytes")),
+    Family("vramwatch_leak_slope_bytes_per_step", "gauge",
+           "Robust growth slope of memory at step boundaries.", _summary("slope_bytes_per_step")),
+    Family("vramwatch_steps_to_oom", "gauge",
+           "Projected steps until the device is full at the current slope (present while growing).",
+           _summary("steps_to_oom")),
+    Family("vramwatch_seconds_to_oom", "gauge",
+           "Projected seconds until the device is full at the current slope (present while growing).",
+           _summary("seconds_to_oom")),
+    Family("vramwatch_fragmentation", "gauge", "1 when the engine sees allocator fragmentation growing.",
+           _fragmentation),
+    Family("vramwatch_checkpoint_peak_bytes", "gauge",
+           "Peak allocated bytes of the latest checkpoint phase.", _summary("checkpoint_peak_bytes")),
+    Family("vramwatch_checkpoint_headroom_bytes", "gauge",
+           "Headroom left at the peak of the latest checkpoint phase.", _summary("checkpoint_headroom_bytes")),
     # decisions (vramwatch.decisions.live.DecisionEngine adds these summary keys)
-    ("vramwatch_max_tokens_per_step", "gauge",
-     "Largest tokens per step this rank can take keeping 5% of the device free at its worst phase.",
-     _summary("max_tokens_per_step")),
-    ("vramwatch_tokens_per_step_max_observed", "gauge",
-     "Largest tokens per step this rank has run.", _summary("tokens_per_step_max_observed")),
-    ("vramwatch_readiness", "gauge",
-     "Readiness of the batch setting: 0 ready, 1 not_ready, 2 unsafe.",
-     lambda row: _READINESS.get(row[3].get("readiness"))),
-    ("vramwatch_step", "gauge", "Training step of the latest sample.", _sample("step")),
-    ("vramwatch_last_sample_timestamp_seconds", "gauge",
-     "Timestamp (rank's clock) of the latest sample.", _sample("ts")),
-    ("vramwatch_last_received_timestamp_seconds", "gauge",
-     "When the collector last received a sample for this rank (collector's clock).", lambda row: row[4].last_seen),
+    Family("vramwatch_max_tokens_per_step", "gauge",
+           "Largest tokens per step this rank can take keeping 5% of the device free at its worst phase.",
+           _summary("max_tokens_per_step")),
+    Family("vramwatch_tokens_per_step_max_observed", "gauge",
+           "Largest tokens per step this rank has run.", _summary("tokens_per_step_max_observed")),
+    Family("vramwatch_readiness", "gauge",
+           "Readiness of the batch setting: 0 ready, 1 not_ready, 2 unsafe.",
+           lambda row: _READINESS.get(row.summary.get("readiness"))),
+    Family("vramwatch_step", "gauge", "Training step of the latest sample.", _sample("step"), always=True),
+    Family("vramwatch_last_sample_timestamp_seconds", "gauge",
+           "Timestamp (rank's clock) of the latest sample.", _sample("ts"), always=True),
+    Family("vramwatch_last_received_timestamp_seconds", "gauge",
+           "When the collector last received a sample for this rank (collector's clock).",
+           lambda row: row.series.last_seen, always=True),
 )
 
-TREND_STATE_HELP = "1 for the rank's current trend-engine state, 0 for the others."
+TREND_STATE_HELP = "1 for the rank's current trend-engine state, 0 for the others (while the rank runs)."
+
+#: one exposed sample: its row, extra label (name, value) or None, and the value
+_Point = tuple[RankRow, tuple[str, str] | None, Any]
 
 
 def _format_value(value: Any) -> str:
@@ -176,43 +223,6 @@ def _escape(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-class CheckpointCounter:
-    """``vramwatch_checkpoints_total``: checkpoint phases per series, monotonic across scrapes.
-
-    The engine keeps a bounded event list (oldest dropped) and emits one ``checkpoint_spike``
-    event per checkpoint-phase sample. Counting the list would go down when events age
-    out, so each scrape counts only the events newer than the last one it counted (held by
-    identity, which survives step numbers going back when a restarted rank resumes).
-    Cost: O(new events) per series per scrape. Dashboards annotate from ``increase()`` of
-    it; unlike ``changes(vramwatch_checkpoint_peak_bytes)`` it sees the first checkpoint
-    and checkpoints with an unchanged peak.
-    """
-
-    def __init__(self) -> None:
-        self._seen: dict[tuple, tuple[int, Any]] = {}  # series key -> (count, newest counted event)
-
-    def count(self, series: Any) -> int:
-        key = (series.run, series.host, series.rank)
-        total, marker = self._seen.get(key, (0, None))
-        events = list(getattr(series, "events", ()))  # a C-level copy: safe against the writer
-        new = 0
-        newest = marker
-        for event in reversed(events):
-            if event is marker:
-                break
-            if event.get("type") == "checkpoint_spike":
-                new += 1
-                if newest is marker:
-                    newest = event
-        if new:
-            total += new
-            self._seen[key] = (total, newest)
-        return total
-
-    def forget(self, alive: set[tuple]) -> None:
-        self._seen = {k: v for k, v in self._seen.items() if k in alive}
-
-
 class SeriesCollector(Collector):
     """Per-rank families from ``live.snapshot()``; runs silent for ``finished_after_s`` age out.
 
@@ -226,111 +236,84 @@ class SeriesCollector(Collector):
         self.live = live
         self.finished_after_s = float(finished_after_s)
         self.clock = clock
-        self._labels: dict[tuple, str] = {}
-        # per series: [plateau breaks attributed so far, of which phase ratchets]
-        self._ratchets: dict[tuple, list[int]] = {}
-        self._checkpoints = CheckpointCounter()
+        self._labels: dict[tuple, tuple[str, tuple[str, str, str, str, str]]] = {}
         self._lock = threading.Lock()
-        # two scrapes at once (an HA pair of Prometheus servers) must not both attribute
-        # the same new plateau breaks
-        self._rows_lock = threading.Lock()
         self.exported_series = 0
         self.exported_keys: set[tuple[str, str, int]] = set()
         self.aged_out_series = 0
 
     # -------------------------------------------------------------- rows
 
-    def _label_string(self, series: Any) -> str:
+    def _label_strings(self, series: Any) -> tuple[str, tuple[str, str, str, str, str]]:
         key = (series.run, series.rank, series.host, series.uuid, series.gpu)
-        text = self._labels.get(key)
-        if text is None:
+        found = self._labels.get(key)
+        if found is None:
             uuid = "" if series.uuid is None else series.uuid
             gpu = "" if series.gpu is None else str(series.gpu)
             text = (
                 f'run="{_escape(series.run)}",rank="{series.rank}",Hostname="{_escape(series.host)}",'
                 f'UUID="{_escape(uuid)}",gpu="{gpu}"'
             )
+            found = (text, (series.run, str(series.rank), series.host, uuid, gpu))
             with self._lock:
                 if len(self._labels) > 65536:  # bounded: old runs' label strings go
                     self._labels.clear()
-                self._labels[key] = text
-        return text
+                self._labels[key] = found
+        return found
 
-    def _phase_ratchets(self, series: Any, breaks: int | None) -> int:
-        """Breaks whose cause is a phase, counted from the series' recent events.
-
-        The engine counts all breaks; its ``plateau_break`` events name the cause. Each
-        scrape attributes only the breaks that are new since the previous one, looking at
-        the newest events, so the count stays monotonic like the engine's.
-        """
-        key = (series.run, series.host, series.rank)
-        entry = self._ratchets.get(key)
-        if entry is None or not breaks or breaks < entry[0]:  # new series, or a rebuilt engine
-            entry = [0, 0]
-            self._ratchets[key] = entry
-        if breaks and breaks > entry[0]:
-            events = list(getattr(series, "events", ()))  # a C-level copy: safe against the writer
-            causes = [e.get("cause") for e in reversed(events) if e.get("type") == "plateau_break"]
-            entry[1] += sum(1 for cause in causes[: breaks - entry[0]] if cause not in _LOOP_CAUSES)
-            entry[0] = breaks
-        return entry[1]
-
-    def rows(self) -> list[Row]:
-        """Live series as (labels, last, last_train, summary, series, phase ratchets), finished runs dropped."""
-        with self._rows_lock:
-            return self._rows()
-
-    def _rows(self) -> list[Row]:
-        snapshot = list(self.live.snapshot())
-        newest_by_run: dict[str, float] = {}
+    def rows(self) -> list[RankRow]:
+        """Live ranks, finished runs dropped, each with its story (one judgement per run)."""
+        snapshot = [s for s in self.live.snapshot() if s.last is not None]
+        by_run: dict[str, list[Any]] = {}
         for series in snapshot:
-            seen = series.last_seen
-            if series.last is not None and seen > newest_by_run.get(series.run, -math.inf):
-                newest_by_run[series.run] = seen
-        cutoff = self.clock() - self.finished_after_s
-        rows: list[Row] = []
-        for series in snapshot:
-            if series.last is None or newest_by_run[series.run] < cutoff:
+            by_run.setdefault(series.run, []).append(series)
+        now = self.clock()
+        cutoff = now - self.finished_after_s
+        rows: list[RankRow] = []
+        for run, states in by_run.items():
+            if max(s.last_seen for s in states) < cutoff:
                 continue
-            summary = series.engine.summary()
-            ratchets = self._phase_ratchets(series, summary.get("plateau_breaks"))
-            checkpoints = self._checkpoints.count(series)
-            rows.append(
-                (self._label_string(series), series.last, series.last_train, summary, series, ratchets, checkpoints)
-            )
-        if len(self._ratchets) > 2 * len(snapshot) + 1024:  # forget series LiveState dropped
-            alive = {(s.run, s.host, s.rank) for s in snapshot}
-            self._ratchets = {k: v for k, v in self._ratchets.items() if k in alive}
-            self._checkpoints.forget(alive)
-        rows.sort(key=lambda row: (row[4].run, row[4].host, row[4].rank))
+            index = self.live.story(run, states, now).index()
+            for series in states:
+                story = index.get((series.host, series.rank))
+                running = story is None or not story.ended
+                labels, values = self._label_strings(series)
+                rows.append(RankRow(labels, values, series, series.last, series.last_train, series.engine.summary(),
+                                    series.ooms, series.restarts, running))
+        rows.sort(key=lambda row: (row.series.run, row.series.host, row.series.rank))
         self.exported_series = len(rows)
-        self.exported_keys = {(row[4].run, row[4].host, row[4].rank) for row in rows}
+        self.exported_keys = {(row.series.run, row.series.host, row.series.rank) for row in rows}
         self.aged_out_series = len(snapshot) - len(rows)
         return rows
+
+    def families(self, rows: list[RankRow]) -> Iterator[tuple[str, str, str, tuple[str, ...], list[_Point]]]:
+        """Every per-rank family once: (name, kind, help, label names, points). The one place
+        that decides what a scrape exposes; both encoders below only format it."""
+        for family in SERIES_FAMILIES:
+            points: list[_Point] = []
+            for row in rows:
+                if family.always or row.running:
+                    value = family.get(row)
+                    if value is not None:
+                        points.append((row, None, value))
+            yield family.name, family.kind, family.help, SERIES_LABELS, points
+        states: list[_Point] = []
+        for row in rows:
+            if row.running:
+                current = row.summary.get("state") or row.series.engine.state
+                states.extend((row, ("state", state), int(state == current)) for state in TREND_STATES)
+        yield "vramwatch_trend_state", "gauge", TREND_STATE_HELP, (*SERIES_LABELS, "state"), states
 
     # -------------------------------------------------------------- standard API
 
     def collect(self) -> Iterator[Metric]:
         rows = self.rows()
-        label_values = [
-            [row[4].run, str(row[4].rank), row[4].host, row[4].uuid or "",
-             "" if row[4].gpu is None else str(row[4].gpu)]
-            for row in rows
-        ]
-        for name, kind, doc, getter in SERIES_FAMILIES:
-            family_class = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-            family = family_class(name, doc, labels=SERIES_LABELS)
-            for row, values in zip(rows, label_values, strict=True):
-                value = getter(row)
-                if value is not None:
-                    family.add_metric(values, float(value))
+        for name, kind, doc, labels, points in self.families(rows):
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, doc, labels=labels)
+            for row, extra, value in points:
+                values = list(row.label_values) if extra is None else [*row.label_values, extra[1]]
+                family.add_metric(values, float(value))
             yield family
-        family = GaugeMetricFamily("vramwatch_trend_state", TREND_STATE_HELP, labels=(*SERIES_LABELS, "state"))
-        for row, values in zip(rows, label_values, strict=True):
-            state = row[3].get("state") or row[4].engine.state
-            for candidate in TREND_STATES:
-                family.add_metric([*values, candidate], 1.0 if candidate == state else 0.0)
-        yield family
         yield GaugeMetricFamily("vramwatch_series", "Rank series exported on /metrics.", value=len(rows))
 
     # -------------------------------------------------------------- fast path
@@ -340,22 +323,13 @@ class SeriesCollector(Collector):
         rows = self.rows()
         parts: list[str] = []
         append = parts.append
-        for name, kind, doc, getter in SERIES_FAMILIES:
+        for name, kind, doc, _labels, points in self.families(rows):
             sample_name = name + "_total" if kind == "counter" else name
             family_name = name if openmetrics or kind != "counter" else sample_name
             append(f"# HELP {family_name} {doc}\n# TYPE {family_name} {kind}\n")
-            for row in rows:
-                value = getter(row)
-                if value is not None:
-                    append(f"{sample_name}{{{row[0]}}} {_format_value(value)}\n")
-        append(f"# HELP vramwatch_trend_state {TREND_STATE_HELP}\n# TYPE vramwatch_trend_state gauge\n")
-        for row in rows:
-            state = row[3].get("state") or row[4].engine.state
-            labels = row[0]
-            for candidate in TREND_STATES:
-                append(
-                    f'vramwatch_trend_state{{{labels},state="{candidate}"}} {"1" if candidate == state else "0"}\n'
-                )
+            for row, extra, value in points:
+                labels = row.labels if extra is None else f'{row.labels},{extra[0]}="{extra[1]}"'
+                append(f"{sample_name}{{{labels}}} {_format_value(value)}\n")
         append("# HELP vramwatch_series Rank series exported on /metrics.\n# TYPE vramwatch_series gauge\n")
         append(f"vramwatch_series {len(rows)}\n")
         return "".join(parts)
@@ -411,10 +385,11 @@ class _RegistryView(Collector):
 class VramwatchRegistry(CollectorRegistry):
     """A registry whose ``collect()`` yields everything; ``render`` uses its fast path."""
 
-    def __init__(self, live: Any, *, finished_after_s: float, processes: Any = None) -> None:
+    def __init__(self, live: Any, *, finished_after_s: float, processes: Any = None,
+                 clock: Callable[[], float] = time.time) -> None:
         super().__init__(auto_describe=False)
         self.process = CollectorRegistry(auto_describe=False)
-        self.series = SeriesCollector(live, finished_after_s=finished_after_s)
+        self.series = SeriesCollector(live, finished_after_s=finished_after_s, clock=clock)
         self.ingest = IngestMetrics(self.process)
         Info("vramwatch_build", "vramwatch collector build.", registry=self.process).info({"version": __version__})
         self.register(_RegistryView(self.process))
@@ -427,15 +402,17 @@ class VramwatchRegistry(CollectorRegistry):
             self.register(self.foreign)
 
 
-def build_registry(live: Any, *, finished_after_s: float = 3600.0, processes: Any = None
+def build_registry(live: Any, *, finished_after_s: float = 3600.0, processes: Any = None,
+                   clock: Callable[[], float] = time.time
                    ) -> tuple[CollectorRegistry, IngestMetrics]:
     """The registry that ``GET /metrics`` renders, and the ingest metrics each POST updates.
 
-    ``live``: anything with ``snapshot()`` returning series states (see collector/live.py).
+    ``live``: the LiveState (``snapshot()`` for the series, ``story()`` for their life).
     ``finished_after_s``: a run with no sample for this long leaves ``/metrics``.
     ``processes``: a :class:`~vramwatch.collector.processes.ProcessBook` (named foreign processes).
+    ``clock``: the ``now`` ranks are judged at (a replay of a recorded run passes its own).
     """
-    registry = VramwatchRegistry(live, finished_after_s=finished_after_s, processes=processes)
+    registry = VramwatchRegistry(live, finished_after_s=finished_after_s, processes=processes, clock=clock)
     return registry, registry.ingest
 
 

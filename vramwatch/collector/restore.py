@@ -5,12 +5,14 @@ database: a week of finished runs meant minutes with the port dead and gigabytes
 engines that were evicted right after. :func:`restore` replays only the runs that had a
 sample in the last ``finished_after_s``; every other run gets a small
 :class:`~vramwatch.collector.live.RetiredRun` row (its page is rebuilt on demand, see
-``LiveState.revived``).
+``LiveState.revived``) whose status and counts are the run-life model's judgement of the
+store's per-process records (``Store.life_records``: the same records the fold builds, so a
+finished run reads as it did before the restart).
 
 Which runs are recent is read from the store: the run's newest series first (one indexed
-query answers for a running run), then one query over the whole run (for a finished run
-an empty answer after a C-level scan). Cost: two queries per finished run plus the replay
-of the running runs' samples; memory: the running runs' engines.
+query answers for a running run), then the records' one query over the whole run (a C-level
+scan that also says the run's newest sample time). Cost: that scan plus a few indexed look-ups
+per finished run, and the replay of the running runs' samples; memory: the running runs' engines.
 """
 
 from __future__ import annotations
@@ -19,32 +21,28 @@ import logging
 import time
 from typing import Any
 
-from vramwatch.collector.live import LiveState, RetiredRun
+from vramwatch.collector.live import LiveState, RetiredRun, story_row
+from vramwatch.runlife import RunLife, RunStory, judge
 
 log = logging.getLogger("vramwatch.collector")
 
 
-def _run_is_recent(store: Any, run: str, cutoff: float) -> tuple[bool, list[Any]]:
+def _newest_is_recent(store: Any, run: str, cutoff: float) -> bool:
     rows = store.series(run)
     if not rows:
-        return False, rows
+        return False
     newest = rows[-1]  # the latest series created: a running run has recent samples there
     xs, _ = store.query_columns(run, newest.host, newest.rank, [], phase=None, x="ts", start=cutoff)
-    if xs:
-        return True, rows
-    # one query over the whole run: empty (a C-level scan) for a finished run
-    xs, _ = store.query_columns(run, None, None, [], phase=None, x="ts", start=cutoff)
-    return bool(xs), rows
+    return bool(xs)
 
 
-def _retired_row(run: str, rows: list[Any]) -> dict[str, Any]:
-    keys = {(r.host, r.rank) for r in rows}
-    return {
-        "run": run, "ranks": len(keys), "hosts": len({h for h, _ in keys}), "samples": None, "last_ts": None,
-        "last_step": None, "worst_state": None, "worst_rank": None, "min_headroom_bytes": None,
-        "seconds_to_oom": None, "last_seen": 0.0, "ooms": None, "restarts": None, "silent_ranks": 0,
-        "status": "finished",
-    }
+def stopped_story(run: str, records: list[Any], now: float) -> RunStory:
+    """The model's judgement of a run not replayed: from the store's records, as a run that
+    has stopped (judged at least the silence window after its newest sample)."""
+    life = RunLife(run)
+    for host, rank, record in records:
+        life.rank(host, rank).add_record(record)
+    return judge(run, life.ranks(), now, stopped=True)
 
 
 def restore(live: LiveState, store: Any, *, cutoff: float) -> dict[str, float]:
@@ -52,12 +50,16 @@ def restore(live: LiveState, store: Any, *, cutoff: float) -> dict[str, float]:
     Returns counts and the seconds it took (for the start-up log line)."""
     started = time.perf_counter()
     replayed = retired = 0
+    now = time.time()
     for run in store.runs():
-        recent, rows = _run_is_recent(store, run, cutoff)
-        if recent:
+        if _newest_is_recent(store, run, cutoff):
             replayed += live.rebuild(store.iter_samples(run))
-        elif rows:
-            live.retire(run, RetiredRun(_retired_row(run, rows)))
+            continue
+        records, newest = store.life_records(run)
+        if newest is not None and newest >= cutoff:
+            replayed += live.rebuild(store.iter_samples(run))
+        elif records:
+            live.retire(run, RetiredRun(story_row(stopped_story(run, records, now))))
             retired += 1
     live.evict_quiet(cutoff)
     return {"samples": replayed, "retired_runs": retired, "seconds": time.perf_counter() - started}

@@ -1,10 +1,14 @@
 """Decision routes: ``GET /api/v1/runs/{run}/advice``, ``GET /api/v1/runs/{run}/figures`` and
 ``GET /api/v1/compare?a=&b=``.
 
-Both replay the run's stored samples through :mod:`vramwatch.decisions` (one engine and
-one model builder per rank: O(samples) the first time). Answers are cached per run and
-parameters, keyed by the run's sample count in the live state, so a dashboard polling
-an unchanged run costs a dict lookup; any new sample invalidates.
+The advice reads the tracks the collector already holds: every live series' engine is a
+:class:`~vramwatch.decisions.live.DecisionEngine` that has folded the run in as it arrived, so an
+answer costs a copy of each rank (under its lock) and a fit per rank (O(ranks x buckets²)), not
+a replay. A run not in memory (an evicted run is revived by the live state; a collector whose
+engines are plain trend engines) is replayed from the store. Figures and compare replay the run
+(their step-time medians are not kept live). Answers are cached per run and parameters, keyed by
+the run's sample count in the live state, so a dashboard polling an unchanged run costs a dict
+lookup; any new sample invalidates.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 
 from vramwatch.decisions import MAX_CHECKPOINTS, MAX_PLATEAU_STEPS
-from vramwatch.decisions.advice import advise
-from vramwatch.decisions.compare import RunFigures
+from vramwatch.decisions.advice import decide
 from vramwatch.decisions.compare import compare as compare_runs
+from vramwatch.decisions.figures import RunFigures
+from vramwatch.decisions.live import DecisionEngine
 from vramwatch.decisions.observe import RunObservation, observe
 from vramwatch.decisions.readiness import ReadinessConfig
+from vramwatch.decisions.views import RunView, fitted, judge, run_view
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
 router = APIRouter()
@@ -34,13 +40,35 @@ Tokens = Annotated[int | None, Query(ge=1, le=2**53)]
 Steps = Annotated[int, Query(ge=0, le=MAX_PLATEAU_STEPS)]
 
 
-def _version(request: Request, run: str, field: str = "run") -> int:
+def _states(request: Request, run: str, field: str = "run") -> list[Any]:
     live = request.app.state.live
     # a finished run evicted from live state is rebuilt from the store (collector/live.py)
     states = live.for_run(run) or live.revived(run, request.app.state.store.iter_samples)
     if not states:
         raise HTTPException(404, f"{field}: no run named {run!r}")
-    return sum(s.samples for s in states)
+    return states
+
+
+def _version(request: Request, run: str, field: str = "run") -> int:
+    return sum(s.samples for s in _states(request, run, field))
+
+
+def live_view(run: str, states: list[Any], config: ReadinessConfig) -> RunView | None:
+    """The run from the live series' decision engines (None when they are plain trend engines);
+    how each process ended is the collector's own run-life folds (vramwatch.runlife).
+    O(ranks x (buckets² + processes)), each rank held only while it is copied."""
+    engines = [s.engine for s in states]
+    if not engines or not all(isinstance(e, DecisionEngine) for e in engines):
+        return None
+    return judge(run, [fitted(e.view(config)) for e in engines], sum(s.samples for s in states),
+                 [s.life for s in states])
+
+
+def run_view_of(request: Request, run: str, config: ReadinessConfig, field: str = "run") -> RunView:
+    """The run as the decisions read it: from the live engines' tracks, or replayed from the
+    store when they are not decision engines (the same functions either way: views.py)."""
+    view = live_view(run, _states(request, run, field), config)
+    return view if view is not None else run_view(_observe(request, run), config)
 
 
 def _observe(request: Request, run: str) -> RunObservation:
@@ -73,19 +101,22 @@ def advice(
     plateau_steps: Steps = 2000,
     checkpoints: Annotated[int, Query(ge=0, le=MAX_CHECKPOINTS)] = 1,
     reference: Annotated[list[str] | None, Query(max_length=8)] = None,
+    granularity: Tokens = None,
 ) -> dict[str, Any]:
-    """Readiness, largest tokens per step that fit, a target's projection and the recommendation.
+    """Readiness, largest tokens per step that fit, a target's judgement and the next step.
 
-    ``reference`` (repeatable): runs of the same job at other batch settings, for the token fit.
+    ``reference`` (repeatable): runs of the same job at other batch settings (their token fit,
+    what they proved and where they ran out of memory). ``granularity``: settable batches are
+    multiples of it (tokens per rank; default inferred from the tokens seen).
     """
     refs = tuple(reference or ())
     versions = tuple(_version(request, r, "reference") for r in refs)
     key = ("advice", id(request.app), run, _version(request, run), margin, target_tokens, plateau_steps, checkpoints,
-           refs, versions)
+           refs, versions, granularity)
     config = ReadinessConfig(plateau_steps=plateau_steps, checkpoints=checkpoints, margin=margin)
-    return _cached(key, lambda: advise(_observe(request, run), margin=margin, target_tokens=target_tokens,
-                                       readiness_config=config,
-                                       references=[_observe(request, r) for r in refs]).as_dict())
+    return _cached(key, lambda: decide(
+        run_view_of(request, run, config), [run_view_of(request, r, config, "reference") for r in refs],
+        config=config, margin=margin, target_tokens=target_tokens, granularity=granularity).as_dict())
 
 
 @router.get("/api/v1/runs/{run:path}/figures")

@@ -25,6 +25,7 @@ from vramwatch.collector import processes as _processes
 from vramwatch.collector.snapshots import DEFAULT_STEPS, MAX_STEPS, SnapshotError
 from vramwatch.collector.suspects import check_skip, enrich_postmortem, run_suspects
 from vramwatch.evidence import postmortem as _postmortem
+from vramwatch.verdicts import SILENT_AFTER_S
 from vramwatch.wire import MAX_INT, MAX_NAME, series_key
 
 _CHUNK = 1 << 20
@@ -131,20 +132,29 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
                                  headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
     @router.get("/api/v1/runs/{run:path}/postmortem", dependencies=read)
-    def postmortem(request: Request, run: str, silent_after_s: Annotated[float, Query(gt=0, le=86400)] = 300.0
-                   ) -> dict[str, Any]:
-        store, state = request.app.state.store, request.app.state
-        if run not in store.runs():
-            raise HTTPException(404, f"run: no run {run!r}")
-        pm = _postmortem.build(run, lambda: store.iter_samples(run), now=time.time(), silent_after_s=silent_after_s)
-        return enrich_postmortem(pm, snapshots=state.snapshots, diffs=state.diffs, processes=state.processes,
-                                 live=state.live).to_dict()
+    def postmortem(request: Request, run: str,
+                   silent_after_s: Annotated[float, Query(gt=0, le=86400)] = SILENT_AFTER_S) -> dict[str, Any]:
+        return postmortem_doc(request.app.state, run, silent_after_s)
 
     _add_diff_routes(router, read)
     _add_process_routes(router, write, read)
     return router
 
 
+def postmortem_doc(state: Any, run: str, silent_after_s: float) -> dict[str, Any]:
+    """The post-mortem of ``run`` (404 when the store has none): judged by the live state, so this
+    answer and /runs, /ranks, /metrics tell one story; another silence window is a judgement of
+    its own. Cost: two sequential reads of the run's samples."""
+    store = state.store
+    if run not in store.runs():
+        raise HTTPException(404, f"run: no run {run!r}")
+    live = state.live
+    states = live.for_run(run) or live.revived(run, store.iter_samples)
+    story = live.story(run, states, time.time()) if states and silent_after_s == SILENT_AFTER_S else None
+    pm = _postmortem.build(run, lambda: store.iter_samples(run), now=time.time(), silent_after_s=silent_after_s,
+                           story=story)
+    return enrich_postmortem(pm, snapshots=state.snapshots, diffs=state.diffs, processes=state.processes,
+                             live=live).to_dict()
 def _add_diff_routes(router: APIRouter, read: list[Any]) -> None:
     @router.get("/api/v1/runs/{run:path}/snapshots/diff", dependencies=read)
     def snapshot_diff(request: Request, run: str, old: Annotated[str, Query(max_length=64)],

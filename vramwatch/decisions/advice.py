@@ -1,42 +1,37 @@
-"""Largest batch that fits, a proposed batch's projection, and what to do next, with numbers.
+"""Largest batch that fits, a proposed batch's projection, and the next step of the procedure.
 
-Built on the per-rank :class:`~vramwatch.decisions.model.RankModel`: the binding rank is
-the one whose largest fitting tokens per step is smallest; the global batch assumes ranks
-share the batch equally (``world_size x`` the binding rank's local tokens). The
-recommendation is computed from the model and the readiness verdict, never a fixed
-percentage: raise to the largest batch that still fits *after* the fit's stated
-uncertainty, hold, or lower by the share that restores the margin.
+Built on the per-rank :class:`~vramwatch.decisions.model.RankModel` and on the evidence of the
+runs themselves (:mod:`.evidence`): the model's largest batch (the binding rank's, the smallest)
+is bounded by what was observed, never the other way round: an OOM for a reason of the batch at
+a setting caps it below that setting, a proven setting is a floor. A target batch at or above an
+OOM's setting does not fit whatever the model says; at or below a proven one it fits. The global
+batch assumes ranks share the batch equally (``world_size x`` the per-rank tokens). The next step
+(raise, hold, back off, fix) is :func:`.nextstep.next_step`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from vramwatch.units import gib
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
+from .evidence import Evidence, RankTrials, gather, judged_trials
 from .model import RankModel
+from .nextstep import NextStep, Proven, next_step
 from .observe import RunObservation
-from .readiness import RankReadiness, Readiness, ReadinessConfig, combine, run_readiness
-
-#: Suggested batches are rounded down to a multiple of up to this many tokens (a context length).
-MAX_GRANULE = 4096
-#: The most a raise goes beyond the largest observed tokens in one move (the range the
-#: model's projection is benchmarked over, docs/benchmarks.md).
-EXTRAPOLATION_LIMIT = 1.3
-#: Lowering a batch whose tokens never varied assumes up to this share of the transient
-#: does not shrink with it (workspaces, communication buckets); docs/decisions.md.
-LOWER_FIXED_SHARE = 0.10
-#: A raise smaller than this share of the current batch is not worth a restart: hold.
-MIN_RAISE = 0.02
+from .readiness import RankReadiness, Readiness, ReadinessConfig
+from .reasons import Reason
+from .trials import Trial
+from .views import RankView, RunView, judge, refit, run_view
 
 
 @dataclass(frozen=True)
 class RankCapacity:
     host: str
     rank: int
-    max_tokens: int | None
+    max_tokens: int | None  # the model's (evidence bounds the run's figure, not each rank's)
     binding_phase: str
     tokens_seen_max: int | None
     fit_method: str
@@ -44,57 +39,95 @@ class RankCapacity:
     worst_need_bytes: float  # at the largest tokens observed
     total_bytes: int
 
+    def as_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "rank": self.rank, "max_tokens_per_step": self.max_tokens,
+                "binding_phase": self.binding_phase, "tokens_seen_max": self.tokens_seen_max, "fit": self.fit_method,
+                "uncertainty_frac": self.uncertainty_frac, "worst_need_bytes": self.worst_need_bytes,
+                "total_bytes": self.total_bytes}
+
 
 @dataclass(frozen=True)
 class Target:
+    """A batch (tokens per step per rank) judged: by evidence first, else by the model."""
+
     tokens_per_step: int
-    worst_peak_bytes: int
-    headroom_bytes: int
-    fits: bool
-    rank: int
-    phase: str
+    global_tokens_per_step: int
+    worst_peak_bytes: int | None  # the model's worst device need over ranks and phases
+    headroom_bytes: int | None
+    fits: bool | None  # None: neither evidence nor a model can say
+    rank: int | None
+    phase: str | None
+    because: Reason
 
     def as_dict(self) -> dict[str, Any]:
-        return {"tokens_per_step": self.tokens_per_step, "worst_peak_bytes": self.worst_peak_bytes,
-                "headroom_bytes": self.headroom_bytes, "fits": self.fits, "rank": self.rank, "phase": self.phase}
+        return {"tokens_per_step": self.tokens_per_step, "global_tokens_per_step": self.global_tokens_per_step,
+                "worst_peak_bytes": self.worst_peak_bytes, "headroom_bytes": self.headroom_bytes, "fits": self.fits,
+                "rank": self.rank, "phase": self.phase, "because": self.because.as_dict()}
 
 
 @dataclass(frozen=True)
 class Advice:
     run: str
     margin: float
+    config: ReadinessConfig
     readiness: Readiness
     ranks: tuple[RankCapacity, ...]
     models: tuple[RankModel, ...]
-    max_tokens_per_step: int | None
-    max_global_tokens_per_step: int | None
+    max_tokens_per_step: int | None  # the model's, bounded by the evidence
+    model_max_tokens_per_step: int | None  # the model's alone
+    bound: str  # what sets the largest batch: model | oom | proven
     binding_rank: int | None
     world_size: int
     target: Target | None
-    action: str  # raise | hold | lower
-    recommendation: str
+    next: NextStep
+    evidence: Evidence
+    trials: tuple[RankTrials, ...]  # this run's and the references' (a front rejoins them)
+    references: tuple[tuple[str, int], ...] = ()  # (run, world size) of each reference
+
+    @property
+    def max_global_tokens_per_step(self) -> int | None:
+        return None if self.max_tokens_per_step is None else self.max_tokens_per_step * self.world_size
+
+    @property
+    def action(self) -> str:
+        return self.next.action
+
+    @property
+    def recommendation(self) -> str:
+        return self.next.sentence
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON document of ``vramwatch advise --json`` and ``GET /api/v1/runs/{run}/advice``."""
         return {
-            "run": self.run,
-            "margin": self.margin,
-            "readiness": self.readiness.as_dict(),
+            "run": self.run, "margin": self.margin, "plateau_steps_required": self.config.plateau_steps,
+            "checkpoints_required": self.config.checkpoints, "readiness": self.readiness.as_dict(),
             "max_tokens_per_step": self.max_tokens_per_step,
             "max_global_tokens_per_step": self.max_global_tokens_per_step,
-            "binding_rank": self.binding_rank,
-            "world_size": self.world_size,
-            "action": self.action,
-            "recommendation": self.recommendation,
-            "target": self.target.as_dict() if self.target else None,
-            "ranks": [
-                {"host": r.host, "rank": r.rank, "max_tokens_per_step": r.max_tokens, "binding_phase": r.binding_phase,
-                 "tokens_seen_max": r.tokens_seen_max, "fit": r.fit_method, "uncertainty_frac": r.uncertainty_frac,
-                 "worst_need_bytes": r.worst_need_bytes, "total_bytes": r.total_bytes}
-                for r in self.ranks
-            ],
-            "models": [m.as_dict() for m in self.models],
+            "model_max_tokens_per_step": self.model_max_tokens_per_step, "bound": self.bound,
+            "binding_rank": self.binding_rank, "world_size": self.world_size, "next": self.next.as_dict(),
+            "action": self.action, "recommendation": self.recommendation,
+            "target": self.target.as_dict() if self.target else None, "evidence": _evidence_doc(self.evidence),
+            "ranks": [r.as_dict() for r in self.ranks], "models": [m.as_dict() for m in self.models],
+            "trials": [{"run": r.run, "host": r.host, "rank": r.rank, "trials": [t.as_dict() for t in r.trials]}
+                       for r in self.trials],
+            "references": [{"run": name, "world_size": world} for name, world in self.references],
         }
+
+
+def _evidence_doc(ev: Evidence) -> dict[str, Any]:
+    top = ev.ceiling()
+    proven = ev.proven_below(None)
+    return {
+        "granularity": ev.granularity, "granularity_inferred": ev.granularity_inferred,
+        "oom_ceiling": None if top is None else {"run": top.run, "host": top.host, "rank": top.rank,
+                                                 **top.record.as_dict()},
+        "proven": None if proven is None else Proven.of(proven).as_dict(),
+        "settings": [{"run": s.run, "ordinal": s.ordinal, "tokens_per_step": s.tokens,
+                      "global_tokens_per_step": s.tokens * s.world_size, "proven": s.proven} for s in ev.settings],
+        "ooms": [{"run": o.run, "host": o.host, "rank": o.rank, "ordinal": o.ordinal, **o.record.as_dict()}
+                 for o in ev.ooms],
+        "deaths": [{"run": d.run, "host": d.host, "rank": d.rank, "step": d.step} for d in ev.deaths],
+    }
 
 
 def capacity(model: RankModel, margin: float) -> RankCapacity:
@@ -104,8 +137,19 @@ def capacity(model: RankModel, margin: float) -> RankCapacity:
                         model.train.uncertainty_frac, need, model.total_bytes)
 
 
-def project(models: list[RankModel], tokens: int, margin: float) -> Target | None:
-    """Projected worst device need over ranks and phases at ``tokens`` per rank (O(ranks x phases))."""
+class Projection(NamedTuple):
+    """The model's worst device need over ranks and phases at a batch."""
+
+    need_bytes: int
+    headroom_bytes: int
+    keeps_margin: bool
+    rank: int
+    phase: str
+
+
+def project(models: list[RankModel], tokens: int, margin: float) -> Projection | None:
+    """The model's worst device need over ranks and phases at ``tokens`` per rank; None without a
+    usable fit. O(ranks x phases)."""
     worst: tuple[float, RankModel, str] | None = None
     for m in models:
         if not m.train.usable:
@@ -117,37 +161,50 @@ def project(models: list[RankModel], tokens: int, margin: float) -> Target | Non
         return None
     need, m, phase = worst
     headroom = int(m.total_bytes - need)
-    return Target(tokens, int(need), headroom, headroom >= margin * m.total_bytes, m.rank, phase)
+    return Projection(int(need), headroom, headroom >= margin * m.total_bytes, m.rank, phase)
 
 
-def _granule(tokens: int) -> int:
-    g = 1
-    while g < MAX_GRANULE and tokens % (g * 2) == 0:
-        g *= 2
-    return g
+def judge_target(tokens: int, models: list[RankModel], ev: Evidence, margin: float, world: int) -> Target:
+    """``tokens`` per rank judged: at or above a batch-caused OOM's setting it does not fit, at or
+    below a proven setting it fits, in between the model says (O(ranks x phases))."""
+    proj = project(models, tokens, margin)
+    need, head, keeps, rank, phase = proj if proj else (None, None, None, None, None)
+    top, proven = ev.ceiling(), ev.proven_below(None)
+    if top is not None and tokens >= (top.record.tokens or 0):
+        o = top.record
+        because = Reason("oom", f"rank {top.rank} ran out of memory at {o.tokens:,} tokens per step (run {top.run}, "
+                                f"step {o.step:,}, {o.phase}): {o.detail}", top.rank)
+        return Target(tokens, tokens * world, need, head, False, top.rank, o.phase, because)
+    if proven is not None and tokens <= proven.tokens:
+        because = Reason("proven", f"{proven.tokens:,} tokens per step held its plateau through a checkpoint "
+                                   f"(run {proven.run})")
+        return Target(tokens, tokens * world, need, head, True, rank, phase, because)
+    if proj is None:
+        return Target(tokens, tokens * world, None, None, None, None, None,
+                      Reason("no_tokens", "no token fit: the samples carry no tokens per step, or too few"))
+    words = "keeps" if keeps else "does not keep"
+    because = Reason("model", f"the model projects {gib(need)} on rank {rank} at the {phase} phase, "
+                              f"{gib(head)} free: it {words} the {margin:.0%} margin", rank)
+    return Target(tokens, tokens * world, need, head, keeps, rank, phase, because)
 
 
-def _safe_tokens(model: RankModel, margin: float) -> int | None:
-    """Largest tokens that fit when the transient is as large as the fit's stated uncertainty allows."""
-    tokens, _ = model.max_tokens(margin)
-    if tokens is None or tokens <= 0:
-        return tokens
-    u = model.train.uncertainty_frac
-    # transient(T) * (1 + u) must fit where transient(T) did: solve on the slope and intercept
-    fixed = model.floor_bytes + model.slack_bytes + model.outside_bytes
-    return model.train.tokens_for((model.total_bytes * (1 - margin) - fixed) / (1 + u))
-
-
-def _lower_tokens(model: RankModel, margin: float) -> int:
-    """Tokens to lower to: judged with the fit's error against us (a fixed share does not shrink)."""
-    fit = model.train
-    if fit.method != "proportional" or not model.tokens_seen_max:
-        return _safe_tokens(model, margin) or 0
-    seen = model.tokens_seen_max
-    observed = fit.transient(seen)
-    room = model.total_bytes * (1 - margin) - model.floor_bytes - model.slack_bytes - model.outside_bytes
-    shrinking = (1 - LOWER_FIXED_SHARE) * observed / seen
-    return max(0, int((room - LOWER_FIXED_SHARE * observed) // shrinking))
+def bounded_max(caps: list[RankCapacity], ev: Evidence) -> tuple[int | None, int | None, str, int | None]:
+    """(largest tokens per step, the model's alone, what bounds it, the binding rank): the model's
+    binding rank, never at or above a batch-caused OOM's setting and never under a proven setting.
+    A model that says the OOM's batch fits is contradicted there: the figure is then the proven
+    setting (the largest known to fit), else just below the OOM (an upper bound, said so)."""
+    known = [c for c in caps if c.max_tokens is not None]
+    binding = min(known, key=lambda c: (c.max_tokens or 0, c.rank)) if known else None
+    model_max = binding.max_tokens if binding else None
+    best, bound, rank = model_max, "model", binding.rank if binding else None
+    top, proven = ev.ceiling(), ev.proven_below(None)
+    if top is not None and top.record.tokens and (best is None or best >= top.record.tokens):
+        best, bound, rank = top.record.tokens - 1, "oom", top.rank
+        if proven is not None:
+            best, bound = proven.tokens, "proven"
+    if proven is not None and (best is None or best < proven.tokens):
+        best, bound = proven.tokens, "proven"
+    return best, model_max, bound, rank
 
 
 def advise(
@@ -157,126 +214,82 @@ def advise(
     target_tokens: int | None = None,
     readiness_config: ReadinessConfig | None = None,
     references: list[RunObservation] | None = None,
+    granularity: int | None = None,
 ) -> Advice:
     """Advice for one observed run; ``references`` are runs of the same job at other batch settings."""
-    readiness = run_readiness(obs, readiness_config or ReadinessConfig(margin=margin))
-    tracks = obs.tracks()
-    for ref in references or []:
-        for track in tracks:
-            other = ref.ranks.get((track.host, track.rank)) or next(
-                (t for t in ref.tracks() if t.rank == track.rank), None)
-            if other is not None:
-                track.builder.merge_tokens(other.builder)
-    return decide(obs.run, readiness, [t.builder.model() for t in tracks], world=obs.world_size, margin=margin,
-                  target_tokens=target_tokens)
+    config = readiness_config or ReadinessConfig(margin=margin)
+    refs = [run_view(r, config) for r in references or ()]
+    return decide(run_view(obs, config), refs, config=config, margin=margin, target_tokens=target_tokens,
+                  granularity=granularity)
 
 
-def decide(run: str, readiness: Readiness, models: list[RankModel], *, world: int,
-           margin: float = LOW_HEADROOM_FRACTION, target_tokens: int | None = None) -> Advice:
-    """Advice from a run's readiness and its ranks' models (O(ranks x phases)). :func:`advise`
-    calls it on one collector's observation; a front calls it on the ranks of every shard
-    (:func:`vramwatch.front.merge.merge_advice`), so both give the same answer for the same ranks."""
+def decide(view: RunView, references: list[RunView], *, config: ReadinessConfig,
+           margin: float = LOW_HEADROOM_FRACTION, target_tokens: int | None = None,
+           granularity: int | None = None) -> Advice:
+    """Advice from a run's view and its references' (O(ranks x (phases + buckets²))). :func:`advise`
+    calls it on replayed runs, the collector on its live engines' views, a front on the ranks of
+    every shard (:func:`join`): the same ranks give the same answer."""
+    view = refit(view, references)
+    ref_trials = [(r.rank_trials(), r.world_size) for r in references]
+    return decide_on(view.run, view.readiness, view.models(), view.rank_trials(), view.world_size, ref_trials,
+                     config=config, margin=margin, target_tokens=target_tokens, granularity=granularity,
+                     references=tuple((r.run, r.world_size) for r in references))
+
+
+def decide_on(run: str, readiness: Readiness, models: list[RankModel], trials: list[RankTrials], world: int,
+              ref_trials: list[tuple[list[RankTrials], int]], *, config: ReadinessConfig, margin: float,
+              target_tokens: int | None, granularity: int | None,
+              references: tuple[tuple[str, int], ...] = ()) -> Advice:
+    """:func:`decide` on figures already reduced (models fitted, outcomes judged)."""
+    ev = gather(run, trials, world, ref_trials, plateau_steps=config.plateau_steps, checkpoints=config.checkpoints,
+                margin=margin, granularity=granularity)
     caps = [capacity(m, margin) for m in models]
-    known = [c for c in caps if c.max_tokens is not None]
-    binding = min(known, key=lambda c: c.max_tokens or 0) if known else None
-    max_tokens = binding.max_tokens if binding else None
-    target = project(models, target_tokens, margin) if target_tokens else None
-    action, text = _recommend(readiness, models, binding, world, margin)
-    return Advice(run, margin, readiness, tuple(caps), tuple(models), max_tokens,
-                  None if max_tokens is None else max_tokens * world, binding.rank if binding else None,
-                  world, target, action, text)
+    best, model_max, bound, binding = bounded_max(caps, ev)
+    target = judge_target(target_tokens, models, ev, margin, world) if target_tokens else None
+    step = next_step(readiness, models, ev, best, world=world, margin=margin, config=config,
+                     judge=lambda tokens: judge_target(tokens, models, ev, margin, world))
+    all_trials = tuple(trials) + tuple(r for ranks, _ in ref_trials for r in ranks)
+    return Advice(run, margin, config, readiness, tuple(caps), tuple(models), best, model_max, bound, binding, world,
+                  target, step, ev, all_trials, references)
 
 
-def join(docs: list[dict[str, Any]]) -> Advice:
+def join(docs: list[dict[str, Any]], *, granularity: int | None = None) -> Advice:
     """Advice over the ranks of several advice documents of one run (``as_dict``, one per
-    collector that holds some of its ranks): readiness is recombined from the ranks' own
-    verdicts and the decision retaken on every rank's model, so a front answers exactly
-    what one collector holding all the ranks would. ``join([doc])`` reads one document back.
-    O(ranks x phases); KeyError/TypeError/ValueError on a malformed document."""
+    collector that holds some of its ranks): outcomes and readiness are rejudged on every rank,
+    the evidence regathered and the decision retaken, so a front answers exactly what one
+    collector holding all the ranks would. ``join([doc])`` reads one document back.
+    O(ranks x phases + processes); KeyError/TypeError/ValueError on a malformed document."""
     if not docs:
         raise ValueError("advice: no documents to join")
     first = docs[0]
-    ranks = sorted((RankReadiness.from_dict(r) for d in docs for r in d["readiness"].get("ranks") or ()),
-                   key=lambda r: (r.rank, r.host))
-    models = sorted((RankModel.from_dict(m) for d in docs for m in d["models"]), key=lambda m: (m.rank, m.host))
-    readiness = combine(tuple(ranks)) if ranks else Readiness.from_dict(first["readiness"])
+    run = str(first["run"])
+    stated = first.get("evidence") or {}
+    if granularity is None and stated.get("granularity_inferred") is False:
+        granularity = int(stated["granularity"])  # a collector was asked for it: keep it
+    refs = {str(r["run"]): int(r["world_size"]) for d in docs for r in d.get("references") or ()}
+    readiness = {(r.host, r.rank): r for d in docs for r in map(RankReadiness.from_dict, d["readiness"]["ranks"])}
+    models = {(m.host, m.rank): m for d in docs for m in map(RankModel.from_dict, d["models"])}
+    trials: dict[str, dict[tuple[str, int], tuple[Trial, ...]]] = {}
+    for d in docs:
+        for r in d.get("trials") or ():
+            key = (str(r["host"]), int(r["rank"]))
+            trials.setdefault(str(r["run"]), {})[key] = tuple(Trial.from_dict(t) for t in r["trials"])
+    own = trials.get(run, {})
+    views = [RankView(run, host, rank, readiness[key], models[key], (), own.get(key, ()), None, {},
+                      max((t.last_ts for t in own.get(key, ())), default=None))
+             for key in readiness if key in models for host, rank in (key,)]
+    judged = judge(run, views, 0)
+    ref_trials = [(judged_trials([RankTrials(name, h, k, ts) for (h, k), ts in trials.get(name, {}).items()]), world)
+                  for name, world in refs.items()]
+    margin = float(first["margin"])
+    config = ReadinessConfig(int(first.get("plateau_steps_required", 2000)), int(first.get("checkpoints_required", 1)),
+                             margin)
     target = first.get("target") or {}
-    return decide(str(first["run"]), readiness, models, world=world_size(models), margin=float(first["margin"]),
-                  target_tokens=target.get("tokens_per_step"))
+    return decide_on(run, judged.readiness, judged.models(), judged.rank_trials(), judged.world_size, ref_trials,
+                     config=config, margin=margin, target_tokens=target.get("tokens_per_step"),
+                     granularity=granularity, references=tuple(refs.items()))
 
 
-def world_size(models: list[RankModel]) -> int:
-    """The job's world size as the samples state it (largest), else the number of ranks modelled."""
-    sizes = [m.world_size for m in models if m.world_size]
-    return max(sizes) if sizes else len({m.rank for m in models})
-
-
-def _pct(x: float) -> str:
-    return f"{x:.1%}" if abs(x) < 0.1 else f"{x:.0%}"
-
-
-def _recommend(
-    readiness: Readiness,
-    models: list[RankModel],
-    binding: RankCapacity | None,
-    world: int,
-    margin: float,
-) -> tuple[str, str]:
-    """(action, one sentence with numbers)."""
-    if binding is None or not models:
-        worst = readiness.min_headroom_bytes
-        head = gib(worst, none="unknown")
-        return "hold", (f"Hold: no per-step tokens in the samples (pass tokens= to vw.step), so no batch can be "
-                        f"projected; worst headroom {head} on rank {readiness.worst_rank}.")
-    model = next(m for m in models if m.rank == binding.rank and m.host == binding.host)
-    current = binding.tokens_seen_max or 0
-    best = binding.max_tokens or 0
-    phase = binding.binding_phase
-    over_margin = bool({"margin", "oom"} & set(readiness.causes))
-    structural = [c for c in ("leak", "fragmentation", "unstable") if c in readiness.causes]
-    if structural:
-        # a leak or an unsettled rise eats any margin a smaller batch would buy: fix it first
-        reason = next((r for r in readiness.reasons if any(w in r for w in ("leak", "fragmentation", "broke"))),
-                      readiness.reasons[0])
-        return "hold", f"Hold at {current:,} tokens per step and fix first: {reason}."
-    if best == 0 and phase != "train":
-        return "lower", (f"Lower is not enough: the {phase} phase alone leaves less than the {margin:.0%} margin "
-                         f"on rank {binding.rank} at any batch; reduce its memory (state-dict offload, eval batch).")
-    if over_margin or (current and best < current):
-        # lowering is judged with the fit's uncertainty against us: a fixed share of the
-        # transient does not shrink with the batch
-        low = min(best, _lower_tokens(model, margin))
-        if current and low >= current:
-            # the model says the batch fits: the OOM or the lost margin came from elsewhere
-            return "hold", (f"Hold at {current:,} tokens per step: the model projects up to {best:,} per rank "
-                            f"would fit, so the batch does not explain it ({readiness.reasons[0]}); "
-                            "look for a leak, memory outside the allocator or fragmentation.")
-        cut = 1 - low / current if current else 1.0
-        return "lower", (f"Lower tokens per step by at least {_pct(cut)} (from {current:,} to {low:,} per rank, "
-                         f"{low * world:,} global) to restore the {margin:.0%} margin on rank {binding.rank} at the "
-                         f"{phase} phase.")
-    safe = _safe_tokens(model, margin) or 0
-    capped = min(safe, int(current * EXTRAPOLATION_LIMIT)) if current else safe
-    suggestion = capped // _granule(current) * _granule(current) if current else capped
-    if readiness.verdict == "not_ready":
-        return "hold", (f"Hold at {current:,} tokens per step until the batch is proven ({readiness.reasons[0]}); "
-                        f"the model projects up to {best:,} per rank would fit.")
-    if suggestion <= current * (1 + MIN_RAISE):
-        how = ("tokens never varied: proportional assumption; a run at another batch setting "
-               "(--reference) narrows it") if model.train.method == "proportional" else model.train.method
-        return "hold", (f"Hold at {current:,} tokens per step: the largest that fits is {best:,} per rank, "
-                        f"within the model's uncertainty ({_pct(model.train.uncertainty_frac)}, {how}) of the "
-                        "current batch.")
-    projected = project(models, suggestion, margin)
-    room = projected.headroom_bytes / _total_of(models, projected.rank) if projected else 0.0
-    where = f"rank {projected.rank} at the {projected.phase} phase" if projected else f"rank {binding.rank}"
-    return "raise", (f"Raise to {suggestion:,} tokens per step per rank ({suggestion * world:,} global, "
-                     f"+{_pct(suggestion / current - 1)}): still {_pct(room)} headroom at the worst phase "
-                     f"({where}).")
-
-
-def _total_of(models: list[RankModel], rank: int) -> int:
-    return next(m.total_bytes for m in models if m.rank == rank)
-
-
-__all__ = ["Advice", "RankCapacity", "Target", "advise", "capacity", "decide", "join", "project", "world_size"]
+__all__ = ["Advice", "Projection", "RankCapacity", "Target", "advise", "bounded_max", "capacity", "decide", "decide_on",
+           "join",
+           "judge_target", "project"]

@@ -2,22 +2,28 @@
 
 :class:`DecisionEngine` has the :class:`~vramwatch.engine.TrendEngine` public surface the
 collector uses (``update``, ``summary()``, ``state``, ``events``, ``samples``) and adds,
-per rank, a memory-model builder and the readiness bookkeeping
+per rank, a memory-model builder, the readiness bookkeeping and the rank's processes as trials
 (:class:`~vramwatch.decisions.observe.RankTrack`). ``summary()`` gains:
 
 * ``max_tokens_per_step``: largest tokens per step that keeps the default margin
-  (:data:`vramwatch.verdicts.LOW_HEADROOM_FRACTION`) at the worst phase; None when unknown;
+  (:data:`vramwatch.verdicts.LOW_HEADROOM_FRACTION`) at the worst phase, below any batch at
+  which this rank ran out of memory for a reason of the batch; None when unknown;
 * ``tokens_per_step_max_observed``: largest tokens per step seen;
 * ``readiness``: ``ready`` / ``not_ready`` / ``unsafe`` with the default thresholds.
 
-Cost: per sample, the engine's update plus O(1); the model is refitted (O(buckets²),
-under a millisecond) only when a bucket maximum changed and at most once per :data:`REFIT_EVERY`
-samples; the other figures are re-judged every :data:`RECHECK_EVERY` samples or on an OOM, so a
-scrape mostly reads cached figures.
+``view(config)`` hands the advice route a frozen copy of the rank (:mod:`.views`): the collector's
+``/advice`` decides on the tracks it already holds instead of replaying the store.
+
+Cost: per sample, the engine's update plus O(1) (a lock only while a reader copies an engine:
+``view``); the model is refitted (O(buckets²), under a millisecond) only when a bucket maximum
+changed and at most once per :data:`REFIT_EVERY` samples; the other figures are re-judged every
+:data:`RECHECK_EVERY` samples or on an OOM, so a scrape mostly reads cached figures.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 from vramwatch.engine import TrendEngine
@@ -26,6 +32,8 @@ from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 from .model import RankModelBuilder, TransientFit
 from .observe import RankTrack
 from .readiness import ReadinessConfig, rank_readiness
+from .reasons import BATCH_CAUSES
+from .views import RankView, raw_view
 
 #: Samples between refits of the transient (only when a bucket maximum changed).
 REFIT_EVERY = 256
@@ -33,6 +41,11 @@ REFIT_EVERY = 256
 RECHECK_EVERY = 32
 
 _CONFIG = ReadinessConfig()
+#: Readers copying an engine (:meth:`DecisionEngine.view`), and the lock they copy under: writers
+#: take it only while a reader waits, so the collector's writer pays a global read per sample.
+_readers = 0
+_LOCK = threading.Lock()
+_COUNT = threading.Lock()
 #: The figures before the first judgement (shared: figures are replaced, never mutated).
 _UNJUDGED: dict[str, Any] = {"max_tokens_per_step": None, "tokens_per_step_max_observed": None, "readiness": None}
 
@@ -40,7 +53,7 @@ _UNJUDGED: dict[str, Any] = {"max_tokens_per_step": None, "tokens_per_step_max_o
 class DecisionEngine:
     """A TrendEngine plus the decision figures; a drop-in ``engine_factory`` for ``LiveState``."""
 
-    __slots__ = ("_checked_at", "_figures", "_fit", "_fit_version", "_fitted_at", "_ooms_seen", "_track")
+    __slots__ = ("_checked_at", "_figures", "_fit", "_fit_version", "_fitted_at", "_ooms_seen", "_track", "_writing")
 
     def __init__(self, engine: TrendEngine | None = None) -> None:
         # the live figures never read the median step time: no step-time ring (2 KB per series)
@@ -51,6 +64,7 @@ class DecisionEngine:
         self._checked_at = -RECHECK_EVERY
         self._ooms_seen = 0
         self._figures = _UNJUDGED
+        self._writing = False  # set while a sample is folded in (a reader waits for it to finish)
 
     # the TrendEngine surface the collector reads
     @property
@@ -74,11 +88,37 @@ class DecisionEngine:
         return getattr(self._track.engine, name)
 
     def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
-        """Engine update plus O(1) bookkeeping; returns the engine's new events."""
+        """Engine update plus O(1) bookkeeping; returns the engine's new events. Takes no lock unless
+        a reader waits (:meth:`view`); it marks itself writing first, so a reader that arrived
+        meanwhile waits for this one sample."""
         track = self._track
         if not track.run:  # one engine per series: its identity is the first sample's (a run is never "")
             track.run, track.host, track.rank = sample["run"], sample["host"], sample["rank"]
-        return track.update(sample)
+        self._writing = True
+        if _readers:
+            self._writing = False
+            with _LOCK:  # a reader is copying an engine: wait for it
+                return track.update(sample)
+        try:
+            return track.update(sample)
+        finally:
+            self._writing = False
+
+    def view(self, config: ReadinessConfig) -> RankView:
+        """A frozen copy of the rank between two samples, its fit left to :func:`.views.fitted`
+        (outside): O(buckets + processes + phases). While it copies, writers of every engine wait
+        (a sample in progress is finished first); they take no lock otherwise."""
+        global _readers
+        with _COUNT:
+            _readers += 1
+        try:
+            with _LOCK:
+                while self._writing:
+                    time.sleep(0)  # the writer finishes its sample; its next waits for the lock
+                return raw_view(self._track, config, timing=False)
+        finally:
+            with _COUNT:
+                _readers -= 1
 
     def figures(self) -> dict[str, Any]:
         """The decision figures, O(1) amortised per call.
@@ -97,6 +137,10 @@ class DecisionEngine:
             self._fit, self._fit_version, self._fitted_at = builder.fit(), builder.version, builder.samples
         model = builder.model(self._fit, timing=False)
         tokens, _ = model.max_tokens(LOW_HEADROOM_FRACTION)
+        ceiling = min((t.oom.tokens for t in track.trials()
+                       if t.oom is not None and t.oom.cause in BATCH_CAUSES and t.oom.tokens), default=None)
+        if ceiling is not None and (tokens is None or tokens >= ceiling):
+            tokens = ceiling - 1  # what ran out of memory bounds what the model says
         self._figures = {
             "max_tokens_per_step": tokens,
             "tokens_per_step_max_observed": model.tokens_seen_max,

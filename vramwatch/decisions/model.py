@@ -13,7 +13,7 @@ floor). :meth:`RankModelBuilder.model` fits the transient against tokens on the 
 envelope** (the peak is a maximum, so the line must sit on the bucket maxima, not
 through their middle): Theil-Sen slope over the bucket maxima, intercept raised until
 no bucket lies above the line. When tokens never varied, buckets from reference runs
-at other batch settings (:meth:`RankModelBuilder.merge_tokens`) give the spread; without
+at other batch settings (:func:`vramwatch.decisions.views.refit`) give the spread; without
 them the transient is assumed proportional to tokens, with a wider stated uncertainty.
 """
 
@@ -111,8 +111,6 @@ class RankModel:
     world_size: int | None
     step: int | None
     step_time_s: float | None  # median of recent train steps
-    oom_tokens: int | None = None  # fewest tokens of a train step that hit an OOM (a hard ceiling)
-    oom_phases: tuple[str, ...] = ()  # phases that hit an OOM (their need is unknown: above the device)
 
     def _fixed(self) -> int:
         return self.floor_bytes + self.slack_bytes + self.outside_bytes
@@ -134,7 +132,7 @@ class RankModel:
             "phase_samples": {p.phase: p.samples for p in self.phases},
             "train_transient_bytes": self.train_transient_bytes, "tokens_seen_max": self.tokens_seen_max,
             "tokens_last": self.tokens_last, "world_size": self.world_size, "step": self.step,
-            "step_time_s": self.step_time_s, "oom_tokens": self.oom_tokens, "oom_phases": list(self.oom_phases),
+            "step_time_s": self.step_time_s,
         }
 
     @classmethod
@@ -155,7 +153,6 @@ class RankModel:
             phases=tuple(PhaseNeed(str(name), int(v), int(samples.get(name, 0))) for name, v in doc["phases"].items()),
             tokens_seen_max=doc.get("tokens_seen_max"), tokens_last=doc.get("tokens_last"),
             world_size=doc.get("world_size"), step=doc.get("step"), step_time_s=doc.get("step_time_s"),
-            oom_tokens=doc.get("oom_tokens"), oom_phases=tuple(doc.get("oom_phases") or ()),
         )
 
     def phase_needs(self, tokens: float | None = None) -> dict[str, float]:
@@ -180,26 +177,24 @@ class RankModel:
         """Largest tokens per step that keeps ``margin`` x device free at every phase.
 
         Returns (tokens, binding phase). ``None`` when the model cannot say (no usable fit);
-        0 when a phase independent of the batch already breaks the margin.
+        0 when a phase independent of the batch already breaks the margin. The model alone:
+        what the runs proved or saw fail bounds it (:mod:`vramwatch.decisions.evidence`).
         """
         if not self.total_bytes:
             return None, "train"  # device size unknown: nothing to fit into
-        if self.oom_phases:
-            return 0, self.oom_phases[0]
         limit = self.total_bytes * (1.0 - margin)
         for p in self.phases:
             if self._fixed() + p.transient_bytes > limit:
                 return 0, p.phase
         if not self.train.usable:
             return None, "train"
-        tokens = self.train.tokens_for(limit - self._fixed())
-        if self.oom_tokens is not None and tokens >= self.oom_tokens:
-            return self.oom_tokens - 1, "train"  # what was seen to fail bounds what the fit says
-        return tokens, "train"
+        return self.train.tokens_for(limit - self._fixed()), "train"
 
 
 @dataclass(slots=True)
-class _Bucket:
+class Bucket:
+    """The largest transient seen within one 1 %-wide token bucket (at ``tokens``)."""
+
     tokens: int
     transient: int
 
@@ -232,8 +227,7 @@ class RankModelBuilder:
     run: str = ""
     host: str = ""
     rank: int = 0
-    buckets: dict[int, _Bucket] = field(default_factory=dict)
-    reference_buckets: dict[int, _Bucket] = field(default_factory=dict)
+    buckets: dict[int, Bucket] = field(default_factory=dict)
     phase_max: dict[str, list[int]] = field(default_factory=dict)  # phase -> [transient, samples]
     no_token_max: int = 0
     floors: list[int] = field(default_factory=list)  # block maxima, the latest WINDOW // BLOCK
@@ -245,6 +239,9 @@ class RankModelBuilder:
     step_times_next: int = 0  # where the ring writes next once full
     timing: bool = True  # keep step times (for model(timing=True)); the live engine never reads them
     incarnation: Any = None
+    #: (floor, outside) of the latest healthy process that ran a full window (:meth:`settle`): a new
+    #: process warms up from below its floor, so for the model it is at least what that one held
+    settled: tuple[int, int] | None = None
     inc_peak: int = 0  # largest peak of the current process (any phase)
     reserved: int = 0
     total: int = 0
@@ -256,19 +253,17 @@ class RankModelBuilder:
     samples: int = 0
     version: int = 0  # bumped when a bucket or phase maximum changes: the fit is stale
     inc_ooms: int = 0  # the process's OOM counter at the previous sample
-    oom_tokens: int | None = None
-    oom_phases: list[str] = field(default_factory=list)
     #: samples without allocated and per-step peak (sparse sources): not used by the fit
     unmeasured: int = 0
 
     def update(self, sample: dict[str, Any]) -> None:
         """Fold one schema-1 sample in: O(1), no allocation beyond the bounded buckets."""
-        self.fold(sample, *folded_fields(sample))
+        self.fold(sample, sample["phase"], *folded_fields(sample))
 
-    def fold(self, sample: dict[str, Any], incarnation: Any, ooms: int | None, peak: int | None,
+    def fold(self, sample: dict[str, Any], phase: str, incarnation: Any, ooms: int | None, peak: int | None,
              allocated: int | None, reserved: int | None, used: int | None) -> None:
-        """:meth:`update` with :func:`folded_fields` already read (``RankTrack`` reads them once
-        for itself and the builder)."""
+        """:meth:`update` with the phase and :func:`folded_fields` already read (``RankTrack`` reads
+        them once for itself and the builder)."""
         self.samples += 1
         if incarnation != self.incarnation:
             # a new process starts with a fresh allocator: floor and slack are its own
@@ -293,13 +288,15 @@ class RankModelBuilder:
             self.inc_peak = peak
         transient = peak - allocated if peak > allocated else 0
         if ooms is not None and ooms > self.inc_ooms:
-            # the allocation failed: this peak is the device's ceiling, not the step's demand;
-            # it bounds what fits instead of joining the envelope
+            # the allocation failed: this peak is the device's ceiling, not the step's demand; it
+            # never joins the envelope (the OOM itself is evidence: trials.record_oom)
             self.inc_ooms = ooms
-            self._oom(sample)
+            tokens = sample.get("tokens") if phase == "train" else None
+            if tokens and (self.tokens_max is None or tokens > self.tokens_max):
+                self.tokens_max = tokens  # the run did ask for this batch
             return
-        if sample["phase"] != "train":
-            entry = self.phase_max.setdefault(sample["phase"], [0, 0])
+        if phase != "train":
+            entry = self.phase_max.setdefault(phase, [0, 0])
             if transient > entry[0]:
                 entry[0] = transient
                 self.version += 1
@@ -316,14 +313,15 @@ class RankModelBuilder:
                 keep_last(self.outsides, self.block_outside, WINDOW // BLOCK)
             self.block_floor = self.block_outside = -1
             self.block_fill = 0
-        step_time = sample.get("step_time_s") if self.timing else None
-        if step_time:
-            times = self.step_times
-            if len(times) < WINDOW:
-                times.append(step_time)
-            else:  # full: overwrite the oldest (the median reads them in any order)
-                times[self.step_times_next] = step_time
-                self.step_times_next = (self.step_times_next + 1) % WINDOW
+        if self.timing:
+            step_time = sample.get("step_time_s")
+            if step_time:
+                times = self.step_times
+                if len(times) < WINDOW:
+                    times.append(step_time)
+                else:  # full: overwrite the oldest (the median reads them in any order)
+                    times[self.step_times_next] = step_time
+                    self.step_times_next = (self.step_times_next + 1) % WINDOW
         if transient > self.train_transient_max:
             self.train_transient_max = transient
         tokens = sample.get("tokens")
@@ -334,7 +332,7 @@ class RankModelBuilder:
             key = int(math.log(tokens) * _INV_LOG_WIDTH)  # _fold, inlined: the per-sample path
             entry = self.buckets.get(key)
             if entry is None:
-                self.buckets[key] = _Bucket(tokens, transient)
+                self.buckets[key] = Bucket(tokens, transient)
                 self.version += 1
             elif transient > entry.transient:
                 entry.tokens, entry.transient = tokens, transient
@@ -342,37 +340,29 @@ class RankModelBuilder:
         elif transient > self.no_token_max:
             self.no_token_max = transient
 
-    def _oom(self, sample: dict[str, Any]) -> None:
-        phase = sample["phase"]
-        tokens = sample.get("tokens")
-        if phase != "train":
-            if phase not in self.oom_phases:
-                self.oom_phases.append(phase)
-        elif tokens:
-            if self.oom_tokens is None or tokens < self.oom_tokens:
-                self.oom_tokens = tokens
-            if self.tokens_max is None or tokens > self.tokens_max:
-                self.tokens_max = tokens  # the run did ask for this batch
-        self.version += 1
+    def settle(self) -> None:
+        """The process now ending was healthy (no OOM, leak or fragmentation: the caller knows):
+        its floor, when it ran a full window, is the least a later process settles at."""
+        if len(self.floors) == WINDOW // BLOCK:
+            self.settled = (max(self.floors), max(self.outsides, default=0))
 
-    def merge_tokens(self, other: RankModelBuilder) -> None:
-        """Take ``other``'s token buckets as reference points (the same job at another batch)."""
-        for b in (*other.buckets.values(), *other.reference_buckets.values()):
-            _fold(self.reference_buckets, b.tokens, b.transient)
+    def points(self) -> list[Bucket]:
+        """The token-bucket maxima (copies): what a fit rests on, O(buckets)."""
+        return [Bucket(b.tokens, b.transient) for b in self.buckets.values()]
 
     def fit(self) -> TransientFit:
         """The transient fit on the current buckets: O(buckets) plus Theil-Sen on ≤ MAX_FIT_POINTS."""
-        points = list(self.buckets.values()) + list(self.reference_buckets.values())
-        return fit_transient(points, across_runs=bool(self.reference_buckets))
+        return fit_transient(list(self.buckets.values()))
 
     def model(self, fit: TransientFit | None = None, *, timing: bool = True) -> RankModel:
         """Freeze the model; ``fit`` reuses an earlier :meth:`fit` (the floor, slack and
         outside figures are always current). O(phases + window blocks) given a fit; ``timing``
         adds the median step time (a sort of the latest 256)."""
         fit = fit if fit is not None else self.fit()
-        floor = max((*self.floors, self.block_floor, 0))
+        settled_floor, settled_outside = self.settled or (0, 0)
+        floor = max((*self.floors, self.block_floor, settled_floor))
         outsides = (*self.outsides, *((self.block_outside,) if self.block_outside >= 0 else ()))
-        outside = max(outsides, default=0)
+        outside = max((*outsides, settled_outside))
         slack = max(0, self.reserved - self.inc_peak)
         return RankModel(
             run=self.run, host=self.host, rank=self.rank, total_bytes=self.total, floor_bytes=floor,
@@ -382,20 +372,23 @@ class RankModelBuilder:
             tokens_seen_max=self.tokens_max, tokens_last=self.tokens_last,
             world_size=self.world_size, step=self.step,
             step_time_s=median(self.step_times) if timing and self.step_times else None,
-            oom_tokens=self.oom_tokens, oom_phases=tuple(self.oom_phases),
         )
 
 
 _INV_LOG_WIDTH = 1.0 / math.log1p(BUCKET_WIDTH)
 
 
-def _fold(buckets: dict[int, _Bucket], tokens: int, transient: int) -> None:
-    key = int(math.log(tokens) * _INV_LOG_WIDTH)
-    entry = buckets.get(key)
-    if entry is None:
-        buckets[key] = _Bucket(tokens, transient)
-    elif transient > entry.transient:
-        entry.tokens, entry.transient = tokens, transient
+def fold_points(points: list[Bucket]) -> list[Bucket]:
+    """Points of several runs folded into 1 %-wide buckets, keeping each bucket's maximum."""
+    buckets: dict[int, Bucket] = {}
+    for p in points:
+        key = int(math.log(p.tokens) * _INV_LOG_WIDTH)
+        entry = buckets.get(key)
+        if entry is None:
+            buckets[key] = Bucket(p.tokens, p.transient)
+        elif p.transient > entry.transient:
+            entry.tokens, entry.transient = p.tokens, p.transient
+    return list(buckets.values())
 
 
 #: Theil-Sen runs on at most this many bucket maxima (evenly spread over the token range):
@@ -403,7 +396,7 @@ def _fold(buckets: dict[int, _Bucket], tokens: int, transient: int) -> None:
 MAX_FIT_POINTS = 48
 
 
-def _theil_sen(points: list[_Bucket]) -> float:
+def _theil_sen(points: list[Bucket]) -> float:
     if len(points) > MAX_FIT_POINTS:
         stride = len(points) / MAX_FIT_POINTS
         points = [points[int(i * stride)] for i in range(MAX_FIT_POINTS)] + [points[-1]]
@@ -416,9 +409,9 @@ def _theil_sen(points: list[_Bucket]) -> float:
     return median(slopes) if slopes else 0.0
 
 
-def _upper_hull(points: list[_Bucket]) -> list[_Bucket]:
+def _upper_hull(points: list[Bucket]) -> list[Bucket]:
     """Vertices of the upper convex hull of points sorted by tokens (monotone chain, O(n))."""
-    hull: list[_Bucket] = []
+    hull: list[Bucket] = []
     for p in points:
         while len(hull) >= 2:
             a, b = hull[-2], hull[-1]
@@ -432,7 +425,7 @@ def _upper_hull(points: list[_Bucket]) -> list[_Bucket]:
     return hull
 
 
-def _envelope(points: list[_Bucket]) -> tuple[float, float, float]:
+def _envelope(points: list[Bucket]) -> tuple[float, float, float]:
     """(intercept, slope, 0) of the upper envelope, no point above the line.
 
     The slope is Theil-Sen over the vertices of the upper convex hull: the buckets that
@@ -446,7 +439,7 @@ def _envelope(points: list[_Bucket]) -> tuple[float, float, float]:
     return intercept, slope, 0.0
 
 
-def fit_transient(points: list[_Bucket], *, across_runs: bool = False, force: str | None = None) -> TransientFit:
+def fit_transient(points: list[Bucket], *, across_runs: bool = False, force: str | None = None) -> TransientFit:
     """Fit the transient against tokens on bucket maxima; states its own error.
 
     ``force`` ("proportional" or "envelope", no convex switch) is for ablations (the benchmark).
@@ -484,13 +477,13 @@ def _value(coef: tuple[float, float, float], tokens: float) -> float:
     return coef[0] + coef[1] * tokens + coef[2] * tokens * tokens
 
 
-def _residual(points: list[_Bucket], coef: tuple[float, float, float]) -> float:
+def _residual(points: list[Bucket], coef: tuple[float, float, float]) -> float:
     """RMS of the bucket maxima around the envelope, relative to the envelope at the top."""
     scale = max(1.0, _value(coef, points[-1].tokens))
     return math.sqrt(sum((_value(coef, p.tokens) - p.transient) ** 2 for p in points) / len(points)) / scale
 
 
-def _envelope_quadratic(points: list[_Bucket]) -> tuple[float, float, float]:
+def _envelope_quadratic(points: list[Bucket]) -> tuple[float, float, float]:
     """Least-squares parabola through the bucket maxima, raised until none lies above it."""
     import numpy as np
 
@@ -501,7 +494,7 @@ def _envelope_quadratic(points: list[_Bucket]) -> tuple[float, float, float]:
     return a, float(b), float(c)
 
 
-def _holdout_error(points: list[_Bucket], fit: Any) -> float | None:
+def _holdout_error(points: list[Bucket], fit: Any) -> float | None:
     """Fit the lower part of the token range, predict the top buckets: signed relative error."""
     lo, hi = points[0].tokens, points[-1].tokens
     cut = lo + HOLDOUT_SPLIT * (hi - lo)
@@ -515,4 +508,5 @@ def _holdout_error(points: list[_Bucket], fit: Any) -> float | None:
     return (predicted - worst.transient) / max(1.0, worst.transient)
 
 
-__all__ = ["FIT_METHODS", "PhaseNeed", "RankModel", "RankModelBuilder", "TransientFit", "fit_transient"]
+__all__ = ["FIT_METHODS", "Bucket", "PhaseNeed", "RankModel", "RankModelBuilder", "TransientFit", "fit_transient",
+           "fold_points"]

@@ -4,28 +4,36 @@ The operator's rule (docs/decisions.md): keep a larger batch only once its VRAM 
 has held for 2-3 thousand steps *and* it has survived a checkpoint save, with margin
 left; on an OOM or unstable peaks go back at once. Per rank:
 
-* ``unsafe``: an OOM, a leak, fragmentation, a plateau break the training loop itself
-  caused and that has not settled, or worst headroom under the margin;
+* ``unsafe``: an OOM of the current process (or an earlier one at this batch or a smaller one,
+  for a reason of the batch), a rank killed while the job went on (vramwatch.runlife), a leak, fragmentation, a
+  plateau break the training loop itself caused and that has not settled, or worst headroom
+  under the margin;
 * ``not_ready``: none of that, but the plateau has held fewer than ``plateau_steps``
   steps or fewer than ``checkpoints`` checkpoints were passed;
 * ``ready``: otherwise.
 
-The run's verdict is its worst rank's. Pure functions over a :class:`RunObservation`.
+Judged on each rank's current process (a restart at another batch starts the proof again);
+earlier processes are evidence (:mod:`.evidence`). The run's verdict is its worst rank's; every
+reason carries its cause code (:class:`~vramwatch.decisions.reasons.Reason`). Pure functions
+over a :class:`RunObservation`.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from vramwatch.units import gib
+from vramwatch.units import gib, mib
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
-from .observe import LOOP_CAUSES, PlateauClock, RankTrack, RunObservation
+from .observe import LOOP_CAUSES, PlateauClock, RankTrack
+from .reasons import BATCH_CAUSES, Reason
 
 VERDICTS = ("ready", "not_ready", "unsafe")  # best first; severity is the index
-#: Why a rank is unsafe, in the order reasons are listed (advice acts on these, not on text).
-CAUSES = ("oom", "leak", "fragmentation", "unstable", "margin")
+#: Why a rank is unsafe, most serious first (advice acts on these codes, never on the text).
+UNSAFE_CAUSES = ("oom", "death", "leak", "fragmentation", "unstable", "margin")
+
 
 @dataclass(frozen=True)
 class ReadinessConfig:
@@ -41,18 +49,21 @@ class RankReadiness:
     host: str
     rank: int
     verdict: str
-    reasons: tuple[str, ...]
+    reasons: tuple[Reason, ...]
     plateau_steps: int
     checkpoints_passed: int
     min_headroom_bytes: int | None
     min_headroom_phase: str | None
-    causes: tuple[str, ...] = ()  # of CAUSES, when unsafe
+    causes: tuple[str, ...] = ()  # of UNSAFE_CAUSES, when unsafe
+    steps_to_oom: int | None = None  # a leak's runway (the soonest OOM is fixed first)
+    tokens: int | None = None  # the batch the current process runs (per rank)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "rank": self.rank, "verdict": self.verdict, "reasons": list(self.reasons),
-                "plateau_steps": self.plateau_steps, "checkpoints_passed": self.checkpoints_passed,
-                "min_headroom_bytes": self.min_headroom_bytes, "min_headroom_phase": self.min_headroom_phase,
-                "causes": list(self.causes)}
+        return {"host": self.host, "rank": self.rank, "verdict": self.verdict,
+                "reasons": [r.as_dict() for r in self.reasons], "plateau_steps": self.plateau_steps,
+                "checkpoints_passed": self.checkpoints_passed, "min_headroom_bytes": self.min_headroom_bytes,
+                "min_headroom_phase": self.min_headroom_phase, "causes": list(self.causes),
+                "steps_to_oom": self.steps_to_oom, "tokens": self.tokens}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> RankReadiness:
@@ -60,35 +71,37 @@ class RankReadiness:
         verdict = str(doc["verdict"])
         if verdict not in VERDICTS:
             raise ValueError(f"verdict: not one of {VERDICTS}: {verdict!r}")
-        return cls(str(doc["host"]), int(doc["rank"]), verdict, tuple(str(r) for r in doc["reasons"]),
+        return cls(str(doc["host"]), int(doc["rank"]), verdict, tuple(Reason.from_dict(r) for r in doc["reasons"]),
                    int(doc["plateau_steps"]), int(doc["checkpoints_passed"]), doc.get("min_headroom_bytes"),
-                   doc.get("min_headroom_phase"), tuple(c for c in doc.get("causes") or () if c in CAUSES))
+                   doc.get("min_headroom_phase"), tuple(c for c in doc.get("causes") or () if c in UNSAFE_CAUSES),
+                   doc.get("steps_to_oom"), doc.get("tokens"))
 
 
 @dataclass(frozen=True)
 class Readiness:
     verdict: str
-    reasons: tuple[str, ...]
+    reasons: tuple[Reason, ...]
     plateau_steps: int
     checkpoints_passed: int
     min_headroom_bytes: int | None
-    worst_rank: int | None
+    worst_rank: int | None  # the rank the verdict is about: furthest from proven, or the most serious cause
     ranks: tuple[RankReadiness, ...]
-    causes: tuple[str, ...] = ()  # union over ranks, in CAUSES order
+    causes: tuple[str, ...] = ()  # union over ranks, in UNSAFE_CAUSES order
+    min_headroom_rank: int | None = None  # the rank with the least headroom (min_headroom_bytes is its)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "reasons": list(self.reasons), "plateau_steps": self.plateau_steps,
-                "checkpoints_passed": self.checkpoints_passed, "min_headroom_bytes": self.min_headroom_bytes,
-                "worst_rank": self.worst_rank, "causes": list(self.causes),
-                "ranks": [r.as_dict() for r in self.ranks]}
+        return {"verdict": self.verdict, "reasons": [r.as_dict() for r in self.reasons],
+                "plateau_steps": self.plateau_steps, "checkpoints_passed": self.checkpoints_passed,
+                "min_headroom_bytes": self.min_headroom_bytes, "min_headroom_rank": self.min_headroom_rank,
+                "worst_rank": self.worst_rank, "causes": list(self.causes), "ranks": [r.as_dict() for r in self.ranks]}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Readiness:
         """Inverse of :meth:`as_dict` (KeyError/TypeError/ValueError on a malformed document)."""
-        return cls(str(doc["verdict"]), tuple(str(r) for r in doc["reasons"]), int(doc["plateau_steps"]),
+        return cls(str(doc["verdict"]), tuple(Reason.from_dict(r) for r in doc["reasons"]), int(doc["plateau_steps"]),
                    int(doc["checkpoints_passed"]), doc.get("min_headroom_bytes"), doc.get("worst_rank"),
                    tuple(RankReadiness.from_dict(r) for r in doc.get("ranks") or ()),
-                   tuple(c for c in doc.get("causes") or () if c in CAUSES))
+                   tuple(c for c in doc.get("causes") or () if c in UNSAFE_CAUSES), doc.get("min_headroom_rank"))
 
 
 def plateau_held_steps(events: list[dict[str, Any]], last_step: int | None, state: str) -> int:
@@ -97,10 +110,6 @@ def plateau_held_steps(events: list[dict[str, Any]], last_step: int | None, stat
     for event in events:
         clock.feed(event)
     return clock.held(last_step, state)
-
-
-def _gb(value: float) -> str:
-    return gib(value)
 
 
 def _unstable_break(track: RankTrack) -> dict[str, Any] | None:
@@ -115,73 +124,114 @@ def _unstable_break(track: RankTrack) -> dict[str, Any] | None:
     return None
 
 
-def rank_readiness(track: RankTrack, config: ReadinessConfig) -> RankReadiness:
-    """One rank's verdict with reasons that carry the numbers."""
+def _oom_reason(track: RankTrack) -> Reason | None:
+    """The current process ran out of memory, or an earlier one did at this batch or a smaller
+    one for a reason of the batch (a leak's OOM says nothing about the batch)."""
+    trials = track.trials()
+    if not trials:
+        return None
+    now = trials[-1]
+    if now.oom is not None:
+        o = now.oom
+        at = f" at {o.tokens:,} tokens per step" if o.tokens else ""
+        return Reason("oom", f"rank {track.rank}: OOM at step {o.step:,} ({o.phase}){at}: {o.detail}", track.rank)
+    for t in reversed(trials[:-1]):
+        o = t.oom
+        if o is not None and o.cause in BATCH_CAUSES and o.tokens and now.tokens and o.tokens <= now.tokens:
+            text = (f"rank {track.rank}: runs {now.tokens:,} tokens per step, and an earlier process ran out of "
+                    f"memory at {o.tokens:,} (step {o.step:,}, {o.phase}): {o.detail}")
+            return Reason("oom", text, track.rank)
+    return None
+
+
+def _unsafe(track: RankTrack, config: ReadinessConfig) -> tuple[list[Reason], int | None]:
+    """Reasons the rank is unsafe now (cause codes of UNSAFE_CAUSES) and a leak's runway."""
+    unsafe: list[Reason] = []
+    rank = track.rank
+    oom = _oom_reason(track)
+    if oom is not None:
+        unsafe.append(oom)
     state = track.engine.state
-    held = track.plateau.held(track.last_step, state)
-    unsafe: list[str] = []
-    waiting: list[str] = []
-    causes: list[str] = []
-    if track.ooms:
-        causes.append("oom")
-        unsafe.append(f"rank {track.rank}: {track.ooms} OOM(s)")
+    steps_to_oom = None
     if state == "leak":
-        causes.append("leak")
         summary = track.engine.summary()
         slope = summary.get("slope_bytes_per_step") or 0.0
-        unsafe.append(f"rank {track.rank}: leak ({summary.get('leak_source')}) {slope / 1e6:.2f} MB/step, "
-                      f"OOM in {summary.get('steps_to_oom') or '?'} steps")
+        steps_to_oom = summary.get("steps_to_oom")
+        runway = f"OOM in {steps_to_oom:,} steps" if steps_to_oom is not None else "OOM time unknown"
+        unsafe.append(Reason("leak", f"rank {rank}: leak ({summary.get('leak_source')}) {mib(slope)}/step, {runway}",
+                             rank))
     elif state == "fragmentation":
-        causes.append("fragmentation")
-        unsafe.append(f"rank {track.rank}: fragmentation (allocation retries climbing)")
+        unsafe.append(Reason("fragmentation", f"rank {rank}: fragmentation (allocation retries climbing)", rank))
     broke = _unstable_break(track)
     if broke is not None:
-        causes.append("unstable")
-        unsafe.append(f"rank {track.rank}: plateau broke at step {broke['step']} ({broke.get('cause')}) "
-                      "and has not settled")
+        unsafe.append(Reason("unstable", f"rank {rank}: plateau broke at step {broke['step']:,} "
+                                         f"({broke.get('cause')}) and has not settled", rank))
     total = track.total_bytes or 0
     headroom = track.min_headroom_bytes
     if headroom is not None and total and headroom < config.margin * total:
-        causes.append("margin")
-        unsafe.append(f"rank {track.rank}: worst headroom {_gb(headroom)} at {track.min_headroom_phase} "
-                      f"is under the {config.margin:.0%} margin ({_gb(config.margin * total)})")
+        unsafe.append(Reason("margin", f"rank {rank}: worst headroom {gib(headroom)} at {track.min_headroom_phase} "
+                                       f"is under the {config.margin:.0%} margin ({gib(config.margin * total)})", rank))
+    return unsafe, steps_to_oom
+
+
+def rank_readiness(track: RankTrack, config: ReadinessConfig) -> RankReadiness:
+    """One rank's verdict on its current process, with reasons that carry the numbers."""
+    held = track.plateau.held(track.last_step, track.engine.state)
+    unsafe, steps_to_oom = _unsafe(track, config)
+    rank = track.rank
+    waiting: list[Reason] = []
     if held < config.plateau_steps:
-        waiting.append(f"rank {track.rank}: plateau held {held:,} of {config.plateau_steps:,} steps")
+        waiting.append(Reason("plateau", f"rank {rank}: plateau held {held:,} of {config.plateau_steps:,} steps", rank))
     if track.checkpoints_passed < config.checkpoints:
-        waiting.append(f"rank {track.rank}: {track.checkpoints_passed} of {config.checkpoints} checkpoint(s) passed")
+        waiting.append(Reason("checkpoint", f"rank {rank}: {track.checkpoints_passed} of {config.checkpoints} "
+                                            "checkpoint(s) passed", rank))
     verdict = "unsafe" if unsafe else "not_ready" if waiting else "ready"
     reasons = tuple(unsafe or waiting)
+    headroom = track.min_headroom_bytes
     if verdict == "ready":
-        reasons = (f"rank {track.rank}: plateau held {held:,} steps, {track.checkpoints_passed} checkpoint(s) "
-                   f"passed, worst headroom {_gb(headroom or 0)} at {track.min_headroom_phase}",)
-    return RankReadiness(track.host, track.rank, verdict, reasons, held, track.checkpoints_passed,
-                         headroom, track.min_headroom_phase, tuple(causes))
+        reasons = (Reason("proven", f"rank {rank}: plateau held {held:,} steps, {track.checkpoints_passed} "
+                                    f"checkpoint(s) passed, worst headroom {gib(headroom or 0)} at "
+                                    f"{track.min_headroom_phase}", rank),)
+    trial = track.trial
+    return RankReadiness(track.host, rank, verdict, reasons, held, track.checkpoints_passed, headroom,
+                         track.min_headroom_phase, tuple(r.cause for r in unsafe), steps_to_oom,
+                         trial.tokens if trial else None)
 
 
-def run_readiness(obs: RunObservation, config: ReadinessConfig | None = None) -> Readiness:
-    """The run's verdict: its worst rank's, with the reasons of every rank at that verdict (O(ranks))."""
-    config = config or ReadinessConfig()
-    return combine(tuple(rank_readiness(t, config) for t in obs.tracks()))
+def with_death(r: RankReadiness, text: str) -> RankReadiness:
+    """``r`` made unsafe by the death of its current process (judged across the run's ranks)."""
+    reasons = (Reason("death", text, r.rank), *(x for x in r.reasons if r.verdict == "unsafe"))
+    causes = tuple(c for c in UNSAFE_CAUSES if c == "death" or c in r.causes)
+    return RankReadiness(r.host, r.rank, "unsafe", reasons, r.plateau_steps, r.checkpoints_passed,
+                         r.min_headroom_bytes, r.min_headroom_phase, causes, r.steps_to_oom, r.tokens)
+
+
+def _most_serious(r: RankReadiness) -> tuple[int, float]:
+    """Sort key: the most serious cause first, then the soonest OOM (a leak that runs out first)."""
+    serious = min(UNSAFE_CAUSES.index(c) for c in r.causes) if r.causes else len(UNSAFE_CAUSES)
+    return serious, r.steps_to_oom if r.steps_to_oom is not None else float("inf")
 
 
 def combine(ranks: tuple[RankReadiness, ...]) -> Readiness:
     """The run's readiness from its ranks' (O(ranks)): also how a front joins the ranks of
     several collectors, so a run spread over shards gets the verdict one collector would give."""
     if not ranks:
-        return Readiness("not_ready", ("no samples",), 0, 0, None, None, ())
+        return Readiness("not_ready", (Reason("plateau", "no samples"),), 0, 0, None, None, ())
     worst = max(VERDICTS.index(r.verdict) for r in ranks)
     verdict = VERDICTS[worst]
     at_worst = [r for r in ranks if r.verdict == verdict]
     headrooms = [r for r in ranks if r.min_headroom_bytes is not None]
-    tight = min(headrooms, key=lambda r: r.min_headroom_bytes or 0) if headrooms else None
+    tight = min(headrooms, key=lambda r: (r.min_headroom_bytes or 0, r.rank)) if headrooms else None
     if verdict == "not_ready":  # the rank furthest from proven
         worst_rank: int | None = min(at_worst, key=lambda r: (r.plateau_steps, r.checkpoints_passed)).rank
-    elif verdict == "unsafe":  # the rank with the most serious cause
-        worst_rank = min(at_worst, key=lambda r: min(CAUSES.index(c) for c in r.causes)).rank
+    elif verdict == "unsafe":  # the most serious cause; among leaks the one that runs out first
+        first = min(at_worst, key=_most_serious)
+        worst_rank = first.rank
+        at_worst = [first, *(r for r in sorted(at_worst, key=_most_serious) if r is not first)]
     else:
         worst_rank = tight.rank if tight else None
     if verdict == "ready" and tight is not None:
-        reasons: tuple[str, ...] = next(r.reasons for r in ranks if r.rank == tight.rank)
+        reasons: tuple[Reason, ...] = next(r.reasons for r in ranks if r.rank == tight.rank)
     else:
         reasons = tuple(reason for r in at_worst for reason in r.reasons)
     return Readiness(
@@ -192,16 +242,20 @@ def combine(ranks: tuple[RankReadiness, ...]) -> Readiness:
         min_headroom_bytes=tight.min_headroom_bytes if tight else None,
         worst_rank=worst_rank,
         ranks=ranks,
-        causes=tuple(c for c in CAUSES if any(c in r.causes for r in ranks)),
+        causes=tuple(c for c in UNSAFE_CAUSES if any(c in r.causes for r in ranks)),
+        min_headroom_rank=tight.rank if tight else None,
     )
 
 
-def _condense(reasons: tuple[str, ...], keep: int = 6) -> tuple[str, ...]:
-    """At most ``keep`` reasons, then a count (8 ranks waiting say the same thing 8 times)."""
+def _condense(reasons: tuple[Reason, ...], keep: int = 6) -> tuple[Reason, ...]:
+    """At most ``keep`` reasons, then a count under the most common cause left out (8 ranks
+    waiting say the same thing 8 times)."""
     if len(reasons) <= keep:
         return reasons
-    return (*reasons[:keep], f"... and {len(reasons) - keep} more")
+    rest = reasons[keep:]
+    cause = Counter(r.cause for r in rest).most_common(1)[0][0]
+    return (*reasons[:keep], Reason(cause, f"... and {len(rest)} more"))
 
 
-__all__ = ["CAUSES", "VERDICTS", "RankReadiness", "Readiness", "ReadinessConfig", "combine", "plateau_held_steps",
-           "rank_readiness", "run_readiness"]
+__all__ = ["UNSAFE_CAUSES", "VERDICTS", "RankReadiness", "Readiness", "ReadinessConfig", "combine",
+           "plateau_held_steps", "rank_readiness", "with_death"]

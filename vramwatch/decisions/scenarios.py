@@ -72,6 +72,8 @@ class TokenTruth:
     quad_bytes: float  # superlinear part at tokens_ref
     tokens_ref: int
     phase_transients: dict[str, float]
+    cliff_tokens: int | None = None  # above this batch the checkpoint needs cliff_bytes more
+    cliff_bytes: float = 0.0
 
     def need(self, tokens: float) -> dict[str, float]:
         """Device need per phase at ``tokens`` per step (reserved rounding ignored: < 2 MiB)."""
@@ -80,6 +82,8 @@ class TokenTruth:
         out = {"train": base + self.act_fixed_bytes + self.bytes_per_token * tokens + self.quad_bytes * rel * rel}
         for phase, transient in self.phase_transients.items():
             out[phase] = base + transient
+        if "checkpoint" in out and self.cliff_tokens is not None and tokens > self.cliff_tokens:
+            out["checkpoint"] += self.cliff_bytes
         return out
 
     def worst_need(self, tokens: float) -> float:
@@ -87,14 +91,14 @@ class TokenTruth:
 
     def max_tokens(self, margin: float) -> int:
         limit = self.total_bytes * (1 - margin)
-        if any(v > limit for k, v in self.need(0).items() if k != "train"):
+        if self.worst_need(0) > limit:
             return 0
         lo, hi = 0, 1
-        while self.need(hi)["train"] <= limit:
+        while self.worst_need(hi) <= limit:
             hi *= 2
-        while hi - lo > 1:  # the train need grows with tokens: bisect
+        while hi - lo > 1:  # every phase's need is non-decreasing in tokens: bisect
             mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self.need(mid)["train"] <= limit else (lo, mid)
+            lo, hi = (mid, hi) if self.worst_need(mid) <= limit else (lo, mid)
         return lo
 
 
@@ -113,7 +117,8 @@ def token_truth(name: str, *, rank: int = 0, seed: int = 0, total_bytes: int = H
         phases["eval"] = p["eval_act_frac"] * total_bytes
     per_token = model.act * (1.0 + p["act_jitter_frac"]) / ref
     return TokenTruth(total_bytes, floor, model.ctx, model.waste(at_step), model.act_fixed, per_token,
-                      p["act_quad_frac"] * total_bytes, ref, phases)
+                      p["act_quad_frac"] * total_bytes, ref, phases, p["ckpt_cliff_tokens"],
+                      p["ckpt_cliff_frac"] * total_bytes)
 
 
 

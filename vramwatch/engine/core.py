@@ -449,6 +449,7 @@ class TrendEngine:
             worst_headroom_bytes=min(known) if known else None,
             checkpoint_peak_bytes=record.peak,
             checkpoint_peak_max_bytes=record.peak_max,
+            checkpoints=record.count,
             slope_bytes_per_step=round(leak.slope, 1) if leak else None,
             steps_to_oom=leak.steps if leak else None,
             seconds_to_oom=round(leak.seconds, 1) if leak and leak.seconds is not None else None,

@@ -29,6 +29,7 @@ class CheckpointRecord:
     peak_max: int | None = None  # highest
     headroom: int | None = None  # at the latest
     step: int | None = None
+    count: int = 0  # checkpoint phases seen (monotonic: /metrics' vramwatch_checkpoints_total)
 
 
 @dataclass(slots=True)
@@ -91,6 +92,7 @@ class SpikeDetector:
         if kind == "checkpoint_spike":
             record = self.checkpoint
             record.peak, record.headroom, record.step = peak, headroom, sample["step"]
+            record.count += 1
             if peak is not None:
                 record.peak_max = peak if record.peak_max is None else max(record.peak_max, peak)
         last = ctx.last

@@ -29,6 +29,7 @@ class Summary(TypedDict):
     worst_headroom_bytes: int | None
     checkpoint_peak_bytes: int | None  # latest checkpoint's peak
     checkpoint_peak_max_bytes: int | None  # highest checkpoint peak
+    checkpoints: int  # checkpoint phases seen, every process of the series
     slope_bytes_per_step: float | None  # these six only while leaking
     steps_to_oom: int | None
     seconds_to_oom: float | None

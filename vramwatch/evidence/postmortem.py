@@ -1,79 +1,40 @@
 """Post-mortem of a run whose ranks stopped: who failed first, when, and why.
 
+How each rank ended, the run's status and the first failure are :mod:`vramwatch.runlife`'s
+judgement (the same model ``/runs``, ``/ranks``, the report and ``/metrics`` read); this module
+adds what the model does not keep: each rank's last sample and headroom, and what every rank
+held at the moment of the first failure.
+
 Input is the run's samples in any order of series (the store's ``iter_samples(run)`` or a
-trace file), read in two passes: the first finds each rank's end, the second what every
-other rank held at the moment of the first failure. Memory is O(ranks); the cost is two
-sequential reads of the run.
+trace file), read in two passes: the first folds them into the model and keeps each rank's
+latest sample, the second finds what every other rank held at the first failure. Memory is
+O(ranks); the cost is two sequential reads of the run.
 
-How a rank ended (:data:`ENDS`):
-
-* ``oom``: its OOM counter rose, or the hook marked its last sample as sent from the OOM
-  observer (``oom_marked: true``), or its last sample is an OOM it never recovered from;
-* ``exit``: the hook marked a clean ``close()`` (``exit: true``);
-* ``silent``: it simply stopped sending. What the others did next tells killed from hung:
-  if they went on for longer than ``silent_after_s`` it was killed alone (SIGKILL, the
-  host's OOM-killer, a node loss); if they all stopped within that window it was a job-wide
-  stop (a hang in a collective, then a kill of the whole job);
-* ``running``: still sending as of ``now`` (not a failure).
-
-A rank whose OOM was followed by a restart (new incarnation) still counts its OOM: the
-first failure is the earliest OOM or silence, whatever happened after.
+``end`` of a rank is its latest process's outcome (:class:`vramwatch.verdicts.Outcome`):
+``oom``, ``killed`` (killed alone: the others went on for longer than the silence window),
+``stopped`` (stopped with the job), ``exited`` (a clean ``close()``), ``ended`` (a source
+without end markers) or ``running``. A rank whose OOM was followed by a restart still counts
+its OOM: the first failure is the earliest OOM or death of any process, whatever happened
+after (a rank stopped with the job is named only when nothing else failed: it is a victim).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
+from vramwatch import runlife
 from vramwatch.evidence.foreign import holds
 from vramwatch.evidence.suspects import LeakSuspects, render_lines
 from vramwatch.probe.processes import ForeignProcess
-from vramwatch.verdicts import device_need_bytes, sample_headroom
+from vramwatch.verdicts import SILENT_AFTER_S, Outcome, device_need_bytes, sample_headroom
 from vramwatch.wire import Sample, series_key
 
-ENDS = ("oom", "silent", "exit", "running")
-
-#: Default silence after which a rank that stopped sending counts as dead (the
-#: ``VramwatchHookSilent`` alert's rule, 5 minutes).
-SILENT_AFTER_S = 300.0
+ENDS = tuple(str(o) for o in Outcome)
 
 SeriesKey = tuple[str, str, int]
-
-
-def marker(sample: Sample) -> str | None:
-    """``"oom"`` / ``"exit"`` when the hook marked the sample (``oom_marked`` / ``exit``), else None."""
-    if sample.get("oom_marked"):
-        return "oom"
-    if sample.get("exit"):
-        return "exit"
-    return None
-
-
-@dataclass
-class _Track:
-    """One series while reading: its last sample and its first OOM."""
-
-    last: Sample
-    first_oom: Sample | None = None
-    ooms: int = 0
-    prev_ooms: int | None = None
-    incarnation: str = ""
-
-    def add(self, s: Sample) -> None:
-        count = s.get("ooms")
-        same_incarnation = s.get("incarnation", "") == self.incarnation
-        rose = count is not None and self.prev_ooms is not None and same_incarnation and count > self.prev_ooms
-        if rose or marker(s) == "oom":
-            # the observer's marked sample usually carries the risen counter too: count once
-            self.ooms += (count - self.prev_ooms) if rose else 1  # type: ignore[operator]
-            if self.first_oom is None or s["ts"] < self.first_oom["ts"]:
-                self.first_oom = s
-        if count is not None:
-            self.prev_ooms = count
-        self.incarnation = s.get("incarnation", "")
-        if (s["ts"], s["step"]) >= (self.last["ts"], self.last["step"]):
-            self.last = s
 
 
 @dataclass(frozen=True)
@@ -92,13 +53,17 @@ class RankEnd:
     host: str
     last_step: int
     last_ts: float
-    end: str
+    end: str  # its latest process's outcome
     ooms: int
     headroom_bytes: int | None
     #: what the rank held when the first failure happened (its last sample at or before it)
     held_at_failure_bytes: int | None = None
     headroom_at_failure_bytes: int | None = None
     last_sample: dict[str, Any] = field(default_factory=dict)
+    liveness: str = ""
+    died: dict[str, Any] | None = None  # {"cause", "step", "ts"} while its latest process is dead
+    restarts: int = 0
+    deaths: int = 0
     #: other processes on its GPU, by name, as its hook last reported them (``GPU 3`` or a UUID)
     foreign_processes: tuple[ForeignProcess, ...] = ()
     foreign_device: str = ""
@@ -113,10 +78,11 @@ class RankEnd:
 @dataclass
 class PostMortem:
     run: str
-    status: str  # "running" | "finished" | "crashed"
+    status: str  # vramwatch.verdicts.RunStatus
     first_failure: Failure | None
     ranks: list[RankEnd]
     snapshots: list[dict[str, Any]] = field(default_factory=list)
+    tally: dict[str, int] = field(default_factory=dict)  # runlife.RunTally: a front adds shards' up
     #: leaking ranks' growing allocation sites between two of their snapshots
     suspects: list[LeakSuspects] = field(default_factory=list)
 
@@ -124,60 +90,41 @@ class PostMortem:
         return {"run": self.run, "status": self.status,
                 "first_failure": None if self.first_failure is None else asdict(self.first_failure),
                 "ranks": [r.to_dict() for r in self.ranks], "snapshots": list(self.snapshots),
-                "suspects": [s.to_dict() for s in self.suspects]}
+                "suspects": [s.to_dict() for s in self.suspects], "tally": dict(self.tally)}
 
 
-def _read_ends(samples: Iterable[Sample]) -> dict[SeriesKey, _Track]:
-    tracks: dict[SeriesKey, _Track] = {}
+def _read(samples: Iterable[Sample]) -> tuple[dict[str, runlife.RunLife], dict[SeriesKey, Sample],
+                                               dict[SeriesKey, Sample]]:
+    """Pass 1: the model's fold, each rank's latest sample (by time) and its first OOM sample."""
+    last: dict[SeriesKey, Sample] = {}
+    first_oom: dict[SeriesKey, Sample] = {}
+    lives: dict[str, runlife.RunLife] = {}
     for s in samples:
+        life = lives.get(s["run"])
+        if life is None:
+            life = lives[s["run"]] = runlife.RunLife(s["run"])
+        life.feed(s)
         key = series_key(s)
-        track = tracks.get(key)
-        if track is None:
-            track = tracks[key] = _Track(last=s, incarnation=s.get("incarnation", ""))
-            track.prev_ooms = s.get("ooms")
-            if marker(s) == "oom":
-                track.ooms, track.first_oom = 1, s
-            continue
-        track.add(s)
-    return tracks
+        prev = last.get(key)
+        if prev is None or (s["ts"], s["step"]) >= (prev["ts"], prev["step"]):
+            last[key] = s
+        if (s.get("ooms") or s.get("oom_marked")) and (key not in first_oom or s["ts"] < first_oom[key]["ts"]):
+            first_oom[key] = s
+    return lives, last, first_oom
 
 
-def _end_of(track: _Track, now: float, silent_after_s: float) -> str:
-    last = track.last
-    if marker(last) == "exit":
-        return "exit"
-    if marker(last) == "oom" or (track.first_oom is not None and track.first_oom is last):
-        return "oom"
-    if now - last["ts"] <= silent_after_s:
-        return "running"
-    return "silent"
-
-
-def _silent_detail(ts: float, job_last_ts: float, silent_after_s: float) -> str:
-    if job_last_ts - ts > silent_after_s:
-        return (f"stopped sending while the other ranks went on for {job_last_ts - ts:.0f} s: "
+def _detail(f: runlife.Failure, story: runlife.RunStory, oom_sample: Sample | None, silent_after_s: float) -> str:
+    if f.cause == Outcome.OOM:
+        extra = oom_sample.get("extra") if oom_sample is not None else None
+        free = extra.get("oom_device_free_bytes") if isinstance(extra, dict) else None
+        return "CUDA out of memory" + (f" with {free / 2**30:.2f} GiB free on the device" if free else "")
+    if f.cause == Outcome.KILLED:
+        went_on = (story.last.ts if story.last is not None else f.ts) - f.ts
+        return (f"stopped sending while the other ranks went on for {went_on:.0f} s: "
                 "killed alone (SIGKILL, the host's OOM-killer, a lost node)")
     return ("stopped with the rest of the job within "
-            f"{silent_after_s:.0f} s: a job-wide stop (a hang in a collective, then a kill of the job)")
-
-
-def _first_failure(tracks: dict[SeriesKey, _Track], ends: dict[SeriesKey, str], job_last_ts: float,
-                   silent_after_s: float) -> Failure | None:
-    candidates: list[Failure] = []
-    for key, track in tracks.items():
-        if track.first_oom is not None:
-            s = track.first_oom
-            free = s.get("extra", {}).get("oom_device_free_bytes") if isinstance(s.get("extra"), dict) else None
-            detail = "CUDA out of memory" + (f" with {free / 2**30:.2f} GiB free on the device" if free else "")
-            candidates.append(Failure(key[2], key[1], s["step"], s["ts"], "oom", detail))
-        elif ends[key] == "silent":
-            s = track.last
-            candidates.append(Failure(key[2], key[1], s["step"], s["ts"], "silent",
-                                      _silent_detail(s["ts"], job_last_ts, silent_after_s)))
-    if not candidates:
-        return None
-    # An OOM beats a silence at the same moment: the silent ranks are usually its victims.
-    return min(candidates, key=lambda f: (f.ts, f.cause != "oom", f.rank))
+            f"{silent_after_s:.0f} s and no clean close: a job-wide stop (a hang in a collective, then a kill "
+            "of the job, or a launcher restarting every rank)")
 
 
 def _held(s: Sample) -> int | None:
@@ -193,14 +140,23 @@ def build(
     *,
     now: float,
     silent_after_s: float = SILENT_AFTER_S,
+    story: runlife.RunStory | None = None,
 ) -> PostMortem:
-    """The post-mortem of ``run``; ``samples`` is called twice (two streaming passes)."""
-    tracks = _read_ends(samples())
-    if not tracks:
-        return PostMortem(run=run, status="finished", first_failure=None, ranks=[])
-    job_last_ts = max(t.last["ts"] for t in tracks.values())
-    ends = {key: _end_of(t, now, silent_after_s) for key, t in tracks.items()}
-    first = _first_failure(tracks, ends, job_last_ts, silent_after_s)
+    """The post-mortem of ``run``; ``samples`` is called twice (two streaming passes).
+
+    ``story``: the run as a collector's live state judged it (the route passes it, so the
+    post-mortem and ``/runs`` read one judgement); without it the samples are folded and judged
+    at ``now``."""
+    lives, last, oom_samples = _read(samples())
+    if run not in lives:
+        return PostMortem(run=run, status=str(runlife.RunTally().status), first_failure=None, ranks=[])
+    if story is None:
+        story = runlife.judge(run, lives[run].ranks(), now, silent_after_s=silent_after_s)
+    f = story.first_failure
+    first = None
+    if f is not None:
+        detail = _detail(f, story, oom_samples.get((run, f.host, f.rank)), silent_after_s)
+        first = Failure(f.rank, f.host, f.step, f.ts, str(f.cause), detail)
     at_failure: dict[SeriesKey, Sample] = {}
     if first is not None:
         for s in samples():
@@ -210,26 +166,19 @@ def build(
                 if prev is None or s["ts"] >= prev["ts"]:
                     at_failure[key] = s
     ranks = []
-    for key, track in sorted(tracks.items(), key=lambda kv: (kv[0][2], kv[0][1])):
-        snap = at_failure.get(key)
+    for r in story.ranks:
+        key = (run, r.host, r.rank)
+        latest, snap = last[key], at_failure.get(key)
         ranks.append(RankEnd(
-            rank=key[2], host=key[1], last_step=track.last["step"], last_ts=track.last["ts"], end=ends[key],
-            ooms=track.ooms, headroom_bytes=sample_headroom(track.last),
+            rank=r.rank, host=r.host, last_step=latest["step"], last_ts=latest["ts"], end=str(r.outcome),
+            ooms=r.ooms, headroom_bytes=sample_headroom(latest),
             held_at_failure_bytes=_held(snap) if snap else None,
             headroom_at_failure_bytes=sample_headroom(snap) if snap else None,
-            last_sample=dict(track.last),
+            last_sample=dict(latest), liveness=str(r.liveness), died=None if r.died is None else r.died.as_dict(),
+            restarts=r.restarts, deaths=r.deaths,
         ))
-    return PostMortem(run=run, status=run_status(ends.values(), first), first_failure=first, ranks=ranks)
-
-
-def run_status(ends: Iterable[str], first: Failure | None) -> str:
-    """``crashed`` if any rank failed, ``running`` while any still sends, else ``finished``."""
-    ends = list(ends)
-    if first is not None or any(e in ("oom", "silent") for e in ends):
-        return "crashed"
-    if any(e == "running" for e in ends):
-        return "running"
-    return "finished"
+    return PostMortem(run=run, status=str(story.status), first_failure=first, ranks=ranks,
+                      tally=story.tally.as_dict())
 
 
 def from_dict(doc: dict[str, Any]) -> PostMortem:
@@ -237,14 +186,19 @@ def from_dict(doc: dict[str, Any]) -> PostMortem:
     first = doc.get("first_failure")
     fields = {f for f in RankEnd.__dataclass_fields__} - {"foreign_processes"}
     return PostMortem(
-        run=doc.get("run", ""), status=doc.get("status") or "finished",
+        run=doc.get("run", ""), status=doc.get("status") or "",
         first_failure=Failure(**{k: first[k] for k in Failure.__dataclass_fields__}) if first else None,
         ranks=[RankEnd(**{k: v for k, v in r.items() if k in fields},
                        foreign_processes=tuple(ForeignProcess.from_dict(p) for p in r.get("foreign_processes", ())))
                for r in doc.get("ranks", [])],
-        snapshots=list(doc.get("snapshots", [])),
+        snapshots=list(doc.get("snapshots", [])), tally=dict(doc.get("tally") or {}),
         suspects=[LeakSuspects.from_dict(s) for s in doc.get("suspects", [])],
     )
+
+
+def when(ts: float) -> str:
+    """A sample time as a person reads it: date, time and the zone (this machine's local time)."""
+    return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z (UTC%z)")
 
 
 def render_text(pm: PostMortem) -> str:
@@ -255,14 +209,15 @@ def render_text(pm: PostMortem) -> str:
     if f is None:
         lines.append("no rank failed")
     else:
-        lines.append(f"first failure: rank {f.rank} on {f.host} at step {f.step} (ts {f.ts:.0f}): "
+        lines.append(f"first failure: rank {f.rank} on {f.host} at step {f.step} ({when(f.ts)}): "
                      f"{f.cause} — {f.detail}")
     for r in pm.ranks:
         head = "—" if r.headroom_bytes is None else f"{r.headroom_bytes / gib:.2f} GiB"
         held = ("" if r.held_at_failure_bytes is None
                 else f", held {r.held_at_failure_bytes / gib:.2f} GiB at the failure")
-        lines.append(f"  rank {r.rank:>4} {r.host}: {r.end:<7} last step {r.last_step}, headroom {head}{held}"
-                     + (f", {r.ooms} OOM" if r.ooms else ""))
+        lines.append(f"  rank {r.rank:>4} {r.host}: {r.end:<7} last step {r.last_step} ({when(r.last_ts)}), "
+                     f"headroom {head}{held}" + (f", {r.ooms} OOM" if r.ooms else "")
+                     + (f", {r.restarts} restart(s)" if r.restarts else ""))
         lines.extend(f"    {holds(p, r.foreign_device)}" for p in r.foreign_processes)
     for snap in pm.snapshots:
         lines.append(f"  snapshot: rank {snap.get('rank')} step {snap.get('step')} ({snap.get('trigger')}) "

@@ -4,11 +4,14 @@ Pure functions over the shards' JSON documents (no I/O). Rules, each defined onc
 
 * a rank row is tagged with the ``shard`` that owns it; a shard that did not answer keeps
   its last known rows, marked ``unreachable: true`` and ``liveness: "unreachable"``;
-* a run row sums counts (ranks, hosts, samples, OOMs), keeps the latest time and step, the
-  minimum headroom and the soonest OOM, the worst state by :func:`verdicts.severity`, and the
-  worst status (``crashed`` > ``running`` > ``finished``);
+* a run row sums counts (ranks, hosts, samples, OOMs, restarts, deaths), keeps the latest time
+  and step, the minimum headroom and the soonest OOM, the worst state by
+  :func:`verdicts.severity`; its status is the run-life model's rule applied to the sum of the
+  shards' tallies (:class:`vramwatch.runlife.RunTally`: one shard's ranks all ended while
+  another's run on is a running run), the worst by severity only for a shard that sends none;
 * events are concatenated and ordered as a collector orders them (step, rank);
-* a post-mortem's first failure is the earliest across shards;
+* a post-mortem's first failure is the earliest across shards (a rank stopped with the job
+  only when no shard has another failure), its status the model's rule on the summed tallies;
 * advice and compare figures are recomputed on the union of the shards' ranks (the same
   answer as one collector holding them all); snapshot links point at the front.
 """
@@ -21,12 +24,22 @@ from typing import Any
 from urllib.parse import quote
 
 from vramwatch.decisions.advice import join
-from vramwatch.decisions.compare import RunFigures
-from vramwatch.verdicts import RUN_STATUSES, SEVERITY
+from vramwatch.decisions.figures import RunFigures
+from vramwatch.runlife import RunTally
+from vramwatch.verdicts import RUN_STATUS_SEVERITY, SEVERITY
 
-#: worst last: the merged status of a run is the worst any shard reports
-_STATUS_ORDER = {"finished": 0, "running": 1, "crashed": 2}
-assert set(_STATUS_ORDER) == set(RUN_STATUSES)
+_STATUS_ORDER = {str(k): v for k, v in RUN_STATUS_SEVERITY.items()}
+
+
+def _merged_status(statuses: list[Any], tallies: list[Any]) -> str | None:
+    """The model's status of the summed tallies when every part sends one; else the worst status."""
+    if tallies and all(isinstance(t, dict) for t in tallies) and len(tallies) == len(statuses):
+        total = RunTally()
+        for t in tallies:
+            total = total + RunTally.from_dict(t)
+        return str(total.status)
+    known = [s for s in statuses if s in _STATUS_ORDER]
+    return max(known, key=_STATUS_ORDER.__getitem__) if known else None
 
 
 @dataclass(frozen=True)
@@ -59,7 +72,7 @@ def _max(a: Any, b: Any) -> Any:
 
 
 def _merge_run_row(into: dict[str, Any], row: dict[str, Any], shard: str) -> None:
-    for key in ("ranks", "hosts", "samples", "ooms"):
+    for key in ("ranks", "hosts", "samples", "ooms", "restarts", "deaths", "silent_ranks", "dead_ranks"):
         if isinstance(row.get(key), int):
             into[key] = (into.get(key) or 0) + row[key]
     for key in ("last_ts", "last_step", "last_seen"):
@@ -71,10 +84,20 @@ def _merge_run_row(into: dict[str, Any], row: dict[str, Any], shard: str) -> Non
     state = row.get("worst_state")
     if state is not None and SEVERITY.get(state, -1) > SEVERITY.get(into.get("worst_state") or "", -1):
         into["worst_state"], into["worst_rank"] = state, row.get("worst_rank")
-    status = row.get("status")
-    if status in _STATUS_ORDER and _STATUS_ORDER[status] >= _STATUS_ORDER.get(into.get("status") or "", -1):
-        into["status"] = status
+    into.setdefault("_statuses", []).append(row.get("status"))
+    into.setdefault("_tallies", []).append(row.get("tally"))
     into.setdefault("shards", []).append(shard)
+
+
+def _finish_run_row(row: dict[str, Any]) -> dict[str, Any]:
+    statuses, tallies = row.pop("_statuses", []), row.pop("_tallies", [])
+    row["status"] = _merged_status(statuses, tallies)
+    if tallies and all(isinstance(t, dict) for t in tallies):
+        total = RunTally()
+        for t in tallies:
+            total = total + RunTally.from_dict(t)
+        row["tally"] = total.as_dict()
+    return row
 
 
 def merge_runs(answers: Sequence[ShardAnswer]) -> list[dict[str, Any]]:
@@ -85,7 +108,8 @@ def merge_runs(answers: Sequence[ShardAnswer]) -> list[dict[str, Any]]:
             _merge_run_row(merged, row, answer.shard)
             if answer.stale:
                 merged.setdefault("unreachable_shards", []).append(answer.shard)
-    return sorted(runs.values(), key=lambda r: -(r.get("last_seen") or r.get("last_ts") or 0))
+    return sorted((_finish_run_row(r) for r in runs.values()), key=lambda r: -(r.get("last_seen") or r.get("last_ts")
+                                                                                 or 0))
 
 
 def _rank_sort_key(row: dict[str, Any]) -> tuple[int, str]:
@@ -152,7 +176,12 @@ def merge_postmortem(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any]
     snapshots: list[dict[str, Any]] = []
     suspects: list[dict[str, Any]] = []
     first: dict[str, Any] | None = None
-    status = None
+    statuses: list[Any] = []
+    tallies: list[Any] = []
+
+    def order(f: dict[str, Any]) -> tuple[bool, float, bool]:  # runlife.first_failure's rule
+        return (f["cause"] == "stopped", f["ts"], f["cause"] != "oom")
+
     for answer in answers:
         doc = answer.data
         if not isinstance(doc, dict):
@@ -161,14 +190,14 @@ def merge_postmortem(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any]
         snapshots.extend(snapshot_via_front({**s, "shard": answer.shard}) for s in doc.get("snapshots", []))
         suspects.extend({**s, "shard": answer.shard} for s in doc.get("suspects", []))
         f = doc.get("first_failure")
-        if f and (first is None or (f["ts"], f["cause"] != "oom") < (first["ts"], first["cause"] != "oom")):
+        if f and (first is None or order(f) < order(first)):
             first = {**f, "shard": answer.shard}
-        if _STATUS_ORDER.get(doc.get("status"), -1) > _STATUS_ORDER.get(status or "", -1):
-            status = doc.get("status")
+        statuses.append(doc.get("status"))
+        tallies.append(doc.get("tally"))
     ranks.sort(key=lambda r: (r.get("rank", 0), str(r.get("host", ""))))
     suspects.sort(key=lambda s: (s.get("rank", 0), str(s.get("host", ""))))
-    return {"run": run, "status": status, "first_failure": first, "ranks": ranks, "snapshots": snapshots,
-            "suspects": suspects}
+    return {"run": run, "status": _merged_status(statuses, tallies), "first_failure": first, "ranks": ranks,
+            "snapshots": snapshots, "suspects": suspects}
 
 
 def merge_advice(answers: Sequence[ShardAnswer]) -> dict[str, Any] | None:

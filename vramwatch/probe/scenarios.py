@@ -92,6 +92,10 @@ DEFAULTS: dict[str, Any] = {
     "act_fixed_frac": 0.0,  # transient part that does not scale with tokens (workspaces, buckets)
     "act_jitter_frac": 0.0,  # batch composition: up to this share more activation at the same tokens
     "act_quad_frac": 0.0,  # superlinear part (attention without flash): act_quad * (tokens/tokens_ref)**2
+    # a shape-dependent buffer (a kernel workspace, a graph compiled for larger shapes) the checkpoint
+    # phase needs once the batch is above a size: what no run below that size can show
+    "ckpt_cliff_tokens": None,  # the batch (tokens_per_step) above which the checkpoint needs more
+    "ckpt_cliff_frac": 0.0,  # how much more
 }
 
 #: Named scenarios: description plus the parameters that differ from DEFAULTS.

@@ -157,6 +157,9 @@ class _RankModel:
             self.last_train_step = step
         elif phase == "checkpoint":
             need = floor + self.act_fixed + self.act + p["ckpt_above_frac"] * self.total
+            cliff = p["ckpt_cliff_tokens"]
+            if cliff is not None and self.tokens_per_step > cliff:
+                need += p["ckpt_cliff_frac"] * self.total
         else:  # eval, validation, any other named phase
             need = floor + p["eval_act_frac"] * self.total
         ok = self._demand(need, step)
@@ -237,6 +240,16 @@ class SimulatedProbe(BaseProbe):
     def phases_at(self, step: int) -> list[str]:
         """Phases the scenario schedules after train step ``step`` (for drivers like the demo)."""
         return _phases_at(self.params, step)
+
+    @property
+    def tokens_per_step(self) -> int | None:
+        """The batch a training step runs (tokens per step per rank; None outside token mode)."""
+        return self._model.tokens_per_step or None
+
+    @property
+    def ooms(self) -> int:
+        """OOMs this simulated process has run into (what the allocator's counter says)."""
+        return self._model.ooms
 
     @property
     def step_time_s(self) -> float:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vramwatch.collector.store.schema import FIELD_COLUMNS, TRAIN_PHASE_ID
+from vramwatch.runlife import IncarnationRecord, Moment
 
 Row = tuple[Any, ...]
 
@@ -101,3 +102,40 @@ class Aggregates:
         if len(series_ids) > 1:
             rows.sort(key=lambda r: r[0])
         return rows
+
+    # ------------------------------------------------------------ a run's life, without a replay
+    def life_records(self, run: str) -> tuple[list[tuple[str, int, IncarnationRecord]], float | None]:
+        """Every process of ``run`` as the model's fold records it (one store series is one
+        incarnation), and the run's newest sample time: what start-up needs to judge a finished
+        run without replaying it. Equal to :class:`vramwatch.runlife.RankLife`'s records of the
+        same samples (tests/test_runlife_readers.py). Cost: three C-level scans of the run's
+        samples (SQLite takes a bare column from the row holding a lone MIN/MAX), plus a partial
+        scan of each series that hit an OOM."""
+        conn = self._reader()
+        series = conn.execute("SELECT id, host, rank, incarnation FROM series WHERE run = ? ORDER BY id", (run,)
+                              ).fetchall()
+        if not series:
+            return [], None
+        ident = {sid: (host, rank, inc) for sid, host, rank, inc in series}
+        where = f"FROM samples WHERE series IN ({','.join('?' * len(ident))}) GROUP BY series"
+        ids = tuple(ident)
+        first = {r[0]: r[1:] for r in conn.execute(f"SELECT series, MIN(ts), step {where}", ids)}
+        last = {r[0]: r[1:] for r in conn.execute(f"SELECT series, MAX(ts), step, exited, oom_marked {where}", ids)}
+        counts = conn.execute(f"SELECT series, MAX(ooms), COUNT(ooms), MAX(oom_marked), MAX(exited) {where}", ids)
+        out: list[tuple[str, int, IncarnationRecord]] = []
+        for sid, max_ooms, counted, marked, exited in counts:
+            host, rank, incarnation = ident[sid]
+            (first_ts, first_step), (last_ts, last_step, last_exit, last_oom) = first[sid], last[sid]
+            ooms = max(max_ooms or 0, 1 if marked else 0)  # a marked OOM counts where no counter was sent
+            out.append((host, rank, IncarnationRecord(
+                incarnation, Moment(first_step, first_ts), Moment(last_step, last_ts), bool(last_exit),
+                bool(last_oom), ooms, self._first_reaching(conn, sid, ooms) if ooms else None,
+                self._first_reaching(conn, sid, 1) if ooms else None, bool(counted or marked or exited))))
+        return out, max((r[0] for r in last.values()), default=None)
+
+    @staticmethod
+    def _first_reaching(conn: sqlite3.Connection, sid: int, count: int) -> Moment | None:
+        """The first sample (by time) whose OOM count reached ``count`` (a marked one counts 1)."""
+        row = conn.execute("SELECT step, ts FROM samples WHERE series = ? AND (ooms >= ? OR (oom_marked AND ? <= 1))"
+                           " ORDER BY ts, step, seq LIMIT 1", (sid, count, count)).fetchone()
+        return None if row is None else Moment(row[0], row[1])

@@ -1,0 +1,64 @@
+"""A real Prometheus (``/usr/bin/prometheus``, 5 s scrapes as deployed) scraping a real
+collector (uvicorn + SQLite on loopback) that sees a rank OOM and restart within one second:
+the OOM reaches Prometheus (the counter is the collector's count across the rank's processes,
+not the new process's 0) and the shipped VramwatchOOM alert fires for that rank only."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import yaml
+from helpers import make_sample
+from prometheus_helpers import RULES, PrometheusServer, need_binary, post_samples
+
+from vramwatch.collector.server import BackgroundServer
+
+pytestmark = pytest.mark.prometheus
+
+
+def test_an_oom_and_a_restart_within_a_second_reach_prometheus_and_fire_the_alert(tmp_path) -> None:
+    need_binary("prometheus")
+    now = time.time()
+    run = "oom-restart"
+
+    def sample(step: int, rank: int, ts: float, incarnation: str, **kw) -> dict:
+        return make_sample(step, run=run, rank=rank, ts=ts, incarnation=incarnation, uuid=f"GPU-{rank}", gpu=rank,
+                           **kw)
+
+    with BackgroundServer(str(tmp_path / "vw.db")) as collector:
+        post_samples(collector.url, [sample(i, r, now - 60 + i, f"a{r}") for r in range(2) for i in range(60)])
+        config = {
+            "global": {"scrape_interval": "5s", "evaluation_interval": "1s", "scrape_timeout": "4s"},
+            "scrape_configs": [{"job_name": "vramwatch", "honor_labels": True,
+                                "static_configs": [{"targets": [collector.url.removeprefix("http://")]}]}],
+        }
+        rules = yaml.safe_load(RULES.read_text())  # the shipped file: VramwatchOOM has for: 0m
+        with PrometheusServer(tmp_path / "prometheus", config, {"vramwatch.rules.yml": rules}) as prom:
+            prom.wait_for('vramwatch_ooms_total{rank="1"}', lambda r: len(r) == 1 and r[0]["value"][1] == "0")
+            # rank 1: the OOM observer's marked sample, then torchrun's new process, in one second
+            t = time.time()
+            oom = sample(59, 1, t, "a1", ooms=1, seq=1, oom_marked=True)
+            restarted = [sample(50 + i, 1, t + 0.2 + i * 0.1, "b1") for i in range(5)]
+            post_samples(collector.url, [oom])
+            post_samples(collector.url, restarted)
+            assert time.time() - t < 1.0
+            rank = httpx.get(f"{collector.url}/api/v1/runs/{run}/ranks", timeout=10).json()[1]
+            assert (rank["ooms"], rank["restarts"], rank["liveness"], rank["last"]["ooms"]) == (1, 1, "live", 0)
+
+            counted = prom.wait_for('vramwatch_ooms_total{rank="1"} == 1', lambda r: len(r) == 1)
+            assert counted[0]["metric"]["run"] == run
+            assert prom.query('vramwatch_restarts_total{rank="1"}')[0]["value"][1] == "1"
+            alerts = prom.wait_for('ALERTS{alertname="VramwatchOOM", alertstate="firing"}', lambda r: len(r) >= 1)
+            assert [(a["metric"]["run"], a["metric"]["rank"], a["metric"]["severity"]) for a in alerts] == [
+                (run, "1", "critical")]
+            api = httpx.get(f"{prom.url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+            (firing,) = [a for a in api if a["labels"]["alertname"] == "VramwatchOOM"]
+            assert firing["annotations"]["summary"] == f"Out of GPU memory on {run} rank 1 (node-1, GPU 1)"
+            assert "restart does not hide" in firing["annotations"]["description"]
+            # the count never went back to 0 in between: every scrape Prometheus kept says so
+            history = prom.query(f'min_over_time(vramwatch_ooms_total{{rank="1"}}[1m] @ {time.time():.3f})')
+            assert history and history[0]["value"][1] == "0"  # before the OOM
+            after = prom.query('min_over_time(vramwatch_ooms_total{rank="1"}[4s])')
+            assert after[0]["value"][1] == "1"
