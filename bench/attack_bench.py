@@ -11,6 +11,12 @@ Each scenario gets a fresh ``vramwatch serve`` subprocess (peak RSS = its VmHWM)
 polls ``/healthz`` every 20 ms throughout on its own connection.
 
     python -m bench.attack_bench [--series 300000] [--idle 1000]
+
+``--inputs`` runs the attacks on the other input surfaces instead (the front, discovery,
+``watch``, snapshots, captures, the importers: :mod:`bench.attack_inputs`), against
+``--before DIR`` (an older checkout of vramwatch) and this tree, one table side by side:
+
+    python -m bench.attack_bench --inputs --before /tmp/vramwatch-before [--size-mb 512] [--peers 2000]
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from collector_process import CollectorProcess, percentile
 
 from bench.report import table, write_section
 
+MiB = 2**20
 NDJSON = {"content-type": "application/x-ndjson", "content-encoding": "gzip"}
 BASE = {
     "schema": 1, "host": "h", "step": 1, "phase": "train", "allocated_bytes": 1 << 30,
@@ -173,11 +180,77 @@ def scenario(name: str, fn: Any, tmp: str, *args: Any) -> dict[str, Any]:
     return out
 
 
+def _cell(r: dict[str, Any], outcome: str) -> str:
+    health = "" if "health_max_ms" not in r else f"; /healthz max {r['health_max_ms']:,.0f} ms"
+    return f"{r['rss_mb']:,.0f} MB{health}; {outcome}"
+
+
+def _input_rows(code: Path, tmp: Path, size: int, peers: int) -> list[tuple[str, str]]:
+    """(class, "peak RSS; /healthz max; outcome") of every input attack on the tree ``code``."""
+    from bench import attack_inputs as a
+
+    def answer(r: dict[str, Any]) -> str:
+        return f"/runs {r['status']} in {r['answer_s']:.1f} s"
+
+    rows = []
+    r = a.front_endless_answer(code, tmp, size)
+    rows.append((f"front: a shard streams {size / MiB:,.0f} MiB of JSON", _cell(r, f"{answer(r)}, "
+                                                                             f"read {r['read_mb']:,.0f} MiB")))
+    r = a.front_dripping_shard(code, tmp, 20)
+    rows.append(("front: a shard drips its answer for 20 s (`--peer-timeout 2`)", _cell(r, answer(r))))
+    r = a.front_dripping_discovery(code, tmp, 20)
+    rows.append(("front: Prometheus drips its targets (30 s an answer)", _cell(r, f"serving {r['startup_s']:.0f} s "
+                                                                               f"after start; {answer(r)}")))
+    r = a.front_many_peers(code, tmp, peers)
+    rows.append((f"front: {peers:,} peers that never answer", _cell(r, answer(r))))
+    r = a.watch_endless_answer(code, tmp, size)
+    rows.append((f"watch: Prometheus answers {size / MiB:,.0f} MiB", _cell(r, f"read {r['read_mb']:,.0f} MiB")))
+    r = a.snapshot_uploads(code, tmp, 6, 60 * MiB)
+    rows.append(("snapshots: 6 uploads of 60 MiB at once", _cell(r, f"{r['codes']} in {r['answer_s']:.1f} s")))
+    r = a.tiny_uploads(code, tmp, 1000)
+    rows.append(("snapshots: 1,000 tiny uploads", _cell(r, f"median save {r['first_ms']:.1f} ms first 100, "
+                                                         f"{r['last_ms']:.1f} ms last 100")))
+    r = a.capture_clicks(code, tmp, 30)
+    rows.append(("captures: 30 requests for one rank, a step after each", _cell(r, f"{r['directives']} directives "
+                                                                                  "handed out")))
+    for r in a.files(code, tmp, size):
+        said = "a traceback" if r["traceback"] else f"`{r['last']}`"
+        rows.append((f"{r['class']} ({r['input']})", _cell(r, f"exit {r['rc']} in {r['s']:.1f} s: {said}")))
+    return rows
+
+
+def inputs_main(args: argparse.Namespace) -> None:
+    size = args.size_mb * MiB
+    with tempfile.TemporaryDirectory() as tmp:  # one folder per tree: logs and databases apart
+        (Path(tmp) / "before").mkdir()
+        (Path(tmp) / "after").mkdir()
+        before = _input_rows(Path(args.before).resolve(), Path(tmp) / "before", size, args.peers) if args.before else []
+        after = _input_rows(Path(__file__).resolve().parents[1], Path(tmp) / "after", size, args.peers)
+    rows = [(name, before[i][1] if before else "—", cell) for i, (name, cell) in enumerate(after)]
+    body = table(["attack", "before: peak RSS; /healthz max; outcome", "after"], rows)
+    body += ("\n\nPeak RSS is the attacked process's (the front, the collector, or the CLI command); `/healthz` "
+             "polled every 20 ms on its own connection. Defaults throughout: `--peer-timeout 2`, "
+             "`--peer-max-mb 64`, `--peer-concurrency 64`, `--max-answer-mb 64`, `--max-concurrent-uploads 4`, "
+             "`--capture-interval 60`, `--max-line-bytes 1MiB`, `--max-record-bytes 64MiB`. *Before* is the tree "
+             "given as `--before`, without the bounded readers (docs/reliability.md, 'Input surfaces').")
+    command = f"python -m bench.attack_bench --inputs --size-mb {args.size_mb} --peers {args.peers}"
+    if args.before:
+        command += f" --before {args.before}"
+    write_section("Attacks beyond ingest", body, command)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--series", type=int, default=300_000)
     parser.add_argument("--idle", type=int, default=1000)
+    parser.add_argument("--inputs", action="store_true", help="the attacks on the other input surfaces")
+    parser.add_argument("--before", metavar="DIR", help="with --inputs: an older checkout to compare with")
+    parser.add_argument("--size-mb", type=int, default=512, help="with --inputs: size of the floods and long lines")
+    parser.add_argument("--peers", type=int, default=2000, help="with --inputs: peers that never answer")
     args = parser.parse_args(argv)
+    if args.inputs:
+        inputs_main(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         a = scenario("idle", lambda srv: idle_sockets(srv.port, args.idle, 12.0), tmp)
         b = scenario("amplification", lambda srv: amplification(srv.url, 3), tmp)

@@ -55,9 +55,15 @@ export function yAxis(t, extra) {
     rangemode: "tozero", ...extra };
 }
 
+// Nothing leaves the machine from a chart: PNG export stays; plotly's cloud actions ("Share
+// chart...", which uploads the figure to chart-studio, and its Chart Studio links in other
+// plotly versions) are off, and have no server to go to. Every chart (dashboard and report)
+// takes its config from here.
+export const NO_CLOUD = { showSendToCloud: false, showEditInChartStudio: false, showLink: false, plotlyServerURL: "" };
 // The mode bar shows on hover, top right, over the plot's margin (never over heatmap rows:
 // the heatmap has none, a click there opens a rank).
-export const PLOT_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d", "autoScale2d"] };
+export const PLOT_CONFIG = { ...NO_CLOUD, displaylogo: false, responsive: true,
+  modeBarButtonsToRemove: ["lasso2d", "select2d", "autoScale2d", "sendChartToCloud", "sendDataToCloud", "editInChartStudio"] };
 
 export function uirev(which) {
   const r = S.selected;

@@ -8,7 +8,7 @@ import { $, markOnce, nextTask, timed } from "./dom.js";
 import { plotlyReady, source } from "./api.js";
 import { S, vocab } from "./state.js";
 import { totalOf } from "./verdict.js";
-import { TICKS_AS_DRAWN, baseLayout, chartTheme, inTwoTasks, xAxis } from "./chartbase.js";
+import { PLOT_CONFIG, TICKS_AS_DRAWN, baseLayout, chartTheme, inTwoTasks, xAxis } from "./chartbase.js";
 
 export const HEAT_MODES = [
   ["deviation", "vs run median"], ["headroom", "headroom"], ["reserved", "reserved"],
@@ -173,7 +173,7 @@ function drawHeatmap(fig, mode, onRowClick) {
   const tall = Math.min(720, Math.max(300, 90 + fig.rows * 14));
   if (gd.style.height !== tall + "px") gd.style.height = tall + "px";
   // no mode bar: it would sit over the first rows, where a click means "open this rank"
-  window.Plotly.react(gd, [fig.trace], fig.layout, { displaylogo: false, responsive: true, displayModeBar: false });
+  window.Plotly.react(gd, [fig.trace], fig.layout, { ...PLOT_CONFIG, displayModeBar: false });
   inTwoTasks(gd);
   S.heat = { rowsByRank: fig.rowsByRank }; // what a click on a row opens, as drawn
   wireClicks(gd, onRowClick);

@@ -10,6 +10,7 @@ hand (each was a 500, a traceback or a wrong status before its fix)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import http.server
@@ -448,8 +449,9 @@ def test_a_token_or_peers_file_that_is_not_text_is_one_line_and_exit_2(tmp_path)
 
 
 def test_a_peer_list_that_turns_bad_keeps_the_last_good_one(tmp_path) -> None:
-    """A front re-reads its peers file and asks Prometheus on every request's peer look-up: a file
-    rewritten to binary, or targets that are not objects, raised there (every request a 500)."""
+    """A front re-reads its peers file on every request's peer look-up and asks Prometheus in its
+    background: a file rewritten to binary, or targets that are not objects, raised there (every
+    request a 500)."""
     peers = tmp_path / "peers.txt"
     peers.write_text("http://127.0.0.1:9\n")
     source = PeerSource(file=str(peers))
@@ -461,7 +463,14 @@ def test_a_peer_list_that_turns_bad_keeps_the_last_good_one(tmp_path) -> None:
     srv.reply = (200, "application/json", b'{"data": {"activeTargets": [1, "x", null]}}')  # type: ignore[attr-defined]
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        assert PeerSource(prometheus=f"http://127.0.0.1:{srv.server_address[1]}").current() == []
+        source = PeerSource(prometheus=f"http://127.0.0.1:{srv.server_address[1]}")
+
+        async def discover() -> bool:
+            async with httpx.AsyncClient() as client:
+                return await source.discover(client)
+
+        asyncio.run(discover())  # entries that are not target objects are skipped, nothing raised
+        assert source.current() == []
     finally:
         srv.shutdown()
 

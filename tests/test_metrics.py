@@ -22,7 +22,16 @@ from vramwatch.probe.simulated import simulate_trace
 NOW = time.time()
 
 
-def feed(live: LiveState, scenario: str, *, steps: int, received_at: float = NOW, **kw) -> list[dict]:
+@pytest.fixture(autouse=True, scope="module")
+def _now() -> None:
+    """NOW is the time this module's tests start, not when the suite was collected: the run-life
+    model judges a run whose newest sample is minutes old as stopped, whatever ran before."""
+    global NOW
+    NOW = time.time()
+
+
+def feed(live: LiveState, scenario: str, *, steps: int, received_at: float | None = None, **kw) -> list[dict]:
+    received_at = NOW if received_at is None else received_at
     samples = list(simulate_trace(scenario, steps=steps, start_ts=NOW - steps - 100, **kw))
     live.ingest(samples, received_at=received_at)
     return samples

@@ -1,17 +1,20 @@
 """Reading a collector's or a front's API from the command line (``--url``).
 
-One bounded GET: the reply is read up to ``max_bytes`` and decoded as JSON. Errors are
-typed: :class:`RemoteError` carries the HTTP status (None when the server was unreachable)
-and the server's ``detail`` message, so a CLI can exit 2 on a 4xx and 1 on an outage.
+One bounded request (:func:`vramwatch.bounded.fetch_sync`): the reply is read up to
+``max_bytes`` (inflated) within one total ``timeout`` (not per read: a server dripping its
+answer ends at it), no redirect followed, and decoded as JSON. Errors are typed:
+:class:`RemoteError` carries the HTTP status (None when the server was unreachable, too slow
+or too large) and the server's ``detail`` message, so a CLI can exit 2 on a 4xx and 1 on an
+outage.
 """
 
 from __future__ import annotations
 
 import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any, TypeVar
+
+from vramwatch.bounded import FetchError, HttpLimits, fetch_sync
 
 T = TypeVar("T")
 
@@ -95,20 +98,17 @@ def _call(url: str, path: str, query: str, timeout: float, max_bytes: int, data:
     headers = {"Accept": accept, **({"Authorization": f"Bearer {token}"} if token else {})}
     if data is not None:
         headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(url + path + query, data=data, headers=headers,
-                                     method="POST" if data is not None else "GET")
+    limits = HttpLimits(timeout, max_bytes, "timeout", "reply size limit")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
-            body = reply.read(max_bytes + 1)
-    except urllib.error.HTTPError as exc:
-        text = exc.read(64 * 1024).decode("utf-8", "replace")
+        reply = fetch_sync(url + path + query, limits, method="POST" if data is not None else "GET", body=data,
+                           headers=headers)
+    except FetchError as exc:
+        raise RemoteError(None, str(exc) if exc.limit else f"{exc}".replace(url + path + query, url)) from None
+    if reply.status >= 300:
+        text = reply.body[:64 * 1024].decode("utf-8", "replace")
         try:
             text = detail_text(json.loads(text).get("detail", text))
         except (ValueError, AttributeError):
             pass
-        raise RemoteError(exc.code, f"{url} answered {exc.code}: {text}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise RemoteError(None, f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
-    if len(body) > max_bytes:
-        raise RemoteError(None, f"{url}: reply larger than {max_bytes} bytes")
-    return json.loads(body) if parse else body
+        raise RemoteError(reply.status, f"{url} answered {reply.status}: {text}")
+    return json.loads(reply.body) if parse else reply.body

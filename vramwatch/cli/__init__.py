@@ -30,25 +30,36 @@ from vramwatch.cli.common import (
 # ---------------------------------------------------------------- commands
 
 def cmd_front(args: argparse.Namespace) -> int:
-    """``serve --peers``: the federating front over node-local collectors (stores nothing)."""
+    """``serve --peers``: the federating front over node-local collectors (stores nothing).
+    A front that holds a peer token asks its readers for the token too (its shards require
+    read credentials, or it would need none): with a peer token and no token of its own it
+    refuses to start."""
     from vramwatch.front import FrontSettings, PeerError, PeerSource, parse_peers
     from vramwatch.front.server import serve_front
 
     try:
         source = PeerSource(static=parse_peers(args.peers.split(",")) if args.peers else None,
-                            file=args.peers_file, prometheus=args.peers_prometheus, job=args.peers_job)
+                            file=args.peers_file, prometheus=args.peers_prometheus, job=args.peers_job,
+                            allow=args.peer_allow or ())
     except PeerError as exc:
         raise UsageError(str(exc)) from None
     if not source.current() and not args.peers_prometheus:
         raise UsageError("--peers: no peer given")
-    peer_token = None
-    if args.peer_token_file:
-        peer_token = read_secret("--peer-token-file", args.peer_token_file) or None
-    settings = FrontSettings(peers=source, token=read_token(args) if args.auth_read else None,
-                             peer_token=peer_token or read_token(args), timeout_s=args.peer_timeout,
-                             bind_host=args.host, allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
-                             header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-                             max_connections=args.max_connections)
+    token = read_token(args)
+    peer_token = (read_secret("--peer-token-file", args.peer_token_file) or None) if args.peer_token_file else token
+    if peer_token and args.peers_prometheus and not args.peer_allow:
+        logging.getLogger("vramwatch").warning(
+            "peers discovered from %s get no token: name the hosts that may with --peer-allow", args.peers_prometheus)
+    try:
+        settings = FrontSettings(
+            peers=source, token=token if (args.auth_read or peer_token) else None, peer_token=peer_token,
+            timeout_s=args.peer_timeout, bind_host=args.host,
+            allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
+            header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+            max_connections=args.max_connections, max_peer_bytes=int(args.peer_max_mb * 2**20),
+            max_concurrent_peers=args.peer_concurrency)
+    except ValueError as exc:
+        raise UsageError(f"--peer-token-file: {exc}" if args.peer_token_file else str(exc)) from None
     print(f"vramwatch front: http://{args.host}:{args.port}/  shards={len(source.current())}", file=sys.stderr)
     try:
         serve_front(settings, host=args.host, port=args.port, log_level=args.log_level)
@@ -84,7 +95,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         max_series=args.max_series, max_ranks_per_run=args.max_ranks_per_run,
                         max_connections=args.max_connections, header_timeout_s=args.header_timeout,
                         body_timeout_s=args.body_timeout, shutdown_timeout_s=args.shutdown_timeout,
-                        allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None)
+                        allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
+                        max_snapshots=args.max_snapshots, max_snapshots_bytes=int(args.snapshots_max_mb * 2**20),
+                        max_concurrent_uploads=args.max_concurrent_uploads,
+                        capture_interval_s=args.capture_interval)
     if args.auth_read and not token:
         raise UsageError("--auth-read needs a token (VRAMWATCH_TOKEN or --token-file)")
     if args.host in ("0.0.0.0", "::") and not token:
@@ -137,7 +151,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     else:
         paths = existing_files(args.paths)
         try:
-            doc = analyze_paths([str(p) for p in paths], strict=args.strict)
+            doc = analyze_paths([str(p) for p in paths], strict=args.strict, max_line_bytes=args.max_line_bytes)
         except WireError as exc:
             raise UsageError(str(exc)) from None
         except (OSError, EOFError) as exc:
@@ -168,7 +182,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     on_bad = check.bad if args.skip_invalid else None  # counts and names the first few bad lines
     try:
         # pass 1: validate everything, so bad input changes nothing (unless --skip-invalid)
-        total = sum(1 for _ in _trace_samples(paths, on_bad))
+        total = sum(1 for _ in _trace_samples(paths, on_bad, args.max_line_bytes))
         check.rows = total + check.skipped
         store = Store(db_path(args))
     except WireError as exc:
@@ -176,7 +190,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     try:
-        accepted, duplicates = store.insert_stream(_trace_samples(paths, (lambda e: None) if on_bad else None))
+        accepted, duplicates = store.insert_stream(_trace_samples(paths, (lambda e: None) if on_bad else None,
+                                                                  args.max_line_bytes))
     except StoreError as exc:
         raise UsageError(str(exc)) from None
     finally:
@@ -187,14 +202,14 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trace_samples(paths: Sequence[Path], on_bad: Any) -> Iterator[Any]:
+def _trace_samples(paths: Sequence[Path], on_bad: Any, max_line_bytes: int) -> Iterator[Any]:
     """Every sample of the trace files (``wire.iter_samples``); a file that cannot be read at all
     (truncated gzip, a directory) is a UsageError naming it."""
     from vramwatch.wire import iter_samples
 
     for path in paths:
         try:
-            yield from iter_samples(path, on_bad)
+            yield from iter_samples(path, on_bad, max_line_bytes)
         except (OSError, EOFError) as exc:
             raise UsageError(f"cannot read {path}: {exc}") from None
 
@@ -298,6 +313,14 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--allowed-host", action="append", metavar="NAME",
                    help="a Host header name to serve (repeat; default: loopback names on a loopback bind, "
                         "any name otherwise); others get 421")
+    p.add_argument("--max-snapshots", type=positive(int), default=10_000, metavar="N",
+                   help="allocator snapshots kept (oldest evicted first; default 10000)")
+    p.add_argument("--snapshots-max-mb", type=positive(float), default=2048.0, metavar="MB",
+                   help="disk the snapshots may use, uploads in progress counted (default 2048)")
+    p.add_argument("--max-concurrent-uploads", type=positive(int), default=4, metavar="N",
+                   help="snapshot uploads received at once; others wait, then 503 (default 4)")
+    p.add_argument("--capture-interval", type=non_negative(float), default=60.0, metavar="SECONDS",
+                   help="a rank takes a person's capture request at most this often; 429 otherwise (default 60)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--otlp-endpoint", metavar="URL",
                    help="push per-rank memory and verdict metrics to this OTLP/HTTP endpoint (e.g. http://otel:4318)")
@@ -311,7 +334,15 @@ def _add_serve(sub: Any) -> None:
     front.add_argument("--peers-job", default="vramwatch", help="the scrape job of the collectors (default vramwatch)")
     front.add_argument("--peer-token-file", metavar="FILE", help="token sent to the peers (default: the front's token)")
     front.add_argument("--peer-timeout", type=positive(float), default=2.0, metavar="SECONDS",
-                       help="a shard that does not answer within this is shown as unreachable (default 2)")
+                       help="a shard that does not answer within this (in all, not per read) is shown as "
+                            "unreachable (default 2)")
+    front.add_argument("--peer-allow", action="append", metavar="PATTERN",
+                       help="discovered peers whose host (or host:port) matches get the peer token (repeat; shell "
+                            "patterns, e.g. '*.gpu.internal'); others get none")
+    front.add_argument("--peer-max-mb", type=positive(float), default=64.0, metavar="MB",
+                       help="the largest answer read from a shard (default 64)")
+    front.add_argument("--peer-concurrency", type=positive(int), default=64, metavar="N",
+                       help="shard requests at once; the rest wait within --peer-timeout (default 64)")
     p.set_defaults(func=cmd_serve)
 
 
@@ -383,9 +414,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import sqlite3
 
+    from vramwatch.bounded import LimitExceeded
+
     try:
         return args.func(args)
-    except UsageError as exc:
+    except (UsageError, LimitExceeded) as exc:  # LimitExceeded names the input and the flag to raise
         print(f"vramwatch {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except sqlite3.DatabaseError as exc:

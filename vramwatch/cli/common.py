@@ -86,14 +86,24 @@ def existing_files(paths: Sequence[str]) -> list[Path]:
     return out
 
 
+#: a token file holds one line
+MAX_SECRET_BYTES = 64 * 1024
+
+
 def read_secret(flag: str, path: str) -> str:
-    """The stripped text of a token file, else a UsageError naming ``flag`` (unreadable, not UTF-8)."""
+    """The stripped text of a token file, else a UsageError naming ``flag`` (unreadable, not UTF-8,
+    larger than :data:`MAX_SECRET_BYTES`: a token is a line, the file is never read past that)."""
+    from vramwatch.bounded import LimitExceeded, read_capped
+
     try:
-        return Path(path).read_text(encoding="utf-8").strip()
+        with open(path, "rb") as fh:
+            return read_capped(fh, MAX_SECRET_BYTES, f"{flag} {path}", flag).decode("utf-8").strip()
     except OSError as exc:
         raise UsageError(f"cannot read {flag} {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise UsageError(f"cannot read {flag} {path}: not a UTF-8 text file") from None
+    except LimitExceeded as exc:
+        raise UsageError(f"cannot read {exc.where}: {exc.message}, not a token") from None
 
 
 @contextlib.contextmanager

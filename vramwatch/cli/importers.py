@@ -12,6 +12,8 @@ import sys
 
 from vramwatch.importers import (
     CHOICES,
+    MAX_LINE_BYTES,
+    MAX_RECORD_BYTES,
     NATIVE,
     ImportOptions,
     ImportStats,
@@ -51,13 +53,19 @@ def add_arguments(p: argparse.ArgumentParser, *, skip_default: bool = False) -> 
     p.add_argument("--device-memory", type=_size, metavar="SIZE",
                    help="device capacity (e.g. 80GiB) for sources that do not log it (Megatron, Lightning)")
     p.add_argument("--keys", metavar="FILE", help="extra TensorBoard key table (TOML, see docs/integrations.md)")
+    p.add_argument("--max-line-bytes", type=_size, default=MAX_LINE_BYTES, metavar="SIZE",
+                   help="the longest line (JSON Lines, CSV row) read; a longer one is a bad row, never held "
+                        "whole (default 1MiB)")
+    p.add_argument("--max-record-bytes", type=_size, default=MAX_RECORD_BYTES, metavar="SIZE",
+                   help="the largest TensorBoard record or Prometheus document read whole (default 64MiB)")
 
 
 def options(args: argparse.Namespace) -> ImportOptions:
     # analyze skips bad rows by default unless --strict; import is all-or-nothing
     skip = args.skip_invalid and not getattr(args, "strict", False)
     return ImportOptions(run=args.run, host=args.host, rank=args.rank, total_bytes=args.device_memory,
-                         skip_invalid=skip, keys_path=args.keys)
+                         skip_invalid=skip, keys_path=args.keys, max_line_bytes=args.max_line_bytes,
+                         max_record_bytes=args.max_record_bytes)
 
 
 def report_skipped(stats: ImportStats, what: str) -> None:

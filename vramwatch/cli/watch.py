@@ -25,6 +25,10 @@ def add_parser(sub: Any, add_db: Callable[[argparse.ArgumentParser], None], port
                    help="poll interval and query resolution (default 15: dcgm-exporter's default)")
     p.add_argument("--lookback", type=positive(float), default=3600.0, metavar="SECONDS",
                    help="history read at start (default 3600)")
+    p.add_argument("--prometheus-timeout", type=positive(float), default=10.0, metavar="SECONDS",
+                   help="a query's whole answer must arrive within this (default 10)")
+    p.add_argument("--max-answer-mb", type=positive(float), default=64.0, metavar="MB",
+                   help="the largest query answer read (inflated); narrow --selector past it (default 64)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8765, help="port (default 8765)")
     add_db(p)
@@ -40,7 +44,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from vramwatch.collector.store import StoreError
 
     try:
-        config = WatchConfig(args.prometheus, args.selector, args.run, args.interval, args.lookback)
+        config = WatchConfig(args.prometheus, args.selector, args.run, args.interval, args.lookback,
+                             timeout_s=args.prometheus_timeout, max_answer_bytes=int(args.max_answer_mb * 2**20))
         hooks: list[Any] = [lifespan_hook(config)]
         if args.otlp_endpoint:
             from vramwatch.collector.otlp import lifespan_hook as otlp_hook

@@ -160,9 +160,12 @@ def open_state(app: Any, settings: Settings) -> None:
     app.state.registry, app.state.ingest_metrics = build_registry(live, finished_after_s=settings.finished_after_s,
                                                                   processes=app.state.processes)
     app.state.ingestor = ingest.Ingestor(app.state, settings)
-    app.state.snapshots = SnapshotStore.beside(settings.db_path)
+    app.state.snapshots = SnapshotStore.beside(
+        settings.db_path, max_snapshot_bytes=settings.max_snapshot_bytes, max_snapshots=settings.max_snapshots,
+        max_total_bytes=settings.max_snapshots_bytes, max_concurrent_uploads=settings.max_concurrent_uploads,
+        owner=True)
     app.state.diffs = DiffCache(app.state.snapshots)
-    app.state.directives = DirectiveBoard()
+    app.state.directives = DirectiveBoard(manual_interval_s=settings.capture_interval_s)
     views = _views()
     if views is not None:
         app.state.heatmaps, app.state.envelopes = views.create_caches(settings.db_path)

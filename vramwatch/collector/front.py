@@ -2,6 +2,10 @@
 
 * **Host check** (DNS rebinding: a page on an attacker's name that resolves to 127.0.0.1
   must not reach a loopback collector): a ``Host`` not in the allowed set gets 421;
+* **small bodies**: a POST to any route but the two that stream their bodies under bounds of
+  their own (ingest, snapshot upload) must declare a Content-Length of at most
+  :data:`MAX_SMALL_BODY` (413, or 411 without one), checked before the app reads it: a
+  framework route would buffer a body of any size;
 * **quiet cancel**: a request still running when shutdown cancels it ends with 503 (if
   nothing was sent yet) and one log line for all of them, instead of a CancelledError
   traceback each;
@@ -31,6 +35,28 @@ from vramwatch.collector.responses import JSONBytes
 
 log = logging.getLogger("vramwatch.collector")
 
+#: the largest body of a route that reads it whole (a capture request is a few fields)
+MAX_SMALL_BODY = 64 * 1024
+
+
+def small_body_refusal(scope: Scope) -> tuple[int, str] | None:
+    """(status, detail) when the request's body may be larger than :data:`MAX_SMALL_BODY`."""
+    length = chunked = None
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            length = value
+        elif key == b"transfer-encoding":
+            chunked = value
+    if length is not None:
+        if not length.isdigit():
+            return 400, "content-length: not a number"
+        if int(length) > MAX_SMALL_BODY:
+            return 413, f"body: larger than {MAX_SMALL_BODY} bytes"
+        return None
+    if chunked is not None:
+        return 411, f"body: send a Content-Length (at most {MAX_SMALL_BODY} bytes)"
+    return None
+
 
 async def send_json(send: Send, status: int, doc: dict[str, Any]) -> None:
     body = orjson.dumps(doc)
@@ -52,6 +78,9 @@ class HostCheck:
     (the federating front serves behind it too). ``allowed_hosts``: names a ``Host`` header
     may carry (None: any)."""
 
+    #: paths whose POST bodies are streamed under bounds of their own (not held to MAX_SMALL_BODY)
+    STREAMED: frozenset[str] = frozenset()
+
     def __init__(self, app: Any, allowed_hosts: frozenset[str] | None) -> None:
         self.app: ASGIApp = app
         self.allowed_hosts = allowed_hosts
@@ -68,6 +97,11 @@ class HostCheck:
         if self.allowed_hosts is not None and not self._host_allowed(scope):
             await self._refuse_host(scope, send)
             return
+        if scope["method"] in ("POST", "PUT", "PATCH") and scope["path"] not in self.STREAMED:
+            refusal = small_body_refusal(scope)
+            if refusal is not None:
+                await send_json(send, refusal[0], {"detail": refusal[1]})
+                return
         started = False
 
         async def tracking_send(message: Message) -> None:
@@ -106,6 +140,8 @@ class HostCheck:
 
 class FrontDoor(HostCheck):
     """:class:`HostCheck` plus the collector's hot routes (see the module docstring)."""
+
+    STREAMED = frozenset({"/api/v1/samples", "/api/v1/snapshots"})
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]

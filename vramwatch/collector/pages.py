@@ -72,8 +72,11 @@ def index(request: Request) -> Response:
     settings = request.app.state.settings
     if settings.auth_read and settings.token and token_matches(request.query_params.get("token"), settings.token):
         # a browser opened /?token=...: keep it in a cookie the page's own requests carry,
-        # never readable by scripts, never sent to other sites
-        response.set_cookie(TOKEN_COOKIE, settings.token, httponly=True, samesite="strict", path="/")
+        # never readable by scripts, never sent to other sites, and never over plain HTTP when
+        # the page came over TLS (the scheme is https behind a proxy uvicorn trusts: its
+        # X-Forwarded-Proto from --forwarded-allow-ips / $FORWARDED_ALLOW_IPS, loopback by default)
+        response.set_cookie(TOKEN_COOKIE, settings.token, httponly=True, samesite="strict", path="/",
+                            secure=request.url.scheme == "https")
     return response
 
 

@@ -10,10 +10,15 @@ module knows nothing about tokens. State it reads from ``app.state``: ``snapshot
 
 from __future__ import annotations
 
+import asyncio
 import gzip
+import logging
+import math
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,13 +27,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
 from vramwatch.collector import processes as _processes
-from vramwatch.collector.snapshots import DEFAULT_STEPS, MAX_STEPS, SnapshotError
+from vramwatch.collector.snapshots import DEFAULT_STEPS, MAX_STEPS, SnapshotError, SnapshotStore
 from vramwatch.collector.suspects import check_skip, enrich_postmortem, run_suspects
 from vramwatch.evidence import postmortem as _postmortem
 from vramwatch.verdicts import SILENT_AFTER_S
 from vramwatch.wire import MAX_INT, MAX_NAME, series_key
 
 _CHUNK = 1 << 20
+#: seconds an upload waits for a slot (``max_concurrent_uploads``) before a 503
+UPLOAD_QUEUE_S = 60.0
+log = logging.getLogger("vramwatch.collector")
 
 
 class CaptureRequest(BaseModel):
@@ -72,7 +80,8 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
     read = [Depends(read_auth)]
 
     # read credentials (the dashboard's cookie) may ask for a capture: it only asks a rank to
-    # record a few steps, one pending directive per rank and trigger (DirectiveBoard.request)
+    # record a few steps, one pending directive per rank and trigger, each rank at most once per
+    # --capture-interval (DirectiveBoard.request_manual: 429 when every rank asked was too recent)
     @router.post("/api/v1/runs/{run:path}/capture", dependencies=[*read, Depends(require_json)])
     def capture(request: Request, run: str, body: CaptureRequest) -> dict[str, Any]:
         keys = [k for k in run_keys(request)(run)
@@ -80,56 +89,21 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
         if not keys:
             what = f"rank {body.rank} of run {run!r}" if body.rank is not None else f"run {run!r}"
             raise HTTPException(404, f"rank: no {what} is known to this collector")
-        ids = request.app.state.directives.request(keys, steps=body.steps, trigger="manual")
+        board = request.app.state.directives
+        ids, wait = board.request_manual(keys, steps=body.steps)
+        if not ids and wait:
+            raise HTTPException(429, f"rank: captured less than {board.manual_interval_s:g} s ago "
+                                     f"(--capture-interval); retry in {math.ceil(wait)} s",
+                                headers={"Retry-After": str(math.ceil(wait))})
         return {"run": run, "directives": len(ids), "ranks": sorted({k[2] for k in keys})}
 
-    @router.post("/api/v1/snapshots", dependencies=write, status_code=201)
-    async def upload(
-        request: Request,
-        run: Annotated[str, Query(max_length=MAX_NAME)],
-        host: Annotated[str, Query(max_length=MAX_NAME)],
-        rank: Annotated[int, Query(ge=0, le=MAX_INT)],
-        step: Annotated[int, Query(ge=0, le=MAX_INT)],
-        trigger: Annotated[str, Query(max_length=64)] = "manual",
-        directive: Annotated[str | None, Query(max_length=64)] = None,
-    ) -> Response:
-        store = request.app.state.snapshots
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > store.max_snapshot_bytes:
-                return _error(SnapshotError("body", f"larger than {store.max_snapshot_bytes} bytes", 413))
-            chunks.append(chunk)
-        try:
-            info = store.save(run=_name("run", run), host=_name("host", host), rank=rank, step=step,
-                              trigger=_name("trigger", trigger),
-                              directive=None if directive is None else _name("directive", directive),
-                              gz=b"".join(chunks))
-        except SnapshotError as exc:
-            return _error(exc)
-        request.app.state.directives.on_snapshot(info)  # a leak's first snapshot asks for its second
-        return JSONResponse(info.to_dict(), status_code=201)
+    router.post("/api/v1/snapshots", dependencies=write, status_code=201)(upload)
 
     @router.get("/api/v1/runs/{run:path}/snapshots", dependencies=read)
     def snapshots(request: Request, run: str) -> list[dict[str, Any]]:
         return [i.to_dict() for i in request.app.state.snapshots.list(run)]
 
-    @router.get("/api/v1/snapshots/{snapshot_id}", dependencies=read)
-    def download(request: Request, snapshot_id: str) -> Response:
-        try:
-            info, path = request.app.state.snapshots.open(snapshot_id)
-        except SnapshotError as exc:
-            return _error(exc)
-        name = f"{info.run}-rank{info.rank}-step{info.step}.pickle".replace("/", "_").replace('"', "_")
-
-        def stream() -> Iterator[bytes]:
-            # gunzip while sending: memory_viz opens the plain pickle; memory stays O(chunk)
-            with gzip.open(path, "rb") as fh:
-                while chunk := fh.read(_CHUNK):
-                    yield chunk
-
-        return StreamingResponse(stream(), media_type="application/octet-stream",
-                                 headers={"Content-Disposition": f'attachment; filename="{name}"'})
+    router.get("/api/v1/snapshots/{snapshot_id}", dependencies=read)(download)
 
     @router.get("/api/v1/runs/{run:path}/postmortem", dependencies=read)
     def postmortem(request: Request, run: str,
@@ -139,6 +113,115 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
     _add_diff_routes(router, read)
     _add_process_routes(router, write, read)
     return router
+
+
+async def upload(
+    request: Request,
+    run: Annotated[str, Query(max_length=MAX_NAME)],
+    host: Annotated[str, Query(max_length=MAX_NAME)],
+    rank: Annotated[int, Query(ge=0, le=MAX_INT)],
+    step: Annotated[int, Query(ge=0, le=MAX_INT)],
+    trigger: Annotated[str, Query(max_length=64)] = "manual",
+    directive: Annotated[str | None, Query(max_length=64)] = None,
+) -> Response:
+    """Streamed to a temporary file (never held whole), at most ``max_concurrent_uploads`` at
+    once (others wait ``UPLOAD_QUEUE_S``, then 503), every disk write and the gzip check in a
+    worker thread; a refusal stores nothing."""
+    store: SnapshotStore = request.app.state.snapshots
+    names = {"run": _name("run", run), "host": _name("host", host), "trigger": _name("trigger", trigger),
+             "directive": None if directive is None else _name("directive", directive)}
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > store.max_snapshot_bytes:
+        return _error(SnapshotError("body", f"larger than {store.max_snapshot_bytes} bytes (max_snapshot_bytes)",
+                                    413))
+    try:
+        async with asyncio.timeout(UPLOAD_QUEUE_S):
+            await store.upload_slots.acquire()
+    except TimeoutError:
+        return JSONResponse({"detail": f"busy: {store.max_concurrent_uploads} snapshot uploads at once "
+                                       "(--max-concurrent-uploads); retry later", "field": "body"},
+                            status_code=503, headers={"Retry-After": "30"})
+    try:
+        return await _receive(request, store, rank=rank, step=step, **names)
+    finally:
+        store.upload_slots.release()
+
+
+def download(request: Request, snapshot_id: str) -> Response:
+    try:
+        info, path = request.app.state.snapshots.open(snapshot_id)
+    except SnapshotError as exc:
+        return _error(exc)
+    opened = _gunzipped(path, snapshot_id)
+    if opened is None:
+        return _error(SnapshotError("id", f"snapshot {snapshot_id}: the stored file is not readable gzip data "
+                                          "(damaged on disk); delete it", 409))
+    fh, first = opened
+
+    def stream() -> Iterator[bytes]:
+        # gunzip while sending: memory_viz opens the plain pickle; memory stays O(chunk)
+        try:
+            chunk = first
+            while chunk:
+                yield chunk
+                chunk = fh.read(_CHUNK)
+        except (OSError, EOFError, zlib.error) as exc:  # damaged past its start: the body ends early
+            log.warning("snapshot %s: stopped sending, the stored file is damaged: %s", snapshot_id, exc)
+        finally:
+            fh.close()
+
+    name = f"{info.run}-rank{info.rank}-step{info.step}.pickle"
+    return StreamingResponse(stream(), media_type="application/octet-stream",
+                             headers={"Content-Disposition": content_disposition(name)})
+
+
+async def _receive(request: Request, store: SnapshotStore, **fields: Any) -> Response:
+    """One upload's body into the store, a block of up to :data:`_CHUNK` at a time."""
+    upload = await asyncio.to_thread(store.begin)
+    try:
+        block: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            block.append(chunk)
+            size += len(chunk)
+            if size >= _CHUNK:
+                await asyncio.to_thread(upload.write, b"".join(block))
+                block, size = [], 0
+        if block:
+            await asyncio.to_thread(upload.write, b"".join(block))
+        info = await asyncio.to_thread(upload.commit, **fields)
+        request.app.state.directives.on_snapshot(info)  # a leak's first snapshot asks for its second
+    except SnapshotError as exc:
+        await asyncio.to_thread(upload.abort)
+        return _error(exc)
+    except ClientDisconnect:  # the uploader left mid-body: nobody to answer, nothing kept
+        await asyncio.to_thread(upload.abort)
+        return Response(status_code=400)
+    except BaseException:
+        await asyncio.to_thread(upload.abort)
+        raise
+    return JSONResponse(info.to_dict(), status_code=201)
+
+
+def content_disposition(filename: str) -> str:
+    """An attachment header any name can travel in: an ASCII fallback and the UTF-8 name in
+    RFC 5987's ``filename*`` (a header value is Latin-1: a CJK run name was a 500)."""
+    fallback = "".join(c if 32 <= ord(c) < 127 and c not in '"\\/' else "_" for c in filename)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
+
+
+def _gunzipped(path: Any, snapshot_id: str) -> tuple[Any, bytes] | None:
+    """The stored file opened for inflating and its first block; None when it is not readable
+    gzip (damaged on disk, or written by something else): checked before any byte is sent."""
+    fh = None
+    try:
+        fh = gzip.open(path, "rb")  # noqa: SIM115 - closed by the caller's stream
+        return fh, fh.read(_CHUNK)
+    except (OSError, EOFError, zlib.error):
+        if fh is not None:
+            fh.close()
+        log.warning("snapshot %s: the stored file is not readable gzip data", snapshot_id)
+        return None
 
 
 def postmortem_doc(state: Any, run: str, silent_after_s: float) -> dict[str, Any]:
@@ -155,6 +238,8 @@ def postmortem_doc(state: Any, run: str, silent_after_s: float) -> dict[str, Any
                            story=story)
     return enrich_postmortem(pm, snapshots=state.snapshots, diffs=state.diffs, processes=state.processes,
                              live=live).to_dict()
+
+
 def _add_diff_routes(router: APIRouter, read: list[Any]) -> None:
     @router.get("/api/v1/runs/{run:path}/snapshots/diff", dependencies=read)
     def snapshot_diff(request: Request, run: str, old: Annotated[str, Query(max_length=64)],

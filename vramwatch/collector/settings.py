@@ -35,6 +35,15 @@ class Settings:
     retention_days: float | None = None
     #: refuse ingest (507, the hook spools and retries) while the DB's disk has less free space
     min_free_bytes: int = 256 * 1024**2
+    # ---- allocator snapshots (vramwatch/collector/snapshots.py)
+    #: one snapshot's upload (gzip) at most; the folder's snapshots and bytes (oldest evicted)
+    max_snapshot_bytes: int = 64 * 2**20
+    max_snapshots: int = 10_000
+    max_snapshots_bytes: int = 2 * 2**30
+    #: uploads received at once (others wait up to a minute, then 503)
+    max_concurrent_uploads: int = 4
+    #: a person's capture request reaches a rank at most this often (429 otherwise)
+    capture_interval_s: float = 60.0
     # ---- connections (vramwatch/collector/guard.py)
     #: a request's headers must arrive within this many seconds of its first byte (or of the
     #: connection's start)
@@ -68,7 +77,8 @@ class Settings:
         for name in ("max_body_bytes", "max_decompressed_bytes", "max_batch_samples", "maintenance_interval_s",
                      "checkpoint_interval_s", "max_series", "max_ranks_per_run", "header_timeout_s",
                      "body_timeout_s", "max_connections", "max_concurrent_ingest", "ingest_queue_s",
-                     "shutdown_timeout_s"):
+                     "shutdown_timeout_s", "max_snapshot_bytes", "max_snapshots", "max_snapshots_bytes",
+                     "max_concurrent_uploads"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)!r}")
         if self.max_samples_per_run is not None and self.max_samples_per_run <= 0:
@@ -77,6 +87,8 @@ class Settings:
             raise ValueError(f"retention_days: must be positive, got {self.retention_days!r}")
         if self.min_free_bytes < 0:
             raise ValueError(f"min_free_bytes: must not be negative, got {self.min_free_bytes!r}")
+        if self.capture_interval_s < 0:
+            raise ValueError(f"capture_interval_s: must not be negative, got {self.capture_interval_s!r}")
         if self.health_reserve < 0:
             raise ValueError(f"health_reserve: must not be negative, got {self.health_reserve!r}")
 

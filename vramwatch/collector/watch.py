@@ -14,7 +14,10 @@ Steps are time: ``step = round(ts / step_s)`` (default 1 s), the same rule as
 a missed scrape is a gap, and the engine's slope reads bytes per ``step_s`` seconds.
 
 Cost per poll: one range query (points since the last poll) and one in-process POST; the
-loop never blocks the event loop. Prometheus being down is logged and retried.
+loop never blocks the event loop: the answer is streamed under one total deadline
+(``timeout_s``, not per read) and refused past ``max_answer_bytes`` (inflated), and its
+decoding and conversion run in a worker thread. Prometheus being down, slow or answering too
+much is one rate-limited log line and a retry at the next poll.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
+from vramwatch.bounded import FetchError, HttpLimits, fetch
 from vramwatch.importers.common import ImportStats
 from vramwatch.importers.prometheus import DEFAULT_RUN, results_of, samples_from_results
 from vramwatch.wire import encode_lines
@@ -38,6 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vramwatch.watch")
 
+#: samples per in-process ingest request (the collector takes 50,000 at most)
+POST_BATCH = 20_000
 #: dcgm-exporter's framebuffer metrics (MiB); the selector's matchers are added to it
 METRIC_MATCHER = '__name__=~"DCGM_FI_DEV_FB_(USED|FREE|RESERVED|TOTAL)"'
 _MATCHER_RE = re.compile(r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*')
@@ -87,7 +95,9 @@ class WatchConfig:
     lookback_s: float = 3600.0
     #: seconds per engine step (steps are time for dcgm series)
     step_s: float = 1.0
+    #: one query's answer must arrive in full within this, and be at most this large (inflated)
     timeout_s: float = 10.0
+    max_answer_bytes: int = 64 * 2**20
     query: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
@@ -95,7 +105,7 @@ class WatchConfig:
         self.prometheus = self.prometheus.rstrip("/")
         if not self.prometheus.startswith(("http://", "https://")):
             raise ValueError(f"--prometheus must be an http(s) URL, got {self.prometheus!r}")
-        for name in ("interval_s", "step_s", "timeout_s"):
+        for name in ("interval_s", "step_s", "timeout_s", "max_answer_bytes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
         if self.lookback_s < 0:
@@ -128,30 +138,42 @@ class Poller:
         if end < start:
             return 0
         self.polls += 1
-        response = await prom.get("/api/v1/query_range", params={
+        limits = HttpLimits(self.config.timeout_s, self.config.max_answer_bytes, "--prometheus-timeout",
+                            "--max-answer-mb")
+        response = await fetch(prom, "GET", "/api/v1/query_range", limits, params={
             "query": self.config.query, "start": f"{start:.3f}", "end": f"{end:.3f}",
             "step": f"{self.config.interval_s:g}"})
         where = f"{self.config.prometheus} query_range"
-        if response.status_code != 200:
-            raise RuntimeError(f"Prometheus answered {response.status_code}: {response.text[:300]}")
-        # an answer of any other shape (a proxy's page, a list) is a failed poll, named, and
-        # the next poll tries again: it must not end the polling task
-        results = results_of(response.json(), where)
-        stats = ImportStats(skip_invalid=True)
-        samples = list(samples_from_results(results, self.config.run, self.config.step_s, where, stats))
+        if response.status != 200:
+            raise RuntimeError(f"Prometheus answered {response.status}: "
+                               f"{response.body[:300].decode('utf-8', 'replace')}")
+        # decoding and converting up to max_answer_bytes of JSON takes seconds: never on the loop
+        bodies, stats = await asyncio.to_thread(self._convert, response.body, where)
         self.skipped += stats.skipped
         for error in stats.errors[:3]:
             log.warning("skipped a dcgm point: %s", error)
         self.next_start = end + self.config.interval_s
-        if not samples:
-            return 0
-        answer = await ingest.post("/api/v1/samples", content=encode_lines(samples),
-                                   headers={"content-type": "application/x-ndjson"})
-        if answer.status_code != 200:
-            raise RuntimeError(f"collector refused {len(samples)} samples: {answer.status_code} {answer.text[:300]}")
-        accepted = answer.json()["accepted"]
-        self.posted += accepted
+        accepted = 0
+        for count, body in bodies:  # a backfill of a large fleet is many ingest batches
+            answer = await ingest.post("/api/v1/samples", content=body,
+                                       headers={"content-type": "application/x-ndjson"})
+            if answer.status_code != 200:
+                raise RuntimeError(f"collector refused {count} samples: {answer.status_code} {answer.text[:300]}")
+            accepted += answer.json()["accepted"]
+            self.posted += answer.json()["accepted"]
         return accepted
+
+    def _convert(self, raw: bytes, where: str) -> tuple[list[tuple[int, bytes]], ImportStats]:
+        """([(sample count, NDJSON body)] in batches of :data:`POST_BATCH`, counts) of one answer;
+        in a worker thread. An answer of any other shape (a proxy's page, a list) raises
+        ValueError naming it: a failed poll, and the next poll tries again (it must not end the
+        polling task)."""
+        results = results_of(orjson.loads(raw), where)
+        stats = ImportStats(skip_invalid=True)
+        samples = list(samples_from_results(results, self.config.run, self.config.step_s, where, stats))
+        del results
+        return [(len(samples[i:i + POST_BATCH]), encode_lines(samples[i:i + POST_BATCH]))
+                for i in range(0, len(samples), POST_BATCH)], stats
 
 
 def lifespan_hook(config: WatchConfig) -> Callable[[Any], contextlib.AbstractAsyncContextManager]:
@@ -182,7 +204,7 @@ def lifespan_hook(config: WatchConfig) -> Callable[[Any], contextlib.AbstractAsy
                         log.info("watch: %s answers again after %.0f s", config.prometheus,
                                  time.monotonic() - failing_since)
                         failing_since = None
-                except (httpx.HTTPError, RuntimeError, ValueError, KeyError) as exc:
+                except (httpx.HTTPError, FetchError, RuntimeError, ValueError, KeyError) as exc:
                     poller.failures += 1
                     now = time.monotonic()
                     failing_since = failing_since or now

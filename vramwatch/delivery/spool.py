@@ -23,6 +23,9 @@ from typing import Any
 
 from vramwatch.delivery.results import ExportResult, Failure, Outcome
 
+#: a spooled line is one sample (under 1 KiB); a longer run of bytes without a newline is damage
+MAX_SPOOL_LINE = 1 << 20
+
 
 class Spool:
     """An append-only JSON Lines file of samples not yet delivered, replayed oldest-first.
@@ -75,7 +78,8 @@ class Spool:
             return False
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # its owner may still be alive
-            self.discarded_lines += fh.read().count(b"\n")
+            while block := fh.read(1 << 16):  # counted block by block: a spool may be 512 MiB
+                self.discarded_lines += block.count(b"\n")
             path.unlink()
             return True
         except OSError:
@@ -198,6 +202,7 @@ class Spool:
         lines: list[bytes] = []
         end = offset
         chunk = b""
+        damaged = False
         while len(lines) < max_lines:
             block = fh.read(1 << 16)
             if not block:
@@ -205,6 +210,13 @@ class Spool:
             chunk += block
             parts = chunk.split(b"\n")
             chunk = parts.pop()  # unterminated remainder
+            if damaged and parts:  # the end of a damaged line: dropped with the rest of it
+                end += len(parts.pop(0)) + 1
+                damaged = False
+            if len(chunk) > MAX_SPOOL_LINE and not parts:  # a damaged line: dropped, never held whole
+                end += len(chunk)
+                chunk, damaged = b"", True
+                continue
             for part in parts:
                 end += len(part) + 1
                 if part.strip():

@@ -1,8 +1,9 @@
 """`vramwatch analyze`: stream trace files through one TrendEngine per series.
 
 Memory is bounded by the number of series (and the events they raise), never by the
-number of samples: files are read in chunks of lines (about 1 MiB), each line decoded,
-validated and folded in.
+number of samples or by what a line holds: files are read in 1 MiB blocks split into lines
+(:class:`vramwatch.bounded.Lines`), each line decoded, validated and folded in; a line
+longer than ``max_line_bytes`` (1 MiB) is never held whole: it is a bad line, named.
 
 Messy files: by default a bad line (invalid JSON, a sample that fails validation) is
 counted, named (``file:line: field: message``, the first :data:`MAX_BAD_LINES` kept) and
@@ -17,14 +18,16 @@ import math
 import os
 import zlib
 from collections.abc import Iterable
-from typing import IO, Any
+from typing import Any
 
 import orjson
 
+from vramwatch.bounded import LONG_LINE, Lines, open_input
 from vramwatch.units import gib
 
 from ..wire import Sample, WireError, decode_line, validate
 from ..wire.structs import as_sample
+from ..wire.tracefile import MAX_LINE_BYTES, long_line
 from .config import EngineConfig
 from .core import TrendEngine
 
@@ -32,8 +35,6 @@ from .core import TrendEngine
 MAX_EVENTS_PER_SERIES = 10_000
 #: Bad lines named in the document (all are counted).
 MAX_BAD_LINES = 20
-#: Bytes of lines read per chunk.
-CHUNK_BYTES = 1 << 20
 
 
 class _Series:
@@ -72,18 +73,13 @@ class _BadLines:
             self.named.append(f"{where}: {field}: {message}" if field else f"{where}: {message}")
 
 
-def _open(path: str) -> IO[bytes]:
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller's with-block
-    if raw.peek(2)[:2] == b"\x1f\x8b":  # sniff, so a misnamed gzip still reads
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    return raw
 
 
 def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: EngineConfig | None,
-          bad: _BadLines) -> None:
+          bad: _BadLines, max_line_bytes: int = MAX_LINE_BYTES) -> None:
     """The per-sample loop: decode, validate, find the series, fold in.
 
-    Kept flat because it is the hot path. Lines are read in ~1 MiB chunks but each is
+    Kept flat because it is the hot path. Lines come in ~1 MiB blocks but each is
     decoded and folded in at once, while its dict is still in cache (decoding a whole chunk
     first and folding afterwards measured ~30 % slower). Each line is its own JSON document.
     A line is decoded and validated in one C pass (:func:`vramwatch.wire.decode_line`); a line
@@ -97,10 +93,14 @@ def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: Engine
     entry: Any = None
     key: tuple[str, str, int] | None = None
     number = 0
-    with _open(name) as fh:
-        while lines := fh.readlines(CHUNK_BYTES):
+    with open_input(name) as fh:
+        for lines in Lines(fh, max_line_bytes).blocks():
             for line in lines:
                 number += 1
+                if line is LONG_LINE:
+                    error = long_line(f"{name}:{number}", max_line_bytes)
+                    bad.add(error.field, "", error.message)
+                    continue
                 try:
                     sample = decode(line, True) or validate(loads(line))  # True: lazy
                 except orjson.JSONDecodeError as exc:
@@ -126,21 +126,23 @@ def _feed(name: str, series: dict[tuple[str, str, int], _Series], config: Engine
 
 
 def analyze_paths(
-    paths: Iterable[str | os.PathLike[str]], config: EngineConfig | None = None, *, strict: bool = False
+    paths: Iterable[str | os.PathLike[str]], config: EngineConfig | None = None, *, strict: bool = False,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> dict[str, Any]:
     """The `vramwatch analyze --json` document for trace files (.jsonl / .jsonl.gz).
 
     Samples are fed in file order, files in the given order. ``skipped_lines`` counts the
     bad lines skipped, ``bad_lines`` names the first :data:`MAX_BAD_LINES`. Raises
     :class:`~vramwatch.wire.WireError` naming the file that cannot be read, or with
-    ``strict`` the first bad line (file, line and field).
+    ``strict`` the first bad line (file, line and field; a line longer than ``max_line_bytes``
+    is a bad line).
     """
     series: dict[tuple[str, str, int], _Series] = {}
     bad = _BadLines(strict)
     for path in paths:
         name = os.fspath(path)
         try:
-            _feed(name, series, config, bad)
+            _feed(name, series, config, bad, max_line_bytes)
         except WireError:
             raise
         except FileNotFoundError:

@@ -119,12 +119,14 @@ class Level:
 
 
 class Trend(NamedTuple):
-    """A significant, material, linear, gradual rise found by :meth:`Pyramid.trend`."""
+    """A significant, material, linear, gradual rise found by :meth:`Pyramid.trend` (or a
+    staircase found by ``staircase.staircase``)."""
 
-    slope: float  # bytes per step (Theil-Sen over the window)
+    slope: float  # bytes per step (Theil-Sen over the window; a staircase's mean rate)
     span: float  # steps the window covers
     n: int  # points the verdict rests on
     last: float  # the window's last value
+    cadence: float = 0.0  # a staircase's mean gap between steps (steps); 0 for a steady rise
 
 
 class Pyramid:
@@ -202,6 +204,21 @@ class Pyramid:
                 return getattr(b, signal)
         return getattr(ring[0], signal)
 
+    def value_before(self, signal: Signal, at: float) -> float | None:
+        """Signal of the latest block (at the finest level that reaches back that far) starting
+        at or before ``at``; the oldest block held when none does. O(levels + ring)."""
+        oldest = None
+        for level in self.levels:
+            ring = level.blocks
+            if not ring:
+                break
+            oldest = ring[0]
+            if ring[0].start <= at:
+                for b in reversed(ring):
+                    if b.start <= at:
+                        return getattr(b, signal)
+        return None if oldest is None else getattr(oldest, signal)
+
     def min_since(self, signal: Signal, since: float) -> float:
         """Lowest value over blocks wholly inside ``[since, now]`` at any level (the floor after
         collection); a coarse block starting earlier would drag in older (warm-up) values.
@@ -227,15 +244,17 @@ class Pyramid:
                 return (last.ts - first.ts) / (last.end - first.end)
         return None
 
-    def window(self, signal: Signal, s0: float) -> tuple[list[float], list[float], int]:
+    def window(self, signal: Signal, s0: float, points: int = 0) -> tuple[list[float], list[float], int]:
         """(x, y, block span) of ``signal`` for blocks starting at or after ``s0``.
 
         Uses the finest level that still holds ``s0``; a known sawtooth period turns the
         signal into its trailing minimum over >1 period (the floor after collection); more
-        than ``fit_points`` points are grouped by their minimum (every trended signal is a
-        floor-like minimum). Empty when the signal is missing from any block of the level.
+        than ``points`` (default ``fit_points``) points are grouped by their minimum (every
+        trended signal is a floor-like minimum). Empty when the signal is missing from any
+        block of the level.
         """
         cfg = self.config
+        points = points or cfg.fit_points
         chosen = None
         for level in self.levels:
             ring = level.blocks
@@ -265,8 +284,8 @@ class Pyramid:
                 xs.append(0.5 * (b.start + b.end))
                 ys.append(v)
         n = len(xs)
-        if n > cfg.fit_points:
-            group = math.ceil(n / cfg.fit_points)
+        if n > points:
+            group = math.ceil(n / points)
             gx, gy = [], []
             for i in range(0, n, group):
                 chunk = xs[i : i + group]

@@ -21,6 +21,10 @@ class EngineConfig:
     half_ratio: float = 0.5  # slopes of the two halves must agree within this ratio (linearity)
     warmup_half_ratio: float = 0.8  # stricter while the series never settled (thirds, not halves)
     warmup_span_frac: float = 0.4  # a plateau must be flat over this fraction of the process age
-    warmup_leak_min_blocks: int = 128  # a never-settled series is not called a leak before this
+    warmup_leak_horizons: float = 2.0  # a rise from a warm-up is a leak only past this many warm-up horizons
+    warmup_horizon_s: float = 3600.0  # the longest plausible warm-up, wall seconds (compile, autotune, caches)
+    stair_steps: int = 4  # a ratcheting level's staircase: at least this many steps ...
+    stair_spread: float = 2.5  # ... the longest gap between them at most this many times the shortest ...
+    stair_z: float = 3.0  # ... each step this many noise deviations above the point-to-point jitter
     spike_margin_frac: float = 0.015  # an unmarked spike is this far above the training peak
     max_events: int = 256  # events kept (most recent)

@@ -85,6 +85,22 @@ class Context:
     plateau: PlateauLevels | None = None
     first_plateau_age: int | None = None
     phase_reach: float | None = None  # how far a marked phase last reached above the floor (max)
+    start_ts: float = 0.0  # wall time of the process's first sample
+    horizon_step: int | None = None  # the first block end past the warm-up horizon (wall time); None before
+
+    def wall_age(self, block: Block) -> float:
+        """Wall seconds from the process's first sample to the end of ``block``."""
+        return block.ts - self.start_ts
+
+    def note_horizon(self, block: Block) -> None:
+        """Remember where the process passed the warm-up horizon (once; O(1) per block)."""
+        if self.horizon_step is None and self.wall_age(block) >= self.config.warmup_horizon_s:
+            self.horizon_step = block.end
+
+    def past_horizon(self, block: Block, multiple: float) -> bool:
+        """The process has run ``multiple`` warm-up horizons of wall time: whatever it does now
+        is no warm-up (compile, autotune and the allocator's working set settle within one)."""
+        return self.horizon_step is not None and self.wall_age(block) >= multiple * self.config.warmup_horizon_s
 
     @property
     def base_tol(self) -> float:

@@ -47,7 +47,7 @@ class TrendEngine:
     (32 steps) the detectors run on at most 16 points each (tens of microseconds). Memory is
     bounded by the pyramid (8 x 48 blocks) and ``max_events``, whatever the run length; what is
     bounded is allocated as it fills (the pyramid's levels, the event ring): a series that has
-    not closed a block holds ~1.6 KB.
+    not closed a block holds ~1.7 KB.
     """
 
     __slots__ = (
@@ -74,7 +74,7 @@ class TrendEngine:
         self._ooms: int | None = None
         self._retries: int | None = None
         self._total = 0
-        self._reset_series(0, "allocated")
+        self._reset_series(0, "allocated", 0.0)
 
     @property
     def events(self) -> deque[dict[str, Any]] | tuple[()]:
@@ -87,11 +87,11 @@ class TrendEngine:
         return self.ctx.signal
 
     # ------------------------------------------------------------------ process lifecycle
-    def _reset_series(self, step: int, signal: str) -> None:
+    def _reset_series(self, step: int, signal: str, ts: float) -> None:
         """A new process (first sample or restart): warm-up again, fresh detectors."""
         cfg = self.config
         pyramid = Pyramid(cfg, step, ratchet_floor=signal != "allocated")
-        self.ctx = Context(cfg, pyramid, signal, total=self._total, last=self._last_sample())
+        self.ctx = Context(cfg, pyramid, signal, total=self._total, last=self._last_sample(), start_ts=ts)
         self.plateau = PlateauDetector(rising_since=step)
         self.plateau.floor_cusum.reset(step)
         self.leak = LeakDetector()
@@ -242,8 +242,10 @@ class TrendEngine:
                 self._emit(RestartEvent(step, self._last_step, incarnation), out)
             self._started = True
             self._incarnation = incarnation
-            self._ooms = ooms
-            self._reset_series(step, choose_signal(sample))
+            # the counter is the process's own: one already above zero on its first sample is
+            # an OOM it survived before we saw it (caught, batch cut, retried), and counts
+            self._ooms = None if ooms is None else 0
+            self._reset_series(step, choose_signal(sample), sample["ts"])
         if ooms is not None and self._ooms is not None and ooms > self._ooms:
             self._emit(OomEvent(step, ooms, sample["phase"]), out)
         self._ooms = ooms
@@ -286,6 +288,7 @@ class TrendEngine:
         ctx = self.ctx
         ctx.last = last
         ctx.pyramid.push(block, ctx.tol or ctx.base_tol)
+        ctx.note_horizon(block)
         if self.state == "plateau":
             self.spikes.on_block(ctx, block)
         self._evaluate(step, block, out)
@@ -324,7 +327,7 @@ class TrendEngine:
                     plateau.break_onsets.clear()  # that rise is over and judged: not a slow leak to re-find
                 self._new_plateau(step, block, ended.window, out)
         if self.state in ("plateau", "rising"):
-            trend = leak.slow(ctx, plateau)
+            trend = leak.slow(ctx, plateau, block)
             if trend is not None:
                 self._start_leak(step, leak.source_for(ctx), trend, plateau.rising_since, out)
         if self.state in ("plateau", "rising"):
@@ -351,7 +354,7 @@ class TrendEngine:
             ctx.first_plateau_age = age
             self._new_plateau(step, block, span, out)
             return
-        trend = self.leak.never_settled(ctx, age)
+        trend = self.leak.never_settled(ctx, age, block)
         if trend is not None:
             self._set_levels(block, plateau.warmup_span(ctx, age))
             self._start_leak(step, self.leak.source_for(ctx), trend, plateau.rising_since, out)
@@ -393,7 +396,7 @@ class TrendEngine:
         self.state = "plateau"
         self.leak.current = None
         self.fragmentation.current = None
-        self.plateau.start(block)
+        self.plateau.start(ctx, block)
         self.outside.reset(block.end + 1)
         self.fragmentation.reset(block.end + 1)
         last = self._last_sample() or {}

@@ -69,7 +69,8 @@ class PlateauBreakEvent(Event):
 
 @dataclass(slots=True)
 class LeakEvent(Event):
-    """A significant, material, linear, gradual rise (docs/engine.md)."""
+    """A significant, material, linear, gradual rise, or a staircase of ratchets at a regular
+    cadence on a ratcheting level (docs/engine.md)."""
 
     TYPE: ClassVar[str] = "leak"
     step: int  # detection
@@ -77,11 +78,12 @@ class LeakEvent(Event):
     slope_bytes_per_step: float
     steps_to_oom: int | None
     seconds_to_oom: float | None
-    source: str  # allocator | outside_allocator
+    source: str  # allocator | outside_allocator | device
     leak_onset_step: int
     plateau_bytes: int | None  # the plateau the leak grew from
     plateau_since_step: int | None
     signal: str
+    cadence_steps: int | None = None  # a staircase leak: mean steps between its steps; None for a steady rise
 
 
 @dataclass(slots=True)

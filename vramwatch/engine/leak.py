@@ -17,6 +17,7 @@ from .blocks import Block, Signal, Trend
 from .context import Context
 from .events import LeakEvent
 from .plateau import PlateauDetector
+from .staircase import staircase
 from .stats import theil_sen
 
 ALLOCATOR = "allocator"
@@ -34,6 +35,7 @@ class LeakState:
     detected_step: int
     steps: int | None = None  # projected steps to OOM
     seconds: float | None = None
+    cadence: float = 0.0  # a staircase's mean gap between steps (steps); 0 for a steady rise
 
     @property
     def signal(self) -> Signal:
@@ -49,45 +51,75 @@ class Ended(NamedTuple):
 @dataclass(slots=True)
 class LeakDetector:
     current: LeakState | None = None
+    stairs_read: int = -1  # the step at which the slow path last read a staircase window
 
     @staticmethod
     def source_for(ctx: Context) -> str:
         return DEVICE if ctx.signal == "device_used" else ALLOCATOR
 
     # ------------------------------------------------------------------ finding
+    @staticmethod
+    def rise(ctx: Context, s0: float, min_span: float, max_jump: float = 0.5,
+             shape: tuple[float, int] | None = None) -> Trend | None:
+        """A leak's rise of the floor since ``s0``: a steady one (``Pyramid.trend``) or, on a
+        ratcheting level (reserved, device used), a staircase (``staircase.py``)."""
+        ratio, parts = shape or ctx.leak_shape
+        pyramid = ctx.pyramid
+        trend = pyramid.trend("floor", s0, min_span, ratio, ctx.tol, max_jump=max_jump, parts=parts)
+        if trend is None and pyramid.ratchet_floor and not pyramid.coarse_pending:
+            trend = staircase(pyramid, "floor", s0, min_span, ctx.tol)  # a slow pattern: every fourth block
+        return trend
+
     def in_rise(self, ctx: Context, plateau: PlateauDetector, block: Block) -> Trend | None:
         """A leak in the rise after a break; moves ``plateau.rising_since`` to the window found."""
-        ratio, parts = ctx.leak_shape
         for s0 in plateau.rise_starts(ctx, block):
-            trend = ctx.pyramid.trend("floor", s0, ctx.min_span(), ratio, ctx.tol, parts=parts)
-            if trend:
+            trend = self.rise(ctx, s0, ctx.min_span())
+            if trend and not plateau.warming_up(ctx, block, trend.slope):
                 plateau.rising_since = s0
                 return trend
         return None
 
-    def slow(self, ctx: Context, plateau: PlateauDetector) -> Trend | None:
+    def slow(self, ctx: Context, plateau: PlateauDetector, block: Block) -> Trend | None:
         """A leak slower than the noise shows up as breaks followed by "plateaus" that are only
-        short flat-looking stretches: judge the floor since the earliest recent break, on the
-        coarse levels, every fourth block."""
+        short flat-looking stretches (on a ratcheting level: a staircase of breaks): judge the
+        floor since the earliest recent break, on the coarse levels, every fourth block: a steady
+        rise from each of the latest four, a staircase from the earliest of the latest eight (its
+        cadence needs steps) or of the latest four."""
         if ctx.pyramid.coarse_pending or not plateau.break_onsets:
             return None
+        onsets = plateau.break_onsets
         ratio, parts = ctx.leak_shape
-        for s0 in sorted(plateau.break_onsets):
-            trend = ctx.pyramid.trend("floor", s0, 4 * ctx.min_span(), ratio, ctx.tol, max_jump=0.35, parts=parts)
-            if trend:
+        min_span = 4 * ctx.min_span()
+        for s0 in sorted(onsets[-4:]):
+            trend = ctx.pyramid.trend("floor", s0, min_span, ratio, ctx.tol, max_jump=0.35, parts=parts)
+            if trend and not plateau.warming_up(ctx, block, trend.slope):
+                plateau.rising_since = s0
+                return trend
+        # a staircase window (ring_blocks points) changes when it gains a point: read it no more often
+        point = (block.end - onsets[0]) / ctx.config.ring_blocks
+        if not ctx.pyramid.ratchet_floor or block.end - self.stairs_read < point:
+            return None
+        self.stairs_read = block.end
+        for s0 in sorted({onsets[0], onsets[-4:][0]}):  # the most steps; the latest four breaks
+            trend = staircase(ctx.pyramid, "floor", s0, min_span, ctx.tol)
+            if trend and not plateau.warming_up(ctx, block, trend.slope):
                 plateau.rising_since = s0
                 return trend
         return None
 
-    @staticmethod
-    def never_settled(ctx: Context, age: int) -> Trend | None:
-        """A series that never settled leaks only if the last three quarters of its life rise in
-        a straight line (three equal slopes); a warm-up, however long, keeps decelerating."""
-        cfg = ctx.config
-        if age < cfg.warmup_leak_min_blocks * cfg.block_steps:
+    def never_settled(self, ctx: Context, age: int, block: Block) -> Trend | None:
+        """A series that never settled leaks only if it keeps rising long past any warm-up:
+        once the process has run ``warmup_leak_horizons`` warm-up horizons of wall time, the
+        floor since the later of the first horizon and a quarter of its life rises in a
+        straight line (three slopes within 20 %) or, on a ratcheting level, in a staircase. A
+        warm-up, however long, keeps decelerating; steps are not the clock here (dcgm's step is
+        a second, nvidia-smi's a row)."""
+        if not ctx.past_horizon(block, ctx.config.warmup_leak_horizons):
             return None
-        start = ctx.pyramid.start + age // 4
-        return ctx.pyramid.trend("floor", start, 0.75 * age, cfg.warmup_half_ratio, ctx.tol, max_jump=0.25, parts=3)
+        assert ctx.horizon_step is not None
+        start = max(ctx.pyramid.start + age // 4, ctx.horizon_step)
+        return self.rise(ctx, start, ctx.config.min_blocks * ctx.config.block_steps, max_jump=0.25,
+                         shape=(ctx.config.warmup_half_ratio, 3))
 
     # ------------------------------------------------------------------ runway
     @staticmethod
@@ -128,7 +160,7 @@ class LeakDetector:
     # ------------------------------------------------------------------ start / follow
     def start(self, ctx: Context, step: int, source: str, trend: Trend, onset: int) -> LeakEvent:
         steps, seconds = self.runway(ctx, source, trend.slope)
-        self.current = LeakState(source, trend.slope, onset, step, steps, seconds)
+        self.current = LeakState(source, trend.slope, onset, step, steps, seconds, trend.cadence)
         plateau = ctx.plateau
         if plateau is not None and plateau.until_step is None:
             plateau.until_step = onset  # the plateau the leak grew from ends where it began
@@ -143,13 +175,17 @@ class LeakDetector:
             plateau_bytes=ctx.plateau_bytes(),
             plateau_since_step=None if plateau is None else plateau.since_step,
             signal=ctx.signal,
+            cadence_steps=round(trend.cadence) if trend.cadence else None,
         )
 
     def follow(self, ctx: Context, block: Block) -> Ended | None:
         """Update slope and runway; the settling window when the leak has ended, else None.
 
         A sawtooth's clear ends a leak called on its first ramp (that memory was a cache); a
-        leak ends when the floor is flat over a window long enough to have seen its own rise.
+        leak ends when the floor is flat over a window long enough to have seen its own rise,
+        and a staircase's over two of its gaps (between its steps it is flat by nature). A
+        staircase's slope is its net rise since the onset over the time (Theil-Sen reads a
+        staircase of rare steps as flat).
         """
         leak = self.current
         assert leak is not None
@@ -162,8 +198,8 @@ class LeakDetector:
             return None  # the slope moves slowly: re-fit every fourth block
         xs, ys, _ = pyramid.window(leak.signal, leak.onset)
         if len(xs) >= 4:
-            leak.slope = theil_sen(xs, ys)
-        window = max(min_span, 2 * ctx.tol / leak.slope if leak.slope > 0 else min_span)
+            leak.slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if leak.cadence else theil_sen(xs, ys)
+        window = max(min_span, 2 * ctx.tol / leak.slope if leak.slope > 0 else min_span, 2 * leak.cadence)
         if block.end - leak.onset >= 2 * window and pyramid.flat(leak.signal, block.end - window, window, ctx.tol):
             return Ended(window, judged=True)
         leak.steps, leak.seconds = self.runway(ctx, leak.source, leak.slope)

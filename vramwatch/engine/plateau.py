@@ -12,6 +12,7 @@ See docs/engine.md for the why of each rule.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import NamedTuple
 
 from .blocks import Block, keep_last
@@ -31,9 +32,13 @@ class PlateauDetector:
 
     floor_cusum: Cusum = field(default_factory=Cusum)
     rising_since: int = 0  # onset of the current rise (break, or a later leak window start)
-    break_onsets: list[int] = field(default_factory=list)  # the latest 4
+    break_onsets: list[int] = field(default_factory=list)  # the latest 8
     phase_ratchet: str | None = None  # the phase whose reserved ratchet is not yet judged
     phase_bumps: list[tuple[int, int]] = field(default_factory=list)  # (step, added), the latest 16
+    first_judged: int | None = None  # where the process's first plateau was judged ...
+    first_young: bool = False  # ... within the warm-up horizon (wall time) ...
+    first_broke: int | None = None  # ... and the onset of the first rise that left it
+    levels_seen: list[float] | None = None  # the floors of the latest 4 plateaus (made at the first)
 
     def note_phase(self, phase: str, step: int, reserved_before: int | None, reserved: int | None, rtol: float) -> None:
         """A phase sample: remember what it added to reserved (a phase's ratchet is no growth)."""
@@ -118,8 +123,15 @@ class PlateauDetector:
             since_step=max(pyramid.start, int(s0)),
         )
 
-    def start(self, block: Block) -> None:
+    def start(self, ctx: Context, block: Block) -> None:
         """A new plateau: fresh CUSUM, no pending phase ratchet."""
+        if self.first_judged is None:
+            self.first_judged = block.end
+            self.first_young = ctx.wall_age(block) < ctx.config.warmup_horizon_s
+        if ctx.plateau is not None:
+            if self.levels_seen is None:
+                self.levels_seen = []  # allocated as it fills: most series hold a few hundred bytes
+            keep_last(self.levels_seen, ctx.plateau.floor, 4)
         self.phase_ratchet = None
         self.floor_cusum.reset(block.end + 1)
 
@@ -156,7 +168,36 @@ class PlateauDetector:
 
     def begin_rise(self, brk: Break) -> None:
         self.rising_since = brk.onset
-        keep_last(self.break_onsets, brk.onset, 4)
+        keep_last(self.break_onsets, brk.onset, 8)
+        if self.first_judged is not None and self.first_broke is None:
+            self.first_broke = brk.onset
+
+    def warming_up(self, ctx: Context, block: Block, slope: float) -> bool:
+        """Is a rise at ``slope`` still the warm-up? The process's first plateau was judged within
+        the warm-up horizon and did not hold: the floor left it before it had stayed flat for as
+        long as the rise needs to become material (``tol / slope``). A warm-up that looked flat
+        for a while (a long ramp, a slow approach within the 1 % tolerance of a ratcheting level,
+        compile jumps) goes on right away; a leak after a settled plateau shows the kink. Until
+        the process has run ``warmup_leak_horizons`` horizons such a rise is no leak, unless its
+        breaks come at a regular cadence (:meth:`regular_breaks`), as a warm-up's never do."""
+        if self.first_judged is None or not self.first_young:
+            return False
+        if ctx.past_horizon(block, ctx.config.warmup_leak_horizons):
+            return False
+        broke = self.first_broke if self.first_broke is not None else block.end
+        return (broke - self.first_judged) * slope < ctx.tol and not self.regular_breaks()
+
+    def regular_breaks(self) -> bool:
+        """The latest four breaks came at a regular cadence (the longest gap at most twice the
+        shortest) and the plateaus between them rose alike (the smallest rise at least half the
+        largest): a staircase of ratchets, as a leak through the allocator makes. A warm-up's
+        compile or batch-length breaks come at ever longer gaps, each adding less than the last."""
+        onsets, levels = self.break_onsets[-4:], self.levels_seen
+        if len(onsets) < 4 or levels is None or len(levels) < 4:
+            return False
+        gaps = [b - a for a, b in pairwise(onsets)]
+        rises = [b - a for a, b in pairwise(levels)]
+        return min(gaps) > 0 and max(gaps) <= 2 * min(gaps) and min(rises) > 0 and max(rises) <= 2 * min(rises)
 
     # ------------------------------------------------------------------ after a break
     def settled_after_rise(self, ctx: Context, block: Block) -> float | None:

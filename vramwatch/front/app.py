@@ -9,8 +9,13 @@ this app instead of a collector. It stores nothing and can run as several replic
 * Captures are forwarded to the shards holding the ranks; snapshot downloads are streamed
   from the shard that stores them.
 * Series, chart and phase requests for one rank go to the shard that owns it.
-* Every cross-shard request is concurrent and bounded by ``timeout_s``; a shard that does
-  not answer leaves its ranks listed as ``unreachable`` with their last known verdict.
+* Every cross-shard request is concurrent and bounded (:mod:`vramwatch.front.fanout`: one
+  total deadline ``timeout_s`` per fan-out, ``max_peer_bytes`` per answer, at most
+  ``max_concurrent_peers`` at once); a shard that does not answer leaves its ranks listed as
+  ``unreachable`` with their last known verdict; a malformed answer is a 502 naming the shard.
+* Reads need the token whenever the front holds a peer token (its shards then require read
+  credentials, so the front asks its readers for them too); the token goes only to peers the
+  operator named or allowed (:mod:`vramwatch.front.peers`).
 * ``/metrics`` counts cross-shard requests by shard and outcome, and their latency.
 """
 
@@ -40,7 +45,7 @@ from vramwatch.collector.settings import Settings
 from vramwatch.decisions.compare import RunFigures
 from vramwatch.decisions.compare import compare as compare_runs
 from vramwatch.front import merge
-from vramwatch.front.fanout import Fanout
+from vramwatch.front.fanout import MAX_CONCURRENT, MAX_PEER_BYTES, Fanout, stream_chunks
 from vramwatch.front.peers import Peer, PeerSource
 from vramwatch.remote import MALFORMED, detail_text
 
@@ -93,6 +98,17 @@ class FrontSettings:
     body_timeout_s: float = Settings.body_timeout_s
     max_connections: int = Settings.max_connections
     health_reserve: int = Settings.health_reserve
+    #: the largest answer read from a shard (inflated), and shard requests at once
+    max_peer_bytes: int = MAX_PEER_BYTES
+    max_concurrent_peers: int = MAX_CONCURRENT
+
+    def __post_init__(self) -> None:
+        if self.peer_token and not self.token:
+            raise ValueError("a front that sends a token to its shards must ask its readers for one: "
+                             "set VRAMWATCH_TOKEN or --token-file")
+        for name in ("timeout_s", "max_peer_bytes", "max_concurrent_peers"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be positive, got {getattr(self, name)!r}")
 
 
 def _quote(run: str) -> str:
@@ -102,17 +118,45 @@ def _quote(run: str) -> str:
 
 
 async def _peers(settings: FrontSettings) -> list[Peer]:
-    # a file re-read or a Prometheus discovery may block: never on the event loop
-    return await asyncio.to_thread(settings.peers.current)
+    # a file's re-read may block: never on the event loop (discovery never runs here at all)
+    if settings.peers.reads_files:
+        return await asyncio.to_thread(settings.peers.current)
+    return settings.peers.current()
+
+
+#: what reading a shard document of the wrong shape raises (bucket 0 divides by zero)
+_BAD_SHAPE = (*MALFORMED, ZeroDivisionError, OverflowError)
+
+
+def _culprit(answers: Sequence[merge.ShardAnswer], read: Callable[[Sequence[merge.ShardAnswer]], Any]) -> str:
+    """The first shard whose answer alone fails ``read`` (the one to name in a 502)."""
+    for answer in answers:
+        try:
+            read([answer])
+        except _BAD_SHAPE:
+            return answer.shard
+    return "a shard"
+
+
+def _merged(what: str, answers: Sequence[merge.ShardAnswer], read: Callable[[Sequence[merge.ShardAnswer]], Any]
+            ) -> Any:
+    """``read(answers)``; a shard answer of the wrong shape (another version of vramwatch, or
+    something else at that address) is a 502 naming the shard and ``what``, not a 500."""
+    try:
+        return read(answers)
+    except _BAD_SHAPE as exc:
+        shard = _culprit(answers, read)
+        raise HTTPException(502, f"shard {shard}: a malformed {what} answer ({type(exc).__name__}: {exc})"[:500]
+                            ) from None
 
 
 @contextlib.contextmanager
 def _malformed_is_502(what: str) -> Iterator[None]:
-    """Around code that reads shard answers: one of the wrong shape (another version of
-    vramwatch, or something else at that address) is a 502 naming ``what``, not a 500."""
+    """Around code that reads shard answers of several requests (compare): one of the wrong shape
+    is a 502 naming ``what``, not a 500."""
     try:
         yield
-    except MALFORMED as exc:
+    except _BAD_SHAPE as exc:
         raise HTTPException(502, f"{what}: a shard answered a malformed document ({type(exc).__name__}: {exc})"
                             ) from None
 
@@ -138,19 +182,17 @@ async def _run_level(request: Request, run: str, what: str) -> Any:
         if refused is not None and refused.status:  # a shard refused the parameters: say so, as a collector would
             raise HTTPException(refused.status, refused.error)
         raise HTTPException(404, f"run: no shard knows run {run!r}")
-    with _malformed_is_502(what):
-        return _MERGED[what](run, answers, params)
+    return _merged(what, answers, lambda some: _MERGED[what](run, some, params))
 
 
 async def _owner(request: Request, run: str, rank: int, host: str | None) -> Peer:
     by_name = {p.name: p for p in await _peers(request.app.state.settings)}
     answers = await _gather(request, _API + _quote(run) + "/ranks")
-    with _malformed_is_502("ranks"):
-        for row in merge.merge_ranks(answers):
-            if row.get("rank") == rank and (host is None or row.get("host") == host):
-                peer = by_name.get(row["shard"])
-                if peer is not None:
-                    return peer
+    for row in _merged("ranks", answers, merge.merge_ranks):
+        if row.get("rank") == rank and (host is None or row.get("host") == host):
+            peer = by_name.get(row["shard"])
+            if peer is not None:
+                return peer
     raise HTTPException(404, f"rank: no shard owns rank {rank} of run {run!r}")
 
 
@@ -161,8 +203,7 @@ async def _per_rank(request: Request, run: str, what: str, rank: int | None) -> 
     if rank is None:
         if what == "phases":
             answers = await _gather(request, _API + _quote(run) + "/phases")
-            with _malformed_is_502("phases"):
-                return merge.merge_lists(answers)
+            return _merged("phases", answers, merge.merge_lists)
         raise HTTPException(422, "rank: required")
     peer = await _owner(request, run, rank, request.query_params.get("host"))
     answer = await request.app.state.fanout.get_one(peer, _API + _quote(run) + "/" + what,
@@ -176,9 +217,10 @@ async def _per_rank(request: Request, run: str, what: str, rank: int | None) -> 
 def _add_status_routes(app: FastAPI, read: list[Any]) -> None:
     @app.get("/healthz")
     async def healthz(request: Request) -> dict[str, Any]:
-        answers = await _gather(request, "/healthz")
-        return {"status": "ok", "role": "front", "version": __about__.__version__, "shards": len(answers),
-                "unreachable": request.app.state.fanout.unreachable(answers)}
+        # liveness never waits on a shard: the outcomes known now (refreshed in the background)
+        peers = await _peers(request.app.state.settings)
+        return {"status": "ok", "role": "front", "version": __about__.__version__, "shards": len(peers),
+                "unreachable": request.app.state.fanout.health(peers)}
 
     @app.get("/metrics", dependencies=read)
     def metrics(request: Request) -> Response:
@@ -198,8 +240,7 @@ def _add_status_routes(app: FastAPI, read: list[Any]) -> None:
     @app.get("/api/v1/runs", dependencies=read)
     async def runs(request: Request) -> list[dict[str, Any]]:
         answers = await _gather(request, "/api/v1/runs")
-        with _malformed_is_502("runs"):
-            return merge.merge_runs(answers)
+        return _merged("runs", answers, merge.merge_runs)
 
 
 
@@ -234,12 +275,10 @@ async def _compare(request: Request, a: Annotated[str, Query(min_length=1)],
 async def _capture(request: Request, run: str) -> Any:
     """Ask a run's ranks for an allocator snapshot: forwarded to the shard owning the rank, or to
     every shard holding the run. The shards validate the body (their 4xx comes back as is)."""
-    try:
+    try:  # at most MAX_SMALL_BODY: the front door refused larger ones before this read
         raw = await request.body()
     except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing to log
         return Response(status_code=400)
-    if len(raw) > 64 * 1024:
-        raise HTTPException(413, "body: larger than 65536 bytes")
     try:  # the collector's own model: a body a shard would refuse is refused here, before routing on it
         asked = CaptureRequest.model_validate_json(raw or b"null")
     except ValidationError as exc:
@@ -285,8 +324,8 @@ async def _download(request: Request, snapshot_id: str, shard: str | None = None
     for peer in peers:
         reply = await fanout.open_stream(peer, "/api/v1/snapshots/" + _quote(snapshot_id))
         if reply is not None:
-            headers = {k: v for k, v in reply.headers.items() if k.lower() == "content-disposition"}
-            return StreamingResponse(reply.aiter_bytes(), media_type=reply.headers.get("content-type"),
+            headers = {k: v for k, v in reply.headers.items() if k.lower() in ("content-disposition", "content-length")}
+            return StreamingResponse(stream_chunks(reply), media_type=reply.headers.get("content-type"),
                                      headers=headers, background=BackgroundTask(reply.aclose))
     raise HTTPException(404, f"snapshot: no shard has snapshot {snapshot_id!r}")
 
@@ -346,11 +385,23 @@ def create_front_app(settings: FrontSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        import httpx
+
+        from vramwatch.collector.settings import background
+
         app.state.fanout = Fanout(token=settings.peer_token, timeout_s=settings.timeout_s,
-                                  cache_ttl_s=settings.cache_ttl_s)
+                                  cache_ttl_s=settings.cache_ttl_s, max_bytes=settings.max_peer_bytes,
+                                  max_concurrent=settings.max_concurrent_peers)
+        # discovery has a client of its own, with no credentials: Prometheus gets no peer token
+        discovery = httpx.AsyncClient(follow_redirects=False)
         try:
-            yield
+            if settings.peers.prometheus:
+                await settings.peers.discover(discovery)  # bounded: the first list before serving
+            discovering = settings.peers.keep_discovering(discovery) if settings.peers.prometheus else None
+            async with background(discovering) if discovering else contextlib.nullcontext():
+                yield
         finally:
+            await discovery.aclose()
             await app.state.fanout.close()
 
     app = FastAPI(title="vramwatch front", version=__about__.__version__, lifespan=lifespan)

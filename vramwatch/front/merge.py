@@ -18,6 +18,7 @@ Pure functions over the shards' JSON documents (no I/O). Rules, each defined onc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -146,6 +147,9 @@ def merge_heatmap(answers: Sequence[ShardAnswer], cols: int = 240) -> dict[str, 
     if not docs:
         return None
     worst = min if docs[0][1].get("field", "headroom") == "headroom" else max
+    for _, doc in docs:  # a width of 0, a negative or an infinite one cannot place a cell
+        if not (isinstance(doc["bucket"], int | float) and 0 < doc["bucket"] < math.inf):
+            raise ValueError(f"bucket must be a positive finite number, got {doc['bucket']!r}")
     width = max(float(d["bucket"]) for _, d in docs)
     cells: list[tuple[tuple[int, str], dict[str, Any], dict[float, float | None]]] = []
     for shard, doc in docs:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from vramwatch.wire import Sample
 
 from . import nvidia_smi, prometheus, tensorboard, wandb
-from .common import ImportOptions, ImportStats, RowError, parse_size
+from .common import MAX_LINE_BYTES, MAX_RECORD_BYTES, ImportOptions, ImportStats, RowError, parse_size
 
 Reader = Callable[[str, ImportOptions, ImportStats], Iterator[Sample]]
 
@@ -76,5 +76,7 @@ def input_paths(paths: Iterable[str], fmt: str) -> list[str]:
     return out
 
 
-__all__ = ["CHOICES", "FORMATS", "NATIVE", "ImportOptions", "ImportStats", "RowError", "UnreadableInput",
-           "input_paths", "iter_import", "parse_size"]
+__all__ = [
+    "CHOICES", "FORMATS", "MAX_LINE_BYTES", "MAX_RECORD_BYTES", "NATIVE", "ImportOptions", "ImportStats", "RowError",
+    "UnreadableInput", "input_paths", "iter_import", "parse_size",
+]

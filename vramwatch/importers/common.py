@@ -2,7 +2,10 @@
 
 An importer turns one file of some tool's format into schema-1 samples carrying only what
 that tool measured: a field the source does not record is absent, never a zero. Every
-importer streams (one row, record or document at a time) and keeps per-series state only.
+importer streams (one row, record or document at a time) through :mod:`vramwatch.bounded`
+and keeps per-series state only: memory is bounded per file by ``max_line_bytes`` (a CSV
+row, a JSON line) and ``max_record_bytes`` (a TensorBoard record, a Prometheus document),
+whatever the file holds.
 """
 
 from __future__ import annotations
@@ -13,7 +16,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from vramwatch.bounded import LimitExceeded
 from vramwatch.wire import SCHEMA_VERSION, Sample, WireError, validate
+from vramwatch.wire.tracefile import MAX_LINE_BYTES
+
+#: the largest record (TensorBoard event) or document (a Prometheus answer) read whole
+MAX_RECORD_BYTES = 64 * 2**20
+RECORD_FLAG = "--max-record-bytes"
 
 #: Default run and host names when the source does not say (override with --run/--host).
 DEFAULT_HOST = "unknown"
@@ -54,6 +63,10 @@ class ImportOptions:
     skip_invalid: bool = False
     #: extra TensorBoard key table (TOML) merged over the built-in one
     keys_path: str | None = None
+    #: the longest CSV row or JSON line read (a longer one is a bad row, never held whole)
+    max_line_bytes: int = MAX_LINE_BYTES
+    #: the largest TensorBoard record or Prometheus document read whole (past it: refused)
+    max_record_bytes: int = MAX_RECORD_BYTES
 
 
 class RowError(WireError):
@@ -75,6 +88,11 @@ class ImportStats:
     skip_invalid: bool = False
 
     MAX_ERRORS = 20
+
+    def refused(self, path: str, line: int, exc: LimitExceeded) -> None:
+        """A row a bounded reader refused (:class:`~vramwatch.bounded.LimitExceeded`): a bad row."""
+        self.rows += 1
+        self.bad(RowError(path, line, "row", f"{exc.message} ({exc.limit})"))
 
     def bad(self, error: WireError) -> None:
         """A bad row: raise it (strict), or count it and keep going (``--skip-invalid``)."""

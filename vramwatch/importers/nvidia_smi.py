@@ -11,20 +11,19 @@ is the GPU index; the step is the row's ordinal for that GPU (a loop polls at a 
 interval). Timestamps are local time of the machine that ran nvidia-smi (it prints no
 zone): they are read in the importing process's local zone; set ``TZ`` to match.
 
-Cost: one ``csv`` row and one ``strptime`` per line, O(GPUs) memory.
+Cost: one ``csv`` row and one ``strptime`` per line, O(GPUs) memory; a line is at most
+``max_line_bytes`` (longer: a bad row, never held whole).
 """
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import IO
 
+from vramwatch.bounded import CsvRows, LimitExceeded, open_input
 from vramwatch.wire import Sample
+from vramwatch.wire.tracefile import LINE_FLAG
 
 from .common import DEFAULT_HOST, ImportOptions, ImportStats, RowError, as_bytes, base_sample, checked, stem
 
@@ -33,12 +32,6 @@ QUERY = ("timestamp", "index", "uuid", "memory.used", "memory.total")
 _UNITS = {"mib": 1024**2, "kib": 1024, "gib": 1024**3, "b": 1}
 _TS_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S")
 _MISSING = ("[n/a]", "[not supported]", "n/a", "[unknown error]", "[insufficient permissions]", "")
-
-
-def _open_text(path: str) -> IO[str]:
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller's with-block
-    binary: IO[bytes] = gzip.GzipFile(fileobj=raw) if raw.peek(2)[:2] == b"\x1f\x8b" else raw  # type: ignore[assignment]
-    return io.TextIOWrapper(binary, encoding="utf-8", errors="strict", newline="")
 
 
 def _header(cells: list[str]) -> tuple[dict[str, int], dict[str, int]] | None:
@@ -98,10 +91,11 @@ class _File:
 def read(path: str, options: ImportOptions, stats: ImportStats) -> Iterator[Sample]:
     """Samples from one nvidia-smi CSV log, in file order."""
     state = _File(path, options.run or stem(path), options.host or DEFAULT_HOST, stats)
-    with _open_text(path) as fh:
-        reader = csv.reader(fh, skipinitialspace=True)
-        for cells in reader:
-            line = reader.line_num
+    with open_input(path) as fh:
+        for line, cells in CsvRows(fh, path, options.max_line_bytes, LINE_FLAG, skipinitialspace=True):
+            if isinstance(cells, LimitExceeded):
+                stats.refused(path, line, cells)
+                continue
             if not cells or not "".join(cells).strip():
                 continue
             header = _header(cells)

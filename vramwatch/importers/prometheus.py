@@ -19,7 +19,10 @@ same steps).
 
 The same conversion serves ``vramwatch watch`` (:func:`samples_from_results`).
 
-Memory: one document's points (Prometheus caps a range query at 11,000 points per series).
+Memory: one document (at most ``max_record_bytes`` of JSON, 64 MiB) and the points joined so
+far, at most ``max_record_bytes / 16`` per file (what one document of that size can hold: a
+point is at least 16 bytes of JSON); past either the file is refused, naming the limit.
+Prometheus itself caps a range query at 11,000 points per series.
 """
 
 from __future__ import annotations
@@ -31,9 +34,14 @@ from typing import Any
 
 import orjson
 
+from vramwatch.bounded import LONG_LINE, LimitExceeded, Lines, open_input, size_text
 from vramwatch.wire import Sample
 
-from .common import ImportOptions, ImportStats, MiB, RowError, base_sample, checked
+from .common import RECORD_FLAG, ImportOptions, ImportStats, MiB, RowError, base_sample, checked
+
+#: bytes of JSON a point takes at least (``[1715000000,"1"]``): the file's point budget
+POINT_BYTES = 16
+Joined = dict["Gpu", dict[float, dict[str, float]]]
 
 #: dcgm-exporter metric → role; all in MiB.
 DCGM_FB = {
@@ -102,9 +110,25 @@ def sample_of(gpu: Gpu, ts: float, values: dict[str, float], run: str, step_s: f
     return sample
 
 
-def _points(results: Iterable[dict[str, Any]], where: str, stats: ImportStats
-            ) -> dict[Gpu, dict[float, dict[str, float]]]:
-    joined: dict[Gpu, dict[float, dict[str, float]]] = {}
+@dataclass
+class _Budget:
+    """Joined points a file may hold: (GPU, time) pairs, counted as they are added."""
+
+    left: int
+    where: str
+    max_record_bytes: int
+
+    def spend(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise LimitExceeded(self.where, RECORD_FLAG, f"more than {self.max_record_bytes // POINT_BYTES:,} points "
+                                "(GPU x time) in one file: split it")
+
+
+def _points(results: Iterable[dict[str, Any]], where: str, stats: ImportStats, joined: Joined | None = None,
+            budget: _Budget | None = None) -> Joined:
+    """Each series' points folded into ``joined`` per GPU and timestamp (a new dict when None)."""
+    joined = {} if joined is None else joined
     for i, series in enumerate(results):
         labels = series.get("metric") or {}
         role = DCGM_FB.get(labels.get("__name__", ""))
@@ -125,14 +149,23 @@ def _points(results: Iterable[dict[str, Any]], where: str, stats: ImportStats
             except (TypeError, ValueError, IndexError):
                 stats.bad(RowError(where, f"result[{i}]", f"values[{j}]", f"not a [time, \"value\"] pair: {point!r}"))
                 continue
-            points.setdefault(ts, {})[role] = value
+            at = points.get(ts)
+            if at is None:
+                if budget is not None:
+                    budget.spend()
+                at = points[ts] = {}
+            at[role] = value
     return joined
 
 
 def samples_from_results(results: list[dict[str, Any]], run: str, step_s: float, where: str,
                          stats: ImportStats) -> Iterator[Sample]:
     """Samples (per GPU, in time order) from the ``result`` list of one query answer."""
-    joined = _points(results, where, stats)
+    return samples_from_points(_points(results, where, stats), run, step_s, where, stats)
+
+
+def samples_from_points(joined: Joined, run: str, step_s: float, where: str, stats: ImportStats) -> Iterator[Sample]:
+    """Samples (per GPU, in time order) from points joined per GPU and time."""
     step = step_s
     for gpu in sorted(joined, key=lambda g: (g.host, g.gpu, g.uuid)):
         total: float | None = None
@@ -165,21 +198,48 @@ def results_of(doc: Any, where: str) -> list[dict[str, Any]]:
     return result
 
 
+def _documents(path: str, max_bytes: int) -> Iterator[tuple[int, Any]]:
+    """(line, document) of a file holding one answer (pretty-printed or not) or one per line.
+    A file within ``max_bytes`` is tried whole first; a larger one must be one document per
+    line, each within ``max_bytes`` (read line by line, never whole)."""
+    with open_input(path) as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) <= max_bytes:
+        try:
+            yield 1, orjson.loads(data)
+            return
+        except orjson.JSONDecodeError:
+            lines: Iterable[Any] = data.splitlines()
+            del data
+            yield from _parse_lines(path, lines, max_bytes, large=False)
+            return
+    del data
+    with open_input(path) as fh:
+        yield from _parse_lines(path, Lines(fh, max_bytes), max_bytes, large=True)
+
+
+def _parse_lines(path: str, lines: Iterable[Any], max_bytes: int, large: bool) -> Iterator[tuple[int, Any]]:
+    too_big = f"larger than {size_text(max_bytes)}"
+    for lineno, line in enumerate(lines, 1):
+        if line is LONG_LINE:
+            raise LimitExceeded(f"{path}:{lineno}", RECORD_FLAG, f"a document {too_big}")
+        if line.strip():
+            try:
+                yield lineno, orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                if large and lineno == 1:  # a pretty-printed answer too large to read whole
+                    raise LimitExceeded(path, RECORD_FLAG, f"{too_big} and not one document per line") from None
+                raise RowError(path, lineno, "json", f"invalid JSON: {exc}") from None
+
+
 def read(path: str, options: ImportOptions, stats: ImportStats) -> Iterator[Sample]:
-    """Samples from a file holding one query_range answer, or one per line."""
-    with open(path, "rb") as fh:
-        data = fh.read()
-    try:
-        docs = [(1, orjson.loads(data))]
-    except orjson.JSONDecodeError:
-        docs = []
-        for lineno, line in enumerate(data.splitlines(), 1):
-            if line.strip():
-                try:
-                    docs.append((lineno, orjson.loads(line)))
-                except orjson.JSONDecodeError as exc:
-                    raise RowError(path, lineno, "json", f"invalid JSON: {exc}") from None
-    results: list[dict[str, Any]] = []
-    for lineno, doc in docs:
-        results.extend(results_of(doc, f"{path}:{lineno}" if len(docs) > 1 else path))
-    yield from samples_from_results(results, options.run or DEFAULT_RUN, STEP_S, path, stats)
+    """Samples from a file holding one query_range answer, or one per line (series of the same
+    GPU in different documents are joined). Documents are folded in one at a time."""
+    joined: Joined = {}
+    budget = _Budget(options.max_record_bytes // POINT_BYTES, path, options.max_record_bytes)
+    many = False
+    for lineno, doc in _documents(path, options.max_record_bytes):
+        many = many or lineno > 1
+        where = f"{path}:{lineno}" if many else path
+        _points(results_of(doc, where), path, stats, joined, budget)
+    yield from samples_from_points(joined, options.run or DEFAULT_RUN, STEP_S, path, stats)

@@ -13,12 +13,13 @@ records, most of a training log, are framed by the length CRC only). A torn reco
 end of a file still being written ends the file quietly; corruption elsewhere is a row
 error naming the record.
 
-Memory: one step's fields at a time.
+Memory: one step's fields and one record at a time; a record's length field is checked
+against ``max_record_bytes`` before anything is read (a length of 2^60 is refused, naming
+the record, not allocated).
 """
 
 from __future__ import annotations
 
-import gzip
 import math
 import os
 import struct
@@ -28,10 +29,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import IO, Any
 
+from vramwatch.bounded import LimitExceeded, open_input, read_capped, size_text
 from vramwatch.wire import FIELDS, Sample
 
 from .common import (
     DEFAULT_HOST,
+    RECORD_FLAG,
     ImportOptions,
     ImportStats,
     RowError,
@@ -42,6 +45,8 @@ from .common import (
 )
 
 # ---------------------------------------------------------------- the key table
+
+MAX_KEYS_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -60,9 +65,10 @@ def load_keys(extra_path: str | None = None) -> dict[str, KeyMapping]:
     table = _parse_keys(tomllib.loads(text), "tensorboard_keys.toml")
     if extra_path:
         try:
-            with open(extra_path, "rb") as fh:
-                table.update(_parse_keys(tomllib.load(fh), extra_path))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+            with open(extra_path, "rb") as fh:  # a key table is a few KiB: 1 MiB at most
+                text = read_capped(fh, MAX_KEYS_BYTES, extra_path, "key table").decode("utf-8")
+            table.update(_parse_keys(tomllib.loads(text), extra_path))
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError, LimitExceeded) as exc:
             raise RowError(extra_path, 0, "keys", f"cannot read the key table: {exc}") from None
     return table
 
@@ -126,8 +132,9 @@ class _Corrupt(Exception):
     """A record's framing is wrong: not an event file, or damaged."""
 
 
-def iter_records(fh: IO[bytes]) -> Iterator[tuple[int, bytes, int]]:
-    """(record number, data, stored data CRC) for each TFRecord; the data CRC is checked by the caller."""
+def iter_records(fh: IO[bytes], max_bytes: int = 64 * 2**20, where: str = "") -> Iterator[tuple[int, bytes, int]]:
+    """(record number, data, stored data CRC) for each TFRecord; the data CRC is checked by the
+    caller. A record longer than ``max_bytes`` raises :class:`LimitExceeded` before it is read."""
     number = 0
     while True:
         head = fh.read(12)
@@ -139,6 +146,9 @@ def iter_records(fh: IO[bytes]) -> Iterator[tuple[int, bytes, int]]:
         length, length_crc = struct.unpack("<QI", head)
         if masked_crc32c(head[:8]) != length_crc:
             raise _Corrupt(number)
+        if length > max_bytes:
+            raise LimitExceeded(f"{where}: record {number}", RECORD_FLAG,
+                                f"length field says {length:,} bytes, more than {size_text(max_bytes)}")
         body = fh.read(length + 4)
         if len(body) < length + 4:
             raise _Torn(number)
@@ -268,10 +278,9 @@ def _read_file(path: str, options: ImportOptions, stats: ImportStats, keys: dict
     run = options.run or _run_name(path)
     identity = _Identity(run, options.host or DEFAULT_HOST, options.rank or 0, os.path.basename(path)[:128])
     current: _Step | None = None
-    with open(path, "rb") as raw:
-        fh: IO[bytes] = gzip.GzipFile(fileobj=raw) if raw.peek(2)[:2] == b"\x1f\x8b" else raw  # type: ignore[assignment]
+    with open_input(path) as fh:
         try:
-            for number, data, data_crc in iter_records(fh):
+            for number, data, data_crc in iter_records(fh, options.max_record_bytes, path):
                 if not any(n in data for n in needles):
                     continue
                 stats.rows += 1

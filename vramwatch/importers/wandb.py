@@ -14,16 +14,18 @@ and nothing else; rank = GPU index, step = the row's ordinal for that GPU. Empty
 (W&B logs system metrics on their own 15 s clock, other metrics leave gaps) are not
 measurements and make no sample.
 
-Cost: one ``csv`` row per line; memory O(columns).
+Cost: one ``csv`` row per line; memory O(columns), a row at most ``max_line_bytes`` (longer:
+a bad row, never held whole).
 """
 
 from __future__ import annotations
 
-import csv
 import re
 from collections.abc import Iterator
 
+from vramwatch.bounded import CsvRows, LimitExceeded, open_input
 from vramwatch.wire import Sample
+from vramwatch.wire.tracefile import LINE_FLAG
 
 from .common import (
     DEFAULT_HOST,
@@ -36,7 +38,6 @@ from .common import (
     checked,
     stem,
 )
-from .nvidia_smi import _open_text
 
 _COLUMN = re.compile(
     r"(?:(?P<run>.+?) - )?system[./]gpu\.(?P<gpu>\d+)\.(?P<metric>memoryAllocatedBytes|memoryAllocated)\Z")
@@ -80,14 +81,19 @@ def read(path: str, options: ImportOptions, stats: ImportStats) -> Iterator[Samp
     host = options.host or DEFAULT_HOST
     ordinal: dict[tuple[str, int], int] = {}
     capacity: dict[tuple[str, int], int] = {}
-    with _open_text(path) as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None:
+    with open_input(path) as fh:
+        rows = iter(CsvRows(fh, path, options.max_line_bytes, LINE_FLAG))
+        first = next(rows, None)
+        if first is None:
             return
+        if isinstance(first[1], LimitExceeded):
+            raise RowError(path, 1, "header", f"{first[1].message} ({first[1].limit})")
+        header = first[1]
         ts_col, gpus = _layout(header, path)
-        for cells in reader:
-            line = reader.line_num
+        for line, cells in rows:
+            if isinstance(cells, LimitExceeded):
+                stats.refused(path, line, cells)
+                continue
             if not cells:
                 continue
             stats.rows += 1

@@ -6,57 +6,38 @@ from __future__ import annotations
 
 import gzip
 import os
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
 
+from vramwatch.bounded import LONG_LINE, Lines, open_input, size_text
 from vramwatch.wire.codec import encode_lines
 from vramwatch.wire.fields import Sample, WireError
 from vramwatch.wire.validate import decode_line, validate
 
-
-def _open_read(path: str | os.PathLike[str]) -> IO[bytes]:
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller's with-block
-    if raw.peek(2)[:2] == b"\x1f\x8b":  # sniff, so a misnamed gzip still reads
-        return _Gunzip(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    return raw
+#: the longest line a trace file may hold (a sample is well under 1 KiB; ingest takes 64 KiB)
+MAX_LINE_BYTES = 1 << 20
+LINE_FLAG = "--max-line-bytes"
 
 
-class _Gunzip(gzip.GzipFile):
-    """A GzipFile whose corrupt deflate data raises ``BadGzipFile`` (an OSError, which every
-    reader of trace files reports as an unreadable file) instead of ``zlib.error`` (which
-    none expected: a traceback from import, advise, compare and gate)."""
-
-    def read(self, size: int = -1) -> bytes:
-        try:
-            return super().read(size)
-        except zlib.error as exc:
-            raise gzip.BadGzipFile(f"corrupt gzip data: {exc}") from None
-
-    def readline(self, size: int | None = -1) -> bytes:
-        try:
-            return super().readline(size)
-        except zlib.error as exc:
-            raise gzip.BadGzipFile(f"corrupt gzip data: {exc}") from None
-
-    def __next__(self) -> bytes:
-        line = self.readline()
-        if not line:
-            raise StopIteration
-        return line
+def long_line(where: str, max_line_bytes: int) -> WireError:
+    """The error of a line longer than ``max_line_bytes`` (never read whole: :class:`bounded.Lines`)."""
+    return WireError(where, f"line longer than {size_text(max_line_bytes)} ({LINE_FLAG})")
 
 
-def iter_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
+def iter_file(path: str | os.PathLike[str], max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, Any]]:
     """Stream (line number, decoded object) from a .jsonl or .jsonl.gz trace.
 
     Decoding errors raise :class:`WireError` with the line number; validation is the
-    caller's choice (``analyze`` and ``import`` both validate).
+    caller's choice (``analyze`` and ``import`` both validate). Memory: one 1 MiB block and
+    one line (at most ``max_line_bytes``; a longer one is a WireError naming its line).
     """
-    with _open_read(path) as fh:
-        for lineno, line in enumerate(fh, 1):
+    with open_input(path) as fh:
+        for lineno, line in enumerate(Lines(fh, max_line_bytes), 1):
+            if line is LONG_LINE:
+                raise long_line(f"{path}:{lineno}", max_line_bytes)
             if not line.strip():
                 continue
             try:
@@ -65,18 +46,24 @@ def iter_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
                 raise WireError(f"{path}:{lineno}", f"invalid JSON: {exc}") from None
 
 
-def iter_samples(path: str | os.PathLike[str], on_bad: Callable[[WireError], None] | None = None
-                 ) -> Iterator[Sample]:
+def iter_samples(path: str | os.PathLike[str], on_bad: Callable[[WireError], None] | None = None,
+                 max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Sample]:
     """Validated samples from a trace file; the first bad line raises WireError naming it
     (file:line: field), or with ``on_bad`` is handed to it and skipped (``import --skip-invalid``).
 
     A line is decoded and validated in one C pass (:func:`~vramwatch.wire.validate.decode_line`);
     a line it does not accept as written takes ``orjson.loads`` + ``validate``, which rewrite
-    whole floats or name the bad field.
+    it or name the bad field. A line longer than ``max_line_bytes`` is a bad line (never held
+    whole).
     """
     decode = decode_line
-    with _open_read(path) as fh:
-        for lineno, line in enumerate(fh, 1):
+    with open_input(path) as fh:
+        for lineno, line in enumerate(Lines(fh, max_line_bytes), 1):
+            if line is LONG_LINE:
+                if on_bad is None:
+                    raise long_line(f"{path}:{lineno}", max_line_bytes)
+                on_bad(long_line(f"{path}:{lineno}", max_line_bytes))
+                continue
             sample = decode(line)
             if sample is None:
                 if not line.strip():

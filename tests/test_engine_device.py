@@ -1,0 +1,159 @@
+"""The trend engine on device memory alone: what dcgm-exporter, nvidia-smi and a hook without the
+allocator's fields give it (schema-2 samples with device used and capacity only).
+
+Each series is written here, sample by sample, from a story with a known truth; time runs on the
+wall clock of the source (a reading every 15 s), steps on its own clock: a row ordinal for
+nvidia-smi, the unix second for dcgm, the training step for a hook.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from vramwatch import wire
+from vramwatch.engine import TrendEngine
+
+MiB = 1 << 20
+GiB = 1 << 30
+TOTAL = 80 * GiB
+START = 1.75e9
+EVERY_S = 15.0
+#: step clocks: nvidia-smi numbers its rows, dcgm's step is the unix second, a hook's the training step (0.5 s)
+CLOCKS: dict[str, Callable[[int, float], int]] = {
+    "nvidia-smi": lambda i, t: i,
+    "dcgm": lambda i, t: round(START + t),
+    "hook": lambda i, t: round(t / 0.5),
+}
+_NULL = ("allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "active_bytes", "inactive_split_bytes",
+         "alloc_retries", "ooms", "process_used_bytes")
+
+
+def device_series(level: Callable[[float], float], hours: float, clock: str, jitter_mib: float = 0.0,
+                  seed: int = 0) -> Iterator[dict[str, Any]]:
+    """Device used every 15 s for ``hours``: ``level(t)`` (bytes at t seconds) plus uniform reading jitter
+    of +- ``jitter_mib``, in whole MiB as nvidia-smi and dcgm report it."""
+    rng = random.Random(seed)
+    for i in range(int(hours * 3600 / EVERY_S)):
+        t = i * EVERY_S
+        used = level(t) + rng.uniform(-jitter_mib, jitter_mib) * MiB
+        sample = {"schema": 2, "run": "r", "host": "h", "rank": 0, "step": CLOCKS[clock](i, t), "ts": START + t,
+                  "phase": "train", "total_bytes": TOTAL, "nvml_used_bytes": int(used) // MiB * MiB,
+                  **dict.fromkeys(_NULL)}
+        yield wire.validate(sample)
+
+
+def judge(samples: Iterator[dict[str, Any]]) -> tuple[TrendEngine, list[dict[str, Any]]]:
+    engine = TrendEngine()
+    events = []
+    for sample in samples:
+        events += [dict(e, ts=sample["ts"]) for e in engine.update(sample)]
+    return engine, events
+
+
+def leaks(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == "leak"]
+
+
+@pytest.mark.parametrize("clock", list(CLOCKS))
+@pytest.mark.parametrize("jitter_mib", [0.0, 300.0])
+def test_a_leak_from_the_first_sample_is_found_within_four_hours_with_its_time_to_oom(clock: str,
+                                                                                        jitter_mib: float) -> None:
+    # +6 MiB per 15 s reading from the very first, on an 80 GiB card: 14 h from 60 GiB to the wall
+    rate = 6 * MiB / EVERY_S
+
+    def level(t: float) -> float:
+        return 60 * GiB + rate * t
+
+    engine, events = judge(device_series(level, 6.0, clock, jitter_mib))
+    found = leaks(events)
+    assert found, [(e["type"], round((e["ts"] - START) / 3600, 2)) for e in events]
+    leak = found[0]
+    hours = (leak["ts"] - START) / 3600
+    assert hours <= 4.0
+    assert leak["source"] == "device" and leak["signal"] == "device_used"
+    # the time to OOM it projects against what was actually left then
+    left = (TOTAL - level(leak["ts"] - START)) / rate
+    assert leak["seconds_to_oom"] == pytest.approx(left, rel=0.25)
+    assert leak["steps_to_oom"] > 0
+    summary = engine.summary()
+    assert summary["state"] == "leak" and summary["seconds_to_oom"] is not None
+
+
+def _ramp(minutes: float, rise: float) -> Callable[[float], float]:
+    return lambda t: 30 * GiB + rise * min(1.0, t / (60 * minutes))
+
+
+def _approach(minutes: float, rise: float) -> Callable[[float], float]:
+    return lambda t: 30 * GiB + rise * (1.0 - math.exp(-4.0 * t / (60 * minutes)))
+
+
+def _compile_steps(minutes: float, rise: float) -> Callable[[float], float]:
+    # new shapes compiled at ever longer gaps (each twice the last), the last one at `minutes`
+    jumps = [60 * minutes * 2.0 ** -k for k in range(5)]
+    return lambda t: 30 * GiB + rise * sum(1 for at in jumps if t >= at) / len(jumps)
+
+
+@pytest.mark.parametrize("clock", list(CLOCKS))
+@pytest.mark.parametrize("shape", [_ramp, _approach, _compile_steps])
+@pytest.mark.parametrize("jitter_mib", [0.0, 300.0])
+def test_a_forty_minute_warm_up_that_then_holds_is_no_leak(clock: str, shape: Callable[..., Any],
+                                                           jitter_mib: float) -> None:
+    # 12 GiB (15 % of the card) over 40 minutes, then flat for 8 hours
+    engine, events = judge(device_series(shape(40.0, 12 * GiB), 8.0, clock, jitter_mib, seed=3))
+    assert leaks(events) == [], [(e["type"], round((e["ts"] - START) / 3600, 2)) for e in events]
+    assert engine.summary()["state"] == "plateau"
+
+
+def _staircase(onset_h: float, every_min: float, step: float) -> Callable[[float], float]:
+    """A plateau, then a tensor kept every `every_min` minutes (a step of `step` bytes each)."""
+    def level(t: float) -> float:
+        kept = max(0, math.floor((t - 3600 * onset_h) / (60 * every_min)) + 1) if t >= 3600 * onset_h else 0
+        return 40 * GiB + step * kept
+    return level
+
+
+@pytest.mark.parametrize("clock", list(CLOCKS))
+@pytest.mark.parametrize("every_min", [10.0, 30.0])
+def test_a_staircase_of_ratchets_is_a_leak_with_a_runway(clock: str, every_min: float) -> None:
+    step = 1.5 * GiB  # about 2 % of the card at every step: each a plateau break of its own
+    onset_h = 2.0
+    level = _staircase(onset_h, every_min, step)
+    engine, events = judge(device_series(level, onset_h + 9 * every_min / 60, clock, 50.0, seed=5))
+    found = leaks(events)
+    assert found, [(e["type"], round((e["ts"] - START) / 3600, 2)) for e in events]
+    leak = found[0]
+    assert leak["source"] == "device"
+    rate = step / (60 * every_min)  # bytes per second, over the staircase
+    oom_s = 3600 * onset_h + (TOTAL - level(0)) / rate
+    # found while at least half of the way from the first step to the wall is still ahead
+    assert (oom_s - (leak["ts"] - START)) / (oom_s - 3600 * onset_h) >= 0.5
+    left = (TOTAL - level(leak["ts"] - START)) / rate
+    assert leak["seconds_to_oom"] == pytest.approx(left, rel=0.35)
+    assert engine.summary()["state"] == "leak"  # the staircase goes on: so does the verdict
+
+
+def test_one_time_ratchets_and_a_decelerating_staircase_are_no_leak() -> None:
+    # a checkpoint's ratchet at 1 h, an eval's at 1.6 h, then new shapes compiled at ever longer gaps
+    def level(t: float) -> float:
+        value = 40 * GiB + (2 * GiB if t >= 3600 else 0) + (1.5 * GiB if t >= 1.6 * 3600 else 0)
+        return value + sum(GiB for at in (3.0, 6.0, 12.0) if t >= at * 3600)
+
+    for clock in CLOCKS:
+        _, events = judge(device_series(level, 14.0, clock, 100.0, seed=7))
+        assert leaks(events) == [], (clock, [(e["type"], round((e["ts"] - START) / 3600, 2)) for e in events])
+
+
+def test_an_oom_already_counted_on_the_first_sample_raises_an_oom_event() -> None:
+    engine = TrendEngine()
+    sample = wire.validate({"schema": 2, "run": "r", "host": "h", "rank": 0, "step": 1200, "ts": START,
+                            "phase": "train", "total_bytes": TOTAL, "nvml_used_bytes": 70 * GiB, "ooms": 2})
+    events = engine.update(sample)
+    assert [(e["type"], e["ooms"], e["step"]) for e in events] == [("oom", 2, 1200)]
+    # the same count on the next sample is no new OOM; one more is
+    assert engine.update(dict(sample, step=1201, ts=START + 15)) == []
+    assert [e["type"] for e in engine.update(dict(sample, step=1202, ts=START + 30, ooms=3))] == ["oom"]
