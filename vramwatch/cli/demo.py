@@ -138,8 +138,11 @@ class _Job:
             if clean and rank not in self.killed:
                 monitor.close(left)
             else:
+                # killed: what was sent stays, no exit marker; its threads end as the process's would
                 monitor.flush(left)
                 monitor.sender.close(0.2)  # type: ignore[union-attr]
+                if monitor.host is not None:
+                    monitor.host.release()
                 lifecycle.unregister(monitor)
             stats = monitor.stats()
             self.samples += stats["samples"]
