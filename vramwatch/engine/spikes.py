@@ -38,7 +38,8 @@ class SpikeDetector:
     normal_high: float = 0.0  # the biggest normal batch above the floor
     spikes: list[int] = field(default_factory=list)  # steps of the latest 10 unmarked spikes
     period: int = 0  # the rhythm already reported
-    phase_reach: dict[str, float] = field(default_factory=dict)  # phase -> peak above the floor, latest
+    # phase -> peak above the floor, latest; made at the first marked phase (most series never have one)
+    phase_reach: dict[str, float] | None = None
     checkpoint: CheckpointRecord = field(default_factory=CheckpointRecord)
 
     def reset(self) -> None:
@@ -47,7 +48,7 @@ class SpikeDetector:
         self.normal_high = 0.0
         self.spikes.clear()
         self.period = 0
-        self.phase_reach.clear()
+        self.phase_reach = None
 
     def learn(self, ctx: Context, blocks: list[Block]) -> None:
         """The biggest normal batch: each block's runner-up peak (a lone spike is only ever a
@@ -97,11 +98,14 @@ class SpikeDetector:
                 record.peak_max = peak if record.peak_max is None else max(record.peak_max, peak)
         last = ctx.last
         level = None if last is None else last.get(SIGNAL_FIELDS[ctx.signal])
-        if peak is not None and level is not None and (phase in self.phase_reach or len(self.phase_reach) < 16):
+        reach = self.phase_reach
+        if peak is not None and level is not None and (reach is None or phase in reach or len(reach) < 16):
             # how far this phase reaches above the floor: a leak lifts it too, and a phase that
             # reaches higher than any batch is where the OOM will happen
-            self.phase_reach[phase] = peak - level
-            ctx.phase_reach = max(self.phase_reach.values())
+            if reach is None:
+                reach = self.phase_reach = {}
+            reach[phase] = peak - level
+            ctx.phase_reach = max(reach.values())
         return event
 
     def unmarked(self, ctx: Context, sample: dict[str, Any], on_plateau: bool) -> SpikeEvent | None:
