@@ -21,6 +21,7 @@ from test_dashboard import (  # shared fixtures: the fed collector and the brows
     strip_rows,
 )
 
+from vramwatch.collector import rundoc
 from vramwatch.collector.app import dashboard_plotly_js_path, plotly_js_path
 from vramwatch.report import ReportError, build_report, report_data, write_report
 
@@ -173,10 +174,10 @@ def test_a_rank_that_went_silent_is_embedded_first_as_the_live_page_orders_it(tm
     store = Store(db)
     store.insert(samples)
     store.close()
-    monkeypatch.setattr(report, "MAX_SERIES_RANKS", 2)
+    monkeypatch.setattr(rundoc, "MAX_SERIES_RANKS", 2)  # what the documents embed
     data = report.report_data(db, "run-a")
     rows = {r["rank"]: r for r in data["ranks"]}
     assert rows[2]["liveness"] == "silent" and {rows[r]["liveness"] for r in (0, 1, 3)} == {"live"}
-    order = [r["rank"] for r in sorted(data["ranks"], key=report._row_order)]
+    order = [r["rank"] for r in sorted(data["ranks"], key=report.row_order)]
     assert order[0] == 2 and order[1:] == [3, 1, 0]  # then least headroom first
     assert sorted(key.split("\u0000")[1] for key in data["series"]) == ["0", "2", "3"]  # + rank 0, always
