@@ -2,7 +2,8 @@
 docs/benchmarks.md through :func:`bench.report.write_section`.
 
 The benchmarks share the tests' simulated corpus, load generator and collector processes
-(``tests/corpus.py``, ``tests/loadgen.py``, ``tests/collector_process.py``): ``tests/`` is on the import
+(``tests/corpus.py``, ``tests/loadgen.py``, ``tests/collector_process.py``, the hostile servers of
+``tests/hostile.py``): ``tests/`` is on the import
 path of every benchmark."""
 
 import sys

@@ -25,9 +25,9 @@ from typing import Any
 
 import httpx
 import orjson
+from hostile import Hostile, drip, flood, json_answer, silent
 
 from bench.attack_bench import HealthPoller, peak_rss_mb
-from bench.hostile import Hostile, drip, flood, json_answer, silent
 
 MiB = 2**20
 

@@ -10,8 +10,8 @@ import time
 import httpx
 import orjson
 import pytest
+from hostile import Hostile, answer, drip, flood
 
-from bench.hostile import Hostile, answer, drip, flood
 from vramwatch import remote
 from vramwatch.bounded import FetchError, HttpLimits, fetch_sync
 from vramwatch.collector.server import BackgroundServer

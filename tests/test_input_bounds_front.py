@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers import make_sample, ndjson
+from hostile import Hostile, answer, drip, flood, json_answer, silent
 
-from bench.hostile import Hostile, answer, drip, flood, json_answer, silent
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.front import FrontSettings, PeerSource, parse_peers
 from vramwatch.front.server import BackgroundFront
