@@ -46,34 +46,28 @@ def finite(value: float, text: str) -> None:
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
 
 
-def positive(kind: type) -> object:
+def _bounded(kind: type, ok: Callable[[float], bool], refusal: str) -> Callable[[str], float | int]:
+    """An argparse type: ``kind(text)``, finite, and ``ok`` of it, else ``refusal`` naming the text."""
     def parse(text: str) -> float | int:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         finite(value, text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{refusal}, got {text}")
         return value
 
-    parse.__name__ = kind.__name__
+    parse.__name__ = kind.__name__  # argparse names the type in "invalid int value"
     return parse
 
 
-def non_negative(kind: type) -> object:
-    def parse(text: str) -> float | int:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        finite(value, text)
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
-        return value
+def positive(kind: type) -> Callable[[str], float | int]:
+    return _bounded(kind, lambda value: value > 0, "must be positive")
 
-    parse.__name__ = kind.__name__
-    return parse
+
+def non_negative(kind: type) -> Callable[[str], float | int]:
+    return _bounded(kind, lambda value: value >= 0, "must not be negative")
 
 
 def existing_files(paths: Sequence[str]) -> list[Path]:
