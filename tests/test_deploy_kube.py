@@ -182,7 +182,8 @@ def test_grafana_configmaps_are_generated_from_their_sources() -> None:
 
 
 def test_grafana_generator_check_fails_when_a_rule_changes(tmp_path) -> None:
-    for rel in ("k8s/generate_grafana.py", "prometheus/rules/vramwatch.rules.yml", "grafana/dashboards/vramwatch.json",
+    for rel in ("k8s/generate_grafana.py", "k8s/generate_prometheusrule.py", "prometheus/rules/vramwatch.rules.yml",
+                "grafana/dashboards/vramwatch.json",
                 "k8s/components/kube-prometheus-stack/grafana-dashboard.yaml",
                 "k8s/components/kube-prometheus-stack/grafana-alerts.yaml"):
         (tmp_path / "deploy" / rel).parent.mkdir(parents=True, exist_ok=True)
