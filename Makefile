@@ -55,7 +55,7 @@ bench: install-test system-deps
 lint: install-test
 	$(VENV)/bin/ruff check .
 
-# Every deploy/ file through its own validator (also part of `make test`: tests/test_deploy.py).
+# Every deploy/ file through its own validator (also part of `make test`: tests/deploy/test_deploy.py).
 check-deploy: install-test system-deps
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec deploy/compose.yaml
 	for v in 1.28.0 1.31.0 1.34.0; do \

@@ -36,7 +36,7 @@ import orjson
 
 from bench.ingest_bench import start_collector
 from bench.report import table, write_section
-from vramwatch.collector.app import dashboard_plotly_js_path, plotly_js_path
+from vramwatch.collector.serving.app import dashboard_plotly_js_path, plotly_js_path
 from vramwatch.collector.store import Store
 from vramwatch.probe.simulated import simulate_trace
 

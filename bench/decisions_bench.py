@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.decisions_bench           # writes docs/benchmarks.md "## Decisions"
     .venv/bin/python -m bench.decisions_bench --quick   # fewer seeds, no file written
 
-Truth comes from the simulator's parameters (:func:`vramwatch.decisions.scenarios.token_truth`),
+Truth comes from the simulator's parameters (:func:`vramwatch.simulation.tokens.token_truth`),
 never from the samples the model saw.
 """
 
@@ -27,11 +27,11 @@ from vramwatch.decisions.live import DecisionEngine
 from vramwatch.decisions.model import fit_transient
 from vramwatch.decisions.observe import RunObservation, observe
 from vramwatch.decisions.readiness import ReadinessConfig
-from vramwatch.decisions.scenarios import regression_overrides, token_trace, token_truth
-from vramwatch.decisions.stories import STORIES, story_trace, story_truth
 from vramwatch.decisions.views import run_readiness
 from vramwatch.engine import TrendEngine
 from vramwatch.engine.analyze import analyze_paths
+from vramwatch.simulation.stories import STORIES, story_trace, story_truth
+from vramwatch.simulation.tokens import regression_overrides, token_trace, token_truth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from corpus import SCALES, STEPS, make_case
@@ -212,7 +212,7 @@ def _story_row(name: str, seed: int, with_reference: bool) -> dict[str, Any]:
 
 
 def procedure(seeds: int) -> tuple[str, list[float]]:
-    """The procedure's replays (vramwatch/decisions/stories.py): what advise says next, and the
+    """The procedure's replays (vramwatch/simulation/stories.py): what advise says next, and the
     largest batch against the truth, on runs that include OOMs."""
     rows, errors = [], []
     for name, with_reference in (*((n, False) for n in STORIES), ("try_alone", True)):
@@ -258,8 +258,8 @@ def leak_gate(seeds: int) -> str:
 
 def live_advice_cost() -> str:
     """``/advice`` on the tracks the collector holds against replaying the run (8 ranks x 5,000 steps)."""
-    from vramwatch.collector.live import LiveState
-    from vramwatch.collector.routes_decisions import live_view
+    from vramwatch.collector.reads.advice import live_view
+    from vramwatch.collector.state.live import LiveState
 
     samples = [s for r in range(8) for s in token_trace("varlen", steps=5000, run="eight", rank=r, seed=r,
                                                          world_size=8)]
@@ -346,7 +346,7 @@ def main(argv: list[str]) -> None:
     cost = costs() + "\n\n" + live_advice_cost()
     body = f"""
 **Largest batch that fits and projected peaks** against the simulator's truth (token scenarios of
-`vramwatch/decisions/scenarios.py`: transient = fixed part + activation per token, 3 % batch-composition
+`vramwatch/simulation/tokens.py`: transient = fixed part + activation per token, 3 % batch-composition
 jitter at equal tokens; `varlen_quadratic` adds a quadratic share; `fixed*` never vary tokens, `+refs` adds
 two runs at 18,432 and 14,336 tokens). 2 ranks per run, 4,000 steps, {seeds} seeds, devices 143.8 / 80 / 24 GB.
 Error = (predicted - true) / true; the largest batch keeps 5 % of the device free at the worst phase; peaks
@@ -379,7 +379,7 @@ against the measurement of that batch:
 
 {ready}
 
-**The procedure on replays with known truth** (`vramwatch/decisions/stories.py`: a KoHRM-like job, 22,528
+**The procedure on replays with known truth** (`vramwatch/simulation/stories.py`: a KoHRM-like job, 22,528
 token slots per GPU = 180,224 global over 8, played process by process; a buffer the checkpoint needs only
 above 23,552 tokens per rank makes the raise to 24,576 run out of memory at its first checkpoint; 2 of the 8
 ranks simulated, {3 if not args.quick else 1} seed(s)). "Largest batch" is what `advise` reports: the model

@@ -262,7 +262,7 @@ def series_memory(series: int = 2000) -> dict[str, float]:
     a bare TrendEngine. Samples are built before measuring (they are the collector's, kept once).
     A block closes at the 32nd step: 1 and 20 samples have not closed one; 1,000 steps
     (31 blocks, on fewer series) shows how the rings fill."""
-    from vramwatch.collector.live import LiveState
+    from vramwatch.collector.state.live import LiveState
     from vramwatch.probe.simulated import simulate_trace
 
     train = [s for s in simulate_trace("demo", steps=1100, rank=0, seed=0) if s["phase"] == "train"]

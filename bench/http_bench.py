@@ -64,8 +64,8 @@ def serve_trivial(kind: str) -> None:
     """Run a trivial server on a free loopback port; print ``port N`` once it listens."""
     import uvicorn
 
-    from vramwatch.collector.guard import ConnectionGuard
     from vramwatch.collector.server import bind_socket, guarded_config
+    from vramwatch.collector.serving.guard import ConnectionGuard
     from vramwatch.collector.settings import Settings
 
     options: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "off"}

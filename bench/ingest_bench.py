@@ -116,8 +116,8 @@ def _chained(bodies: list[bytes], engine_factory: object,
     ``decode``: inflated body -> samples (default: the route's one-pass decoder of a whole text)."""
     import gc
 
-    from vramwatch.collector.body import iter_inflated
-    from vramwatch.collector.live import LiveState
+    from vramwatch.collector.ingest.body import iter_inflated
+    from vramwatch.collector.state.live import LiveState
     from vramwatch.collector.store import Store
     from vramwatch.wire import decode_samples
 
@@ -164,7 +164,7 @@ def stage_costs(total: int, ranks: int, batch: int) -> list[tuple[str, float]]:
     engines' shares are the differences between runs with no engine, the trend engine and
     the collector's decision engine. Rows named ``(alternative) ...`` are not on the route
     and not summed."""
-    from vramwatch.collector.body import parse_body
+    from vramwatch.collector.ingest.body import parse_body
     from vramwatch.decisions.live import DecisionEngine
     from vramwatch.engine import TrendEngine
     from vramwatch.wire import validate
@@ -288,7 +288,7 @@ def store_limit(total: int, ranks: int, batch: int) -> tuple[float, float]:
     the same shape (the store's own, emptied), measured side by side."""
     import orjson
 
-    from vramwatch.collector.body import gunzip_limited, parse_body
+    from vramwatch.collector.ingest.body import gunzip_limited, parse_body
     from vramwatch.collector.store import Store
     from vramwatch.collector.store.schema import insert_sql
 

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.metrics_bench [--ranks 4096] [--repeat 15]
 
 The live state is the collector's real ``LiveState`` fed through its ingest path when
-``vramwatch.collector.live`` is importable (every rank gets a short simulated trace, so
+``vramwatch.collector.state.live`` is importable (every rank gets a short simulated trace, so
 the engines hold real summaries); otherwise a stand-in with the same attributes.
 Reported: median render time of ``metrics.render`` (fast path) and, measured side by
 side, prometheus_client's generic ``generate_latest`` over the same registry.
@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 from prometheus_client import generate_latest
 
-from vramwatch.collector.metrics import build_registry, render
+from vramwatch.collector.exporters.metrics import build_registry, render
 from vramwatch.runlife import RankLife, judge
 
 GIB = 1024**3
@@ -62,7 +62,7 @@ def standin_live(ranks: int, now: float) -> SimpleNamespace:
 
 def real_live(ranks: int, steps: int):
     """The collector's LiveState, every rank fed a short simulated trace through its engine."""
-    from vramwatch.collector.live import LiveState
+    from vramwatch.collector.state.live import LiveState
     from vramwatch.probe.simulated import simulate_trace
 
     live = LiveState()
@@ -190,7 +190,7 @@ Target < 250 ms for 4096 ranks: **{verdict}** it ({worst:.0f} / 250 ms = {worst 
 judged afresh included: one judgement per run and second is shared by every reader); the fast path is
 **{result['speedup']:.1f}x** faster than prometheus_client's generic encoder, which the collector would
 otherwise use (and which alone would miss the target). Both paths yield the same samples
-(tests/test_metrics.py::test_fast_path_and_standard_collect_agree). A scrape does no database I/O.
+(tests/collector/test_metrics.py::test_fast_path_and_standard_collect_agree). A scrape does no database I/O.
 The HTTP figure adds uvicorn and the client reading the whole body over loopback.
 """
     write_section("Prometheus", body, "python -m bench.metrics_bench")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.report import table, write_section
 from vramwatch import report
-from vramwatch.collector.app import dashboard_plotly_js_path, plotly_js_path
+from vramwatch.collector.serving.app import dashboard_plotly_js_path, plotly_js_path
 from vramwatch.collector.store import Store
 from vramwatch.probe.simulated import simulate_trace
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from bench.report import median_time, table, write_section
-from vramwatch.collector.downsample import downsample
+from vramwatch.collector.reads.downsample import downsample
 from vramwatch.collector.store import Store
 
 FIELDS = ["allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes"]

@@ -12,7 +12,7 @@ second snapshot churns every site (other sizes, other addresses), grows the cach
 one site. Measured paths, each the code the product runs:
 
 * ``diff()`` of two loaded snapshots (the per-site computation);
-* the collector's path: :class:`~vramwatch.collector.suspects.DiffCache` on two stored
+* the collector's path: :class:`~vramwatch.collector.snapshots.diffs.DiffCache` on two stored
   snapshot files (read, gunzip, the data-only unpickler, the diff), first request (no cache);
 * the data-only unpickler against ``pickle.loads`` of the same bytes (its cost over the
   unrestricted C unpickler; both with the cyclic collector paused, as the safe loader pauses it).
@@ -31,8 +31,8 @@ import time
 from typing import Any
 
 from bench.report import table, write_section
-from vramwatch.collector.snapshots import SnapshotStore
-from vramwatch.collector.suspects import DiffCache
+from vramwatch.collector.snapshots.diffs import DiffCache
+from vramwatch.collector.snapshots.directives import SnapshotStore
 from vramwatch.evidence import safe_pickle
 from vramwatch.evidence.snapshot_diff import diff
 

@@ -5,7 +5,7 @@
 Prints ``name==version`` for every distribution the ``server`` and ``otlp`` extras (plus the base
 dependencies and the wheel's build backend) pulls in on Linux/CPython 3.11, at the versions
 installed in the running environment: run it from the venv the tests passed in, so the
-image installs what was tested. tests/test_deploy.py checks that the file pins every
+image installs what was tested. tests/deploy/test_deploy.py checks that the file pins every
 distribution of that closure and that each pin satisfies pyproject.toml.
 """
 

@@ -1,5 +1,5 @@
 """How runs end, as the hook sends them: one builder per ending, shared by the model's unit
-tests and the tests that check every reader agrees (tests/test_runlife_readers.py).
+tests and the tests that check every reader agrees (tests/runlife/test_runlife_readers.py).
 
 Each builder returns an :class:`Ending`: the samples in the order the collector would receive
 them (ranks interleaved step by step, end markers as the hook sends them: a clean ``close()``

@@ -2,7 +2,7 @@
 loader that reads kustomize's output as the API server does, and prometheus-operator's
 translation of an AlertmanagerConfig into Alertmanager's own configuration.
 
-(Not named test_*: it holds no tests; tests/test_deploy_kube.py imports it.)
+(Not named test_*: it holds no tests; tests/deploy/test_deploy_kube.py imports it.)
 """
 
 from __future__ import annotations

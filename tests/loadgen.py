@@ -1,6 +1,6 @@
 """Simulated ranks through the real hook and delivery against a real collector: the load
 generator of ``python -m bench.load`` (what runs and what is measured: that module's
-docstring), shared with tests/test_reliability_load.py."""
+docstring), shared with tests/collector/test_load.py."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def route_keys(routes: Iterable[Any], prefix: str = "") -> Iterator[str]:
 
 
 def app_routes() -> set[str]:
-    from vramwatch.collector.app import Settings, create_app
+    from vramwatch.collector.serving.app import Settings, create_app
     from vramwatch.front import FrontSettings, PeerSource, create_front_app, parse_peers
 
     collector = create_app(Settings(db_path=str(ROOT / "never-opened.db")))

@@ -23,13 +23,13 @@ def test_wheel_ships_the_dashboard_inside_the_package(tmp_path) -> None:
     (wheel,) = tmp_path.glob("vramwatch-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "vramwatch/_dashboard/index.html" in names
-    assert "vramwatch/wire/fields.py" in names and "vramwatch/collector/app.py" in names
+    assert "vramwatch/wire/fields.py" in names and "vramwatch/collector/serving/app.py" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "vramwatch = vramwatch.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
 
 
 def test_editable_install_finds_the_dashboard() -> None:
-    from vramwatch.collector.app import dashboard_dir, plotly_js_path
+    from vramwatch.collector.serving.app import dashboard_dir, plotly_js_path
 
     assert (dashboard_dir() / "index.html").is_file()
     assert plotly_js_path().stat().st_size > 1_000_000  # the real plotly.js, served offline
@@ -37,7 +37,7 @@ def test_editable_install_finds_the_dashboard() -> None:
 
 @pytest.mark.parametrize(
     ("module", "forbidden"),
-    [("vramwatch.collector.app", "torch"), ("vramwatch.hook", "fastapi"), ("vramwatch.hook", "uvicorn")],
+    [("vramwatch.collector.serving.app", "torch"), ("vramwatch.hook", "fastapi"), ("vramwatch.hook", "uvicorn")],
 )
 def test_extras_stay_apart(module: str, forbidden: str) -> None:
     code = f"import sys, {module}; sys.exit(1 if {forbidden!r} in sys.modules else 0)"

@@ -8,7 +8,7 @@ step's peak adds backward temporaries on top; the shape of the dependence on tok
 the same. Naive attention (no flash kernel) keeps ``B x heads x T x T`` scores, so memory
 at equal tokens grows with the sequence length: the real-data case for the convex fit.
 
-Used by tests/test_decisions_torch.py and bench/decisions_bench.py.
+Used by tests/decisions/test_decisions_torch.py and bench/decisions_bench.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 environment once (arguments win over the environment); :func:`vramwatch.init` is the
 convenience that does ``Monitor(Config.from_env(**kwargs))``. :data:`ENV` lists every
 ``VRAMWATCH_*`` variable the project reads -- the hook's and the collector's -- and is
-the source of the table in the README (``tests/test_hook.py`` checks they agree and that no
+the source of the table in the README (``tests/hook/test_hook.py`` checks they agree and that no
 module under ``vramwatch/`` reads a variable missing from it).
 """
 

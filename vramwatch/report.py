@@ -18,7 +18,7 @@ sharing a budget of ``REPORT_POINTS`` chart points (each rank gets between
 length or width; the verdict table and the heatmap cover every rank. Heatmap columns are
 bounded by ``HEATMAP_COLS`` whatever the timestamps.
 
-The documents come from the collector (:mod:`vramwatch.collector.rundoc` for a database, the
+The documents come from the collector (:mod:`vramwatch.collector.reads.rundoc` for a database, the
 API for ``--url``); this module renders them into the page.
 """
 
@@ -34,9 +34,7 @@ from typing import Any
 import orjson
 
 from vramwatch import verdicts
-from vramwatch.collector.app import dashboard_dir, dashboard_plotly_js_path
-from vramwatch.collector.bundle import BundleError, bundle
-from vramwatch.collector.rundoc import (
+from vramwatch.collector.reads.rundoc import (
     HEATMAP_COLS,
     MAX_RANK_ROWS,
     MAX_SERIES_RANKS,
@@ -47,6 +45,8 @@ from vramwatch.collector.rundoc import (
     report_data,
     row_order,
 )
+from vramwatch.collector.serving.app import dashboard_dir, dashboard_plotly_js_path
+from vramwatch.collector.serving.bundle import BundleError, bundle
 
 
 def _script_safe(js: str) -> str:

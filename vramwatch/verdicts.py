@@ -234,7 +234,7 @@ def meta() -> dict[str, object]:
 
 # ---------------------------------------------------------------- liveness and run status
 # The same numbers as the VramwatchHookSilent alert (deploy/prometheus/rules/vramwatch.rules.yml;
-# tests/test_dashboard_api.py checks that both agree).
+# tests/dashboard/test_dashboard_api.py checks that both agree).
 
 #: a rank is silent once nothing arrived from it for this long while its run goes on; a rank
 #: whose peers went on this long after its last sample was killed alone; a run quiet this long

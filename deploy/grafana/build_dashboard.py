@@ -4,7 +4,7 @@
     python deploy/grafana/build_dashboard.py --check  # exit 1 if the JSON is out of date
 
 Generated so that every panel follows the same rules (checked again on the JSON itself by
-tests/test_deploy.py): the datasource is the ``$datasource`` variable, every legend of a
+tests/deploy/test_deploy.py): the datasource is the ``$datasource`` variable, every legend of a
 query that keeps ``run`` shows ``{{run}}``, the state colours and the low-headroom threshold
 come from ``vramwatch.verdicts``, and the panel count does not depend on the number of
 ranks (per-rank detail is one collapsed row for one rank picked in ``$focus``).

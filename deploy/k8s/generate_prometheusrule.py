@@ -24,7 +24,7 @@ OUT = Path(__file__).resolve().parent / "monitoring" / "prometheusrule.yaml"
 RELEASE_PLACEHOLDER = "__VRAMWATCH_RELEASE__"
 HEADER = """\
 # GENERATED from deploy/prometheus/rules/vramwatch.rules.yml by deploy/k8s/generate_prometheusrule.py:
-# edit the rules file, then re-run the script (tests/test_deploy.py fails when they differ).
+# edit the rules file, then re-run the script (tests/deploy/test_deploy.py fails when they differ).
 # kube-prometheus-stack loads PrometheusRules labelled `release: <helm release name>`: the documented
 # command (docs/deploy.md) puts your release name in place of the placeholder.
 """

@@ -5,7 +5,7 @@ it in ``sys.modules["pynvml"]``. Every call is counted in ``fake.calls``.
 
 Honesty: every public name defined here exists in the real ``nvidia-ml-py`` with a
 compatible signature, and errors behave like its ``NVMLError`` (``NVMLError(15)`` *is* an
-``NVMLError_GpuIsLost`` with ``.value == 15``); ``tests/test_probes.py`` checks both
+``NVMLError_GpuIsLost`` with ``.value == 15``); ``tests/hook/test_probes.py`` checks both
 against the installed package. Strings come back as ``str`` (the real bindings decode).
 """
 

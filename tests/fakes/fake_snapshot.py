@@ -6,7 +6,7 @@ Only ``torch._C`` functions are replaced; ``torch.cuda.memory._record_memory_his
 ``_C._cuda_record_memory_history``; ``_snapshot`` calls ``_C._cuda_memorySnapshot(None)``;
 ``torch/_dynamo/trace_rules.py`` lists ``torch._C._cuda_attach_out_of_memory_observer``).
 The snapshot follows the ``Snapshot``/``Segment``/``Block``/``TraceEntry`` TypedDicts in
-``torch.cuda.memory._snapshot``'s docstring; ``tests/test_evidence.py`` checks both contracts.
+``torch.cuda.memory._snapshot``'s docstring; ``tests/evidence/test_evidence.py`` checks both contracts.
 """
 
 from __future__ import annotations

@@ -73,15 +73,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.otlp_endpoint:
             raise UsageError("--otlp-endpoint: a federating front holds no ranks; set it on each collector")
         return cmd_front(args)
-    from vramwatch.collector.app import Settings
-    from vramwatch.collector.guard import http_protocol
     from vramwatch.collector.server import ShutdownError, serve
+    from vramwatch.collector.serving.app import Settings
+    from vramwatch.collector.serving.guard import http_protocol
     from vramwatch.collector.store import StoreError
 
     token = read_token(args)
     hooks = ()
-    if args.otlp_endpoint:  # push per-rank metrics over OTLP/HTTP (vramwatch/collector/otlp.py)
-        from vramwatch.collector.otlp import lifespan_hook
+    if args.otlp_endpoint:  # push per-rank metrics over OTLP/HTTP (vramwatch/collector/exporters/otlp.py)
+        from vramwatch.collector.exporters.otlp import lifespan_hook
 
         try:
             hooks = (lifespan_hook(args.otlp_endpoint, args.otlp_interval),)
@@ -123,7 +123,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from vramwatch.cli.demo import check_arguments, run_demo
-    from vramwatch.cli.demo_scenarios import DEFAULT, listing
+    from vramwatch.simulation.demo_runs import DEFAULT, listing
 
     if args.list:
         sys.stdout.write(listing())

@@ -3,7 +3,7 @@
 The collector (real uvicorn + SQLite, :class:`~vramwatch.collector.server.BackgroundServer`)
 starts on a free local port; then one :class:`~vramwatch.hook.Monitor` per rank, each with
 its own :class:`~vramwatch.probe.simulated.SimulatedProbe`, is driven step by step through a
-scenario (:mod:`vramwatch.cli.demo_scenarios`, ``--scenario NAME``; ``--list`` names them). Samples
+scenario (:mod:`vramwatch.simulation.demo_runs`, ``--scenario NAME``; ``--list`` names them). Samples
 travel the real path — probe → hook → BatchSender → gzip NDJSON POST → collector — exactly as from
 a training job, tokens per step included; nothing is written into the database directly. Runs
 until Ctrl-C or ``duration`` seconds.
@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from vramwatch.cli.demo_scenarios import BASE, DEFAULT, DemoScenario, scenario
 from vramwatch.hook import Monitor
+from vramwatch.simulation.demo_runs import BASE, DEFAULT, DemoScenario, scenario
 
 #: every simulated rank is a Monitor (a delivery thread) in this one process: a typo of
 #: --ranks 100000000 would exhaust memory before the first sample

@@ -61,10 +61,10 @@ def cmd_postmortem(args: argparse.Namespace) -> int:
 
     if args.url:
         return _remote_postmortem(args)
-    from vramwatch.collector.processes import ProcessBook
-    from vramwatch.collector.snapshots import SnapshotStore
+    from vramwatch.collector.ingest.processes import ProcessBook
+    from vramwatch.collector.snapshots.diffs import DiffCache, enrich_postmortem
+    from vramwatch.collector.snapshots.directives import SnapshotStore
     from vramwatch.collector.store import Store, StoreError
-    from vramwatch.collector.suspects import DiffCache, enrich_postmortem
 
     db = db_path(args)
     try:
@@ -119,7 +119,7 @@ def _load(arg: str, args: argparse.Namespace) -> _Loaded:
         raw = cli_call("snapshots diff", args.url, lambda url: remote.get_bytes(url, f"/api/v1/snapshots/{arg}",
                                                                                max_bytes=limit), "snapshot")
         return _Loaded(f"snapshot {arg}", None, safe_pickle.load_snapshot(raw, max_bytes=limit))
-    from vramwatch.collector.snapshots import SnapshotError, SnapshotStore
+    from vramwatch.collector.snapshots.directives import SnapshotError, SnapshotStore
 
     try:
         info, path = SnapshotStore.beside(db_path(args)).open(arg)

@@ -1,6 +1,6 @@
 """``vramwatch watch``: verdicts for every GPU in Prometheus (dcgm-exporter), no code change.
 
-The command line only; the polling itself is :mod:`vramwatch.collector.watch`, a collector
+The command line only; the polling itself is :mod:`vramwatch.collector.exporters.device_watch`, a collector
 lifespan hook.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vramwatch.cli.common import UsageError, db_path, read_token
-from vramwatch.collector.watch import DEFAULT_RUN, WatchConfig, lifespan_hook
+from vramwatch.collector.exporters.device_watch import DEFAULT_RUN, WatchConfig, lifespan_hook
 
 
 def add_parser(sub: Any, add_db: Callable[[argparse.ArgumentParser], None], port: Callable, positive: Callable) -> None:
@@ -39,8 +39,8 @@ def add_parser(sub: Any, add_db: Callable[[argparse.ArgumentParser], None], port
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from vramwatch.collector.app import Settings
     from vramwatch.collector.server import serve
+    from vramwatch.collector.serving.app import Settings
     from vramwatch.collector.store import StoreError
 
     try:
@@ -48,7 +48,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
                              timeout_s=args.prometheus_timeout, max_answer_bytes=int(args.max_answer_mb * 2**20))
         hooks: list[Any] = [lifespan_hook(config)]
         if args.otlp_endpoint:
-            from vramwatch.collector.otlp import lifespan_hook as otlp_hook
+            from vramwatch.collector.exporters.otlp import lifespan_hook as otlp_hook
 
             hooks.append(otlp_hook(args.otlp_endpoint))
     except ValueError as exc:

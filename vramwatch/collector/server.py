@@ -16,8 +16,8 @@ from typing import Any
 
 import uvicorn
 
-from vramwatch.collector.app import Settings, close_state, create_app, open_state
-from vramwatch.collector.guard import (
+from vramwatch.collector.serving.app import Settings, close_state, create_app, open_state
+from vramwatch.collector.serving.guard import (
     MAX_HEAD_BYTES,
     ConnectionGuard,
     HttpChoice,
@@ -116,7 +116,7 @@ class _Server(uvicorn.Server):
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8765, log_level: str = "info",
           http: HttpChoice = "auto") -> None:
     """Run in the foreground until SIGINT/SIGTERM; shutdown flushes and closes the DB.
-    ``http``: uvicorn's HTTP protocol (:func:`~vramwatch.collector.guard.http_protocol`).
+    ``http``: uvicorn's HTTP protocol (:func:`~vramwatch.collector.serving.guard.http_protocol`).
 
     Raises :class:`ShutdownError` when the database could not be closed cleanly (the
     caller exits non-zero), StoreError when it cannot be opened."""

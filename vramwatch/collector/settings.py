@@ -35,7 +35,7 @@ class Settings:
     retention_days: float | None = None
     #: refuse ingest (507, the hook spools and retries) while the DB's disk has less free space
     min_free_bytes: int = 256 * 1024**2
-    # ---- allocator snapshots (vramwatch/collector/snapshots.py)
+    # ---- allocator snapshots (vramwatch/collector/snapshots/directives.py)
     #: one snapshot's upload (gzip) at most; the folder's snapshots and bytes (oldest evicted)
     max_snapshot_bytes: int = 64 * 2**20
     max_snapshots: int = 10_000
@@ -44,7 +44,7 @@ class Settings:
     max_concurrent_uploads: int = 4
     #: a person's capture request reaches a rank at most this often (429 otherwise)
     capture_interval_s: float = 60.0
-    # ---- connections (vramwatch/collector/guard.py)
+    # ---- connections (vramwatch/collector/serving/guard.py)
     #: a request's headers must arrive within this many seconds of its first byte (or of the
     #: connection's start)
     header_timeout_s: float = 10.0
@@ -70,7 +70,7 @@ class Settings:
     #: the address the server is bound to (set by server.py; used for the Host check)
     bind_host: str = field(default="127.0.0.1")
     #: ``hook(app) -> async context manager`` entered after the store and live state are up,
-    #: exited before the store closes (vramwatch/collector/otlp.py, vramwatch/collector/watch.py)
+    #: exited before the store closes (collector/exporters/otlp.py, collector/exporters/device_watch.py)
     lifespan_hooks: tuple[Callable[[Any], AbstractAsyncContextManager[None]], ...] = ()
 
     def __post_init__(self) -> None:

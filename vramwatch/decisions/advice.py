@@ -14,17 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from vramwatch.decisions.evidence import Evidence, RankTrials, gather, judged_trials
+from vramwatch.decisions.model import RankModel
+from vramwatch.decisions.nextstep import NextStep, Proven, next_step
+from vramwatch.decisions.observe import RunObservation
+from vramwatch.decisions.readiness import RankReadiness, Readiness, ReadinessConfig
+from vramwatch.decisions.reasons import Reason
+from vramwatch.decisions.trials import Trial
+from vramwatch.decisions.views import RankView, RunView, judge, refit, run_view
 from vramwatch.units import gib
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
-
-from .evidence import Evidence, RankTrials, gather, judged_trials
-from .model import RankModel
-from .nextstep import NextStep, Proven, next_step
-from .observe import RunObservation
-from .readiness import RankReadiness, Readiness, ReadinessConfig
-from .reasons import Reason
-from .trials import Trial
-from .views import RankView, RunView, judge, refit, run_view
 
 
 @dataclass(frozen=True)

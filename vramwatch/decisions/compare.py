@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vramwatch.decisions.figures import RankFigures, RunFigures
+from vramwatch.decisions.observe import RunObservation
 from vramwatch.units import gib
-
-from .figures import RankFigures, RunFigures
-from .observe import RunObservation
 
 
 @dataclass(frozen=True)

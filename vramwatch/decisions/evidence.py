@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from vramwatch.decisions.reasons import BATCH_CAUSES
+from vramwatch.decisions.trials import OomRecord, Trial, with_outcomes
 from vramwatch.verdicts import Outcome
-
-from .reasons import BATCH_CAUSES
-from .trials import OomRecord, Trial, with_outcomes
 
 #: Inferred granularity never exceeds this (a context length: settable batches are multiples of it).
 MAX_GRANULE = 4096

@@ -16,14 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from vramwatch.decisions.evidence import KILLED, RankTrials, judged_trials
+from vramwatch.decisions.observe import RunObservation
+from vramwatch.decisions.readiness import UNSAFE_CAUSES, ReadinessConfig
+from vramwatch.decisions.reasons import Reason
+from vramwatch.decisions.trials import Trial, leak_text
+from vramwatch.decisions.views import RankView, RunView, run_view
 from vramwatch.runlife import RankStory
-
-from .evidence import KILLED, RankTrials, judged_trials
-from .observe import RunObservation
-from .readiness import UNSAFE_CAUSES, ReadinessConfig
-from .reasons import Reason
-from .trials import Trial, leak_text
-from .views import RankView, RunView, run_view
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vramwatch.decisions.compare import MEMORY_METRICS, Metric, compare
+from vramwatch.decisions.figures import RunFigures
+from vramwatch.decisions.observe import RunObservation
+from vramwatch.decisions.reasons import Reason
 from vramwatch.units import gib
-
-from .compare import MEMORY_METRICS, Metric, compare
-from .figures import RunFigures
-from .observe import RunObservation
-from .reasons import Reason
 
 DEFAULT_MAX_GROWTH = 0.03
 

@@ -26,14 +26,13 @@ import threading
 import time
 from typing import Any
 
+from vramwatch.decisions.model import RankModelBuilder, TransientFit
+from vramwatch.decisions.observe import RankTrack
+from vramwatch.decisions.readiness import ReadinessConfig, rank_readiness
+from vramwatch.decisions.reasons import BATCH_CAUSES
+from vramwatch.decisions.views import RankView, raw_view
 from vramwatch.engine import TrendEngine
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
-
-from .model import RankModelBuilder, TransientFit
-from .observe import RankTrack
-from .readiness import ReadinessConfig, rank_readiness
-from .reasons import BATCH_CAUSES
-from .views import RankView, raw_view
 
 #: Samples between refits of the transient (only when a bucket maximum changed).
 REFIT_EVERY = 256

@@ -30,12 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from vramwatch.decisions.evidence import Evidence, Setting
+from vramwatch.decisions.model import RankModel
+from vramwatch.decisions.readiness import RankReadiness, Readiness, ReadinessConfig
+from vramwatch.decisions.reasons import Reason
 from vramwatch.units import gib
-
-from .evidence import Evidence, Setting
-from .model import RankModel
-from .readiness import RankReadiness, Readiness, ReadinessConfig
-from .reasons import Reason
 
 ACTIONS = ("raise", "hold", "back_off", "fix")
 #: The smallest raise worth a restart (a share of the current batch).
@@ -145,7 +144,7 @@ def next_step(readiness: Readiness, models: list[RankModel], ev: Evidence, best:
 
 def _fix_now(ctx: _Ctx) -> NextStep | None:
     """A leak or fragmentation now: fix it first, the rank that runs out soonest named."""
-    from .readiness import UNSAFE_CAUSES
+    from vramwatch.decisions.readiness import UNSAFE_CAUSES
 
     hit = [r for r in ctx.readiness.ranks if {"leak", "fragmentation"} & set(r.causes)]
     if not hit:

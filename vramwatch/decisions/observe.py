@@ -14,13 +14,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vramwatch.decisions.model import RankModelBuilder, folded_fields
+from vramwatch.decisions.trials import MAX_TRIALS, Trial, note_event, record_oom
 from vramwatch.engine import TrendEngine
 from vramwatch.engine.blocks import keep_last
 from vramwatch.runlife import RunLife
 from vramwatch.verdicts import headroom_bytes
-
-from .model import RankModelBuilder, folded_fields
-from .trials import MAX_TRIALS, Trial, note_event, record_oom
 
 #: Engine events a track keeps (the latest): readiness reads only the recent ones.
 EVENTS_KEPT = 1000

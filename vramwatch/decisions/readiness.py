@@ -24,11 +24,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from vramwatch.decisions.observe import LOOP_CAUSES, PlateauClock, RankTrack
+from vramwatch.decisions.reasons import BATCH_CAUSES, Reason
 from vramwatch.units import gib, mib
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
-
-from .observe import LOOP_CAUSES, PlateauClock, RankTrack
-from .reasons import BATCH_CAUSES, Reason
 
 VERDICTS = ("ready", "not_ready", "unsafe")  # best first; severity is the index
 #: Why a rank is unsafe, most serious first (advice acts on these codes, never on the text).

@@ -20,11 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from vramwatch.decisions.reasons import OOM_CAUSES
 from vramwatch.runlife import IncarnationRecord, Moment, RankLife, judge
 from vramwatch.units import mib
 from vramwatch.verdicts import Outcome
-
-from .reasons import OOM_CAUSES
 
 #: Processes kept per rank (the latest); older ones leave their evidence behind with them.
 MAX_TRIALS = 64

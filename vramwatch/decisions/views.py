@@ -16,14 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from vramwatch.decisions.evidence import RankTrials
+from vramwatch.decisions.model import Bucket, RankModel, TransientFit, fit_transient, fold_points
+from vramwatch.decisions.observe import RankTrack, RunObservation
+from vramwatch.decisions.readiness import RankReadiness, Readiness, ReadinessConfig, combine, rank_readiness, with_death
+from vramwatch.decisions.trials import Trial, with_outcomes
 from vramwatch.runlife import RankLife
 from vramwatch.verdicts import Outcome
-
-from .evidence import RankTrials
-from .model import Bucket, RankModel, TransientFit, fit_transient, fold_points
-from .observe import RankTrack, RunObservation
-from .readiness import RankReadiness, Readiness, ReadinessConfig, combine, rank_readiness, with_death
-from .trials import Trial, with_outcomes
 
 #: A rank's death, for the decisions: killed alone while the job went on (vramwatch.runlife).
 KILLED = str(Outcome.KILLED)

@@ -23,13 +23,12 @@ from typing import Any
 import orjson
 
 from vramwatch.bounded import LONG_LINE, Lines, open_input
+from vramwatch.engine.config import EngineConfig
+from vramwatch.engine.core import TrendEngine
 from vramwatch.units import gib
-
-from ..wire import Sample, WireError, decode_line, validate
-from ..wire.structs import as_sample
-from ..wire.tracefile import MAX_LINE_BYTES, long_line
-from .config import EngineConfig
-from .core import TrendEngine
+from vramwatch.wire import Sample, WireError, decode_line, validate
+from vramwatch.wire.structs import as_sample
+from vramwatch.wire.tracefile import MAX_LINE_BYTES, long_line
 
 #: Events kept per series in the document; beyond it only a count is kept.
 MAX_EVENTS_PER_SERIES = 10_000

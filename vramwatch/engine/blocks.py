@@ -24,8 +24,8 @@ import math
 from itertools import pairwise
 from typing import Literal, NamedTuple, TypeVar
 
-from .config import EngineConfig
-from .stats import mann_kendall_z, rolling_min, theil_sen
+from vramwatch.engine.config import EngineConfig
+from vramwatch.engine.stats import mann_kendall_z, rolling_min, theil_sen
 
 T = TypeVar("T")
 

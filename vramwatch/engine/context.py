@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import verdicts
-from .blocks import Block, Pyramid
-from .config import EngineConfig
+from vramwatch import verdicts
+from vramwatch.engine.blocks import Block, Pyramid
+from vramwatch.engine.config import EngineConfig
 
 #: The judged level per signal: the sample field whose floor the engine trends.
 SIGNAL_FIELDS: dict[str, str] = {

@@ -22,17 +22,17 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import verdicts
-from .blocks import Block, Pyramid, Trend
-from .config import EngineConfig
-from .context import Context, choose_signal
-from .events import FRAGMENTATION_ADVICE, Event, OomEvent, PlateauBreakEvent, PlateauEvent, RestartEvent
-from .fragmentation import FragmentationDetector
-from .leak import OUTSIDE, LeakDetector
-from .outside import OutsideLeakDetector
-from .plateau import Break, PlateauDetector
-from .spikes import SpikeDetector
-from .summary import Summary, detectors_off
+from vramwatch import verdicts
+from vramwatch.engine.blocks import Block, Pyramid, Trend
+from vramwatch.engine.config import EngineConfig
+from vramwatch.engine.context import Context, choose_signal
+from vramwatch.engine.events import FRAGMENTATION_ADVICE, Event, OomEvent, PlateauBreakEvent, PlateauEvent, RestartEvent
+from vramwatch.engine.fragmentation import FragmentationDetector
+from vramwatch.engine.leak import OUTSIDE, LeakDetector
+from vramwatch.engine.outside import OutsideLeakDetector
+from vramwatch.engine.plateau import Break, PlateauDetector
+from vramwatch.engine.spikes import SpikeDetector
+from vramwatch.engine.summary import Summary, detectors_off
 
 STATES = verdicts.STATES
 

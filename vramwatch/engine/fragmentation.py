@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .blocks import Block
-from .context import Context, Cusum
-from .events import FragmentationEvent
+from vramwatch.engine.blocks import Block
+from vramwatch.engine.context import Context, Cusum
+from vramwatch.engine.events import FragmentationEvent
 
 
 @dataclass(slots=True)

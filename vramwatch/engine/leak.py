@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .. import verdicts
-from .blocks import Block, Signal, Trend
-from .context import Context
-from .events import LeakEvent
-from .plateau import PlateauDetector
-from .staircase import staircase
-from .stats import theil_sen
+from vramwatch import verdicts
+from vramwatch.engine.blocks import Block, Signal, Trend
+from vramwatch.engine.context import Context
+from vramwatch.engine.events import LeakEvent
+from vramwatch.engine.plateau import PlateauDetector
+from vramwatch.engine.staircase import staircase
+from vramwatch.engine.stats import theil_sen
 
 ALLOCATOR = "allocator"
 OUTSIDE = "outside_allocator"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .blocks import Block, Trend
-from .context import Context, Cusum
+from vramwatch.engine.blocks import Block, Trend
+from vramwatch.engine.context import Context, Cusum
 
 
 @dataclass(slots=True)

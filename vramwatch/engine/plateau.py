@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import NamedTuple
 
-from .blocks import Block, keep_last
-from .context import Context, Cusum, PlateauLevels
-from .stats import median, noise_sigma
+from vramwatch.engine.blocks import Block, keep_last
+from vramwatch.engine.context import Context, Cusum, PlateauLevels
+from vramwatch.engine.stats import median, noise_sigma
 
 
 class Break(NamedTuple):

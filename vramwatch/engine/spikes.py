@@ -15,10 +15,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import verdicts
-from .blocks import Block, keep_last
-from .context import SIGNAL_FIELDS, Context
-from .events import SpikeEvent, spike_kind
+from vramwatch import verdicts
+from vramwatch.engine.blocks import Block, keep_last
+from vramwatch.engine.context import SIGNAL_FIELDS, Context
+from vramwatch.engine.events import SpikeEvent, spike_kind
 
 
 @dataclass(slots=True)

@@ -31,8 +31,8 @@ from __future__ import annotations
 import math
 from itertools import pairwise
 
-from .blocks import Pyramid, Signal, Trend
-from .stats import noise_sigma
+from vramwatch.engine.blocks import Pyramid, Signal, Trend
+from vramwatch.engine.stats import noise_sigma
 
 
 def steps_of(xs: list[float], ys: list[float], threshold: float) -> list[tuple[float, float]]:

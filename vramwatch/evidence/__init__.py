@@ -7,6 +7,6 @@
 - ``postmortem`` (collector, CLI, report): how each rank of a run ended (exit, OOM, killed,
   silent) and what its memory did before.
 
-The collector stores and serves snapshots (``vramwatch.collector.snapshots``); the CLI's
+The collector stores and serves snapshots (``vramwatch.collector.snapshots.directives``); the CLI's
 ``capture`` and ``postmortem`` commands are ``vramwatch.cli.evidence``.
 """

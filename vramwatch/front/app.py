@@ -38,10 +38,10 @@ from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 
 from vramwatch import __about__, verdicts
-from vramwatch.collector.params import OptionalRank
-from vramwatch.collector.responses import install_error_handlers
-from vramwatch.collector.routes_evidence import CaptureRequest
+from vramwatch.collector.serving.params import OptionalRank
+from vramwatch.collector.serving.responses import install_error_handlers
 from vramwatch.collector.settings import Settings
+from vramwatch.collector.snapshots.routes import CaptureRequest
 from vramwatch.decisions.compare import RunFigures
 from vramwatch.decisions.compare import compare as compare_runs
 from vramwatch.front import merge
@@ -93,7 +93,7 @@ class FrontSettings:
     #: ``collector.app.allowed_hosts_for``; a loopback bind allows loopback names only)
     bind_host: str = "127.0.0.1"
     allowed_hosts: tuple[str, ...] | None = None
-    #: read deadlines and connection cap: the collector's guard and defaults (collector/guard.py)
+    #: read deadlines and connection cap: the collector's guard and defaults (collector/serving/guard.py)
     header_timeout_s: float = Settings.header_timeout_s
     body_timeout_s: float = Settings.body_timeout_s
     max_connections: int = Settings.max_connections
@@ -198,7 +198,7 @@ async def _owner(request: Request, run: str, rank: int, host: str | None) -> Pee
 
 async def _per_rank(request: Request, run: str, what: str, rank: int | None) -> Any:
     """One rank's series/chart/phases from the shard that owns it (``rank`` parsed as a
-    collector parses it: :data:`~vramwatch.collector.params.OptionalRank`); phases of no
+    collector parses it: :data:`~vramwatch.collector.serving.params.OptionalRank`); phases of no
     rank merged from every shard."""
     if rank is None:
         if what == "phases":
@@ -349,7 +349,7 @@ async def _snapshot_diff(request: Request, run: str) -> Any:
 
 def _add_run_routes(app: FastAPI, read: list[Any]) -> None:
     """The collector's read API, route by route (so the dashboard's OpenAPI check finds each)."""
-    from vramwatch.collector.routes_evidence import require_json
+    from vramwatch.collector.snapshots.routes import require_json
 
     app.add_api_route(_API + "{run:path}/snapshots/diff", _snapshot_diff, methods=["GET"], dependencies=read)
     for what in (*_MERGED, *_OWNED):
@@ -365,7 +365,7 @@ def _add_run_routes(app: FastAPI, read: list[Any]) -> None:
 def _add_pages(app: FastAPI, read: list[Any]) -> None:
     from fastapi.staticfiles import StaticFiles
 
-    from vramwatch.collector.pages import dashboard_dir, dashboard_plotly_js_path
+    from vramwatch.collector.serving.pages import dashboard_dir, dashboard_plotly_js_path
 
     static = dashboard_dir()
 
@@ -381,7 +381,7 @@ def _add_pages(app: FastAPI, read: list[Any]) -> None:
 
 
 def create_front_app(settings: FrontSettings) -> FastAPI:
-    from vramwatch.collector.deps import supplied_token, token_matches
+    from vramwatch.collector.serving.deps import supplied_token, token_matches
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -9,10 +9,10 @@ from types import TracebackType
 
 import uvicorn
 
-from vramwatch.collector.app import allowed_hosts_for
-from vramwatch.collector.front import HostCheck
-from vramwatch.collector.guard import ConnectionGuard
 from vramwatch.collector.server import bind_socket, guarded_config
+from vramwatch.collector.serving.app import allowed_hosts_for
+from vramwatch.collector.serving.door import HostCheck
+from vramwatch.collector.serving.guard import ConnectionGuard
 from vramwatch.front.app import FrontSettings, create_front_app
 
 

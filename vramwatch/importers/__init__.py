@@ -19,10 +19,16 @@ import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 
+from vramwatch.importers import nvidia_smi, prometheus, tensorboard, wandb
+from vramwatch.importers.common import (
+    MAX_LINE_BYTES,
+    MAX_RECORD_BYTES,
+    ImportOptions,
+    ImportStats,
+    RowError,
+    parse_size,
+)
 from vramwatch.wire import Sample
-
-from . import nvidia_smi, prometheus, tensorboard, wandb
-from .common import MAX_LINE_BYTES, MAX_RECORD_BYTES, ImportOptions, ImportStats, RowError, parse_size
 
 Reader = Callable[[str, ImportOptions, ImportStats], Iterator[Sample]]
 

@@ -22,10 +22,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from vramwatch.bounded import CsvRows, LimitExceeded, open_input
+from vramwatch.importers.common import (
+    DEFAULT_HOST,
+    ImportOptions,
+    ImportStats,
+    RowError,
+    as_bytes,
+    base_sample,
+    checked,
+    stem,
+)
 from vramwatch.wire import Sample
 from vramwatch.wire.tracefile import LINE_FLAG
-
-from .common import DEFAULT_HOST, ImportOptions, ImportStats, RowError, as_bytes, base_sample, checked, stem
 
 #: The documented query, in order: what a header-less file is assumed to hold.
 QUERY = ("timestamp", "index", "uuid", "memory.used", "memory.total")

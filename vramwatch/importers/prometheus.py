@@ -35,9 +35,8 @@ from typing import Any
 import orjson
 
 from vramwatch.bounded import LONG_LINE, LimitExceeded, Lines, open_input, size_text
+from vramwatch.importers.common import RECORD_FLAG, ImportOptions, ImportStats, MiB, RowError, base_sample, checked
 from vramwatch.wire import Sample
-
-from .common import RECORD_FLAG, ImportOptions, ImportStats, MiB, RowError, base_sample, checked
 
 #: bytes of JSON a point takes at least (``[1715000000,"1"]``): the file's point budget
 POINT_BYTES = 16

@@ -30,9 +30,7 @@ from importlib import resources
 from typing import IO, Any
 
 from vramwatch.bounded import LimitExceeded, open_input, read_capped, size_text
-from vramwatch.wire import FIELDS, Sample
-
-from .common import (
+from vramwatch.importers.common import (
     DEFAULT_HOST,
     RECORD_FLAG,
     ImportOptions,
@@ -43,6 +41,7 @@ from .common import (
     capacity_from_share,
     checked,
 )
+from vramwatch.wire import FIELDS, Sample
 
 # ---------------------------------------------------------------- the key table
 

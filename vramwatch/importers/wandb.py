@@ -24,10 +24,7 @@ import re
 from collections.abc import Iterator
 
 from vramwatch.bounded import CsvRows, LimitExceeded, open_input
-from vramwatch.wire import Sample
-from vramwatch.wire.tracefile import LINE_FLAG
-
-from .common import (
+from vramwatch.importers.common import (
     DEFAULT_HOST,
     ImportOptions,
     ImportStats,
@@ -38,6 +35,8 @@ from .common import (
     checked,
     stem,
 )
+from vramwatch.wire import Sample
+from vramwatch.wire.tracefile import LINE_FLAG
 
 _COLUMN = re.compile(
     r"(?:(?P<run>.+?) - )?system[./]gpu\.(?P<gpu>\d+)\.(?P<metric>memoryAllocatedBytes|memoryAllocated)\Z")

@@ -53,13 +53,13 @@ def make_probe(
     if name == "none":
         return None
     if name == "simulated":
-        from .simulated import probe_from_env
+        from vramwatch.probe.simulated import probe_from_env
 
         # VRAMWATCH_SIM_SCENARIO / VRAMWATCH_SIM_SEED choose the scenario when set
         if scenario is not None:
             simulated_params["scenario"] = scenario
         return probe_from_env(rank=rank, local_rank=local_rank, **simulated_params)
-    from .torch_cuda import NoCudaError, TorchCudaProbe
+    from vramwatch.probe.torch_cuda import NoCudaError, TorchCudaProbe
 
     try:
         return TorchCudaProbe(device, peak=peak, nvml_interval_s=nvml_interval_s)

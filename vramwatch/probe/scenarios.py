@@ -86,7 +86,7 @@ DEFAULTS: dict[str, Any] = {
     "sample_every": 1,  # trace: the hook emits every N-th step
     "stop_on_oom": True,  # trace: the process dies at its first OOM
     "world_size": 1,
-    # token-dependent activations (vramwatch.decisions.scenarios): off while tokens_per_step is 0
+    # token-dependent activations (vramwatch.simulation.tokens): off while tokens_per_step is 0
     "tokens_per_step": 0,  # >0: train samples carry `tokens` = round(tokens_per_step * seq)
     "tokens_ref": 0,  # tokens at which the activation is act_frac (0: tokens_per_step)
     "act_fixed_frac": 0.0,  # transient part that does not scale with tokens (workspaces, buckets)

@@ -437,7 +437,7 @@ def rank_model(
 ) -> _RankModel:
     """The model ``simulate_trace`` drives for this rank and seed, unadvanced: its deterministic
     parts (``floor(step)``, ``act``, ``ctx``, ``waste(step)``, ...) are the ground truth that
-    vramwatch.decisions.scenarios scores against."""
+    vramwatch.simulation.tokens scores against."""
     p = scenario_params(scenario, **params)
     return _RankModel(p, total_bytes, rank, _rank_seed(seed, rank))
 

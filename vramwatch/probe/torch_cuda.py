@@ -47,8 +47,7 @@ from typing import Any
 
 from vramwatch.config import PEAK_POLICIES
 from vramwatch.probe.base import BaseProbe
-
-from .nvml import NvmlPoller, open_device
+from vramwatch.probe.nvml import NvmlPoller, open_device
 
 _NO_POOLS = {"all": {"current": 0, "peak": 0}}
 

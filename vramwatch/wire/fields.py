@@ -48,7 +48,7 @@ PHASE_RE = re.compile(PHASE_PATTERN + r"\Z")
 #: Characters no name may hold: Unicode categories Cc (C0/C1 controls, \x85, \x9b), Cf
 #: (format: bidi overrides U+202E and isolates U+2066-2069, zero-width U+200B-200F, BOM
 #: U+FEFF, ...), Zl (U+2028) and Zp (U+2029). They are invisible or reorder text, so a run
-#: named with them looks like another run. The ranges are Unicode 15's; tests/test_wire.py
+#: named with them looks like another run. The ranges are Unicode 15's; tests/wire/test_wire.py
 #: checks them against the running interpreter's unicodedata.
 _INVISIBLE = (
     "\x00-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e"

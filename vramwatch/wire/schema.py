@@ -87,7 +87,7 @@ def fields_markdown() -> str:
         "# Sample fields",
         "",
         "<!-- generated from FIELD_TABLE in vramwatch/wire/fields.py; regenerate with"
-        f" `{REGENERATE}` (tests/test_wire.py fails when this file is stale) -->",
+        f" `{REGENERATE}` (tests/wire/test_wire.py fails when this file is stale) -->",
         "",
         f"Schemas accepted: {', '.join(map(str, SCHEMA_VERSIONS))} (this version writes {SCHEMA_VERSION}). "
         "*Required in* lists the schema versions that require the field; *null in* those where null means "
@@ -116,7 +116,7 @@ def fields_js() -> str:
     lines = [
         "/* Generated from FIELD_TABLE in vramwatch/wire/fields.py; regenerate with",
         f" * `{REGENERATE_JS}`",
-        " * (tests/test_wire.py fails when this file is stale). */",
+        " * (tests/wire/test_wire.py fails when this file is stale). */",
         "",
         "/** Sample fields each chart fetches (besides ts), in the table's order. */",
         "export const CHART_FIELDS = {",

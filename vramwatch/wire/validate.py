@@ -13,7 +13,7 @@ has rules of its own. Two things are not acceptance:
   again (only when they refused: a canonical sample pays nothing);
 * **the error message** of a refused sample: :func:`_refusal` walks the fields in table order
   and names the first bad one (``WireError(field, message)``, as the 422 documents, ``analyze``
-  and the importers report it). It never accepts anything; tests/test_wire.py checks that it
+  and the importers report it). It never accepts anything; tests/wire/test_wire.py checks that it
   finds a fault in every sample the Structs refuse.
 """
 
@@ -78,7 +78,7 @@ def validate(obj: Any, *, now: float | None = None, max_future_s: float = 300.0)
         if canonical is not None:
             sample = _accept(canonical, now, max_future_s)
     if sample is None:
-        # no rule naming the fault would be a disagreement tests/test_wire.py looks for: say so
+        # no rule naming the fault would be a disagreement tests/wire/test_wire.py looks for: say so
         raise _refusal(obj, now, max_future_s) or WireError("sample", "not accepted by the wire schema")
     return sample
 

@@ -1,4 +1,4 @@
-"""Aggregate queries behind the dashboard views (``collector/views.py``): the heatmap's
+"""Aggregate queries behind the dashboard views (``collector/reads/charts.py``): the heatmap's
 per-bucket maxima and the chart's min/max envelope. Mixed into ``Store``.
 
 Buckets are computed in SQLite (``GROUP BY`` over a primary-key range of one series), so a
@@ -108,7 +108,7 @@ class Aggregates:
         """Every process of ``run`` as the model's fold records it (one store series is one
         incarnation), and the run's newest sample time: what start-up needs to judge a finished
         run without replaying it. Equal to :class:`vramwatch.runlife.RankLife`'s records of the
-        same samples (tests/test_runlife_readers.py). Cost: three C-level scans of the run's
+        same samples (tests/runlife/test_runlife_readers.py). Cost: three C-level scans of the run's
         samples (SQLite takes a bare column from the row holding a lone MIN/MAX), plus a partial
         scan of each series that hit an OOM."""
         conn = self._reader()

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from vramwatch.collector.downsample import minmax_indices
+from vramwatch.collector.reads.downsample import minmax_indices
 from vramwatch.collector.store.columns import NULL_SENTINEL, ColumnCache, as_lists, rows_to_block, window
 from vramwatch.collector.store.schema import (
     FIELD_COLUMNS,
@@ -256,7 +256,7 @@ class Reads:
     ) -> SeriesWindow:
         """``/series``: the rank's ``fields`` by ``x`` within [start, end], at most ``points`` rows
         chosen so every bucket's min and max of every field survive at their true x (as
-        :func:`~vramwatch.collector.downsample.downsample` on :meth:`query_columns`, same answer).
+        :func:`~vramwatch.collector.reads.downsample.downsample` on :meth:`query_columns`, same answer).
 
         Cost: served from numpy columns cached per rank (:mod:`.columns`); a repeated request
         reads only the rows stored since, so a 100k-step rank costs a binary search and a

@@ -1,0 +1,1 @@
+"""Exporters: Prometheus exposition, OTLP push, and the device watch."""

@@ -1,0 +1,1 @@
+"""Ingest: request bodies, the samples route and the foreign-process channel."""

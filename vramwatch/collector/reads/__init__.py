@@ -1,0 +1,1 @@
+"""The read API: runs, ranks, events, chart series, advice, one run's documents."""

@@ -1,0 +1,136 @@
+"""Decision routes: ``GET /api/v1/runs/{run}/advice``, ``GET /api/v1/runs/{run}/figures`` and
+``GET /api/v1/compare?a=&b=``.
+
+The advice reads the tracks the collector already holds: every live series' engine is a
+:class:`~vramwatch.decisions.live.DecisionEngine` that has folded the run in as it arrived, so an
+answer costs a copy of each rank (under its lock) and a fit per rank (O(ranks x buckets²)), not
+a replay. A run not in memory (an evicted run is revived by the live state; a collector whose
+engines are plain trend engines) is replayed from the store. Figures and compare replay the run
+(their step-time medians are not kept live). Answers are cached per run and parameters, keyed by
+the run's sample count in the live state, so a dashboard polling an unchanged run costs a dict
+lookup; any new sample invalidates.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+
+from vramwatch.decisions import MAX_CHECKPOINTS, MAX_PLATEAU_STEPS
+from vramwatch.decisions.advice import decide
+from vramwatch.decisions.compare import compare as compare_runs
+from vramwatch.decisions.figures import RunFigures
+from vramwatch.decisions.live import DecisionEngine
+from vramwatch.decisions.observe import RunObservation, observe
+from vramwatch.decisions.readiness import ReadinessConfig
+from vramwatch.decisions.views import RunView, fitted, judge, run_view
+from vramwatch.verdicts import LOW_HEADROOM_FRACTION
+
+router = APIRouter()
+
+_CACHE_SIZE = 32
+_cache: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
+_lock = threading.Lock()
+
+Margin = Annotated[float, Query(ge=0.0, lt=1.0, allow_inf_nan=False)]
+Tokens = Annotated[int | None, Query(ge=1, le=2**53)]
+Steps = Annotated[int, Query(ge=0, le=MAX_PLATEAU_STEPS)]
+
+
+def _states(request: Request, run: str, field: str = "run") -> list[Any]:
+    live = request.app.state.live
+    # a finished run evicted from live state is rebuilt from the store (collector/state/live.py)
+    states = live.for_run(run) or live.revived(run, request.app.state.store.iter_samples)
+    if not states:
+        raise HTTPException(404, f"{field}: no run named {run!r}")
+    return states
+
+
+def _version(request: Request, run: str, field: str = "run") -> int:
+    return sum(s.samples for s in _states(request, run, field))
+
+
+def live_view(run: str, states: list[Any], config: ReadinessConfig) -> RunView | None:
+    """The run from the live series' decision engines (None when they are plain trend engines);
+    how each process ended is the collector's own run-life folds (vramwatch.runlife).
+    O(ranks x (buckets² + processes)), each rank held only while it is copied."""
+    engines = [s.engine for s in states]
+    if not engines or not all(isinstance(e, DecisionEngine) for e in engines):
+        return None
+    return judge(run, [fitted(e.view(config)) for e in engines], sum(s.samples for s in states),
+                 [s.life for s in states])
+
+
+def run_view_of(request: Request, run: str, config: ReadinessConfig, field: str = "run") -> RunView:
+    """The run as the decisions read it: from the live engines' tracks, or replayed from the
+    store when they are not decision engines (the same functions either way: views.py)."""
+    view = live_view(run, _states(request, run, field), config)
+    return view if view is not None else run_view(_observe(request, run), config)
+
+
+def _observe(request: Request, run: str) -> RunObservation:
+    runs = observe(request.app.state.store.iter_samples(run))
+    if run not in runs:
+        raise HTTPException(404, f"run: no samples stored for {run!r}")
+    return runs[run]
+
+
+def _cached(key: tuple[Any, ...], build: Any) -> dict[str, Any]:
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit
+    doc = build()
+    with _lock:
+        _cache[key] = doc
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return doc
+
+
+@router.get("/api/v1/runs/{run:path}/advice")
+def advice(
+    request: Request,
+    run: str,
+    margin: Margin = LOW_HEADROOM_FRACTION,
+    target_tokens: Tokens = None,
+    plateau_steps: Steps = 2000,
+    checkpoints: Annotated[int, Query(ge=0, le=MAX_CHECKPOINTS)] = 1,
+    reference: Annotated[list[str] | None, Query(max_length=8)] = None,
+    granularity: Tokens = None,
+) -> dict[str, Any]:
+    """Readiness, largest tokens per step that fit, a target's judgement and the next step.
+
+    ``reference`` (repeatable): runs of the same job at other batch settings (their token fit,
+    what they proved and where they ran out of memory). ``granularity``: settable batches are
+    multiples of it (tokens per rank; default inferred from the tokens seen).
+    """
+    refs = tuple(reference or ())
+    versions = tuple(_version(request, r, "reference") for r in refs)
+    key = ("advice", id(request.app), run, _version(request, run), margin, target_tokens, plateau_steps, checkpoints,
+           refs, versions, granularity)
+    config = ReadinessConfig(plateau_steps=plateau_steps, checkpoints=checkpoints, margin=margin)
+    return _cached(key, lambda: decide(
+        run_view_of(request, run, config), [run_view_of(request, r, config, "reference") for r in refs],
+        config=config, margin=margin, target_tokens=target_tokens, granularity=granularity).as_dict())
+
+
+@router.get("/api/v1/runs/{run:path}/figures")
+def figures(request: Request, run: str) -> dict[str, Any]:
+    """Per rank what compare and the CI gate read (plateau, peaks per phase, worst headroom, step
+    time): a front joins these from every collector holding part of a run, and ``vramwatch
+    compare``/``gate --url`` compare runs from them."""
+    key = ("figures", id(request.app), run, _version(request, run))
+    return _cached(key, lambda: RunFigures.of(_observe(request, run)).as_dict())
+
+
+@router.get("/api/v1/compare")
+def compare(request: Request, a: Annotated[str, Query(min_length=1)], b: Annotated[str, Query(min_length=1)]
+            ) -> dict[str, Any]:
+    """Two stored runs side by side per rank (plateau, peaks per phase, headroom, step time)."""
+    key = ("compare", id(request.app), a, _version(request, a), b, _version(request, b))
+    return _cached(key, lambda: compare_runs(_observe(request, a), _observe(request, b)).as_dict())

@@ -1,0 +1,1 @@
+"""Serving: the ASGI door, the app, its guards, dependencies, responses and pages."""

@@ -1,0 +1,1 @@
+"""Allocator snapshots: directives out, uploads in, diffs and leak suspects."""

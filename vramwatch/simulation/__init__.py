@@ -1,0 +1,1 @@
+"""Simulation: token scenarios, the procedure's stories and the demo's runs (never imported by the server)."""
