@@ -90,6 +90,7 @@ class BatchProcessor:
         self.directives: deque[Directive] = deque(maxlen=32)  # received, for the features that act on them
         self._directive_listeners: tuple[Callable[[tuple[Directive, ...]], None], ...] = ()
         self._warned: set[str] = set()
+        self._unreachable = False  # the latest export could not reach the collector (warned once per outage)
         self._due = time.monotonic() + random.uniform(0.0, self.interval_s)  # next timed cycle (shared worker)
         lifecycle.register(self)
         lifecycle.on_fork_in_child(self, "_after_fork_in_child")
@@ -357,6 +358,7 @@ class BatchProcessor:
                 except Exception as exc:
                     c["worker_errors"] += 1
                     self.last_error = f"directive listener: {type(exc).__name__}: {exc}"
+        self._note_reachability(result)
         if result.failure is not None:
             self.last_error = result.describe()
             template = _WARNINGS.get(result.failure)
@@ -369,6 +371,30 @@ class BatchProcessor:
             self.last_error = f"{reason}: {result.spool_dropped} samples dropped"
             self._warn("spool", f"{reason} at {spool.path if spool else '?'}: samples are being dropped; training "
                                 "goes on (counted in stats()['dropped_spool_full'])")
+
+    def _note_reachability(self, result: ExportResult) -> None:
+        """One warning when the collector cannot be reached (refused, DNS, timeout), naming the URL
+        and where the samples go; one line when it answers again. Never one per step or per retry:
+        the state changes at most twice per outage."""
+        if result.failure is Failure.NETWORK:
+            if not self._unreachable:
+                self._unreachable = True
+                self._say(f"cannot reach the collector at {self.exporter.describe()} ({result.detail}); "
+                          f"{self._where_samples_go()}. Training goes on; this is said once until it answers")
+        elif self._unreachable and result.outcome is not Outcome.RETRY:
+            self._unreachable = False
+            self._say(f"the collector at {self.exporter.describe()} answers again; spooled samples are being sent")
+
+    def _where_samples_go(self) -> str:
+        spool = self.spool
+        if spool is None:
+            return f"samples wait in memory (at most {self.max_queue:,}; older ones are dropped past it)"
+        return (f"samples go to the spool {spool.path} (at most {spool.max_bytes / 2**20:,.0f} MiB) and are "
+                "retried with backoff")
+
+    def _say(self, message: str) -> None:
+        with contextlib.suppress(Exception):  # warnings configured as errors must not stop delivery
+            warnings.warn(f"vramwatch: {message}", RuntimeWarning, stacklevel=2)
 
     def _warn(self, key: str, message: str) -> None:
         if key in self._warned:
