@@ -67,6 +67,8 @@ from vramwatch.probe import BaseProbe, make_probe
 from vramwatch.probe.host import HostPoller
 from vramwatch.wire import MAX_INT, PHASE_RE, SCHEMA_VERSION
 
+#: ``seq`` range of one pass of the training loop (phases and markers at one step stay far below it)
+_LAP_SEQ = 1 << 20
 _EXTRA_KEY_RE = re.compile(r"[^\x00-\x1f\x7f]{1,64}\Z")
 
 
@@ -137,6 +139,7 @@ class Monitor:
         self._last_t: float | None = None
         self._seq_step = -1
         self._seq_counts: dict[str, int] = {}
+        self._lap_seq = 0  # seq base of this pass of the loop: a loop run again from step 0 stays distinct
         self._last_sample: dict[str, Any] | None = None
         self._last_train: dict[str, Any] | None = None
         self.probe: BaseProbe | None = None
@@ -223,7 +226,9 @@ class Monitor:
                 return
             now = time.perf_counter()
             last, self._last_t = self._last_t, now
-            self._emit(reading, step, "train", None if last is None else now - last, numbers)
+            if step < self._last_step and self._last_train is not None:
+                self._new_lap()
+            self._emit(reading, step, "train", None if last is None else now - last, numbers, seq=self._lap_seq)
             self._last_step = step
             for hook in self._step_hooks:  # empty unless a feature (snapshot capture) asked
                 hook(step)
@@ -335,6 +340,13 @@ class Monitor:
         except Exception as exc:
             self._hook_error(exc)
 
+    def _new_lap(self) -> None:
+        """The loop went back in steps within this process (a notebook cell run again): the same
+        process goes on (same incarnation, no restart); its samples take the next ``seq`` range so
+        none is a duplicate of the earlier pass's."""
+        self._lap_seq += _LAP_SEQ
+        self._seq_step, self._seq_counts = -1, {}
+
     def _phase_seq(self, step: int, name: str) -> int:
         """0 for the first phase of this name after ``step``, 1 for a second one (two checkpoint
         callbacks at one step), ...: part of the idempotency key, so neither is a duplicate."""
@@ -342,7 +354,7 @@ class Monitor:
             self._seq_step, self._seq_counts = step, {}
         n = self._seq_counts.get(name, 0)
         self._seq_counts[name] = n + 1
-        return n
+        return self._lap_seq + n
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -517,15 +529,34 @@ class Monitor:
 def init(url: str | None = None, **kwargs: Any) -> Monitor:
     """Start monitoring this rank: ``Monitor(Config.from_env(url=url, **kwargs))``.
 
+    A second ``init()`` in the same process for the same run, rank and collector (a notebook cell
+    run again) returns the running monitor: the process goes on, no restart is recorded and no
+    thread is started twice. For another run or collector the previous monitor closes first.
+
     Every keyword is a :class:`~vramwatch.config.Config` field. Identity (run, rank, ...)
     comes from torchrun/SLURM environment variables when not given. Wrong arguments raise
     ``ValueError`` naming the argument; a missing GPU or a failing probe only warns (the
     monitor is then a no-op).
     """
     global _current
-    monitor = Monitor(Config.from_env(url=url, **kwargs))
+    config = Config.from_env(url=url, **kwargs)
+    previous = _current
+    if previous is not None and previous._pid == os.getpid() and not previous._closed:
+        if _continues(previous, config):
+            return previous  # a notebook cell run again: the same process goes on, nothing restarts
+        previous.close()  # another run or collector from this process: the old one ends cleanly
+    monitor = Monitor(config)
     _current = monitor
     return monitor
+
+
+def _continues(monitor: Monitor, config: Config) -> bool:
+    """Whether ``config`` names the monitor's own run, rank and destination (a repeated ``init()``)."""
+    ident = _identity.resolve(run=config.run, host=config.host, rank=config.rank, local_rank=config.local_rank,
+                              world_size=config.world_size)
+    mine = monitor.identity
+    return (ident["run"], ident["host"], ident["rank"]) == (mine["run"], mine["host"], mine["rank"]) and (
+        config.url == monitor.config.url and config.enabled == monitor.config.enabled)
 
 
 def current() -> Monitor | None:

@@ -74,7 +74,20 @@ def run_from_env(env: Mapping[str, str], host: str) -> str:
     job = env.get("SLURM_JOB_ID", "").strip()
     if job:
         return _clean(f"slurm-{job}")
-    return _clean(f"{host}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    # the process's start, not now: a second init() in one process (a notebook cell run again)
+    # names the same run
+    return _clean(f"{host}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(_process_started()))}-{os.getpid()}")
+
+
+_STARTED: tuple[int, float] = (os.getpid(), time.time())
+
+
+def _process_started() -> float:
+    """When this process first asked (a forked child asks anew: its own pid, its own start)."""
+    global _STARTED
+    if _STARTED[0] != os.getpid():
+        _STARTED = (os.getpid(), time.time())
+    return _STARTED[1]
 
 
 def new_incarnation() -> str:

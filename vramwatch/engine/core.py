@@ -232,8 +232,14 @@ class TrendEngine:
         incarnation = sample.get("incarnation")
         stepped_back = step < self._last_step and sample["phase"] == "train"
         if stepped_back and incarnation is not None and incarnation == self._incarnation:
-            self.out_of_order += 1  # a late (replayed) sample of this process: too old to fold in
-            return False
+            last = self._last_sample()
+            if last is None or sample["ts"] <= last["ts"]:
+                self.out_of_order += 1  # a late (replayed) sample of this process: too old to fold in
+                return False
+            # newer than anything folded: the same process started its loop over (a notebook cell
+            # run again): the step axis restarts, the process does not (no restart event)
+            self._reset_series(step, choose_signal(sample), sample["ts"])
+            stepped_back = False
         counter_back = (ooms is not None and self._ooms is not None and ooms < self._ooms) or (
             retries is not None and self._retries is not None and retries < self._retries
         )
