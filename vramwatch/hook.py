@@ -63,6 +63,7 @@ from vramwatch.config import Config
 from vramwatch.delivery import BatchSender, FileExporter, HttpExporter, leftover_spools, lifecycle, spool_prefix
 from vramwatch.evidence.capture import CaptureAgent, attach_capture
 from vramwatch.evidence.foreign import ForeignReporter, attach_foreign
+from vramwatch.notebook import live_view
 from vramwatch.probe import BaseProbe, make_probe
 from vramwatch.probe.host import HostPoller
 from vramwatch.wire import MAX_INT, PHASE_RE, SCHEMA_VERSION
@@ -447,6 +448,11 @@ class Monitor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the monitor as its run's live page (:mod:`vramwatch.notebook`)."""
+        where = None if self.trace_path is None else str(self.trace_path)
+        return live_view(self.url, self.identity["run"], where=where)
 
     @property
     def active(self) -> bool:

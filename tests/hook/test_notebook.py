@@ -58,3 +58,26 @@ def test_a_loop_run_again_is_one_process_with_every_sample_kept(kernel, module_c
     assert row["restarts"] == 0 and row["deaths"] == 0 and row["died"] is None, row
     assert runs[run]["status"] == "finished", runs[run]
     assert [e for e in events if e.get("type") == "restart"] == []
+
+
+def test_the_monitor_renders_as_its_runs_live_page(module_collector, tmp_path) -> None:
+    """``vw`` as a cell's last line: an iframe of the run's page on the collector it sends to."""
+    import re
+
+    import vramwatch
+
+    vw = vramwatch.init(url=module_collector.url, run="nb-one", rank=0, probe="simulated", spool_dir=tmp_path)
+    try:
+        page = vw._repr_html_()
+    finally:
+        vw.close()
+    (src,) = re.findall(r'<iframe src="([^"]+)"', page)
+    assert src == f"{module_collector.url}/#/run/nb-one"
+    answer = httpx.get(src.split("#")[0], timeout=30)
+    assert answer.status_code == 200 and "<script" in answer.text  # the dashboard, which routes #/run/...
+    off = vramwatch.init(url=None, run="nb-two", rank=0, probe="simulated", out_dir=tmp_path)
+    try:
+        text = off._repr_html_()
+    finally:
+        off.close()
+    assert "<iframe" not in text and "vramwatch serve --host 127.0.0.1" in text and str(tmp_path) in text
