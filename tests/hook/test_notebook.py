@@ -5,6 +5,7 @@ thread started twice, no sample taken for a duplicate. A real hook process, a re
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -35,7 +36,7 @@ second.close()
 @pytest.fixture(scope="module")
 def kernel(module_collector, tmp_path_factory):
     spool = tmp_path_factory.mktemp("spool")
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("RANK", "VRAMWATCH_", "TORCHELASTIC"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "VRAMWATCH_", "TORCHELASTIC"))}
     run = subprocess.run([sys.executable, "-c", _KERNEL, module_collector.url, str(spool)], capture_output=True,
                          text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr
