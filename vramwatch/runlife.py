@@ -10,7 +10,8 @@ each incarnation has a start, an end (its latest sample) and an outcome
 * ``oom``: an out-of-memory error is its last word (the OOM counter's latest rise, or a sample
   sent from the OOM observer, is its latest sample);
 * ``killed``: killed alone: it stopped while a process of another rank that was already running
-  went on for longer than :data:`~vramwatch.verdicts.SILENT_AFTER_S` after it;
+  went on for longer than its rank's silence window after it (:func:`rank_window`: a multiple of
+  its own step time within a floor and a ceiling, :func:`vramwatch.verdicts.silence_window`);
 * ``stopped``: stopped with the job: it ended (a newer process of its rank started, or the whole
   run has been quiet for the silence window) and no peer went on without it;
 * ``ended``: the same, for a source that marks neither clean closes nor OOMs (imports, dcgm);
@@ -55,6 +56,7 @@ from vramwatch.verdicts import (
     Liveness,
     Outcome,
     RunStatus,
+    silence_window,
 )
 from vramwatch.wire import Sample
 
@@ -90,6 +92,25 @@ class IncarnationRecord(NamedTuple):
     oom_at: Moment | None
     first_oom: Moment | None
     marked: bool
+    #: the step time the process's latest timed training sample measured (``step_time_s``): the
+    #: interval its samples arrive at; None when its source sends none (imports, dcgm)
+    interval_s: float | None = None
+    #: its longest marked phase (a phase sample's ``step_time_s``: checkpoint, eval): the silence
+    #: such a phase makes
+    longest_phase_s: float | None = None
+
+    @property
+    def pace_s(self) -> float | None:
+        """Seconds per step over the process's life (its first to its latest sample), or None."""
+        steps = self.last.step - self.first.step
+        return (self.last.ts - self.first.ts) / steps if steps > 0 else None
+
+    @property
+    def cadence_s(self) -> float | None:
+        """The interval its next sample is expected within: the slower of the latest measured step
+        time and the lifetime pace (a sample every N steps arrives every N step times)."""
+        known = [v for v in (self.interval_s, self.pace_s) if v is not None and v > 0]
+        return max(known) if known else None
 
     @property
     def oom_is_last_word(self) -> bool:
@@ -115,6 +136,9 @@ class _Process:
         "oom_at",
         "oom_marked",
         "ooms",
+        "phase_s",
+        "step_key",
+        "step_s",
     )
 
     def __init__(self, incarnation: str, ts: float, step: int, seq: int) -> None:
@@ -127,9 +151,15 @@ class _Process:
         self.oom_at: _Key | None = None
         self.first_oom: _Key | None = None
         self.marked = False
+        self.step_key: _Key | None = None  # the latest training sample that measured its step time
+        self.step_s: float | None = None
+        self.phase_s: float | None = None
 
     def feed(self, sample: Sample) -> None:
         step, ts, seq = sample["step"], sample["ts"], sample.get("seq") or 0
+        took = sample.get("step_time_s")
+        if took is not None:
+            self._timed(took, sample["phase"] == "train", (ts, step, seq))
         last_ts = self.last_ts
         if ts > last_ts or (ts == last_ts and (step, seq) >= (self.last_step, self.last_seq)):
             self.last_step, self.last_ts, self.last_seq = step, ts, seq
@@ -147,6 +177,14 @@ class _Process:
         elif sample.get("exit"):
             self.marked = True
 
+    def _timed(self, took: float, train: bool, key: _Key) -> None:
+        """A step's or a phase's duration: the latest step time, the longest phase (order-free)."""
+        if train:
+            if self.step_key is None or key > self.step_key:
+                self.step_key, self.step_s = key, took
+        elif self.phase_s is None or took > self.phase_s:
+            self.phase_s = took
+
     def _oom(self, count: int, key: _Key) -> None:
         if count > self.ooms:
             self.ooms, self.oom_at = count, key
@@ -159,7 +197,7 @@ class _Process:
         return IncarnationRecord(
             self.incarnation, Moment(self.first_step, self.first_ts), Moment(self.last_step, self.last_ts), self.exit,
             self.oom_marked, self.ooms, None if self.oom_at is None else _moment(self.oom_at),
-            None if self.first_oom is None else _moment(self.first_oom), self.marked)
+            None if self.first_oom is None else _moment(self.first_oom), self.marked, self.step_s, self.phase_s)
 
 
 def _moment(key: _Key) -> Moment:
@@ -230,6 +268,8 @@ class RankLife:
         proc.exit, proc.oom_marked, proc.ooms, proc.marked = record.exit, record.oom_marked, record.ooms, record.marked
         proc.oom_at = None if record.oom_at is None else (record.oom_at.ts, record.oom_at.step, 0)
         proc.first_oom = None if record.first_oom is None else (record.first_oom.ts, record.first_oom.step, 0)
+        proc.step_key = None if record.interval_s is None else (record.last.ts, record.last.step, 0)
+        proc.step_s, proc.phase_s = record.interval_s, record.longest_phase_s
         procs = self._procs if self._procs is not None else {p.incarnation: p for p in self._all()}
         procs[record.incarnation] = proc
         self._procs, self._current = procs, proc
@@ -309,6 +349,11 @@ class RankStory(NamedTuple):
     ooms: int  # every process's OOMs (monotonic)
     restarts: int  # processes after the first (monotonic)
     deaths: int  # processes that died (oom, killed, stopped), the latest included
+    #: how long it may stay quiet before it reads silent (and, quiet with its whole run, stopped):
+    #: :func:`~vramwatch.verdicts.silence_window` of its own cadence and phases
+    window_s: float = SILENT_AFTER_S
+    #: the interval its samples are expected at (:attr:`IncarnationRecord.cadence_s`), or None
+    cadence_s: float | None = None
 
     @property
     def current(self) -> Incarnation:
@@ -447,9 +492,18 @@ _LIVENESS = {Outcome.EXITED: Liveness.EXITED, Outcome.ENDED: Liveness.ENDED, Out
              Outcome.KILLED: Liveness.DEAD, Outcome.STOPPED: Liveness.DEAD}
 
 
+def rank_window(records: tuple[IncarnationRecord, ...], fixed: float | None = None) -> float:
+    """A rank's silence window: ``fixed`` when asked for one, else from its latest process's
+    cadence and the longest phase any of its processes marked (a restart keeps the knowledge)."""
+    if fixed is not None:
+        return fixed
+    phases = [rec.longest_phase_s for rec in records if rec.longest_phase_s is not None]
+    return silence_window(records[-1].cadence_s, max(phases) if phases else None)
+
+
 def _rank_story(life: RankLife, records: tuple[IncarnationRecord, ...], peers: _Peers, *, now: float,
-                run_last: float, window: float) -> RankStory:
-    run_quiet = now - run_last > window
+                run_last: float, window: float, run_window: float) -> RankStory:
+    run_quiet = now - run_last > run_window
     judged = tuple(
         Incarnation(rec, _outcome(rec, superseded=i < len(records) - 1, peers=peers, run_quiet=run_quiet,
                                   window=window))
@@ -465,7 +519,8 @@ def _rank_story(life: RankLife, records: tuple[IncarnationRecord, ...], peers: _
         end = current.end
         died = Death(current.outcome, end.step, end.ts)
     deaths = life.dropped_deaths + sum(1 for inc in judged if inc.outcome in DEATHS)
-    return RankStory(life.host, life.rank, liveness, judged, died, life.ooms, life.restarts, deaths)
+    return RankStory(life.host, life.rank, liveness, judged, died, life.ooms, life.restarts, deaths, window,
+                     records[-1].cadence_s)
 
 
 def _failures(story: RankStory) -> Iterator[Failure]:
@@ -487,14 +542,15 @@ def first_failure(ranks: Iterable[RankStory]) -> Failure | None:
     return min(found, key=lambda f: (f.cause == Outcome.STOPPED, f.ts, f.cause != Outcome.OOM, f.rank, f.host))
 
 
-def judge(run: str, ranks: Iterable[RankLife], now: float, *, silent_after_s: float = SILENT_AFTER_S,
+def judge(run: str, ranks: Iterable[RankLife], now: float, *, silent_after_s: float | None = None,
           stopped: bool = False) -> RunStory:
     """The run's story at ``now`` from its ranks' folds. Pure: the same records and ``now`` give
     the same story. Ranks without a sample are left out. O(n log n) in incarnations.
 
-    ``silent_after_s``: the silence window (every view uses the default; ``vramwatch postmortem
-    --silent-after`` asks for another). ``stopped``: the run is known to have stopped (a collector
-    retired it): judged no earlier than the silence window after its latest sample."""
+    ``silent_after_s``: one silence window for every rank (``vramwatch postmortem --silent-after``);
+    None (every view) gives each rank its own from its cadence (:func:`rank_window`); the run is
+    quiet once nothing arrived for its slowest rank's window. ``stopped``: the run is known to have
+    stopped (a collector retired it): judged no earlier than that window after its latest sample."""
     lives = sorted((life for life in ranks if life._current is not None), key=lambda life: (life.rank, life.host))
     per_rank = [life.records() for life in lives]
     records = [rec for recs in per_rank for rec in recs]
@@ -502,10 +558,12 @@ def judge(run: str, ranks: Iterable[RankLife], now: float, *, silent_after_s: fl
         return RunStory(run, now, (), RunTally(), None, None)
     peers = _Peers([(rec.first.ts, rec.last.ts) for rec in records])
     latest = max(records, key=lambda rec: rec.last.ts).last
+    windows = [rank_window(recs, silent_after_s) for recs in per_rank]
+    run_window = max(windows)
     if stopped:
-        now = max(now, latest.ts + silent_after_s + 1.0)
-    stories = tuple(_rank_story(life, recs, peers, now=now, run_last=latest.ts, window=silent_after_s)
-                    for life, recs in zip(lives, per_rank, strict=True))
+        now = max(now, latest.ts + run_window + 1.0)
+    stories = tuple(_rank_story(life, recs, peers, now=now, run_last=latest.ts, window=w, run_window=run_window)
+                    for life, recs, w in zip(lives, per_rank, windows, strict=True))
     return RunStory(run, now, stories, RunTally.of(stories), latest, first_failure(stories))
 
 
@@ -552,5 +610,5 @@ def fold(samples: Iterable[Sample]) -> dict[str, RunLife]:
 
 __all__ = [
     "MAX_INCARNATIONS", "Death", "Failure", "Incarnation", "IncarnationRecord", "Moment", "RankLife", "RankStory",
-    "RunLife", "RunStory", "RunTally", "first_failure", "fold", "judge", "sample_key",
+    "RunLife", "RunStory", "RunTally", "first_failure", "fold", "judge", "rank_window", "sample_key",
 ]

@@ -222,6 +222,8 @@ def meta() -> dict[str, object]:
         "figure_scopes": dict(FIGURE_SCOPES),
         "low_headroom_fraction": LOW_HEADROOM_FRACTION,
         "silent_after_s": SILENT_AFTER_S,
+        "silence": {"intervals": SILENT_INTERVALS, "floor_s": SILENT_FLOOR_S, "ceiling_s": SILENT_CEILING_S,
+                    "phase_allowance": PHASE_ALLOWANCE},
         "run_active_s": RUN_ACTIVE_S,
         "headroom": {
             "headroom_bytes": "capacity minus what the device holds at the latest training step boundary "
@@ -236,9 +238,33 @@ def meta() -> dict[str, object]:
 # The same numbers as the VramwatchHookSilent alert (deploy/prometheus/rules/vramwatch.rules.yml;
 # tests/dashboard/test_dashboard_api.py checks that both agree).
 
-#: a rank is silent once nothing arrived from it for this long while its run goes on; a rank
-#: whose peers went on this long after its last sample was killed alone; a run quiet this long
-#: has stopped (vramwatch.runlife)
+#: The silence window of a rank whose cadence is unknown (a single sample; a source without step
+#: times): a rank is silent once nothing arrived from it for its window while its run goes on; a
+#: rank whose peers went on longer than its window after its last sample was killed alone; a run
+#: quiet for its slowest rank's window has stopped (vramwatch.runlife). A rank with a cadence
+#: gets :func:`silence_window` of it.
 SILENT_AFTER_S = 300.0
+#: missed sample intervals before a rank reads silent
+SILENT_INTERVALS = 10
+#: no window is shorter (a delivery batch, a GC pause, a slow step are not a death) ...
+SILENT_FLOOR_S = 30.0
+#: ... nor longer than this (a 10-minute step is still judged within the half hour)
+SILENT_CEILING_S = 1800.0
+#: a rank that marked phases (checkpoint saves, evals) may stay quiet this many times its longest
+PHASE_ALLOWANCE = 1.5
+
+
+def silence_window(cadence_s: float | None, longest_phase_s: float | None = None) -> float:
+    """How long a rank may send nothing before it reads silent: :data:`SILENT_INTERVALS` of its
+    sample interval, at least :data:`SILENT_FLOOR_S`, at most :data:`SILENT_CEILING_S`, and never
+    shorter than :data:`PHASE_ALLOWANCE` times its longest marked phase (capped the same). 1 step/s
+    -> 30 s; 60 s/step -> 600 s; unknown cadence -> :data:`SILENT_AFTER_S`."""
+    if cadence_s is None or not cadence_s > 0:
+        window = SILENT_AFTER_S
+    else:
+        window = min(max(SILENT_INTERVALS * cadence_s, SILENT_FLOOR_S), SILENT_CEILING_S)
+    if longest_phase_s is not None and longest_phase_s > 0:
+        window = max(window, min(PHASE_ALLOWANCE * longest_phase_s, SILENT_CEILING_S))
+    return window
 #: ... and "its run goes on" means another rank of it sent something within this long
 RUN_ACTIVE_S = 120.0

@@ -11,7 +11,10 @@ from helpers import make_sample
 
 from vramwatch import runlife, verdicts
 from vramwatch.runlife import Outcome, RunLife, RunTally, fold, judge
-from vramwatch.verdicts import SILENT_AFTER_S, Liveness, RunStatus
+from vramwatch.verdicts import Liveness, RunStatus, silence_window
+
+#: the silence window of these ranks: one sample a second
+WINDOW = silence_window(1.0)
 
 
 def story_of(samples, now):
@@ -44,8 +47,8 @@ def test_each_ending_is_judged_as_it_happened(build) -> None:
 def test_a_killed_rank_is_dead_at_its_last_sample_and_stays_so() -> None:
     ending = one_killed()
     # while the others still run, as soon as they went on for the silence window
-    during = [s for s in ending.samples if s["ts"] <= T0 + KILL_STEP + SILENT_AFTER_S + 5]
-    story = story_of(during, now=T0 + KILL_STEP + SILENT_AFTER_S + 5)
+    during = [s for s in ending.samples if s["ts"] <= T0 + KILL_STEP + WINDOW + 5]
+    story = story_of(during, now=T0 + KILL_STEP + WINDOW + 5)
     dead = story.rank("node-1", 2)
     assert dead.liveness == Liveness.DEAD and dead.died == runlife.Death(Outcome.KILLED, KILL_STEP - 1, dead.died.ts)
     assert dead.died.ts == pytest.approx(T0 + KILL_STEP - 1 + 0.02)
@@ -58,7 +61,7 @@ def test_a_killed_rank_is_dead_at_its_last_sample_and_stays_so() -> None:
 
 def test_a_job_killed_at_once_is_running_then_crashed_never_finished() -> None:
     ending = job_killed()
-    quiet_for = [10.0, SILENT_AFTER_S - 1, SILENT_AFTER_S + 1, 7200.0]
+    quiet_for = [10.0, WINDOW - 1, WINDOW + 1, 7200.0]
     statuses = [story_of(ending.samples, now=ending.last_ts + q).status for q in quiet_for]
     assert statuses == ["running", "running", "crashed", "crashed"]
     story = story_of(ending.samples, now=ending.last_ts + 7200)
@@ -89,15 +92,16 @@ def test_an_oom_the_loop_survived_is_counted_but_not_a_death() -> None:
 
 
 def test_silent_is_a_quiet_rank_not_judged_yet() -> None:
+    went_on = int(WINDOW) - 10
     samples = [make_sample(i, rank=r, ts=T0 + i) for r in range(2) for i in range(100)]
-    samples += [make_sample(i, rank=0, ts=T0 + i) for i in range(100, 300)]
-    # rank 1 quiet for 301 s, rank 0 went on 200 s after it and sent 1 s ago
-    story = story_of(samples, now=T0 + 99 + SILENT_AFTER_S + 1)
+    samples += [make_sample(i, rank=0, ts=T0 + i) for i in range(100, 100 + went_on)]
+    # rank 1 quiet for a second more than its window, rank 0 went on for less than it
+    story = story_of(samples, now=T0 + 99 + WINDOW + 1)
     assert [str(r.liveness) for r in story.ranks] == ["live", "silent"] and story.status == "running"
     assert story.ranks[1].died is None
     # once rank 0 went on for the silence window after it, rank 1 was killed alone
-    samples += [make_sample(i, rank=0, ts=T0 + i) for i in range(300, 401)]
-    story = story_of(samples, now=T0 + 401)
+    samples += [make_sample(i, rank=0, ts=T0 + i) for i in range(100 + went_on, 100 + int(WINDOW) + 5)]
+    story = story_of(samples, now=T0 + 100 + WINDOW + 5)
     assert story.ranks[1].died.cause == Outcome.KILLED
 
 
@@ -139,7 +143,7 @@ def test_the_fold_is_the_same_in_any_order_with_duplicates(build) -> None:
 
 def test_tallies_of_parts_add_up_to_the_whole_run() -> None:
     ending = one_killed()
-    now = T0 + KILL_STEP + SILENT_AFTER_S + 100
+    now = T0 + KILL_STEP + WINDOW + 100
     samples = [s for s in ending.samples if s["ts"] <= now]
     whole = story_of(samples, now)
     parts = [story_of([s for s in samples if s["rank"] in ranks], now) for ranks in ((0, 1), (2, 3))]

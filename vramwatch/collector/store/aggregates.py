@@ -121,6 +121,10 @@ class Aggregates:
         ids = tuple(ident)
         first = {r[0]: r[1:] for r in conn.execute(f"SELECT series, MIN(ts), step {where}", ids)}
         last = {r[0]: r[1:] for r in conn.execute(f"SELECT series, MAX(ts), step, exited, oom_marked {where}", ids)}
+        timed = where.replace("GROUP BY", "AND step_time IS NOT NULL AND phase {} ? GROUP BY")
+        step_s = {r[0]: r[2] for r in conn.execute(f"SELECT series, MAX(ts), step_time {timed.format('=')}",
+                                                      (*ids, TRAIN_PHASE_ID))}
+        phase_s = dict(conn.execute(f"SELECT series, MAX(step_time) {timed.format('!=')}", (*ids, TRAIN_PHASE_ID)))
         counts = conn.execute(f"SELECT series, MAX(ooms), COUNT(ooms), MAX(oom_marked), MAX(exited) {where}", ids)
         out: list[tuple[str, int, IncarnationRecord]] = []
         for sid, max_ooms, counted, marked, exited in counts:
@@ -130,7 +134,8 @@ class Aggregates:
             out.append((host, rank, IncarnationRecord(
                 incarnation, Moment(first_step, first_ts), Moment(last_step, last_ts), bool(last_exit),
                 bool(last_oom), ooms, self._first_reaching(conn, sid, ooms) if ooms else None,
-                self._first_reaching(conn, sid, 1) if ooms else None, bool(counted or marked or exited))))
+                self._first_reaching(conn, sid, 1) if ooms else None, bool(counted or marked or exited),
+                step_s.get(sid), phase_s.get(sid))))
         return out, max((r[0] for r in last.values()), default=None)
 
     @staticmethod
