@@ -164,8 +164,9 @@ def register(sub: Any, add_db: Callable[[argparse.ArgumentParser], None], positi
     add_db(p)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument("--url", help="ask a collector or a federating front instead of reading --db")
-    p.add_argument("--silent-after", type=positive(float), default=300.0, metavar="SECONDS",
-                   help="a rank silent this long counts as dead (default 300, as the HookSilent alert)")
+    p.add_argument("--silent-after", type=positive(float), default=None, metavar="SECONDS",
+                   help="one silence window for every rank (default: each rank's own, from its step time, "
+                        "as every view and the HookSilent alert)")
     p.set_defaults(func=cmd_postmortem)
 
     group = sub.add_parser("snapshots", help="allocator snapshots: what grew between two, by allocation site")

@@ -113,7 +113,7 @@ def _read(samples: Iterable[Sample]) -> tuple[dict[str, runlife.RunLife], dict[S
     return lives, last, first_oom
 
 
-def _detail(f: runlife.Failure, story: runlife.RunStory, oom_sample: Sample | None, silent_after_s: float) -> str:
+def _detail(f: runlife.Failure, story: runlife.RunStory, oom_sample: Sample | None) -> str:
     if f.cause == Outcome.OOM:
         extra = oom_sample.get("extra") if oom_sample is not None else None
         free = extra.get("oom_device_free_bytes") if isinstance(extra, dict) else None
@@ -122,8 +122,10 @@ def _detail(f: runlife.Failure, story: runlife.RunStory, oom_sample: Sample | No
         went_on = (story.last.ts if story.last is not None else f.ts) - f.ts
         return (f"stopped sending while the other ranks went on for {went_on:.0f} s: "
                 "killed alone (SIGKILL, the host's OOM-killer, a lost node)")
-    return ("stopped with the rest of the job within "
-            f"{silent_after_s:.0f} s and no clean close: a job-wide stop (a hang in a collective, then a kill "
+    rank = story.rank(f.host, f.rank)
+    window = rank.window_s if rank is not None else SILENT_AFTER_S
+    return ("stopped with the rest of the job within its "
+            f"{window:.0f} s silence window and no clean close: a job-wide stop (a hang in a collective, then a kill "
             "of the job, or a launcher restarting every rank)")
 
 
@@ -139,7 +141,7 @@ def build(
     samples: Callable[[], Iterable[Sample]],
     *,
     now: float,
-    silent_after_s: float = SILENT_AFTER_S,
+    silent_after_s: float | None = None,
     story: runlife.RunStory | None = None,
 ) -> PostMortem:
     """The post-mortem of ``run``; ``samples`` is called twice (two streaming passes).
@@ -155,7 +157,7 @@ def build(
     f = story.first_failure
     first = None
     if f is not None:
-        detail = _detail(f, story, oom_samples.get((run, f.host, f.rank)), silent_after_s)
+        detail = _detail(f, story, oom_samples.get((run, f.host, f.rank)))
         first = Failure(f.rank, f.host, f.step, f.ts, str(f.cause), detail)
     at_failure: dict[SeriesKey, Sample] = {}
     if first is not None:

@@ -30,7 +30,6 @@ from vramwatch.collector.ingest import processes as _processes
 from vramwatch.collector.snapshots.diffs import check_skip, enrich_postmortem, run_suspects
 from vramwatch.collector.snapshots.directives import DEFAULT_STEPS, MAX_STEPS, SnapshotError, SnapshotStore
 from vramwatch.evidence import postmortem as _postmortem
-from vramwatch.verdicts import SILENT_AFTER_S
 from vramwatch.wire import MAX_INT, MAX_NAME, series_key
 
 _CHUNK = 1 << 20
@@ -107,7 +106,7 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
 
     @router.get("/api/v1/runs/{run:path}/postmortem", dependencies=read)
     def postmortem(request: Request, run: str,
-                   silent_after_s: Annotated[float, Query(gt=0, le=86400)] = SILENT_AFTER_S) -> dict[str, Any]:
+                   silent_after_s: Annotated[float | None, Query(gt=0, le=86400)] = None) -> dict[str, Any]:
         return postmortem_doc(request.app.state, run, silent_after_s)
 
     _add_diff_routes(router, read)
@@ -224,16 +223,17 @@ def _gunzipped(path: Any, snapshot_id: str) -> tuple[Any, bytes] | None:
         return None
 
 
-def postmortem_doc(state: Any, run: str, silent_after_s: float) -> dict[str, Any]:
+def postmortem_doc(state: Any, run: str, silent_after_s: float | None) -> dict[str, Any]:
     """The post-mortem of ``run`` (404 when the store has none): judged by the live state, so this
-    answer and /runs, /ranks, /metrics tell one story; another silence window is a judgement of
-    its own. Cost: two sequential reads of the run's samples."""
+    answer and /runs, /ranks, /metrics tell one story (each rank's silence window from its cadence);
+    a window asked for (``silent_after_s``) is a judgement of its own. Cost: two sequential reads of
+    the run's samples."""
     store = state.store
     if run not in store.runs():
         raise HTTPException(404, f"run: no run {run!r}")
     live = state.live
     states = live.for_run(run) or live.revived(run, store.iter_samples)
-    story = live.story(run, states, time.time()) if states and silent_after_s == SILENT_AFTER_S else None
+    story = live.story(run, states, time.time()) if states and silent_after_s is None else None
     pm = _postmortem.build(run, lambda: store.iter_samples(run), now=time.time(), silent_after_s=silent_after_s,
                            story=story)
     return enrich_postmortem(pm, snapshots=state.snapshots, diffs=state.diffs, processes=state.processes,
