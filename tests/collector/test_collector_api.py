@@ -281,7 +281,8 @@ def test_a_clean_exit_is_exited_not_silent_and_the_run_finishes() -> None:
     assert live.run_summaries(now=t0 + 12)[0]["status"] == "finished"
 
 
-def test_the_silent_rule_is_the_alert_rule() -> None:
+def test_the_silent_rule_reads_the_models_window_of_each_rank(collector) -> None:
+    """The alert, /metrics, /ranks and the model use one window per rank: its cadence's."""
     import re
     from pathlib import Path
 
@@ -289,9 +290,21 @@ def test_the_silent_rule_is_the_alert_rule() -> None:
 
     rules = (Path(__file__).resolve().parents[2] / "deploy/prometheus/rules/vramwatch.rules.yml").read_text()
     block = rules[rules.index("alert: VramwatchHookSilent"):]
-    silent, active = re.search(r"vramwatch_last_received_timestamp_seconds > (\d+)\)", block).group(1), \
-        re.search(r"max by \(run\) \(vramwatch_last_received_timestamp_seconds\) < (\d+)\)", block).group(1)
-    assert (float(silent), float(active)) == (verdicts.SILENT_AFTER_S, verdicts.RUN_ACTIVE_S)
+    block = block[:block.index("- alert:", 10)]
+    assert "vramwatch_last_received_timestamp_seconds > vramwatch_silence_window_seconds" in block
+    assert "< max by (run) (vramwatch_silence_window_seconds)" in block
+    now = time.time()
+    for rank, step_s in ((0, 6.0), (1, 0.5)):
+        samples = [make_sample(i, run="cadence", rank=rank, ts=now - 40 * step_s + i * step_s,
+                               step_time_s=step_s if i else None) for i in range(40)]
+        assert collector.client.post("/api/v1/samples", content=ndjson(samples), headers=NDJSON_HEADERS).is_success
+    rows = {r["rank"]: r for r in collector.client.get("/api/v1/runs/cadence/ranks").json()}
+    assert rows[0]["silence_window_s"] == verdicts.silence_window(6.0) == 60.0
+    assert rows[1]["silence_window_s"] == verdicts.SILENT_FLOOR_S and rows[1]["cadence_s"] == pytest.approx(0.5)
+    text = collector.client.get("/metrics").text
+    exposed = {int(m.group(1)): float(m.group(2)) for m in re.finditer(
+        r'vramwatch_silence_window_seconds\{run="cadence",rank="(\d+)"[^}]*\} (\S+)', text)}
+    assert exposed == {0: 60.0, 1: verdicts.SILENT_FLOOR_S}
 
 
 def test_runs_and_ranks_over_http_carry_status_liveness_and_ooms(collector) -> None:

@@ -71,6 +71,7 @@ class RankRow:
     ooms: int  # the model's count, every process of the rank
     restarts: int
     running: bool  # its latest process runs (live or silent)
+    silence_window_s: float  # the run-life model's window for this rank (its cadence)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +171,10 @@ SERIES_FAMILIES: tuple[Family, ...] = (
     Family("vramwatch_last_received_timestamp_seconds", "gauge",
            "When the collector last received a sample for this rank (collector's clock).",
            lambda row: row.series.last_seen, always=True),
+    Family("vramwatch_silence_window_seconds", "gauge",
+           "How long this rank may send nothing before it reads silent: ten of its sample intervals, "
+           "30 s to 30 min, at least 1.5x its longest checkpoint/eval phase (vramwatch.verdicts.silence_window).",
+           lambda row: row.silence_window_s, always=True),
 )
 
 TREND_STATE_HELP = "1 for the rank's current trend-engine state, 0 for the others (while the rank runs)."
@@ -251,7 +256,8 @@ class SeriesCollector(Collector):
                 running = story is None or not story.ended
                 labels, values = self._label_strings(series)
                 rows.append(RankRow(labels, values, series, series.last, series.last_train, series.engine.summary(),
-                                    series.ooms, series.restarts, running))
+                                    series.ooms, series.restarts, running,
+                                    verdicts.SILENT_AFTER_S if story is None else story.window_s))
         rows.sort(key=lambda row: (row.series.run, row.series.host, row.series.rank))
         self.exported_series = len(rows)
         self.exported_keys = {(row.series.run, row.series.host, row.series.rank) for row in rows}

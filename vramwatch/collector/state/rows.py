@@ -68,6 +68,8 @@ def rank_row(state: SeriesState, story: RankStory | None) -> dict[str, Any]:
         "run": state.run, "host": state.host, "rank": state.rank, "liveness": liveness, "ooms": ooms,
         "restarts": restarts, "deaths": deaths, "severity": verdicts.severity(verdict.get("state"), liveness, ooms),
         "died": died, "outcome": None if current is None else str(current.outcome),
+        "silence_window_s": None if story is None else story.window_s,
+        "cadence_s": None if story is None else story.cadence_s,
         "process_start": None if current is None else {"step": current.start.step, "ts": current.start.ts},
         "last_step": last["step"] if last else None, "last_ts": last["ts"] if last else None,
         "last_seen": state.last_seen, "version": state.version, "local_rank": state.local_rank,
