@@ -32,7 +32,10 @@ def _now() -> None:
 
 def feed(live: LiveState, scenario: str, *, steps: int, received_at: float | None = None, **kw) -> list[dict]:
     received_at = NOW if received_at is None else received_at
-    samples = list(simulate_trace(scenario, steps=steps, start_ts=NOW - steps - 100, **kw))
+    samples = list(simulate_trace(scenario, steps=steps, start_ts=0.0, **kw))
+    # every rank's latest sample 5 s ago, as ranks of one job stepping together end together
+    shift = NOW - 5 - max(s["ts"] for s in samples)
+    samples = [{**s, "ts": s["ts"] + shift} for s in samples]
     live.ingest(samples, received_at=received_at)
     return samples
 
@@ -181,7 +184,7 @@ def test_finished_runs_age_out_but_a_silent_rank_of_a_live_run_stays() -> None:
 def test_missing_nvml_is_absent_not_zero_and_labels_are_escaped() -> None:
     live = LiveState()
     samples = []
-    for sample in simulate_trace("healthy", steps=50, run='we"ird\\run', host="h\nx", rank=4, start_ts=NOW - 100):
+    for sample in simulate_trace("healthy", steps=50, run='we"ird\\run', host="h\nx", rank=4, start_ts=NOW - 55):
         sample = dict(sample, nvml_used_bytes=None)
         sample.pop("uuid")
         sample.pop("gpu")
