@@ -17,11 +17,13 @@ from vramwatch.cli.common import (
     UsageError,
     add_db,
     cli_call,
+    db_parent_exists,
     db_path,
     existing_files,
     non_negative,
     output,
     port,
+    port_is_free,
     positive,
     read_secret,
     read_token,
@@ -79,6 +81,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vramwatch.collector.store import StoreError
 
     token = read_token(args)
+    if args.db:
+        db_parent_exists(args.db, args.create_db_dir)
+    port_is_free(args.host, args.port)  # before anything is opened or printed
     hooks = ()
     if args.otlp_endpoint:  # push per-rank metrics over OTLP/HTTP (vramwatch/collector/exporters/otlp.py)
         from vramwatch.collector.exporters.otlp import lifespan_hook
@@ -133,6 +138,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         check_arguments(args.ranks, args.steps_per_s, args.duration, name)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.db:
+        db_parent_exists(args.db, args.create_db_dir)
+    port_is_free(args.host, args.port)
     run_demo(ranks=args.ranks, duration=args.duration, port=args.port, db=args.db,
              steps_per_s=args.steps_per_s, host=args.host, scenario_name=name)
     return 0
@@ -156,6 +164,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         except (OSError, EOFError) as exc:
             raise UsageError(f"cannot read trace: {exc}") from None
+    if doc["skipped_lines"] and not doc["series"]:
+        first = doc["bad_lines"][0] if doc["bad_lines"] else "?"
+        raise UsageError(f"no valid sample in {doc['skipped_lines']:,} lines; the first bad one: {first}")
     if doc["skipped_lines"]:
         print(f"skipped {doc['skipped_lines']} bad lines (--strict stops at the first): "
               + "; ".join(doc["bad_lines"][:3]), file=sys.stderr)
@@ -282,7 +293,7 @@ def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the collector (HTTP ingest, API, dashboard, /metrics)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8765, help="port (default 8765)")
-    add_db(p)
+    add_db(p, create=True)
     p.add_argument("--token-file", metavar="FILE", help="bearer token for ingest (else $VRAMWATCH_TOKEN)")
     p.add_argument("--auth-read", action="store_true", help="require the token for the dashboard and read API too")
     p.add_argument("--finished-after", type=positive(float), default=3600.0, metavar="SECONDS",
@@ -367,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", metavar="NAME",
                    help="the story the simulated job tells (--list names them and the default)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
-    add_db(p)
+    add_db(p, create=True)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("analyze", help="trend verdicts per rank from trace files (.jsonl, .jsonl.gz)")

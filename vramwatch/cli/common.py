@@ -146,8 +146,45 @@ def db_path(args: argparse.Namespace) -> str:
     return str(args.db) if args.db else str(default_db_path())
 
 
-def add_db(p: argparse.ArgumentParser) -> None:
+def port_is_free(host: str, port: int) -> None:
+    """UsageError (exit 2, one line) when ``host:port`` cannot be listened on: checked before a
+    server opens its database or prints a URL, so a busy port says nothing misleading first.
+    Port 0 (any free port) always passes. Cost: one bind and close."""
+    import errno
+    import socket
+
+    if not port:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            why = "already in use (another collector or demo?)" if exc.errno == errno.EADDRINUSE else exc.strerror
+            raise UsageError(f"--port: cannot listen on {host}:{port}: {why}; pick another, or --port 0 "
+                             "for any free one") from None
+
+
+def db_parent_exists(path: str, create: bool) -> None:
+    """UsageError when the database's directory does not exist (a typo in ``--db``) unless
+    ``create``: then it is made. An existing directory is never touched."""
+    parent = Path(path).expanduser().parent
+    if parent.is_dir():
+        return
+    if not create:
+        raise UsageError(f"--db: directory {parent} does not exist (a typo? --create-db-dir makes it)")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--db: cannot create {parent}: {exc.strerror}") from None
+
+
+def add_db(p: argparse.ArgumentParser, *, create: bool = False) -> None:
     p.add_argument("--db", metavar="PATH", help="SQLite database (default: $VRAMWATCH_DB or the user data dir)")
+    if create:
+        p.add_argument("--create-db-dir", action="store_true",
+                       help="make the --db file's directory when it does not exist (else: an error)")
 
 
 class Outage(Exception):

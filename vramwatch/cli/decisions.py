@@ -24,7 +24,8 @@ from vramwatch.wire import WireError, iter_samples
 EXIT_GATE_FAILED = 1
 #: advise --check: the batch is not (yet) ready
 EXIT_NOT_READY = 1
-#: gate: the collector or front could not be reached (neither a pass nor a regression)
+#: gate and advise: the collector or front could not be reached (neither a pass nor a regression,
+#: neither ready nor not ready)
 EXIT_UNREACHABLE = 3
 
 
@@ -162,7 +163,7 @@ def advice_text(result: Any) -> str:
 def cmd_advise(args: argparse.Namespace) -> int:
     result = _advice(args)
     if result is None:
-        return 1
+        return EXIT_UNREACHABLE
     if args.json:
         _dump(result.as_dict())
     else:
