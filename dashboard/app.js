@@ -11,7 +11,7 @@
  * textContent / attribute setters (dom.js), and reaches plotly (which renders a small
  * HTML subset in labels) only through plotlyText(), which entity-escapes it. */
 
-import { age, clock, rankLabel, timeZoneLabel } from "./format.js";
+import { age, clock, isNum, rankLabel, timeZoneLabel } from "./format.js";
 import { $, append, clear, el, markOnce, timed } from "./dom.js";
 import { ApiError, RankRows, STATIC, plotlyReady, source } from "./api.js";
 import { S, resetState, setVocab } from "./state.js";
@@ -334,17 +334,41 @@ function refreshPanel(id, always) {
 
 function drawSecondary() { refreshPanel("chart-frag", S.tick <= 1); refreshPanel("events-table", S.tick <= 1); }
 
+/** The skip link: past the charts' toolbars to the first rank row (or run row), focused. */
+function skipToRows() {
+  const row = document.querySelector("#verdict-strip tbody tr[tabindex]") || document.querySelector("#runs-table tbody tr a");
+  if (row) { row.scrollIntoView({ block: "center" }); row.focus(); }
+}
+
 /** The top bar says "live" only while a rank of the run is live (the collector's liveness);
- * once every rank exited, died or ended it says how the run ended and when. */
+ * once every rank exited, died or ended it says how the run ended and when. A job whose every
+ * rank stopped together without a clean close (each within its silence window, from its own
+ * step time) gets the "job stopped" banner. */
 function updateLiveText() {
   if (STATIC) return;
   const newest = S.ranks.reduce((m, r) => Math.max(m, lastHeard(r)), 0);
   const live = S.ranks.filter((r) => r.liveness === "live").length;
   $("live").title = "times in " + timeZoneLabel();
+  setJobBanner(null);
   if (live) { setLive("live", "live · " + live + " of " + S.ranks.length + " ranks · last sample " + age(newest)); return; }
   if (S.ranks.some(isRunning)) { setLive("stale", "no rank live · silent since " + clock(newest)); return; }
+  const stopped = S.ranks.length && S.ranks.every((r) => r.died && r.died.cause === "stopped");
+  if (stopped) {
+    const windows = S.ranks.map((r) => r.silence_window_s).filter(isNum);
+    const within = windows.length ? " (silence window " + Math.round(Math.max(...windows)) + " s)" : "";
+    setLive("stopped", "job stopped · no clean close · last sample " + clock(newest));
+    setJobBanner("Job stopped: every rank went quiet at " + clock(newest) + " without a clean close" + within +
+      ". A hang in a collective, then a kill of the job, or a launcher restarting every rank.");
+    return;
+  }
   const status = S.runStatus ? S.runStatus + " · " : "";
   setLive("ended", "ended · " + status + "last sample " + clock(newest));
+}
+
+function setJobBanner(text) {
+  const banner = $("job-banner");
+  banner.hidden = !text;
+  banner.textContent = text || "";
 }
 
 function chooseSelection() {
@@ -412,6 +436,7 @@ function initTheme() {
   try { saved = localStorage.getItem("vramwatch-theme"); } catch (e) { /* private mode */ }
   const prefersDark = window.matchMedia && window.matchMedia("(prefers-color-scheme: dark)").matches;
   document.documentElement.dataset.theme = saved || (prefersDark ? "dark" : "light");
+  $("skip").addEventListener("click", skipToRows);
   $("theme-toggle").addEventListener("click", () => {
     const theme = document.documentElement.dataset.theme === "dark" ? "light" : "dark";
     document.documentElement.dataset.theme = theme;
@@ -439,6 +464,7 @@ function route() {
   if (panelObserver) { panelObserver.disconnect(); panelObserver = null; }
   resetState(r);
   setBanner(null);
+  setJobBanner(null);
   document.documentElement.dataset.ready = "0";
   if (r.page === "run") renderRunPage();
   else if (r.page === "compare") renderComparePage(r.a, r.b, { setCrumbs, setLive, handleError });

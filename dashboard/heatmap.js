@@ -11,8 +11,12 @@ import { totalOf } from "./verdict.js";
 import { PLOT_CONFIG, TICKS_AS_DRAWN, baseLayout, chartTheme, inTwoTasks, xAxis } from "./chartbase.js";
 
 export const HEAT_MODES = [
-  ["deviation", "vs run median"], ["headroom", "headroom"], ["reserved", "reserved"],
+  ["deviation", "vs run median"], ["baseline", "vs own baseline"], ["headroom", "headroom"], ["reserved", "reserved"],
 ];
+// modes coloured by a difference from a reference (the bucket's run median, or the rank's own
+// median over the range: a rank that always holds 2 GB more than its peers, as rank 0 does,
+// stays neutral in "baseline" and turns red only where it departs from itself)
+const RELATIVE = new Set(["deviation", "baseline"]);
 const DANGER = "#67000d";
 // deviation: red below the median (less headroom than the peers), neutral at it, blue above
 // (zmin is the danger value, -span sits at 0.1 and the median, 0, at 0.55 of the scale)
@@ -68,6 +72,36 @@ async function inTasks(name, n, per, fn) {
  * hover values per cell ([value, deviation]). Split into tasks (inTasks): at 512 ranks x
  * 240 buckets it is 120k cells.
  */
+function median(values, n) {
+  if (!n) return null;
+  const sorted = values.subarray(0, n).sort(); // typed: numeric order, no comparator calls
+  const m = n >> 1;
+  return n % 2 ? sorted[m] : (sorted[m - 1] + sorted[m]) / 2;
+}
+
+/** The reference a cell is compared with: ``ref(i, j)``, the median of bucket j over the ranks,
+ * or (``own``) the median of rank i over its buckets. Computed in tasks: O(cells log). */
+async function references(h, own) {
+  const rows = h.z.length, cols = h.x.length;
+  const scratch = new Float64Array(Math.max(rows, cols));
+  if (own) {
+    const base = new Array(rows).fill(null);
+    await inTasks("heatmap-grid", rows, ROWS_PER_TASK, (i) => {
+      let n = 0;
+      for (const v of h.z[i]) if (isNum(v)) scratch[n++] = v;
+      base[i] = median(scratch, n);
+    });
+    return (i) => base[i];
+  }
+  const med = new Array(cols).fill(null);
+  await inTasks("heatmap-grid", cols, COLS_PER_TASK, (j) => {
+    let n = 0;
+    for (let i = 0; i < rows; i++) { const v = h.z[i][j]; if (isNum(v)) scratch[n++] = v; }
+    med[j] = median(scratch, n);
+  });
+  return (i, j) => med[j];
+}
+
 async function colourGrid(h, mode, dangerGiB) {
   const rows = h.z.length, cols = h.x.length;
   const custom = new Array(rows);
@@ -75,16 +109,7 @@ async function colourGrid(h, mode, dangerGiB) {
     await inTasks("heatmap-grid", rows, ROWS_PER_TASK, (i) => { custom[i] = h.z[i].map((v) => [v, null]); });
     return { z: h.z, zmin: undefined, zmax: undefined, custom };
   }
-  const med = new Array(cols).fill(null);
-  const column = new Float64Array(rows);
-  await inTasks("heatmap-grid", cols, COLS_PER_TASK, (j) => {
-    let n = 0;
-    for (let i = 0; i < rows; i++) { const v = h.z[i][j]; if (isNum(v)) column[n++] = v; }
-    if (!n) return;
-    const sorted = column.subarray(0, n).sort(); // typed: numeric order, no comparator calls
-    const m = n >> 1;
-    med[j] = n % 2 ? sorted[m] : (sorted[m - 1] + sorted[m]) / 2;
-  });
+  const ref = await references(h, mode === "baseline");
   let recent = 0, top = 0;
   const from = Math.floor(cols * 0.75);
   for (let i = 0; i < rows; i++) {
@@ -93,25 +118,26 @@ async function colourGrid(h, mode, dangerGiB) {
       const v = row[j];
       if (!isNum(v)) continue;
       if (v > top) top = v;
-      if (j >= from && med[j] !== null) recent = Math.max(recent, Math.abs(v - med[j]));
+      const m = ref(i, j);
+      if (j >= from && m !== null) recent = Math.max(recent, Math.abs(v - m));
     }
   }
   const span = Math.max(0.5, recent / 2);
   let zmin, zmax;
-  if (mode === "deviation") { zmax = span; zmin = -span - (2 * span) / 9; } else {
+  if (RELATIVE.has(mode)) { zmax = span; zmin = -span - (2 * span) / 9; } else {
     zmax = Math.max(top, 1);
     zmin = -zmax / 9;
   }
   const z = new Array(rows);
   await inTasks("heatmap-grid", rows, ROWS_PER_TASK, (i) => {
     const danger = dangerGiB[i];
+    const dev = h.z[i].map((v, j) => { const m = ref(i, j); return isNum(v) && m !== null ? v - m : null; });
     z[i] = h.z[i].map((v, j) => {
-      const d = isNum(v) && med[j] !== null ? v - med[j] : null;
       if (!isNum(v)) return null;
       if (isNum(danger) && v < danger) return zmin;
-      return mode === "deviation" ? (d === null ? null : span * Math.tanh(d / span)) : Math.max(v, 0);
+      return RELATIVE.has(mode) ? (dev[j] === null ? null : span * Math.tanh(dev[j] / span)) : Math.max(v, 0);
     });
-    custom[i] = h.z[i].map((v, j) => [v, isNum(v) && med[j] !== null ? v - med[j] : null]);
+    custom[i] = h.z[i].map((v, j) => [v, dev[j]]);
   });
   return { z, zmin, zmax, custom };
 }
@@ -134,20 +160,21 @@ async function heatmapFigure(h, mode) {
   const grid = await colourGrid(h, mode, dangerGiB);
   const custom = grid.custom;
   const isHeadroom = mode !== "reserved";
-  const colorbar = { title: { text: mode === "deviation" ? "vs median GiB" : mode + " GiB", side: "right", font: { color: t.muted, size: 11 } },
+  const against = mode === "baseline" ? "its own median" : "the run's median";
+  const colorbar = { title: { text: RELATIVE.has(mode) ? (mode === "baseline" ? "vs own GiB" : "vs median GiB") : mode + " GiB", side: "right", font: { color: t.muted, size: 11 } },
     tickfont: { color: t.muted }, thickness: 12, outlinewidth: 0, ...TICKS_AS_DRAWN };
   if (isHeadroom) {
     const s = grid.zmax;
-    colorbar.tickvals = mode === "deviation" ? [grid.zmin, -0.76 * s, 0, 0.76 * s] : [grid.zmin, s / 2, s];
-    colorbar.ticktext = mode === "deviation" ? ["danger", "−" + s.toFixed(1), "median", "+" + s.toFixed(1)]
+    colorbar.tickvals = RELATIVE.has(mode) ? [grid.zmin, -0.76 * s, 0, 0.76 * s] : [grid.zmin, s / 2, s];
+    colorbar.ticktext = RELATIVE.has(mode) ? ["danger", "−" + s.toFixed(1), mode === "baseline" ? "own" : "median", "+" + s.toFixed(1)]
       : ["danger", (s / 2).toFixed(0), s.toFixed(0)];
   }
   const trace = {
     type: "heatmap", x: xs, y: ys, z: grid.z, customdata: custom, zmin: grid.zmin, zmax: grid.zmax,
-    colorscale: mode === "deviation" ? deviationScale(t.heatNeutral || "#e6f0e9") : mode === "headroom" ? HEADROOM_SCALE : RESERVED_SCALE,
+    colorscale: RELATIVE.has(mode) ? deviationScale(t.heatNeutral || "#e6f0e9") : mode === "headroom" ? HEADROOM_SCALE : RESERVED_SCALE,
     hoverongaps: false, xgap: 0, ygap: h.rows.length <= 64 ? 1 : 0, colorbar,
     hovertemplate: (uniqueRanks ? "rank %{y}" : "row %{y}") + "<br>" + (S.x === "time" ? "%{x|%Y-%m-%d %H:%M:%S}" : "step %{x:,d}") + "<br>" +
-      (isHeadroom ? "min headroom %{customdata[0]:.2f} GiB<br>%{customdata[1]:+.2f} GiB vs the run's median" : "max reserved %{customdata[0]:.2f} GiB") +
+      (isHeadroom ? "min headroom %{customdata[0]:.2f} GiB<br>%{customdata[1]:+.2f} GiB vs " + against : "max reserved %{customdata[0]:.2f} GiB") +
       "<extra></extra>",
   };
   const layout = baseLayout(t, {
@@ -183,6 +210,7 @@ function drawHeatmap(fig, mode, onRowClick) {
   const threshold = isNum(fraction) ? "dark red: headroom under " + Math.round(fraction * 100) + " % of the device (the low-headroom threshold)" : "";
   const what = mode === "deviation"
     ? "Worst headroom per bucket of " + unit + ", as its difference from the run's median in that bucket: red rows have less headroom than their peers, blue more; " + threshold + "."
+    : mode === "baseline" ? "Worst headroom per bucket of " + unit + ", as its difference from the same rank's own median over the range: a rank that always holds more than its peers stays neutral, red is where a rank has less headroom than it usually has; " + threshold + "."
     : mode === "headroom" ? "Worst headroom per bucket of " + unit + "; " + threshold + "."
       : "Highest reserved per bucket of " + unit + ".";
   $("heatmap-note").textContent = what + " Grey cells: no sample from that rank in that bucket (not started yet, a gap, or the rank went silent).";

@@ -97,8 +97,14 @@ function makeRow(r) {
   const key = rankKey(r.host, r.rank);
   const box = el("input", { type: "checkbox", "aria-label": "compare rank " + r.rank, title: "compare in the overlay chart" });
   box.addEventListener("click", (ev) => { ev.stopPropagation(); hooks.compare(key, box.checked); });
-  const tr = el("tr", { dataset: { rank: r.rank, host: r.host } });
+  // a row is focusable and opens with Enter or Space, as it opens with a click
+  const tr = el("tr", { dataset: { rank: r.rank, host: r.host }, tabindex: "0", "aria-label": "rank " + r.rank + " on " + r.host });
   tr.addEventListener("click", () => hooks.select(tr.__row));
+  tr.addEventListener("keydown", (ev) => {
+    if (ev.target !== tr || (ev.key !== "Enter" && ev.key !== " ")) return;
+    ev.preventDefault();
+    hooks.select(tr.__row);
+  });
   tr.appendChild(el("td", null, box));
   for (let i = 1; i < 12; i++) tr.appendChild(el("td"));
   tr.cells[2].className = "name";

@@ -17,6 +17,9 @@ export function runHref(run, params) {
 
 const HEAD = ["Run", "Status", "OOMs", "State (worst rank)", "Ranks", "Hosts", "Min headroom", "Time to OOM", "Last step", "Last sample", "Samples"];
 const NUMERIC = new Set([2, 4, 5, 6, 7, 8, 10]);
+// columns a narrow screen leaves out, so the status and the state stay on screen at 390 px
+const OPTIONAL = new Set([4, 5, 8, 10]);
+const cellClass = (i) => [NUMERIC.has(i) ? "num" : "", OPTIONAL.has(i) ? "opt" : ""].join(" ").trim() || null;
 
 function lowHeadroom(r) {
   if (typeof r.low_headroom === "boolean") return r.low_headroom;
@@ -28,7 +31,7 @@ function makeRow(r) {
   const href = runHref(r.run);
   const tr = el("tr", { dataset: { run: r.run }, on: { click: () => { location.hash = href; } } },
     el("td", { class: "name", title: r.run }, el("a", { href: href, text: r.run })));
-  for (let i = 1; i < HEAD.length; i++) tr.appendChild(el("td", { class: NUMERIC.has(i) ? "num" : null }));
+  for (let i = 1; i < HEAD.length; i++) tr.appendChild(el("td", { class: cellClass(i) }));
   tr.cells[1].appendChild(el("span", { class: "pill" }));
   tr.cells[3].appendChild(el("span", { class: "badge" }));
   return tr;
@@ -79,7 +82,7 @@ export function drawRuns(runs, startHint, stateMsg) {
   }
   if (S.rendered.runs !== "table") {
     clear(view);
-    const head = el("tr", null, HEAD.map((h, i) => el("th", { class: NUMERIC.has(i) ? "num" : null, text: h })));
+    const head = el("tr", null, HEAD.map((h, i) => el("th", { class: cellClass(i), text: h })));
     view.appendChild(el("section", { class: "panel" },
       el("div", { class: "panel-head" }, el("h2", { text: "Runs" }), el("span", { class: "hint", text: "updated live · click a run for its ranks" }),
         el("div", { class: "tools" }, el("a", { href: "#/compare", id: "compare-link", text: "compare two runs" }))),

@@ -93,7 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     settings = Settings(db_path=db_path(args), token=token, auth_read=args.auth_read, lifespan_hooks=hooks,
-                        finished_after_s=args.finished_after,
+                        finished_after_s=args.finished_after, silent_after_s=args.silent_after,
                         max_samples_per_run=args.max_samples_per_run or None,
                         retention_days=args.retention_days or None,
                         min_free_bytes=int(args.min_free_mb * 1024 * 1024),
@@ -298,6 +298,9 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--auth-read", action="store_true", help="require the token for the dashboard and read API too")
     p.add_argument("--finished-after", type=positive(float), default=3600.0, metavar="SECONDS",
                    help="runs silent this long leave /metrics (default 3600)")
+    p.add_argument("--silent-after", type=positive(float), default=None, metavar="SECONDS",
+                   help="one silence window for every rank (default: each rank's own, ten of its step times, "
+                        "30 s to 30 min, at least 1.5x its longest checkpoint)")
     p.add_argument("--max-samples-per-run", type=non_negative(int), default=100_000_000, metavar="N",
                    help="refuse (422) batches that would take a run past N stored samples; 0: no cap "
                         "(default 100000000, about 8 GB)")

@@ -24,6 +24,9 @@ class Settings:
     max_future_s: float = 300.0
     #: runs with no sample for this long leave /metrics, and their live state is evicted
     finished_after_s: float = 3600.0
+    #: one silence window for every rank (``serve --silent-after``); None: each rank's own, from
+    #: its step time (vramwatch.verdicts.silence_window)
+    silent_after_s: float | None = None
     # ---- limits, so one bad client cannot fill the disk or the memory (docs/reliability.md)
     #: a run may store at most this many samples; past it its batches get 422 (None: no cap)
     max_samples_per_run: int | None = 100_000_000
@@ -87,6 +90,8 @@ class Settings:
             raise ValueError(f"retention_days: must be positive, got {self.retention_days!r}")
         if self.min_free_bytes < 0:
             raise ValueError(f"min_free_bytes: must not be negative, got {self.min_free_bytes!r}")
+        if self.silent_after_s is not None and not 0 < self.silent_after_s <= 86400:
+            raise ValueError(f"silent_after_s: must be in (0, 86400], got {self.silent_after_s!r}")
         if self.capture_interval_s < 0:
             raise ValueError(f"capture_interval_s: must not be negative, got {self.capture_interval_s!r}")
         if self.health_reserve < 0:

@@ -174,8 +174,11 @@ def collector_engine() -> Any:
 class LiveState:
     """Thread-safe map of series → state. ``ingest`` is called by the single writer."""
 
-    def __init__(self, engine_factory: Callable[[], Any] = collector_engine) -> None:
+    def __init__(self, engine_factory: Callable[[], Any] = collector_engine, *,
+                 silent_after_s: float | None = None) -> None:
         self._engine_factory = engine_factory
+        #: one silence window for every rank, or None: each rank's own (vramwatch.runlife.rank_window)
+        self.silent_after_s = silent_after_s
         self._series: dict[SeriesKey, SeriesState] = {}
         self._ranks_per_run: dict[str, int] = {}
         self._retired: dict[str, RetiredRun] = {}
@@ -376,7 +379,7 @@ class LiveState:
                 return []
             states = self._revived.pop(run, None)
         if states is None:
-            scratch = LiveState(self._engine_factory)
+            scratch = LiveState(self._engine_factory, silent_after_s=self.silent_after_s)
             scratch.rebuild(replay(run))
             states = scratch.for_run(run)
         with self._lock:
@@ -423,7 +426,7 @@ class LiveState:
         cached = self._stories.get(run)
         if cached is not None and cached[0] == key:
             return cached[1]
-        story = judge(run, [s.life for s in states], now, stopped=stopped)
+        story = judge(run, [s.life for s in states], now, stopped=stopped, silent_after_s=self.silent_after_s)
         with self._lock:
             if len(self._stories) > 4096:
                 self._stories.clear()
