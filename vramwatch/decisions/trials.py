@@ -92,6 +92,7 @@ class Trial:
     fragmentation_step: int | None = None
     outcome: str = "running"  # set by with_outcomes() on copies; the track itself never judges it
     pending_checkpoint: bool = False
+    grid: int | None = None  # the settable step the training loop declared (tokens per rank; .grid)
 
     @property
     def tokens_constant(self) -> bool:
@@ -109,7 +110,7 @@ class Trial:
             "marked": self.marked, "outcome": self.outcome, "oom": self.oom.as_dict() if self.oom else None,
             "leak": None if leak is None else {"step": leak.step, "slope_bytes_per_step": leak.slope_bytes_per_step,
                                                "source": leak.source, "steps_to_oom": leak.steps_to_oom},
-            "fragmentation_step": self.fragmentation_step,
+            "fragmentation_step": self.fragmentation_step, "grid": self.grid,
         }
 
     @classmethod
@@ -127,7 +128,7 @@ class Trial:
             bool(doc.get("marked")), OomRecord.from_dict(doc["oom"]) if doc.get("oom") else None,
             None if not leak else LeakSeen(int(leak["step"]), float(leak["slope_bytes_per_step"]), leak.get("source"),
                                            _int(leak.get("steps_to_oom"))),
-            _int(doc.get("fragmentation_step")), outcome)
+            _int(doc.get("fragmentation_step")), outcome, grid=_int(doc.get("grid")))
 
 
 def _int(value: Any) -> int | None:
