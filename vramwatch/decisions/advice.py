@@ -311,8 +311,10 @@ def join(docs: list[dict[str, Any]], *, granularity: int | None = None) -> Advic
     first = docs[0]
     run = str(first["run"])
     stated = first.get("evidence") or {}
-    if granularity is None and stated.get("granularity_inferred") is False:
-        granularity = int(stated["granularity"])  # a collector was asked for it: keep it
+    source = (stated.get("grid") or {}).get("source", "inferred" if stated.get("granularity_inferred") else "option")
+    if granularity is None and source == "option":
+        granularity = int(stated["granularity"])  # a collector was asked for it: keep it (a declared one the
+        # trials carry, an inferred one is inferred again over every rank)
     refs = {str(r["run"]): int(r["world_size"]) for d in docs for r in d.get("references") or ()}
     readiness = {(r.host, r.rank): r for d in docs for r in map(RankReadiness.from_dict, d["readiness"]["ranks"])}
     models = {(m.host, m.rank): m for d in docs for m in map(RankModel.from_dict, d["models"])}

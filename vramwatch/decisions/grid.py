@@ -14,7 +14,8 @@ the first that applies:
    procedure's "straight back"); :data:`WINDOW` keeps a settable batch inside the seed's 5-10 %
    back-off window, so no back-off is forced to cut deeper than the procedure asks. With tokens
    varying inside every process (packing up to a cap) nothing exact was seen: the largest power
-   of two within :data:`VARYING_SHARE` of the largest batch.
+   of two within :data:`VARYING_SHARE` of the largest batch, a loose grid (``strict`` false: it
+   rounds what the advice names, it refuses no target).
 
 The answer says which grid it used and why (:attr:`Grid.why`). Pure; inference is O(settings x
 :data:`MAX_STEP`) (a divisor search below the cap).
@@ -49,6 +50,9 @@ class Grid:
     step: int  # tokens per step per rank between two settable batches
     source: str  # of SOURCES
     why: str  # the reason, in words with its numbers
+    #: targets off it are refused; False when tokens vary (packing: any cap can be set, the step only
+    #: rounds the batches the advice names)
+    strict: bool = True
 
     def settable(self, tokens: float) -> int:
         """The largest settable batch at or below ``tokens`` (0 when none is)."""
@@ -63,7 +67,8 @@ class Grid:
         return n
 
     def on(self, tokens: int) -> bool:
-        return tokens > 0 and tokens % self.step == 0
+        """``tokens`` is a batch a person can set on this grid (any positive one on a loose grid)."""
+        return tokens > 0 and (not self.strict or tokens % self.step == 0)
 
     def describe(self, world: int) -> str:
         """``8,192 global (1,024 per rank), inferred: ...``: global first, as a person sets it."""
@@ -71,7 +76,7 @@ class Grid:
 
     def as_dict(self, world: int) -> dict[str, Any]:
         return {"tokens_per_step": self.step, "global_tokens_per_step": self.step * world, "source": self.source,
-                "why": self.why}
+                "why": self.why, "strict": self.strict}
 
 
 def declared_step(extra: Any) -> int | None:
@@ -108,9 +113,9 @@ def choose(option: int | None, declared: int | None, exact: Iterable[int], varyi
     while g * 2 <= min(MAX_STEP, varying_max * VARYING_SHARE):
         g *= 2
     if not varying_max:
-        return Grid(1, "inferred", "no tokens seen")
+        return Grid(1, "inferred", "no tokens seen", strict=False)
     return Grid(g, "inferred", f"tokens vary inside every process (up to {varying_max:,}): the largest power of "
-                               f"two within {VARYING_SHARE:.0%} of it")
+                               f"two within {VARYING_SHARE:.0%} of it", strict=False)
 
 
 def _inferred(seen: list[int]) -> Grid:
