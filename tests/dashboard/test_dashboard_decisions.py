@@ -68,18 +68,39 @@ def test_the_advice_panel_loads_with_the_page_and_shows_the_next_step(collector:
         p.evaluate("window.innerHeight")
     assert p.text_content("#advice-rec") == advice["recommendation"] == advice["next"]["sentence"]
     assert p.text_content("#advice-action") == "back off" and advice["next"]["action"] == "back_off"
-    assert p.text_content("#advice-batch") == "22,528 per rank · 180,224 global"
+    # global first, as the operator sets it
+    assert p.text_content("#advice-batch") == "180,224 global · 22,528 per rank"
     assert p.get_attribute("#advice-next", "data-cause") == "batch_change"
     evidence = p.text_content("#advice-evidence")
-    assert "proven 22,528 per rank · 180,224 global" in evidence and "OOM at 24,576 (rank 0" in evidence
+    assert "proven 180,224 global · 22,528 per rank" in evidence
+    assert "OOM at 196,608 global · 24,576 per rank (rank 0" in evidence
+    assert p.text_content("#advice-max").startswith("180,224 global · 22,528 per rank")
+    assert p.text_content("#advice-grid").startswith("8,192 global · 1,024 per rank (inferred)")
     reasons = p.eval_on_selector_all(".advice-reasons li", "ls => ls.map(l => [l.dataset.cause, l.textContent])")
     assert reasons and reasons[0][0] == "oom" and all("[object" not in text for _, text in reasons)
-    # a target is judged by the evidence first: the batch that ran out of memory does not fit
-    p.fill("#advice-target", "24576")
+    # the try box takes the global batch the operator types; judged by the evidence first: the batch
+    # that ran out of memory does not fit
+    assert "global" in p.get_attribute("#advice-target", "placeholder")
+    p.fill("#advice-target", "196608")
     p.press("#advice-target", "Enter")
-    p.wait_for_function("(document.getElementById('advice-target-result')?.textContent ?? '').includes('24,576')")
-    assert "does not fit" in p.text_content("#advice-target-result")
-    assert page.errors == []
+    p.wait_for_function("(document.getElementById('advice-target-result')?.textContent ?? '').includes('196,608')")
+    result = p.text_content("#advice-target-result")
+    assert result.startswith("196,608 global (24,576 per rank): does not fit"), result
+    # the seed's fallback is settable and judged
+    p.fill("#advice-target", "172032")
+    p.press("#advice-target", "Enter")
+    p.wait_for_function("(document.getElementById('advice-target-result')?.textContent ?? '').includes('172,032')")
+    assert p.text_content("#advice-target-result").startswith("172,032 global (21,504 per rank): fits")
+    # off the grid: the route's one line naming the grid, the advice still shown
+    p.fill("#advice-target", "180000")
+    p.press("#advice-target", "Enter")
+    p.wait_for_function("(document.getElementById('advice-target-result')?.textContent ?? '').includes('not on the grid')")
+    result = p.text_content("#advice-target-result")
+    assert "8,192 global (1,024 per rank)" in result and "nearest 172,032 or 180,224 global" in result
+    assert p.text_content("#advice-rec") == advice["recommendation"]
+    # the browser logs the refused request itself; nothing else went wrong
+    refused = [e for e in page.errors if "status of 422" in e]
+    assert len(refused) == 1 and [e for e in page.errors if e not in refused] == []
 
 
 def test_the_report_embeds_the_advice_and_renders_it(collector: dict[str, Any], browser: Any, tmp_path: Any) -> None:
