@@ -94,7 +94,8 @@ def test_the_advice_panel_loads_with_the_page_and_shows_the_next_step(collector:
     # off the grid: the route's one line naming the grid, the advice still shown
     p.fill("#advice-target", "180000")
     p.press("#advice-target", "Enter")
-    p.wait_for_function("(document.getElementById('advice-target-result')?.textContent ?? '').includes('not on the grid')")
+    p.wait_for_function("(document.getElementById('advice-target-result')?.textContent ?? '')"
+                        ".includes('not on the grid')")
     result = p.text_content("#advice-target-result")
     assert "8,192 global (1,024 per rank)" in result and "nearest 172,032 or 180,224 global" in result
     assert p.text_content("#advice-rec") == advice["recommendation"]

@@ -154,7 +154,8 @@ def test_advise_takes_a_granularity_and_states_the_inferred_one(traces) -> None:
     off = vw("advise", "base", "--db", str(traces["db"]), "--granularity", "1000", "--target-global-tokens", "34500")
     assert "not on the grid: settable in steps of 2,000 global (1,000 per rank)" in off.stderr
     assert "nearest 34,000 or 36,000 global" in off.stderr
-    both = vw("advise", "base", "--db", str(traces["db"]), "--target-tokens", "17000", "--target-global-tokens", "34000")
+    both = vw("advise", "base", "--db", str(traces["db"]), "--target-tokens", "17000",
+              "--target-global-tokens", "34000")
     assert both.returncode == 2 and "not allowed with" in both.stderr
 
 

@@ -176,8 +176,8 @@ def judge_target(tokens: int, models: list[RankModel], ev: Evidence, margin: flo
     top, proven = ev.ceiling(), ev.proven_below(None)
     if top is not None and tokens >= (top.record.tokens or 0):
         o = top.record
-        because = Reason("oom", f"rank {top.rank} ran out of memory at {batch_words(o.tokens or 0, world)} (run "
-                                f"{top.run}, step {o.step:,}, {o.phase}): {o.detail}", top.rank)
+        because = Reason("oom", f"rank {top.rank} ran out of memory at {batch_words(o.tokens or 0, world)}, run "
+                                f"{top.run}, step {o.step:,}, {o.phase}: {o.detail}", top.rank)
         return Target(tokens, tokens * world, need, head, False, top.rank, o.phase, because)
     if proven is not None and tokens <= proven.tokens:
         because = Reason("proven", f"{batch_words(proven.tokens, proven.world_size)} held its plateau through a "

@@ -197,7 +197,8 @@ def _raised(oom: OomAt, settings: list[Setting]) -> OomAt:
     if not held:
         return oom
     best = max(held, key=lambda s: (s.tokens, s.last_ts))
-    detail = f"{o.detail}; {best.tokens:,} held its plateau through its checkpoints (run {best.run})"
+    detail = (f"{o.detail}; {best.tokens * best.world_size:,} global ({best.tokens:,} per rank) held its plateau "
+              f"through its checkpoints (run {best.run})")
     return replace(oom, record=replace(o, cause="batch_change", detail=detail))
 
 

@@ -183,8 +183,8 @@ def _back_off_oom(ctx: _Ctx) -> NextStep | None:
     below = ctx.ev.proven_below(s)
     if below is not None:
         return ctx.step("back_off", below.tokens, Reason(o.cause, f"{what}; back to the last proven "
-                                                                  f"{batch_words(below.tokens, below.world_size)} "
-                                                                  f"(run {below.run})", top.rank))
+                                                                  f"{batch_words(below.tokens, below.world_size)}, "
+                                                                  f"run {below.run}", top.rank))
     if ctx.best == 0:
         return ctx.step("fix", ctx.current, Reason("phase_peak", f"{what}; no batch keeps the margin by the model "
                                                                  "(a phase alone breaks it): reduce that phase's "
@@ -227,8 +227,8 @@ def _back_off_margin(ctx: _Ctx) -> NextStep | None:
     below = ctx.ev.proven_below(ctx.current)
     if below is not None:
         return ctx.step("back_off", below.tokens, Reason("margin", f"{text}; back to the last proven "
-                                                                   f"{batch_words(below.tokens, below.world_size)} "
-                                                                   f"(run {below.run})", rank))
+                                                                   f"{batch_words(below.tokens, below.world_size)}, "
+                                                                   f"run {below.run}", rank))
     model = next((m for m in ctx.models if m.rank == rank), None)
     alone = model.max_tokens(ctx.margin) if model else (None, "train")
     if alone[0] == 0 and alone[1] != "train":

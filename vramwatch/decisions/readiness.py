@@ -124,6 +124,11 @@ def _unstable_break(track: RankTrack) -> dict[str, Any] | None:
     return None
 
 
+def _batch(tokens: int, world: int | None) -> str:
+    """A batch global first when the world size is known (``196,608 global (24,576 per rank)``)."""
+    return f"{tokens * world:,} global ({tokens:,} per rank)" if world else f"{tokens:,} tokens per step per rank"
+
+
 def _oom_reason(track: RankTrack) -> Reason | None:
     """The current process ran out of memory, or an earlier one did at this batch or a smaller
     one for a reason of the batch (a leak's OOM says nothing about the batch)."""
@@ -131,15 +136,16 @@ def _oom_reason(track: RankTrack) -> Reason | None:
     if not trials:
         return None
     now = trials[-1]
+    world = track.builder.world_size
     if now.oom is not None:
         o = now.oom
-        at = f" at {o.tokens:,} tokens per step" if o.tokens else ""
+        at = f" at {_batch(o.tokens, world)}" if o.tokens else ""
         return Reason("oom", f"rank {track.rank}: OOM at step {o.step:,} ({o.phase}){at}: {o.detail}", track.rank)
     for t in reversed(trials[:-1]):
         o = t.oom
         if o is not None and o.cause in BATCH_CAUSES and o.tokens and now.tokens and o.tokens <= now.tokens:
-            text = (f"rank {track.rank}: runs {now.tokens:,} tokens per step, and an earlier process ran out of "
-                    f"memory at {o.tokens:,} (step {o.step:,}, {o.phase}): {o.detail}")
+            text = (f"rank {track.rank}: runs {_batch(now.tokens, world)}, and an earlier process ran out of "
+                    f"memory at {_batch(o.tokens, world)} (step {o.step:,}, {o.phase}): {o.detail}")
             return Reason("oom", text, track.rank)
     return None
 

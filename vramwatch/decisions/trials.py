@@ -146,7 +146,7 @@ def oom_cause(trial: Trial, earlier: list[Trial], phase: str, tokens: int | None
     """(cause, detail) of an OOM in ``trial``: the first of :data:`~.reasons.OOM_CAUSES` the
     evidence on the rank shows. ``earlier``: the rank's previous processes (a raise is judged
     against them); ``state_before``: the engine's state before the OOM sample."""
-    at = f" at {tokens:,} tokens per step" if tokens else ""
+    at = f" at {tokens:,} tokens per step per rank" if tokens else ""
     if trial.leak is not None:
         return "leak", leak_text(trial.leak) + f", {trial.last_step - trial.leak.step:,} steps before the OOM"
     if state_before == "leak":
@@ -160,7 +160,7 @@ def oom_cause(trial: Trial, earlier: list[Trial], phase: str, tokens: int | None
         if held:
             best = max(held, key=lambda t: (t.tokens or 0, t.ordinal))
             return "batch_change", (f"the batch was raised from {best.tokens:,} (held {best.plateau_steps:,} steps, "
-                                    f"{best.checkpoints_passed} checkpoint(s)) to {tokens:,}")
+                                    f"{best.checkpoints_passed} checkpoint(s)) to {tokens:,} per rank")
     if phase != "train":
         return "phase_peak", f"the {phase} phase's own peak{at}"
     return "batch", f"the training step's own peak{at}"
