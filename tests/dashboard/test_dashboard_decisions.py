@@ -20,7 +20,7 @@ from vramwatch.simulation.tokens import regression_overrides, token_trace
 pytestmark = pytest.mark.browser
 __all__ = ["browser"]  # the fixture, re-exported for pytest
 
-STORY_RUN = "kohrm-raise"
+STORY_RUN, LEAK_RUN = "kohrm-raise", "leaking"
 WIDE, GROWN = 64, (10, 41)
 
 
@@ -46,6 +46,8 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         post(server.url, story_trace("raise_ooms", run=STORY_RUN))
         post(server.url, wide_run("wide-a"))
         post(server.url, wide_run("wide-b", GROWN))
+        post(server.url, [s for r in range(2) for s in token_trace(
+            "fixed", steps=3000, run=LEAK_RUN, rank=r, seed=r, world_size=2, leak_onset=1200, leak_rate_frac=3.5e-5)])
         yield {"url": server.url, "db": str(db)}
 
 
@@ -102,6 +104,23 @@ def test_the_advice_panel_loads_with_the_page_and_shows_the_next_step(collector:
     # the browser logs the refused request itself; nothing else went wrong
     refused = [e for e in page.errors if "status of 422" in e]
     assert len(refused) == 1 and [e for e in page.errors if e not in refused] == []
+
+
+def test_during_a_leak_the_panel_hides_the_largest_batch_and_gives_the_runway_in_time(collector: dict[str, Any],
+                                                                                      page: Page) -> None:
+    doc = httpx.get(f"{collector['url']}/api/v1/runs/{LEAK_RUN}/advice").json()
+    soonest = min((r for r in doc["readiness"]["ranks"] if r["steps_to_oom"] is not None),
+                  key=lambda r: r["seconds_to_oom"])
+    p = page.page
+    p.goto(run_url(collector["url"], LEAK_RUN))
+    page.ready()
+    p.wait_for_function("(document.getElementById('advice-rec')?.textContent ?? '').length > 0", timeout=30_000)
+    hidden = doc["max_tokens_hidden"]["text"]
+    assert p.text_content("#advice-max") == hidden and "not shown" in hidden and doc["max_tokens_per_step"] is None
+    runway = p.text_content("#advice-runway")
+    steps = f"{soonest['steps_to_oom']:,} steps"
+    assert runway.endswith(f" · {steps} · rank {soonest['rank']}") and (" min" in runway or " h " in runway), runway
+    assert page.errors == []
 
 
 def test_the_report_embeds_the_advice_and_renders_it(collector: dict[str, Any], browser: Any, tmp_path: Any) -> None:
