@@ -156,3 +156,17 @@ def test_an_inferred_grid_keeps_every_batch_seen_and_a_settable_batch_in_the_win
     assert grid.step == step and all(x % grid.step == 0 for x in seen)
     for x in seen:  # a back-off of 5-10 % always has a settable batch
         assert 0.90 * x <= grid.settable(0.95 * x) <= 0.95 * x
+
+
+def test_a_fragmenting_run_shows_no_largest_batch_never_0() -> None:
+    from vramwatch.decisions.advice import advise
+    from vramwatch.decisions.observe import observe
+
+    frag = {"leak_rank": 1, "frag_onset": 700, "frag_rate_frac": 4e-5}
+    samples = [s for r in range(2) for s in token_trace("fixed", steps=3000, run="frag", rank=r, seed=r, world_size=2,
+                                                        **(frag if r == 1 else {}))]
+    a = advise(observe(samples)["frag"])
+    assert "fragmentation" in a.readiness.causes
+    assert a.max_tokens_per_step is None and a.max_global_tokens_per_step is None
+    assert a.max_hidden.cause == "fragmentation" and a.max_hidden.rank == 1 and "not shown" in a.max_hidden.text
+    assert a.next.action == "fix" and a.next.tokens_per_step == 22528  # the current batch, settable
