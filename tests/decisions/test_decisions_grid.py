@@ -170,3 +170,14 @@ def test_a_fragmenting_run_shows_no_largest_batch_never_0() -> None:
     assert a.max_tokens_per_step is None and a.max_global_tokens_per_step is None
     assert a.max_hidden.cause == "fragmentation" and a.max_hidden.rank == 1 and "not shown" in a.max_hidden.text
     assert a.next.action == "fix" and a.next.tokens_per_step == 22528  # the current batch, settable
+
+
+@pytest.mark.parametrize(("extra", "step"), [
+    ({"token_grid": 2048}, 2048), ({"seq_len": 4096}, 4096), ({"seq_len": 4096, "grad_accum": 2}, 8192),
+    ({"token_grid": 1024, "seq_len": 4096}, 1024), ({"token_grid": 0}, None), ({"token_grid": 1.5}, None),
+    ({"seq_len": -4096}, None), ({"token_grid": True}, None), ({"loss": 2.3}, None), (None, None),
+])
+def test_a_declared_grid_is_read_from_the_step_s_numbers(extra: Any, step: int | None) -> None:
+    from vramwatch.decisions.grid import declared_step
+
+    assert declared_step(extra) == step
