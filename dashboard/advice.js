@@ -2,10 +2,12 @@
  * largest tokens per step that fit, what was proven and what ran out of memory, what to do next
  * (raise, hold, back off, fix) with its cause. The numbers are the collector's
  * GET /api/v1/runs/{run}/advice (a report embeds the same document); a collector without that
- * route leaves the panel hidden. A target tokens-per-step typed by the user is judged by the same
- * route (live page only). Loaded with the page, not when scrolled into view: it is the verdict. */
+ * route leaves the panel hidden. Every batch reads global first, per rank beside it; the "try" box
+ * takes the global batch, as the operator sets it, judged by the same route (live page only; one
+ * off the grid is answered with the route's one line naming the grid). Loaded with the page, not
+ * when scrolled into view: it is the verdict. */
 
-import { gib, intText, isNum } from "./format.js";
+import { duration, gib, intText, isNum } from "./format.js";
 import { $, append, clear, el } from "./dom.js";
 import { ApiError, STATIC, getAdvice } from "./api.js";
 import { S } from "./state.js";
@@ -16,7 +18,7 @@ const ACTION_CLASS = { raise: "plateau", hold: "warmup", back_off: "rising", fix
 const ACTION_TEXT = { raise: "raise", hold: "hold", back_off: "back off", fix: "fix first" };
 
 export function advicePanel(onTarget) {
-  const input = el("input", { type: "number", id: "advice-target", min: 1, step: 1, placeholder: "tokens / step", "aria-label": "target tokens per step per rank" });
+  const input = el("input", { type: "number", id: "advice-target", min: 1, step: 1, placeholder: "global tokens / step", "aria-label": "target global batch (tokens per step over every rank)" });
   input.addEventListener("change", () => {
     const v = Number(input.value);
     S.adviceTarget = Number.isFinite(v) && v >= 1 ? Math.round(v) : null;
@@ -34,22 +36,26 @@ export async function refreshAdvice() {
   const panel = $("advice-panel");
   if (!panel || S.adviceMissing) return;
   const gen = S.gen;
-  let doc;
+  let doc, offGrid = null;
   try {
     doc = await getAdvice(S.run, S.adviceTarget);
   } catch (err) {
     if (gen !== S.gen) return;
-    // 404 "Not Found": the route is not there (an older collector, a report without it): no panel
-    if (err instanceof ApiError && (err.status === 404 || err.status === 405) && !/run/.test(err.message)) {
+    if (err instanceof ApiError && err.status === 422 && S.adviceTarget) {
+      // a target the route refuses (not on the grid): its one line, and the advice without it
+      offGrid = err.message;
+      doc = await getAdvice(S.run, null);
+    } else if (err instanceof ApiError && (err.status === 404 || err.status === 405) && !/run/.test(err.message)) {
+      // 404 "Not Found": the route is not there (an older collector, a report without it): no panel
       S.adviceMissing = true;
       panel.hidden = true;
       return;
-    }
-    throw err;
+    } else throw err;
   }
   if (gen !== S.gen) return;
   panel.hidden = false;
   drawAdvice(doc);
+  if (offGrid) append($("advice-body"), el("p", { class: "advice-target bad", id: "advice-target-result", text: offGrid }));
 }
 
 function fact(label, value, title, id) {
@@ -58,7 +64,17 @@ function fact(label, value, title, id) {
 }
 
 function batchText(perRank, global) {
-  return isNum(perRank) ? intText(perRank) + " per rank" + (isNum(global) ? " · " + intText(global) + " global" : "") : "—";
+  if (!isNum(perRank)) return "—";
+  return isNum(global) ? intText(global) + " global · " + intText(perRank) + " per rank" : intText(perRank) + " per rank";
+}
+
+// the soonest runway of any rank, in time at its own step time beside steps
+function runwayText(r) {
+  const soon = (r.ranks || []).filter((x) => isNum(x.steps_to_oom))
+    .sort((a, b) => (a.seconds_to_oom ?? Infinity) - (b.seconds_to_oom ?? Infinity) || a.steps_to_oom - b.steps_to_oom)[0];
+  if (!soon) return null;
+  const steps = intText(soon.steps_to_oom) + " steps";
+  return (isNum(soon.seconds_to_oom) ? duration(soon.seconds_to_oom) + " · " + steps : steps) + " · rank " + soon.rank;
 }
 
 function nextStep(next) {
@@ -76,7 +92,8 @@ function evidenceText(ev) {
   const parts = [];
   if (ev.proven) parts.push("proven " + batchText(ev.proven.tokens_per_step, ev.proven.global_tokens_per_step));
   const oom = ev.oom_ceiling;
-  if (oom) parts.push("OOM at " + intText(oom.tokens) + " (rank " + oom.rank + ", step " + intText(oom.step) + ", " + oom.phase + ")");
+  const world = ev.grid && ev.grid.tokens_per_step ? ev.grid.global_tokens_per_step / ev.grid.tokens_per_step : null;
+  if (oom) parts.push("OOM at " + batchText(oom.tokens, isNum(world) ? oom.tokens * world : null) + " (rank " + oom.rank + ", step " + intText(oom.step) + ", " + oom.phase + ")");
   return parts.length ? parts.join(" · ") : "nothing proven, no OOM";
 }
 
@@ -97,10 +114,15 @@ function drawAdvice(doc) {
       fact("Checkpoints passed", isNum(r.checkpoints_passed) ? intText(r.checkpoints_passed) : "—"),
       fact("Min headroom", gib(r.min_headroom_bytes) + (isNum(r.min_headroom_rank) ? " · rank " + r.min_headroom_rank : ""),
         "the least headroom of any rank's current process, any phase", "advice-headroom"),
-      fact("Largest batch that fits", batchText(doc.max_tokens_per_step, doc.max_global_tokens_per_step) + (bound ? " (" + bound + ")" : ""),
+      fact("Largest batch that fits", isNum(doc.max_tokens_per_step)
+        ? batchText(doc.max_tokens_per_step, doc.max_global_tokens_per_step) + (bound ? " (" + bound + ")" : "")
+        : doc.max_tokens_hidden ? doc.max_tokens_hidden.text : "—",
         "largest tokens per step keeping a " + Math.round((doc.margin || 0) * 100) + " % margin at the worst phase, bounded by what the runs showed" +
         (isNum(doc.binding_rank) ? "; binding rank " + doc.binding_rank : ""), "advice-max"),
-      fact("Evidence", evidenceText(ev), isNum(ev.granularity) ? "settable in steps of " + intText(ev.granularity) + " tokens per rank" : null, "advice-evidence")),
+      fact("Evidence", evidenceText(ev), null, "advice-evidence"),
+      ev.grid ? fact("Settable in steps of", batchText(ev.grid.tokens_per_step, ev.grid.global_tokens_per_step) + " (" + ev.grid.source + ")",
+        ev.grid.why, "advice-grid") : null,
+      runwayText(r) ? fact("Runway", runwayText(r), "the soonest OOM at the current slope, at the rank's own step time", "advice-runway") : null),
     (r.reasons || []).length ? el("ul", { class: "advice-reasons" }, r.reasons.map((x) =>
       el("li", { dataset: { cause: x.cause || "" }, text: x.text !== undefined ? String(x.text) : String(x) }))) : null);
   const t = doc.target;
@@ -108,6 +130,6 @@ function drawAdvice(doc) {
     const verdictText = t.fits === true ? "fits" : t.fits === false ? "does not fit" : "cannot be judged";
     const because = t.because ? " — " + t.because.text : "";
     append(body, el("p", { class: "advice-target" + (t.fits === false ? " bad" : ""), id: "advice-target-result",
-      text: intText(t.tokens_per_step) + " tokens/step (" + intText(t.global_tokens_per_step) + " global): " + verdictText + because }));
+      text: intText(t.global_tokens_per_step) + " global (" + intText(t.tokens_per_step) + " per rank): " + verdictText + because }));
   }
 }

@@ -72,10 +72,10 @@ function hasRoute(path) {
 const NOT_FOUND = () => Promise.reject(new ApiError(404, "Not Found"));
 
 /** Readiness and the next step (GET /api/v1/runs/{run}/advice); a report embeds the document. */
-export async function getAdvice(run, targetTokens) {
+export async function getAdvice(run, targetGlobalTokens) {
   if (STATIC) return STATIC.advice || NOT_FOUND();
   if (!(await hasRoute("/api/v1/runs/{run}/advice"))) return NOT_FOUND();
-  return getJSON(runPath(run) + "/advice" + query({ target_tokens: targetTokens }));
+  return getJSON(runPath(run) + "/advice" + query({ target_global_tokens: targetGlobalTokens }));
 }
 
 /** Two runs side by side (GET /api/v1/compare?a=&b=). */

@@ -26,4 +26,21 @@ def mib(value: float | None, *, none: str = "-") -> str:
     return f"{m:.2f} MiB" if abs(m) < 100 else f"{m:,.0f} MiB"
 
 
-__all__ = ["GIB", "MIB", "gib", "mib"]
+def duration(seconds: float | None, *, none: str = "-") -> str:
+    """``seconds`` as a person reads a runway: ``"45 s"``, ``"12 min"``, ``"7 h 9 min"``, ``"3.2 days"``
+    (``none`` when unknown; negative reads as 0). The dashboard's ``format.js`` ``duration()`` is
+    the same rule."""
+    if seconds is None:
+        return none
+    s = max(0.0, float(seconds))
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 90 * 60:
+        return f"{s / 60:.0f} min"
+    if s < 48 * 3600:
+        h = int(s // 3600)
+        return f"{h} h {round((s - h * 3600) / 60)} min"
+    return f"{s / 86400:.1f} days"
+
+
+__all__ = ["GIB", "MIB", "duration", "gib", "mib"]

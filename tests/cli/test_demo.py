@@ -124,10 +124,10 @@ def test_batch_raise_plays_the_procedure_live_following_the_advice(tmp_path):
     summary = run_demo(ranks=2, duration=20.0, steps_per_s=600, db=str(db), run="demo-raise",
                        scenario_name="batch-raise", print_fn=lines.append)
     text = "\n".join(lines)
-    assert "advice: Raise to 24,576 tokens per step per rank (49,152 global, +9.1%)" in text, text[-3000:]
-    assert "raise to 24,576 tokens per step per rank (49,152 global) as advised" in text
+    assert "advice: Raise to 49,152 global tokens per step (24,576 per rank, +9.1%)" in text, text[-3000:]
+    assert "raise to 49,152 global tokens per step (24,576 per rank) as advised" in text
     oom = next(line for line in lines if line.lstrip().startswith("rank 0 ran out of memory at step"))
-    assert "at 22,528 tokens per step per rank" in oom and "advice: Back off to 22,528" in oom
+    assert "at 45,056 global tokens per step (22,528 per rank" in oom and "advice: Back off to 45,056 global" in oom
     assert summary["tokens_per_step"] == 22528 and summary["restarts"] == 2
     import sqlite3
 

@@ -20,7 +20,7 @@ from vramwatch.simulation.tokens import regression_overrides, token_trace
 pytestmark = pytest.mark.browser
 __all__ = ["browser"]  # the fixture, re-exported for pytest
 
-STORY_RUN = "kohrm-raise"
+STORY_RUN, LEAK_RUN = "kohrm-raise", "leaking"
 WIDE, GROWN = 64, (10, 41)
 
 
@@ -46,6 +46,8 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         post(server.url, story_trace("raise_ooms", run=STORY_RUN))
         post(server.url, wide_run("wide-a"))
         post(server.url, wide_run("wide-b", GROWN))
+        post(server.url, [s for r in range(2) for s in token_trace(
+            "fixed", steps=3000, run=LEAK_RUN, rank=r, seed=r, world_size=2, leak_onset=1200, leak_rate_frac=3.5e-5)])
         yield {"url": server.url, "db": str(db)}
 
 
@@ -68,17 +70,56 @@ def test_the_advice_panel_loads_with_the_page_and_shows_the_next_step(collector:
         p.evaluate("window.innerHeight")
     assert p.text_content("#advice-rec") == advice["recommendation"] == advice["next"]["sentence"]
     assert p.text_content("#advice-action") == "back off" and advice["next"]["action"] == "back_off"
-    assert p.text_content("#advice-batch") == "22,528 per rank · 180,224 global"
+    # global first, as the operator sets it
+    assert p.text_content("#advice-batch") == "180,224 global · 22,528 per rank"
     assert p.get_attribute("#advice-next", "data-cause") == "batch_change"
     evidence = p.text_content("#advice-evidence")
-    assert "proven 22,528 per rank · 180,224 global" in evidence and "OOM at 24,576 (rank 0" in evidence
+    assert "proven 180,224 global · 22,528 per rank" in evidence
+    assert "OOM at 196,608 global · 24,576 per rank (rank 0" in evidence
+    assert p.text_content("#advice-max").startswith("180,224 global · 22,528 per rank")
+    assert p.text_content("#advice-grid").startswith("8,192 global · 1,024 per rank (inferred)")
     reasons = p.eval_on_selector_all(".advice-reasons li", "ls => ls.map(l => [l.dataset.cause, l.textContent])")
     assert reasons and reasons[0][0] == "oom" and all("[object" not in text for _, text in reasons)
-    # a target is judged by the evidence first: the batch that ran out of memory does not fit
-    p.fill("#advice-target", "24576")
+    # the try box takes the global batch the operator types; judged by the evidence first: the batch
+    # that ran out of memory does not fit
+    assert "global" in p.get_attribute("#advice-target", "placeholder")
+    p.fill("#advice-target", "196608")
     p.press("#advice-target", "Enter")
-    p.wait_for_function("(document.getElementById('advice-target-result')?.textContent ?? '').includes('24,576')")
-    assert "does not fit" in p.text_content("#advice-target-result")
+    p.wait_for_function("(document.getElementById('advice-target-result')?.textContent ?? '').includes('196,608')")
+    result = p.text_content("#advice-target-result")
+    assert result.startswith("196,608 global (24,576 per rank): does not fit"), result
+    # the seed's fallback is settable and judged
+    p.fill("#advice-target", "172032")
+    p.press("#advice-target", "Enter")
+    p.wait_for_function("(document.getElementById('advice-target-result')?.textContent ?? '').includes('172,032')")
+    assert p.text_content("#advice-target-result").startswith("172,032 global (21,504 per rank): fits")
+    # off the grid: the route's one line naming the grid, the advice still shown
+    p.fill("#advice-target", "180000")
+    p.press("#advice-target", "Enter")
+    p.wait_for_function("(document.getElementById('advice-target-result')?.textContent ?? '')"
+                        ".includes('not on the grid')")
+    result = p.text_content("#advice-target-result")
+    assert "8,192 global (1,024 per rank)" in result and "nearest 172,032 or 180,224 global" in result
+    assert p.text_content("#advice-rec") == advice["recommendation"]
+    # the browser logs the refused request itself; nothing else went wrong
+    refused = [e for e in page.errors if "status of 422" in e]
+    assert len(refused) == 1 and [e for e in page.errors if e not in refused] == []
+
+
+def test_during_a_leak_the_panel_hides_the_largest_batch_and_gives_the_runway_in_time(collector: dict[str, Any],
+                                                                                      page: Page) -> None:
+    doc = httpx.get(f"{collector['url']}/api/v1/runs/{LEAK_RUN}/advice").json()
+    soonest = min((r for r in doc["readiness"]["ranks"] if r["steps_to_oom"] is not None),
+                  key=lambda r: r["seconds_to_oom"])
+    p = page.page
+    p.goto(run_url(collector["url"], LEAK_RUN))
+    page.ready()
+    p.wait_for_function("(document.getElementById('advice-rec')?.textContent ?? '').length > 0", timeout=30_000)
+    hidden = doc["max_tokens_hidden"]["text"]
+    assert p.text_content("#advice-max") == hidden and "not shown" in hidden and doc["max_tokens_per_step"] is None
+    runway = p.text_content("#advice-runway")
+    steps = f"{soonest['steps_to_oom']:,} steps"
+    assert runway.endswith(f" · {steps} · rank {soonest['rank']}") and (" min" in runway or " h " in runway), runway
     assert page.errors == []
 
 

@@ -17,7 +17,7 @@ from vramwatch.decisions.reasons import CAUSES
 from vramwatch.decisions.views import run_readiness
 from vramwatch.probe.simulated import SCENARIOS, simulate_trace
 from vramwatch.simulation.tokens import regression_overrides, token_trace, token_truth
-from vramwatch.units import gib
+from vramwatch.units import duration, gib
 
 
 def run_of(name: str, steps: int = 4000, ranks: int = 1, seed: int = 1, **overrides) -> RunObservation:
@@ -110,7 +110,10 @@ def test_eval_phase_need_is_modelled_per_phase() -> None:
 def test_a_phase_that_alone_breaks_the_margin_leaves_no_batch() -> None:
     obs = run_of("varlen_eval", steps=1500, eval_act_frac=0.57)
     result = advise(obs)
-    assert result.max_tokens_per_step == 0 and result.ranks[0].binding_phase == "eval"
+    # no batch to show, never "0 per rank": the figure is hidden with its reason
+    assert result.max_tokens_per_step is None and result.ranks[0].binding_phase == "eval"
+    assert result.max_hidden.cause == "no_fit" and "a phase alone breaks the margin" in result.max_hidden.text
+    assert result.as_dict()["max_tokens_hidden"]["cause"] == "no_fit"
     # lowering the batch cannot help: the eval phase is what to fix
     assert result.action == "fix" and result.next.because.cause == "phase_peak"
     assert "eval phase alone" in result.recommendation
@@ -173,8 +176,9 @@ def test_headroom_under_the_margin_is_unsafe_and_advice_lowers_by_the_computed_s
     assert result.action == "back_off" and result.next.because.cause == "margin"
     low = result.next.tokens_per_step
     cut = 1 - low / 22528
-    assert low % result.evidence.granularity == 0 and result.evidence.granularity == 2048  # 22,528 = 11 x 2,048
-    assert f"Back off to {low:,} tokens per step per rank" in result.recommendation and 0.05 < cut < 0.25
+    assert low % result.evidence.granularity == 0 and result.evidence.granularity == 1024  # 22,528 = 22 x 1,024
+    assert f"Back off to {low:,} global tokens per step ({low:,} per rank" in result.recommendation
+    assert 0.05 < cut < 0.25
     truth = token_truth("fixed_tight", seed=0, **tight)
     # lowering by that share restores the margin in truth, though part of the transient is fixed
     assert truth.worst_need(low) <= 0.90 * truth.total_bytes
@@ -182,7 +186,7 @@ def test_headroom_under_the_margin_is_unsafe_and_advice_lowers_by_the_computed_s
 
 def test_a_checkpoint_that_alone_breaks_the_margin_is_named() -> None:
     result = advise(run_of("fixed_tight"), margin=0.15)
-    assert result.readiness.verdict == "unsafe" and result.max_tokens_per_step == 0
+    assert result.readiness.verdict == "unsafe" and result.max_tokens_per_step is None
     assert result.action == "fix" and "checkpoint phase alone" in result.recommendation
 
 
@@ -191,7 +195,8 @@ def test_a_checkpoint_that_alone_breaks_the_margin_is_named() -> None:
 def test_ready_varlen_run_is_advised_to_raise_within_the_extrapolation_limit(varlen) -> None:
     result = advise(varlen)
     assert result.action == "raise"
-    n = int(re.search(r"Raise to ([\d,]+)", result.recommendation).group(1).replace(",", ""))
+    n = result.next.tokens_per_step
+    assert result.recommendation.startswith(f"Raise to {2 * n:,} global tokens per step ({n:,} per rank")
     seen = result.ranks[0].tokens_seen_max
     assert seen < n <= seen * EXTRAPOLATION_LIMIT
     truth = token_truth("varlen", seed=0)
@@ -310,7 +315,8 @@ def test_a_phase_that_ooms_caps_the_batch_it_ran_not_every_batch() -> None:
     assert trial.oom.phase == "checkpoint" and trial.oom.cause == "phase_peak"
     assert trial.oom.tokens == trial.tokens  # the batch the process ran
     result = advise(obs, target_tokens=trial.tokens - 300)
-    assert result.bound == "oom" and result.max_tokens_per_step == trial.tokens - 1
+    # just below the batch that ran out, on the grid (a number a person can set, not tokens - 1)
+    assert result.bound == "oom" and result.max_tokens_per_step == result.evidence.settable(trial.tokens - 1)
     assert result.next.action == "back_off" and result.next.because.cause == "phase_peak"
     g = result.evidence.granularity
     assert result.next.tokens_per_step % g == 0 and result.next.tokens_per_step < trial.tokens
@@ -434,7 +440,14 @@ def test_the_least_headroom_and_the_soonest_oom_are_named_on_their_own_ranks() -
     assert set(leaking) == {0, 3} and leaking[3] < leaking[0]
     assert r.worst_rank == 3 and r.reasons[0].rank == 3 and r.reasons[0].cause == "leak"
     assert result.action == "fix" and result.next.because.rank == 3
-    assert f"OOM in {leaking[3]:,} steps" in result.recommendation and "soonest of 2 ranks" in result.recommendation
+    # the runway in time at the rank's own step time, beside steps
+    soonest = next(x for x in r.ranks if x.rank == 3)
+    step_time = soonest.seconds_to_oom / soonest.steps_to_oom
+    assert step_time == pytest.approx(1.0, rel=0.05)  # the simulated job's pace
+    assert (f"OOM in {duration(soonest.seconds_to_oom)} ({leaking[3]:,} steps at {step_time:.2f} s/step)"
+            in result.recommendation and "soonest of 2 ranks" in result.recommendation)
+    assert " h " in duration(soonest.seconds_to_oom) or " min" in duration(soonest.seconds_to_oom)
+    assert result.max_tokens_per_step is None and result.max_hidden.cause == "leak"  # meaningless during a leak
     from vramwatch.cli.decisions import advice_text
 
     assert f"worst headroom {gib(tight.min_headroom_bytes)} on rank {tight.rank})" in advice_text(result)

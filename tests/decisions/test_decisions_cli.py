@@ -142,8 +142,21 @@ def test_advise_takes_a_granularity_and_states_the_inferred_one(traces) -> None:
     assert doc["evidence"] == {**doc["evidence"], "granularity": 1000, "granularity_inferred": False}
     assert doc["next"]["action"] == "raise" and doc["next"]["tokens_per_step"] % 1000 == 0
     text = vw("advise", "base", "--db", str(traces["db"]), "--granularity", "1000", "--target-tokens", "17000")
-    assert "settable in steps of 1,000 tokens per rank (--granularity)" in text.stdout
-    assert "at 17,000 tokens per step (34,000 global): fits" in text.stdout
+    assert "grid: settable in steps of 2,000 global (1,000 per rank), option: set by --granularity" in text.stdout
+    assert "at 34,000 global (17,000 per rank): fits" in text.stdout
+    # the same target typed as the global batch, and one off the grid: one line naming the grid, exit 2
+    same = vw("advise", "base", "--db", str(traces["db"]), "--granularity", "1000", "--target-global-tokens", "34000")
+    assert "at 34,000 global (17,000 per rank): fits" in same.stdout
+    for bad in (["--target-global-tokens", "34500"], ["--target-tokens", "17001"], ["--target-global-tokens", "0"],
+                ["--target-global-tokens", "-2000"], ["--target-global-tokens", "1e4"]):
+        r = vw("advise", "base", "--db", str(traces["db"]), "--granularity", "1000", *bad)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and not r.stdout, (bad, r.stderr)
+    off = vw("advise", "base", "--db", str(traces["db"]), "--granularity", "1000", "--target-global-tokens", "34500")
+    assert "not on the grid: settable in steps of 2,000 global (1,000 per rank)" in off.stderr
+    assert "nearest 34,000 or 36,000 global" in off.stderr
+    both = vw("advise", "base", "--db", str(traces["db"]), "--target-tokens", "17000",
+              "--target-global-tokens", "34000")
+    assert both.returncode == 2 and "not allowed with" in both.stderr
 
 
 def test_gate_fails_a_leaking_candidate_whatever_its_growth_so_far(tmp_path) -> None:

@@ -33,12 +33,15 @@ def test_a_proven_batch_is_raised_to_the_next_settable_one() -> None:
     a = story("proven")
     step = a.next
     assert a.readiness.verdict == "ready" and step.action == "raise" and step.because.cause == "proven"
-    assert a.evidence.granularity == 2048 and a.evidence.granularity_inferred  # 22,528 = 11 x 2,048
+    # 22,528 = 11 x 2,048: a step of 2,048 (9.1 %) would skip the seed's 172,032 and leave the 5-10 % window
+    # empty; 1,024 (8,192 global) divides every batch seen and keeps both reachable
+    assert a.evidence.granularity == 1024 and a.evidence.grid.source == "inferred"
+    assert a.evidence.settable(0.95 * 22528) * 8 == 163840 and 21504 % a.evidence.granularity == 0
     assert (step.tokens_per_step, step.global_tokens_per_step) == (24576, 196608)  # the seed's next batch
     assert (step.proven.run, step.proven.tokens_per_step, step.proven.global_tokens_per_step) == \
         ("proven", 22528, 180224)
     assert fits_in_truth("proven", 24576)  # the raise keeps the margin in truth
-    assert step.sentence.startswith("Raise to 24,576 tokens per step per rank (196,608 global, +9.1%)")
+    assert step.sentence.startswith("Raise to 196,608 global tokens per step (24,576 per rank, +9.1%)")
 
 
 def test_a_raise_that_holds_is_kept_and_the_one_after_it_does_not_fit() -> None:
@@ -57,7 +60,7 @@ def test_a_raise_that_runs_out_of_memory_at_its_checkpoint_goes_back_to_the_prov
     step = a.next
     assert step.action == "back_off" and step.because.cause == "batch_change"
     assert (step.tokens_per_step, step.global_tokens_per_step) == (22528, 180224)
-    assert step.tokens_per_step == settable_truth("raise_ooms", 2048)  # 23,552 in truth: 22,528 settable
+    assert step.tokens_per_step < settable_truth("raise_ooms", 1024)  # straight back, never into the unknown
     # evidence beats the model: it thinks 24,576 fits (nothing below shows the checkpoint's buffer)
     assert a.model_max_tokens_per_step >= 24576
     assert a.max_tokens_per_step == 22528 and a.bound == "proven"
@@ -68,7 +71,10 @@ def test_the_reference_proves_the_checkpoint_safe_below_the_batch_that_failed() 
     """The new run at 196,608 ran out of memory at its first checkpoint; the run at 180,224 given
     as a reference held through three: the checkpoint is not to blame "at any batch"."""
     alone = story("try_alone")
-    assert alone.max_tokens_per_step == 24575 and alone.bound == "oom"  # an upper bound, not 0
+    # an upper bound, settable (not 24,575), not 0
+    assert alone.max_tokens_per_step == 23552 and alone.bound == "oom"
+    # nothing proven to go back to: at least the procedure's 5 % cut, on the grid: the seed's 180,224
+    assert alone.next.action == "back_off" and alone.next.global_tokens_per_step == 180224
     a = story("try_alone", references=("proven",), target_tokens=24576)
     oom = a.evidence.ceiling()
     assert oom.record.cause == "batch_change" and "held its plateau" in oom.record.detail
@@ -84,11 +90,12 @@ def test_after_backing_off_it_holds_until_proven_and_never_raises_into_the_oom()
     # proven again (a shorter plateau asked for): the next settable batch is the one that failed
     quick = story("backed_off", readiness_config=ReadinessConfig(plateau_steps=200, checkpoints=1))
     assert quick.next.action == "hold" and quick.next.because.cause == "oom_ceiling"
-    # a finer granularity leaves room between the evidence: the model decides there, and rightly
+    # a finer granularity leaves room between the evidence: the model decides there, a try of at least the
+    # procedure's 5 % strictly under the batch that failed, kept only if it proves itself
     fine = story("backed_off", readiness_config=ReadinessConfig(plateau_steps=200, checkpoints=1),
-                 granularity=1024)
-    assert fine.next.action == "raise" and fine.next.tokens_per_step == 23552
-    assert fits_in_truth("backed_off", 23552)
+                 granularity=512)
+    assert fine.next.action == "raise" and fine.next.tokens_per_step == 24064 < 24576
+    assert fine.evidence.grid.source == "option" and "else straight back to 180,224 global" in fine.next.sentence
 
 
 def test_a_second_oom_at_a_batch_cuts_5_to_10_percent() -> None:
@@ -97,7 +104,7 @@ def test_a_second_oom_at_a_batch_cuts_5_to_10_percent() -> None:
     step = a.next
     assert step.action == "back_off" and step.because.cause == "recurrence"
     cut = 1 - step.tokens_per_step / 22528
-    assert 0.05 <= cut <= 0.10 and step.tokens_per_step % 2048 == 0
+    assert 0.05 <= cut <= 0.10 and step.tokens_per_step % a.evidence.granularity == 0
     assert fits_in_truth("recurrence", step.tokens_per_step) and not fits_in_truth("recurrence", 22528)
     assert step.global_tokens_per_step == 8 * step.tokens_per_step
 
@@ -105,7 +112,7 @@ def test_a_second_oom_at_a_batch_cuts_5_to_10_percent() -> None:
 def test_a_jump_that_fails_at_once_goes_back_and_the_model_does_not_learn_from_the_warm_up() -> None:
     a = story("raise_far")
     assert a.next.action == "back_off" and a.next.tokens_per_step == 20480
-    assert a.evidence.granularity == 4096
+    assert a.evidence.granularity == 1024  # 20,480 and 28,672: at most 5 % of 20,480
     truth = story_truth("raise_far").max_tokens(MARGIN)
     # the failed process died warming up: its floor is not the job's
     assert a.max_tokens_per_step == pytest.approx(truth, rel=0.03) and a.max_tokens_per_step < 28672

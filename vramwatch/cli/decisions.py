@@ -110,51 +110,59 @@ def _both_figures(command: str, a: str, b: str, args: argparse.Namespace) -> tup
 def _advice(args: argparse.Namespace) -> Any:
     """The advice: asked of ``--url`` (a front decides over every shard's ranks), else computed here."""
     from vramwatch.decisions.advice import advise, join
+    from vramwatch.decisions.grid import OffGrid
     from vramwatch.decisions.readiness import ReadinessConfig
 
     if args.url:
-        params = {"margin": args.margin, "target_tokens": args.target_tokens, "plateau_steps": args.plateau_steps,
+        params = {"margin": args.margin, "target_tokens": args.target_tokens,
+                  "target_global_tokens": args.target_global_tokens, "plateau_steps": args.plateau_steps,
                   "checkpoints": args.checkpoints, "reference": args.reference, "granularity": args.granularity}
         return _remote("advise", args, args.run, "advice",
                        lambda doc: join([doc], granularity=args.granularity), params)
     obs = _resolve(args.run, args)
     refs = [_resolve(r, args) for r in args.reference or []]
     config = ReadinessConfig(plateau_steps=args.plateau_steps, checkpoints=args.checkpoints, margin=args.margin)
-    return advise(obs, margin=args.margin, target_tokens=args.target_tokens, readiness_config=config,
-                  references=refs, granularity=args.granularity)
+    try:
+        return advise(obs, margin=args.margin, target_tokens=args.target_tokens, readiness_config=config,
+                      references=refs, granularity=args.granularity, target_global_tokens=args.target_global_tokens)
+    except OffGrid as exc:
+        raise UsageError(str(exc)) from None
 
 
 _BOUND = {"model": "by the model", "oom": "below a batch that ran out of memory", "proven": "a proven batch"}
 
 
 def advice_text(result: Any) -> str:
-    """``vramwatch advise``'s text: verdict, reasons, the largest batch, the evidence, a target, the next step."""
+    """``vramwatch advise``'s text: verdict, reasons, the largest batch, the evidence and its grid, a
+    target, the next step. Every batch reads global first, per rank beside it."""
     r = result.readiness
+    w = result.world_size
     lines = [f"run {result.run}: {r.verdict.upper()} (plateau held {r.plateau_steps:,} steps, "
              f"{r.checkpoints_passed} checkpoint(s) passed, worst headroom {gib(r.min_headroom_bytes)} "
              f"on rank {r.min_headroom_rank})"]
     lines += [f"  - {reason.text}" for reason in r.reasons]
+    head = f"largest settable batch that keeps {result.margin:.0%} free: "
     if result.max_tokens_per_step is not None:
         cap = next((c for c in result.ranks if c.rank == result.binding_rank), None)
         where = f"; binding: rank {cap.rank} at {cap.binding_phase}; fit {cap.fit_method}, uncertainty " \
                 f"{cap.uncertainty_frac:.1%}" if cap is not None else ""
-        lines.append(f"largest tokens per step that keeps {result.margin:.0%} free: {result.max_tokens_per_step:,} "
-                     f"per rank ({result.max_global_tokens_per_step:,} global over {result.world_size} ranks), "
-                     f"{_BOUND[result.bound]}{where}")
+        lines.append(f"{head}{result.max_global_tokens_per_step:,} global ({result.max_tokens_per_step:,} per rank "
+                     f"x {w} ranks), {_BOUND[result.bound]}{where}")
+    elif result.max_hidden is not None:
+        lines.append(head + result.max_hidden.text)
     ev = result.evidence
     top, proven = ev.ceiling(), result.next.proven
-    facts = [f"proven {proven.tokens_per_step:,} per rank ({proven.global_tokens_per_step:,} global, run "
+    facts = [f"proven {proven.global_tokens_per_step:,} global ({proven.tokens_per_step:,} per rank, run "
              f"{proven.run})"] if proven else []
     if top is not None:
-        facts.append(f"OOM at {top.record.tokens:,} per rank (run {top.run}, rank {top.rank}, step "
-                     f"{top.record.step:,}, {top.record.phase}; cause {top.record.cause})")
-    how = "inferred" if ev.granularity_inferred else "--granularity"
-    lines.append(f"evidence: {'; '.join(facts) or 'nothing proven, no OOM'}; settable in steps of "
-                 f"{ev.granularity:,} tokens per rank ({how})")
+        facts.append(f"OOM at {(top.record.tokens or 0) * w:,} global ({top.record.tokens:,} per rank; run {top.run}, "
+                     f"rank {top.rank}, step {top.record.step:,}, {top.record.phase}; cause {top.record.cause})")
+    lines.append(f"evidence: {'; '.join(facts) or 'nothing proven, no OOM'}")
+    lines.append(f"grid: settable in steps of {ev.grid.describe(w)}")
     if result.target is not None:
         t = result.target
         verdict = {True: "fits", False: "does NOT fit", None: "cannot be judged"}[t.fits]
-        lines.append(f"at {t.tokens_per_step:,} tokens per step ({t.global_tokens_per_step:,} global): {verdict} "
+        lines.append(f"at {t.global_tokens_per_step:,} global ({t.tokens_per_step:,} per rank): {verdict} "
                      f"({t.because.cause}: {t.because.text})")
     lines.append(f"next: {result.next.sentence}")
     return "\n".join(lines) + "\n"
@@ -225,7 +233,11 @@ def register(sub: Any, add_db: Any) -> None:
     add_db(p)
     p.add_argument("--margin", type=_fraction, default=LOW_HEADROOM_FRACTION,
                    help=f"device share to keep free at the worst phase (default {LOW_HEADROOM_FRACTION})")
-    p.add_argument("--target-tokens", type=_tokens, metavar="N", help="project a proposed tokens per step per rank")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--target-global-tokens", type=_tokens, metavar="N",
+                        help="judge a proposed global batch (tokens per step over every rank; on the grid)")
+    target.add_argument("--target-tokens", type=_tokens, metavar="N",
+                        help="judge a proposed batch in tokens per step per rank (on the grid)")
     p.add_argument("--reference", action="append", metavar="RUN",
                    help="the same job at another batch setting (fits tokens across runs); repeatable")
     p.add_argument("--plateau-steps", type=_whole(0, MAX_PLATEAU_STEPS, "steps"), default=2000, metavar="N",
@@ -233,7 +245,8 @@ def register(sub: Any, add_db: Any) -> None:
     p.add_argument("--checkpoints", type=_whole(0, MAX_CHECKPOINTS, "checkpoints"), default=1, metavar="N",
                    help="checkpoints that must be passed to be ready (default 1)")
     p.add_argument("--granularity", type=_tokens, metavar="N",
-                   help="settable batches are multiples of N tokens per rank (default: inferred from the tokens seen)")
+                   help="settable batches are multiples of N tokens per rank (default: declared by the training "
+                        "loop, else inferred from the batches seen)")
     p.add_argument("--check", action="store_true", help="exit 1 unless the batch is ready (for scripts)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     _add_url(p)

@@ -187,7 +187,8 @@ class _Job:
             self.tokens = int(step_doc["tokens_per_step"])
         self.start(resume + 1)
         self.say(f"  rank {rank} ran out of memory at step {step}: the job resumes from its checkpoint at step "
-                 f"{resume} at {self.tokens:,} tokens per step per rank (new incarnations)"
+                 f"{resume} at {self.tokens * self.ranks:,} global tokens per step ({self.tokens:,} per rank; new "
+                 "incarnations)"
                  + (f"; advice: {step_doc['sentence']}" if step_doc else ""))
 
     def _follow(self, step: int) -> None:
@@ -204,8 +205,8 @@ class _Job:
         self.restarts += 1
         self.tokens = tokens
         self.start(resume + 1)
-        self.say(f"  step {step}: {step_doc['action']} to {tokens:,} tokens per step per rank "
-                 f"({tokens * self.ranks:,} global) as advised; resumed from the checkpoint at step {resume}")
+        self.say(f"  step {step}: {step_doc['action']} to {tokens * self.ranks:,} global tokens per step "
+                 f"({tokens:,} per rank) as advised; resumed from the checkpoint at step {resume}")
 
     def _read_advice(self) -> dict[str, Any] | None:
         """The collector's next step for this run (None when it cannot answer now); printed when it changes."""
@@ -234,7 +235,8 @@ def _drive(job: _Job, steps_per_s: float, duration: float | None, say: Callable[
             delivered = job.delivered + sum(m.stats().get("delivered", 0) for m in job.monitors)
             if not job.scenario.follows_advice:
                 job._read_advice()  # printed when the next step changes
-            say(f"  step {job.step}: {delivered} samples delivered, {job.tokens:,} tokens per step per rank")
+            say(f"  step {job.step}: {delivered} samples delivered, {job.tokens * job.ranks:,} global tokens per step "
+                f"({job.tokens:,} per rank)")
             next_report = now + 10.0
         next_tick += interval
         pause = next_tick - time.monotonic()

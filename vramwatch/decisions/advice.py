@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from vramwatch.decisions.evidence import Evidence, RankTrials, gather, judged_trials
+from vramwatch.decisions.grid import OffGrid
 from vramwatch.decisions.model import RankModel
-from vramwatch.decisions.nextstep import NextStep, Proven, next_step
+from vramwatch.decisions.nextstep import NextStep, Proven, batch_words, next_step
 from vramwatch.decisions.observe import RunObservation
 from vramwatch.decisions.readiness import RankReadiness, Readiness, ReadinessConfig
 from vramwatch.decisions.reasons import Reason
@@ -72,7 +73,7 @@ class Advice:
     readiness: Readiness
     ranks: tuple[RankCapacity, ...]
     models: tuple[RankModel, ...]
-    max_tokens_per_step: int | None  # the model's, bounded by the evidence
+    max_tokens_per_step: int | None  # the model's, bounded by the evidence, settable; None: hidden
     model_max_tokens_per_step: int | None  # the model's alone
     bound: str  # what sets the largest batch: model | oom | proven
     binding_rank: int | None
@@ -82,6 +83,7 @@ class Advice:
     evidence: Evidence
     trials: tuple[RankTrials, ...]  # this run's and the references' (a front rejoins them)
     references: tuple[tuple[str, int], ...] = ()  # (run, world size) of each reference
+    max_hidden: Reason | None = None  # why no largest batch is shown (a leak, fragmentation, none settable)
 
     @property
     def max_global_tokens_per_step(self) -> int | None:
@@ -102,10 +104,12 @@ class Advice:
             "checkpoints_required": self.config.checkpoints, "readiness": self.readiness.as_dict(),
             "max_tokens_per_step": self.max_tokens_per_step,
             "max_global_tokens_per_step": self.max_global_tokens_per_step,
+            "max_tokens_hidden": self.max_hidden.as_dict() if self.max_hidden else None,
             "model_max_tokens_per_step": self.model_max_tokens_per_step, "bound": self.bound,
             "binding_rank": self.binding_rank, "world_size": self.world_size, "next": self.next.as_dict(),
             "action": self.action, "recommendation": self.recommendation,
-            "target": self.target.as_dict() if self.target else None, "evidence": _evidence_doc(self.evidence),
+            "target": self.target.as_dict() if self.target else None,
+            "evidence": _evidence_doc(self.evidence, self.world_size),
             "ranks": [r.as_dict() for r in self.ranks], "models": [m.as_dict() for m in self.models],
             "trials": [{"run": r.run, "host": r.host, "rank": r.rank, "trials": [t.as_dict() for t in r.trials]}
                        for r in self.trials],
@@ -113,11 +117,12 @@ class Advice:
         }
 
 
-def _evidence_doc(ev: Evidence) -> dict[str, Any]:
+def _evidence_doc(ev: Evidence, world: int) -> dict[str, Any]:
     top = ev.ceiling()
     proven = ev.proven_below(None)
     return {
         "granularity": ev.granularity, "granularity_inferred": ev.granularity_inferred,
+        "grid": ev.grid.as_dict(world),
         "oom_ceiling": None if top is None else {"run": top.run, "host": top.host, "rank": top.rank,
                                                  **top.record.as_dict()},
         "proven": None if proven is None else Proven.of(proven).as_dict(),
@@ -171,12 +176,12 @@ def judge_target(tokens: int, models: list[RankModel], ev: Evidence, margin: flo
     top, proven = ev.ceiling(), ev.proven_below(None)
     if top is not None and tokens >= (top.record.tokens or 0):
         o = top.record
-        because = Reason("oom", f"rank {top.rank} ran out of memory at {o.tokens:,} tokens per step (run {top.run}, "
-                                f"step {o.step:,}, {o.phase}): {o.detail}", top.rank)
+        because = Reason("oom", f"rank {top.rank} ran out of memory at {batch_words(o.tokens or 0, world)}, run "
+                                f"{top.run}, step {o.step:,}, {o.phase}: {o.detail}", top.rank)
         return Target(tokens, tokens * world, need, head, False, top.rank, o.phase, because)
     if proven is not None and tokens <= proven.tokens:
-        because = Reason("proven", f"{proven.tokens:,} tokens per step held its plateau through a checkpoint "
-                                   f"(run {proven.run})")
+        because = Reason("proven", f"{batch_words(proven.tokens, proven.world_size)} held its plateau through a "
+                                   f"checkpoint (run {proven.run})")
         return Target(tokens, tokens * world, need, head, True, rank, phase, because)
     if proj is None:
         return Target(tokens, tokens * world, None, None, None, None, None,
@@ -214,17 +219,19 @@ def advise(
     readiness_config: ReadinessConfig | None = None,
     references: list[RunObservation] | None = None,
     granularity: int | None = None,
+    target_global_tokens: int | None = None,
 ) -> Advice:
-    """Advice for one observed run; ``references`` are runs of the same job at other batch settings."""
+    """Advice for one observed run; ``references`` are runs of the same job at other batch settings.
+    :class:`.grid.OffGrid` when a target is not a settable batch."""
     config = readiness_config or ReadinessConfig(margin=margin)
     refs = [run_view(r, config) for r in references or ()]
     return decide(run_view(obs, config), refs, config=config, margin=margin, target_tokens=target_tokens,
-                  granularity=granularity)
+                  granularity=granularity, target_global_tokens=target_global_tokens)
 
 
 def decide(view: RunView, references: list[RunView], *, config: ReadinessConfig,
            margin: float = LOW_HEADROOM_FRACTION, target_tokens: int | None = None,
-           granularity: int | None = None) -> Advice:
+           granularity: int | None = None, target_global_tokens: int | None = None) -> Advice:
     """Advice from a run's view and its references' (O(ranks x (phases + buckets²))). :func:`advise`
     calls it on replayed runs, the collector on its live engines' views, a front on the ranks of
     every shard (:func:`join`): the same ranks give the same answer."""
@@ -232,24 +239,65 @@ def decide(view: RunView, references: list[RunView], *, config: ReadinessConfig,
     ref_trials = [(r.rank_trials(), r.world_size) for r in references]
     return decide_on(view.run, view.readiness, view.models(), view.rank_trials(), view.world_size, ref_trials,
                      config=config, margin=margin, target_tokens=target_tokens, granularity=granularity,
-                     references=tuple((r.run, r.world_size) for r in references))
+                     references=tuple((r.run, r.world_size) for r in references),
+                     target_global_tokens=target_global_tokens)
 
 
 def decide_on(run: str, readiness: Readiness, models: list[RankModel], trials: list[RankTrials], world: int,
               ref_trials: list[tuple[list[RankTrials], int]], *, config: ReadinessConfig, margin: float,
               target_tokens: int | None, granularity: int | None,
-              references: tuple[tuple[str, int], ...] = ()) -> Advice:
+              references: tuple[tuple[str, int], ...] = (), target_global_tokens: int | None = None) -> Advice:
     """:func:`decide` on figures already reduced (models fitted, outcomes judged)."""
     ev = gather(run, trials, world, ref_trials, plateau_steps=config.plateau_steps, checkpoints=config.checkpoints,
                 margin=margin, granularity=granularity)
+    tokens = target_per_rank(ev, world, target_tokens, target_global_tokens)
     caps = [capacity(m, margin) for m in models]
     best, model_max, bound, binding = bounded_max(caps, ev)
-    target = judge_target(target_tokens, models, ev, margin, world) if target_tokens else None
+    target = judge_target(tokens, models, ev, margin, world) if tokens else None
     step = next_step(readiness, models, ev, best, world=world, margin=margin, config=config,
                      judge=lambda tokens: judge_target(tokens, models, ev, margin, world))
     all_trials = tuple(trials) + tuple(r for ranks, _ in ref_trials for r in ranks)
-    return Advice(run, margin, config, readiness, tuple(caps), tuple(models), best, model_max, bound, binding, world,
-                  target, step, ev, all_trials, references)
+    shown, hidden = shown_max(best, ev, readiness, margin)
+    return Advice(run, margin, config, readiness, tuple(caps), tuple(models), shown, model_max, bound, binding, world,
+                  target, step, ev, all_trials, references, hidden)
+
+
+def target_per_rank(ev: Evidence, world: int, per_rank: int | None, global_tokens: int | None) -> int | None:
+    """A target as tokens per rank: ``per_rank`` as given, or ``global_tokens`` shared equally by the
+    ``world`` ranks. :class:`.grid.OffGrid` (one line naming the grid) when both are given, when the
+    global batch does not split equally, or when the batch is not settable."""
+    if per_rank and global_tokens:
+        raise OffGrid("give a target per rank or a global target, not both")
+    if global_tokens:
+        if global_tokens % world:
+            raise OffGrid(f"target {global_tokens:,} global tokens does not split equally over {world} ranks; the "
+                          f"grid is {ev.grid.describe(world)}")
+        per_rank = global_tokens // world
+    if not per_rank or ev.grid.on(per_rank):
+        return per_rank
+    g = ev.grid
+    low, high = g.settable(per_rank), g.next_settable(per_rank, per_rank)
+    near = " or ".join(f"{x * world:,}" for x in (low, high) if x > 0)
+    raise OffGrid(f"target {per_rank * world:,} global ({per_rank:,} per rank) is not on the grid: settable in "
+                  f"steps of {g.describe(world)}; nearest {near} global")
+
+
+def shown_max(best: int | None, ev: Evidence, readiness: Readiness, margin: float) -> tuple[int | None, Reason | None]:
+    """The largest batch as a person may set it: rounded down to the grid; hidden, with the reason,
+    while a leak or fragmentation makes it meaningless (memory is not a function of the batch then)
+    or when no settable batch keeps the margin: never 0 or negative."""
+    if best is None:
+        return None, None
+    trouble = [x for r in readiness.ranks for x in r.reasons if x.cause in ("leak", "fragmentation")]
+    if trouble:
+        return None, Reason(trouble[0].cause, f"not shown: {trouble[0].text}; memory does not follow the batch "
+                                               "until that is fixed", trouble[0].rank)
+    n = ev.settable(best)
+    if n <= 0:
+        text = ("a phase alone breaks the margin at any batch" if best <= 0 else
+                f"no settable batch (steps of {ev.granularity:,} per rank) is at or under {best:,} per rank")
+        return None, Reason("no_fit", f"not shown: {text} with {margin:.0%} kept free")
+    return n, None
 
 
 def join(docs: list[dict[str, Any]], *, granularity: int | None = None) -> Advice:
@@ -263,8 +311,10 @@ def join(docs: list[dict[str, Any]], *, granularity: int | None = None) -> Advic
     first = docs[0]
     run = str(first["run"])
     stated = first.get("evidence") or {}
-    if granularity is None and stated.get("granularity_inferred") is False:
-        granularity = int(stated["granularity"])  # a collector was asked for it: keep it
+    source = (stated.get("grid") or {}).get("source", "inferred" if stated.get("granularity_inferred") else "option")
+    if granularity is None and source == "option":
+        granularity = int(stated["granularity"])  # a collector was asked for it: keep it (a declared one the
+        # trials carry, an inferred one is inferred again over every rank)
     refs = {str(r["run"]): int(r["world_size"]) for d in docs for r in d.get("references") or ()}
     readiness = {(r.host, r.rank): r for d in docs for r in map(RankReadiness.from_dict, d["readiness"]["ranks"])}
     models = {(m.host, m.rank): m for d in docs for m in map(RankModel.from_dict, d["models"])}
@@ -290,5 +340,4 @@ def join(docs: list[dict[str, Any]], *, granularity: int | None = None) -> Advic
 
 
 __all__ = ["Advice", "Projection", "RankCapacity", "Target", "advise", "bounded_max", "capacity", "decide", "decide_on",
-           "join",
-           "judge_target", "project"]
+           "join", "judge_target", "project", "shown_max", "target_per_rank"]

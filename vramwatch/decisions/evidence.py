@@ -14,15 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from vramwatch.decisions.grid import Grid, choose
 from vramwatch.decisions.reasons import BATCH_CAUSES
 from vramwatch.decisions.trials import OomRecord, Trial, with_outcomes
 from vramwatch.verdicts import Outcome
 
-#: Inferred granularity never exceeds this (a context length: settable batches are multiples of it).
-MAX_GRANULE = 4096
-#: With tokens varying inside a process (packing up to a cap) the samples do not show what is
-#: settable: the granularity is then the largest power of two within this share of the batch.
-VARYING_GRANULE_SHARE = 0.02
 #: A rank's death (vramwatch.runlife): killed alone while the job went on.
 KILLED = str(Outcome.KILLED)
 #: Two OOMs at settings within this share of each other are OOMs at the same setting.
@@ -99,15 +95,22 @@ def proven(trial: Trial, *, plateau_steps: int, checkpoints: int, margin: float)
 
 @dataclass(frozen=True)
 class Evidence:
-    """Settings, OOMs and deaths of a run and its references, and the granularity of settings."""
+    """Settings, OOMs and deaths of a run and its references, and the grid of settable batches."""
 
     run: str
     settings: tuple[Setting, ...]
     ooms: tuple[OomAt, ...]
     deaths: tuple[Death, ...]
-    granularity: int
-    granularity_inferred: bool
+    grid: Grid
     current_ordinal: int | None = None  # the run's latest process (its largest ordinal)
+
+    @property
+    def granularity(self) -> int:
+        return self.grid.step
+
+    @property
+    def granularity_inferred(self) -> bool:
+        return self.grid.source == "inferred"
 
     def ceiling(self) -> OomAt | None:
         """The batch-caused OOM at the smallest setting: nothing at or above it fits."""
@@ -133,34 +136,22 @@ class Evidence:
         return sorted(seen.values(), key=lambda o: o.record.ts)
 
     def settable(self, tokens: float) -> int:
-        """The largest settable batch (a multiple of the granularity) at or below ``tokens``."""
-        g = self.granularity
-        return int(tokens // g * g)
+        """The largest settable batch (on the grid) at or below ``tokens``."""
+        return self.grid.settable(tokens)
 
     def next_settable(self, tokens: int, at_least: float) -> int:
         """The smallest settable batch above ``tokens`` and at least ``at_least``."""
-        g = self.granularity
-        n = (max(tokens, int(at_least - 1)) // g + 1) * g
-        while n < at_least:
-            n += g
-        return n
+        return self.grid.next_settable(tokens, at_least)
 
 
-def infer_granularity(trials: list[Trial]) -> int:
-    """The largest power of two (at most :data:`MAX_GRANULE`) that divides every exact setting
-    (processes whose tokens never varied); with tokens varying inside every process, the largest
-    power of two within :data:`VARYING_GRANULE_SHARE` of the largest batch. 1 without tokens."""
+def infer_grid(trials: list[Trial], own: list[Trial], granularity: int | None = None) -> Grid:
+    """The grid (:func:`.grid.choose`): ``granularity`` if given, else the latest of the run's own
+    processes (``own``) that declared one, else inferred from every process's tokens (``trials``)."""
+    declared = next((t.grid for t in sorted(own, key=lambda t: (t.ordinal, t.last_ts), reverse=True) if t.grid),
+                    None)
     exact = [t.tokens for t in trials if t.tokens and t.tokens_constant]
-    if exact:
-        g = MAX_GRANULE
-        while g > 1 and any(x % g for x in exact):
-            g //= 2
-        return g
-    seen = max((t.tokens for t in trials if t.tokens), default=0)
-    g = 1
-    while g * 2 <= min(MAX_GRANULE, seen * VARYING_GRANULE_SHARE):
-        g *= 2
-    return g
+    varying = max((t.tokens for t in trials if t.tokens), default=0)
+    return choose(granularity, declared, exact, varying)
 
 
 def gather(run: str, ranks: list[RankTrials], world_size: int, references: list[tuple[list[RankTrials], int]], *,
@@ -190,10 +181,10 @@ def gather(run: str, ranks: list[RankTrials], world_size: int, references: list[
             settings.append(Setting(name, ordinal, tokens, world, ok and len(trials) >= _ranks_in(ranks_of),
                                     max(t.last_step for t in trials), max(t.last_ts for t in trials)))
     ooms = [_raised(o, settings) for o in ooms]
-    g = granularity or infer_granularity(every)
+    grid = infer_grid(every, [t for r in ranks for t in r.trials], granularity)
     current = max((r.trials[-1].ordinal for r in ranks if r.trials), default=None)
     return Evidence(run, tuple(sorted(settings, key=lambda s: s.last_ts)),
-                    tuple(sorted(ooms, key=lambda o: o.record.ts)), tuple(deaths), g, granularity is None, current)
+                    tuple(sorted(ooms, key=lambda o: o.record.ts)), tuple(deaths), grid, current)
 
 
 def _raised(oom: OomAt, settings: list[Setting]) -> OomAt:
@@ -206,7 +197,8 @@ def _raised(oom: OomAt, settings: list[Setting]) -> OomAt:
     if not held:
         return oom
     best = max(held, key=lambda s: (s.tokens, s.last_ts))
-    detail = f"{o.detail}; {best.tokens:,} held its plateau through its checkpoints (run {best.run})"
+    detail = (f"{o.detail}; {best.tokens * best.world_size:,} global ({best.tokens:,} per rank) held its plateau "
+              f"through its checkpoints (run {best.run})")
     return replace(oom, record=replace(o, cause="batch_change", detail=detail))
 
 
@@ -215,5 +207,5 @@ def _ranks_in(ranks: list[RankTrials]) -> int:
     return len({(r.host, r.rank) for r in ranks})
 
 
-__all__ = ["MAX_GRANULE", "Death", "Evidence", "OomAt", "RankTrials", "Setting", "gather", "infer_granularity",
+__all__ = ["Death", "Evidence", "OomAt", "RankTrials", "Setting", "gather", "infer_grid",
            "judged_trials", "proven"]

@@ -5,7 +5,8 @@ collector uses (``update``, ``summary()``, ``state``, ``events``, ``samples``) a
 per rank, a memory-model builder, the readiness bookkeeping and the rank's processes as trials
 (:class:`~vramwatch.decisions.observe.RankTrack`). ``summary()`` gains:
 
-* ``max_tokens_per_step``: largest tokens per step that keeps the default margin
+* ``max_tokens_per_step``: largest settable tokens per step (on the grid of this rank's batches,
+  :func:`.evidence.infer_grid`) that keeps the default margin
   (:data:`vramwatch.verdicts.LOW_HEADROOM_FRACTION`) at the worst phase, below any batch at
   which this rank ran out of memory for a reason of the batch; None when unknown;
 * ``tokens_per_step_max_observed``: largest tokens per step seen;
@@ -26,6 +27,7 @@ import threading
 import time
 from typing import Any
 
+from vramwatch.decisions.evidence import infer_grid
 from vramwatch.decisions.model import RankModelBuilder, TransientFit
 from vramwatch.decisions.observe import RankTrack
 from vramwatch.decisions.readiness import ReadinessConfig, rank_readiness
@@ -136,10 +138,13 @@ class DecisionEngine:
             self._fit, self._fit_version, self._fitted_at = builder.fit(), builder.version, builder.samples
         model = builder.model(self._fit, timing=False)
         tokens, _ = model.max_tokens(LOW_HEADROOM_FRACTION)
-        ceiling = min((t.oom.tokens for t in track.trials()
+        trials = track.trials()
+        ceiling = min((t.oom.tokens for t in trials
                        if t.oom is not None and t.oom.cause in BATCH_CAUSES and t.oom.tokens), default=None)
         if ceiling is not None and (tokens is None or tokens >= ceiling):
             tokens = ceiling - 1  # what ran out of memory bounds what the model says
+        if tokens:  # a batch a person can set: on this rank's grid (the advice's, from its trials alone)
+            tokens = infer_grid(trials, trials).settable(tokens)
         self._figures = {
             "max_tokens_per_step": tokens,
             "tokens_per_step_max_observed": model.tokens_seen_max,

@@ -17,7 +17,7 @@ first that applies decides:
    phase that alone breaks the margin at any batch: **fix** that phase, lowering is not enough);
 6. a rank was killed while the job went on, or the plateau broke and has not settled: **hold**;
 7. not proven yet (plateau, checkpoints): **hold**;
-8. proven: **raise** to the next settable batch (at least 2 % up, at most 1.3x) if it is below every
+8. proven: **raise** to the next settable batch (at least 5 % up, at most 1.3x) if it is below every
    batch that ran out of memory and keeps the margin by the model; else **hold** and say why.
 
 Settable: a multiple of the granularity (:attr:`Evidence.granularity`). Every step carries its
@@ -31,19 +31,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramwatch.decisions.evidence import Evidence, Setting
+from vramwatch.decisions.grid import WINDOW
 from vramwatch.decisions.model import RankModel
 from vramwatch.decisions.readiness import RankReadiness, Readiness, ReadinessConfig
 from vramwatch.decisions.reasons import Reason
 from vramwatch.units import gib
 
 ACTIONS = ("raise", "hold", "back_off", "fix")
-#: The smallest raise worth a restart (a share of the current batch).
-MIN_RAISE = 0.02
+#: The smallest raise worth a restart: the procedure's smallest move (its 5-10 % steps: 180,224 to
+#: 196,608 is +9.1 % on a grid of 8,192 global, where +4.5 % would be the next settable batch).
+MIN_RAISE = WINDOW
 #: The most a raise goes beyond the current batch in one move (the range the model's projection
 #: is benchmarked over, docs/benchmarks.md).
 EXTRAPOLATION_LIMIT = 1.3
 #: After a second OOM at a batch: the cut below it (the seed's "5-10 %": the smallest cut of the range).
-RECURRENCE_CUT = 0.05
+RECURRENCE_CUT = WINDOW
 #: Lowering by the model when nothing is proven: up to this share of the transient is assumed not
 #: to shrink with the batch (workspaces, communication buckets).
 LOWER_FIXED_SHARE = 0.10
@@ -98,15 +100,20 @@ class _Ctx:
         return make_step(action, tokens, because, self.current, self.world, self.proven)
 
 
+def batch_words(tokens: int, world: int) -> str:
+    """``196,608 global (24,576 per rank)``: a batch as a person sets it, the global number first."""
+    return f"{tokens * world:,} global ({tokens:,} per rank)"
+
+
 def make_step(action: str, tokens: int | None, because: Reason, current: int | None, world: int,
               proven: Proven | None) -> NextStep:
-    """A step and its sentence: the action, the batch per rank and global, the change, the cause."""
+    """A step and its sentence: the action, the batch global and per rank, the change, the cause."""
     glob = None if tokens is None else tokens * world
     if tokens is None:
         sentence = f"Hold: {because.text}."
     else:
         change = f", {tokens / current - 1:+.1%}" if current and tokens != current else ""
-        batch = f"{tokens:,} tokens per step per rank ({glob:,} global{change})"
+        batch = f"{glob:,} global tokens per step ({tokens:,} per rank{change})"
         sentence = {"raise": f"Raise to {batch}", "hold": f"Hold at {batch}", "back_off": f"Back off to {batch}",
                     "fix": f"Fix first, holding {batch}"}[action] + f": {because.text}."
     return NextStep(action, tokens, glob, because, proven, sentence)
@@ -164,25 +171,34 @@ def _back_off_oom(ctx: _Ctx) -> NextStep | None:
         return None
     s, o = top.record.tokens or 0, top.record
     again = ctx.ev.ooms_at(s)
-    what = f"rank {top.rank} ran out of memory at {s:,} tokens per step (step {o.step:,}, {o.phase}): {o.detail}"
+    w = ctx.world
+    what = f"rank {top.rank} ran out of memory at {batch_words(s, w)}, step {o.step:,}, {o.phase}: {o.detail}"
     if len(again) >= 2:
         n = ctx.ev.settable((1 - RECURRENCE_CUT) * s)
         steps = ", ".join(f"{x.record.step:,}" for x in again[:4])
         wide = "" if n >= (1 - 2 * RECURRENCE_CUT) * s else f" (the nearest settable batch: {n / s - 1:+.1%})"
-        return ctx.step("back_off", n, Reason("recurrence", f"{len(again)} OOMs at {s:,} tokens per step (steps "
+        return ctx.step("back_off", n, Reason("recurrence", f"{len(again)} OOMs at {batch_words(s, w)} (steps "
                                                             f"{steps}; the latest: {o.detail}); cut 5-10 % below "
                                                             f"it{wide}", top.rank))
     below = ctx.ev.proven_below(s)
     if below is not None:
         return ctx.step("back_off", below.tokens, Reason(o.cause, f"{what}; back to the last proven "
-                                                                  f"{below.tokens:,} (run {below.run})", top.rank))
+                                                                  f"{batch_words(below.tokens, below.world_size)}, "
+                                                                  f"run {below.run}", top.rank))
     if ctx.best == 0:
         return ctx.step("fix", ctx.current, Reason("phase_peak", f"{what}; no batch keeps the margin by the model "
                                                                  "(a phase alone breaks it): reduce that phase's "
                                                                  "memory, lowering is not enough", top.rank))
-    n = ctx.ev.settable(min(ctx.best if ctx.best is not None else s - 1, s - 1))
+    # nothing proven to go back to: at least the procedure's smallest cut (a model that allows a
+    # batch just under the one that failed has just been contradicted there)
+    n = ctx.ev.settable(min(ctx.best if ctx.best is not None else s - 1, (1 - RECURRENCE_CUT) * s))
+    if n <= 0:
+        return ctx.step("hold", ctx.current, Reason(o.cause, f"{what}; nothing proven below it and no settable "
+                                                             f"batch (steps of {ctx.ev.granularity:,} per rank) "
+                                                             "under it", top.rank))
     return ctx.step("back_off", n, Reason(o.cause, f"{what}; nothing proven below it: the largest settable batch "
-                                                   f"the evidence and the model allow", top.rank))
+                                                   f"the evidence and the model allow, at least "
+                                                   f"{RECURRENCE_CUT:.0%} below it", top.rank))
 
 
 def _after_leak_oom(ctx: _Ctx) -> NextStep | None:
@@ -211,7 +227,8 @@ def _back_off_margin(ctx: _Ctx) -> NextStep | None:
     below = ctx.ev.proven_below(ctx.current)
     if below is not None:
         return ctx.step("back_off", below.tokens, Reason("margin", f"{text}; back to the last proven "
-                                                                   f"{below.tokens:,} (run {below.run})", rank))
+                                                                   f"{batch_words(below.tokens, below.world_size)}, "
+                                                                   f"run {below.run}", rank))
     model = next((m for m in ctx.models if m.rank == rank), None)
     alone = model.max_tokens(ctx.margin) if model else (None, "train")
     if alone[0] == 0 and alone[1] != "train":
@@ -221,8 +238,9 @@ def _back_off_margin(ctx: _Ctx) -> NextStep | None:
                                                                  "smaller eval batch), lowering is not enough", rank))
     low = ctx.ev.settable(min(ctx.best or 0, lower_tokens(model, ctx.margin))) if model else 0
     if low >= ctx.current:
-        return ctx.step("hold", ctx.current, Reason("margin", f"{text}; the model projects up to {ctx.best or 0:,} "
-                                                              "per rank would fit, so the batch does not explain it: "
+        fits = batch_words(ctx.ev.settable(ctx.best or 0), ctx.world)
+        return ctx.step("hold", ctx.current, Reason("margin", f"{text}; the model projects up to {fits} "
+                                                              "would fit, so the batch does not explain it: "
                                                               "look for memory outside the allocator, a leak or "
                                                               "fragmentation", rank))
     return ctx.step("back_off", low, Reason("margin", f"{text}; the largest settable batch that restores it by the "
@@ -241,32 +259,37 @@ def _hold_waiting(ctx: _Ctx) -> NextStep | None:
     if ctx.readiness.verdict != "not_ready":
         return None
     wait = ctx.readiness.reasons[0]
-    told = f" (the last proven: {ctx.proven.tokens_per_step:,}, run {ctx.proven.run})" if ctx.proven else ""
-    fits = f"; the largest batch that fits: {ctx.best:,} per rank" if ctx.best is not None else ""
+    told = (f" (the last proven: {ctx.proven.global_tokens_per_step:,} global, {ctx.proven.tokens_per_step:,} per "
+            f"rank, run {ctx.proven.run})" if ctx.proven else "")
+    best = ctx.ev.settable(ctx.best) if ctx.best else 0
+    fits = f"; the largest settable batch that fits: {batch_words(best, ctx.world)}" if best > 0 else ""
     return ctx.step("hold", ctx.current, Reason(wait.cause, f"not proven yet: {wait.text}{told}{fits}", wait.rank))
 
 
 def _raise(ctx: _Ctx) -> NextStep:
     """Proven: the next settable batch, if nothing observed and the model both allow it."""
     n = ctx.ev.next_settable(ctx.current, ctx.current * (1 + MIN_RAISE))
+    w = ctx.world
     top = ctx.ev.ceiling()
     if top is not None and n >= (top.record.tokens or 0):
         o = top.record
-        which = "the one" if n == o.tokens else f"above {o.tokens:,}, the one"
+        which = "the one" if n == o.tokens else f"above {(o.tokens or 0) * w:,} global, the one"
         return ctx.step("hold", ctx.current, Reason(
-            "oom_ceiling", f"proven; the next settable batch, {n:,}, is {which} that ran out of memory (rank "
-                           f"{top.rank}, step {o.step:,}, {o.phase})", top.rank))
+            "oom_ceiling", f"proven; the next settable batch, {batch_words(n, w)}, is {which} that ran out of "
+                           f"memory (rank {top.rank}, step {o.step:,}, {o.phase})", top.rank))
     if n > ctx.current * EXTRAPOLATION_LIMIT:
         return ctx.step("hold", ctx.current, Reason(
-            "extrapolation", f"proven; the next settable batch {n:,} (granularity {ctx.ev.granularity:,}) is more "
-                             f"than {EXTRAPOLATION_LIMIT:g}x the current one: set a finer --granularity"))
+            "extrapolation", f"proven; the next settable batch {batch_words(n, w)} (steps of "
+                             f"{ctx.ev.granularity * w:,} global) is more than {EXTRAPOLATION_LIMIT:g}x the current "
+                             "one: set a finer --granularity"))
     target = ctx.judge(n)
     if not target.fits:
-        return ctx.step("hold", ctx.current, Reason("no_fit", f"proven; the next settable batch {n:,}: "
+        return ctx.step("hold", ctx.current, Reason("no_fit", f"proven; the next settable batch {batch_words(n, w)}: "
                                                               f"{target.because.text}", target.rank))
     keep = (f"keep it only after a {ctx.config.plateau_steps:,}-step plateau and {ctx.config.checkpoints} "
-            f"checkpoint(s), else straight back to {ctx.current:,}")
-    return ctx.step("raise", n, Reason("proven", f"{ctx.current:,} is proven; at {n:,} {target.because.text}; {keep}",
+            f"checkpoint(s), else straight back to {ctx.current * w:,} global")
+    return ctx.step("raise", n, Reason("proven", f"{batch_words(ctx.current, w)} is proven; at {n * w:,} global "
+                                                 f"{target.because.text}; {keep}",
                                        target.rank))
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vramwatch.decisions.grid import declared_step
 from vramwatch.decisions.model import RankModelBuilder, folded_fields
 from vramwatch.decisions.trials import MAX_TRIALS, Trial, note_event, record_oom
 from vramwatch.engine import TrendEngine
@@ -173,6 +174,9 @@ class RankTrack:
                     trial.tokens = tokens
                 if trial.tokens_min is None or tokens < trial.tokens_min:
                     trial.tokens_min = tokens
+            extra = sample.get("extra")
+            if extra:
+                trial.grid = declared_step(extra) or trial.grid
             if trial.pending_checkpoint:
                 trial.checkpoints_passed += 1
                 trial.pending_checkpoint = False

@@ -26,7 +26,7 @@ from typing import Any
 
 from vramwatch.decisions.observe import LOOP_CAUSES, PlateauClock, RankTrack
 from vramwatch.decisions.reasons import BATCH_CAUSES, Reason
-from vramwatch.units import gib, mib
+from vramwatch.units import duration, gib, mib
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
 VERDICTS = ("ready", "not_ready", "unsafe")  # best first; severity is the index
@@ -56,13 +56,14 @@ class RankReadiness:
     causes: tuple[str, ...] = ()  # of UNSAFE_CAUSES, when unsafe
     steps_to_oom: int | None = None  # a leak's runway (the soonest OOM is fixed first)
     tokens: int | None = None  # the batch the current process runs (per rank)
+    seconds_to_oom: float | None = None  # the same runway at the rank's own step time
 
     def as_dict(self) -> dict[str, Any]:
         return {"host": self.host, "rank": self.rank, "verdict": self.verdict,
                 "reasons": [r.as_dict() for r in self.reasons], "plateau_steps": self.plateau_steps,
                 "checkpoints_passed": self.checkpoints_passed, "min_headroom_bytes": self.min_headroom_bytes,
                 "min_headroom_phase": self.min_headroom_phase, "causes": list(self.causes),
-                "steps_to_oom": self.steps_to_oom, "tokens": self.tokens}
+                "steps_to_oom": self.steps_to_oom, "seconds_to_oom": self.seconds_to_oom, "tokens": self.tokens}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> RankReadiness:
@@ -73,7 +74,7 @@ class RankReadiness:
         return cls(str(doc["host"]), int(doc["rank"]), verdict, tuple(Reason.from_dict(r) for r in doc["reasons"]),
                    int(doc["plateau_steps"]), int(doc["checkpoints_passed"]), doc.get("min_headroom_bytes"),
                    doc.get("min_headroom_phase"), tuple(c for c in doc.get("causes") or () if c in UNSAFE_CAUSES),
-                   doc.get("steps_to_oom"), doc.get("tokens"))
+                   doc.get("steps_to_oom"), doc.get("tokens"), doc.get("seconds_to_oom"))
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,11 @@ def _unstable_break(track: RankTrack) -> dict[str, Any] | None:
     return None
 
 
+def _batch(tokens: int, world: int | None) -> str:
+    """A batch global first when the world size is known (``196,608 global (24,576 per rank)``)."""
+    return f"{tokens * world:,} global ({tokens:,} per rank)" if world else f"{tokens:,} tokens per step per rank"
+
+
 def _oom_reason(track: RankTrack) -> Reason | None:
     """The current process ran out of memory, or an earlier one did at this batch or a smaller
     one for a reason of the batch (a leak's OOM says nothing about the batch)."""
@@ -130,20 +136,21 @@ def _oom_reason(track: RankTrack) -> Reason | None:
     if not trials:
         return None
     now = trials[-1]
+    world = track.builder.world_size
     if now.oom is not None:
         o = now.oom
-        at = f" at {o.tokens:,} tokens per step" if o.tokens else ""
+        at = f" at {_batch(o.tokens, world)}" if o.tokens else ""
         return Reason("oom", f"rank {track.rank}: OOM at step {o.step:,} ({o.phase}){at}: {o.detail}", track.rank)
     for t in reversed(trials[:-1]):
         o = t.oom
         if o is not None and o.cause in BATCH_CAUSES and o.tokens and now.tokens and o.tokens <= now.tokens:
-            text = (f"rank {track.rank}: runs {now.tokens:,} tokens per step, and an earlier process ran out of "
-                    f"memory at {o.tokens:,} (step {o.step:,}, {o.phase}): {o.detail}")
+            text = (f"rank {track.rank}: runs {_batch(now.tokens, world)}, and an earlier process ran out of "
+                    f"memory at {_batch(o.tokens, world)} (step {o.step:,}, {o.phase}): {o.detail}")
             return Reason("oom", text, track.rank)
     return None
 
 
-def _unsafe(track: RankTrack, config: ReadinessConfig) -> tuple[list[Reason], int | None]:
+def _unsafe(track: RankTrack, config: ReadinessConfig) -> tuple[list[Reason], tuple[int | None, float | None]]:
     """Reasons the rank is unsafe now (cause codes of UNSAFE_CAUSES) and a leak's runway."""
     unsafe: list[Reason] = []
     rank = track.rank
@@ -151,12 +158,12 @@ def _unsafe(track: RankTrack, config: ReadinessConfig) -> tuple[list[Reason], in
     if oom is not None:
         unsafe.append(oom)
     state = track.engine.state
-    steps_to_oom = None
+    steps_to_oom = seconds = None
     if state == "leak":
         summary = track.engine.summary()
         slope = summary.get("slope_bytes_per_step") or 0.0
-        steps_to_oom = summary.get("steps_to_oom")
-        runway = f"OOM in {steps_to_oom:,} steps" if steps_to_oom is not None else "OOM time unknown"
+        steps_to_oom, seconds = summary.get("steps_to_oom"), summary.get("seconds_to_oom")
+        runway = runway_text(steps_to_oom, seconds)
         unsafe.append(Reason("leak", f"rank {rank}: leak ({summary.get('leak_source')}) {mib(slope)}/step, {runway}",
                              rank))
     elif state == "fragmentation":
@@ -170,13 +177,23 @@ def _unsafe(track: RankTrack, config: ReadinessConfig) -> tuple[list[Reason], in
     if headroom is not None and total and headroom < config.margin * total:
         unsafe.append(Reason("margin", f"rank {rank}: worst headroom {gib(headroom)} at {track.min_headroom_phase} "
                                        f"is under the {config.margin:.0%} margin ({gib(config.margin * total)})", rank))
-    return unsafe, steps_to_oom
+    return unsafe, (steps_to_oom, seconds)
+
+
+def runway_text(steps: int | None, seconds: float | None) -> str:
+    """``OOM in 7 h 9 min (25,780 steps at 1.00 s/step)``: the runway in time at the run's own step
+    time, beside steps; steps alone when no step time is known."""
+    if steps is None:
+        return "OOM time unknown"
+    if seconds is None or steps <= 0:
+        return f"OOM in {steps:,} steps (no step time yet)"
+    return f"OOM in {duration(seconds)} ({steps:,} steps at {seconds / steps:.2f} s/step)"
 
 
 def rank_readiness(track: RankTrack, config: ReadinessConfig) -> RankReadiness:
     """One rank's verdict on its current process, with reasons that carry the numbers."""
     held = track.plateau.held(track.last_step, track.engine.state)
-    unsafe, steps_to_oom = _unsafe(track, config)
+    unsafe, (steps_to_oom, seconds_to_oom) = _unsafe(track, config)
     rank = track.rank
     waiting: list[Reason] = []
     if held < config.plateau_steps:
@@ -194,7 +211,7 @@ def rank_readiness(track: RankTrack, config: ReadinessConfig) -> RankReadiness:
     trial = track.trial
     return RankReadiness(track.host, rank, verdict, reasons, held, track.checkpoints_passed, headroom,
                          track.min_headroom_phase, tuple(r.cause for r in unsafe), steps_to_oom,
-                         trial.tokens if trial else None)
+                         trial.tokens if trial else None, seconds_to_oom)
 
 
 def with_death(r: RankReadiness, text: str) -> RankReadiness:
@@ -202,7 +219,8 @@ def with_death(r: RankReadiness, text: str) -> RankReadiness:
     reasons = (Reason("death", text, r.rank), *(x for x in r.reasons if r.verdict == "unsafe"))
     causes = tuple(c for c in UNSAFE_CAUSES if c == "death" or c in r.causes)
     return RankReadiness(r.host, r.rank, "unsafe", reasons, r.plateau_steps, r.checkpoints_passed,
-                         r.min_headroom_bytes, r.min_headroom_phase, causes, r.steps_to_oom, r.tokens)
+                         r.min_headroom_bytes, r.min_headroom_phase, causes, r.steps_to_oom, r.tokens,
+                         r.seconds_to_oom)
 
 
 def _most_serious(r: RankReadiness) -> tuple[int, float]:

@@ -92,6 +92,7 @@ class Trial:
     fragmentation_step: int | None = None
     outcome: str = "running"  # set by with_outcomes() on copies; the track itself never judges it
     pending_checkpoint: bool = False
+    grid: int | None = None  # the settable step the training loop declared (tokens per rank; .grid)
 
     @property
     def tokens_constant(self) -> bool:
@@ -109,7 +110,7 @@ class Trial:
             "marked": self.marked, "outcome": self.outcome, "oom": self.oom.as_dict() if self.oom else None,
             "leak": None if leak is None else {"step": leak.step, "slope_bytes_per_step": leak.slope_bytes_per_step,
                                                "source": leak.source, "steps_to_oom": leak.steps_to_oom},
-            "fragmentation_step": self.fragmentation_step,
+            "fragmentation_step": self.fragmentation_step, "grid": self.grid,
         }
 
     @classmethod
@@ -127,7 +128,7 @@ class Trial:
             bool(doc.get("marked")), OomRecord.from_dict(doc["oom"]) if doc.get("oom") else None,
             None if not leak else LeakSeen(int(leak["step"]), float(leak["slope_bytes_per_step"]), leak.get("source"),
                                            _int(leak.get("steps_to_oom"))),
-            _int(doc.get("fragmentation_step")), outcome)
+            _int(doc.get("fragmentation_step")), outcome, grid=_int(doc.get("grid")))
 
 
 def _int(value: Any) -> int | None:
@@ -145,7 +146,7 @@ def oom_cause(trial: Trial, earlier: list[Trial], phase: str, tokens: int | None
     """(cause, detail) of an OOM in ``trial``: the first of :data:`~.reasons.OOM_CAUSES` the
     evidence on the rank shows. ``earlier``: the rank's previous processes (a raise is judged
     against them); ``state_before``: the engine's state before the OOM sample."""
-    at = f" at {tokens:,} tokens per step" if tokens else ""
+    at = f" at {tokens:,} tokens per step per rank" if tokens else ""
     if trial.leak is not None:
         return "leak", leak_text(trial.leak) + f", {trial.last_step - trial.leak.step:,} steps before the OOM"
     if state_before == "leak":
@@ -159,7 +160,7 @@ def oom_cause(trial: Trial, earlier: list[Trial], phase: str, tokens: int | None
         if held:
             best = max(held, key=lambda t: (t.tokens or 0, t.ordinal))
             return "batch_change", (f"the batch was raised from {best.tokens:,} (held {best.plateau_steps:,} steps, "
-                                    f"{best.checkpoints_passed} checkpoint(s)) to {tokens:,}")
+                                    f"{best.checkpoints_passed} checkpoint(s)) to {tokens:,} per rank")
     if phase != "train":
         return "phase_peak", f"the {phase} phase's own peak{at}"
     return "batch", f"the training step's own peak{at}"

@@ -23,6 +23,7 @@ from vramwatch.decisions import MAX_CHECKPOINTS, MAX_PLATEAU_STEPS
 from vramwatch.decisions.advice import decide
 from vramwatch.decisions.compare import compare as compare_runs
 from vramwatch.decisions.figures import RunFigures
+from vramwatch.decisions.grid import OffGrid
 from vramwatch.decisions.live import DecisionEngine
 from vramwatch.decisions.observe import RunObservation, observe
 from vramwatch.decisions.readiness import ReadinessConfig
@@ -102,21 +103,29 @@ def advice(
     checkpoints: Annotated[int, Query(ge=0, le=MAX_CHECKPOINTS)] = 1,
     reference: Annotated[list[str] | None, Query(max_length=8)] = None,
     granularity: Tokens = None,
+    target_global_tokens: Tokens = None,
 ) -> dict[str, Any]:
     """Readiness, largest tokens per step that fit, a target's judgement and the next step.
 
     ``reference`` (repeatable): runs of the same job at other batch settings (their token fit,
     what they proved and where they ran out of memory). ``granularity``: settable batches are
-    multiples of it (tokens per rank; default inferred from the tokens seen).
+    multiples of it (tokens per rank; default declared by the training loop, else inferred).
+    ``target_global_tokens``: a target as the global batch (``target_tokens`` is per rank); one
+    that is not on the grid is a 422 naming the grid.
     """
     refs = tuple(reference or ())
     versions = tuple(_version(request, r, "reference") for r in refs)
     key = ("advice", id(request.app), run, _version(request, run), margin, target_tokens, plateau_steps, checkpoints,
-           refs, versions, granularity)
+           refs, versions, granularity, target_global_tokens)
     config = ReadinessConfig(plateau_steps=plateau_steps, checkpoints=checkpoints, margin=margin)
-    return _cached(key, lambda: decide(
-        run_view_of(request, run, config), [run_view_of(request, r, config, "reference") for r in refs],
-        config=config, margin=margin, target_tokens=target_tokens, granularity=granularity).as_dict())
+    try:
+        return _cached(key, lambda: decide(
+            run_view_of(request, run, config), [run_view_of(request, r, config, "reference") for r in refs],
+            config=config, margin=margin, target_tokens=target_tokens, granularity=granularity,
+            target_global_tokens=target_global_tokens).as_dict())
+    except OffGrid as exc:
+        field = "target_global_tokens" if target_global_tokens else "target_tokens"
+        raise HTTPException(422, f"{field}: {exc}") from None
 
 
 @router.get("/api/v1/runs/{run:path}/figures")
