@@ -65,9 +65,12 @@ from vramwatch.evidence.capture import CaptureAgent, attach_capture
 from vramwatch.evidence.foreign import ForeignReporter, attach_foreign
 from vramwatch.probe import BaseProbe, make_probe
 from vramwatch.probe.host import HostPoller
+from vramwatch.probe.model_memory import ModelMemory, runtime_settings
 from vramwatch.wire import MAX_INT, PHASE_RE, SCHEMA_VERSION
 
 _EXTRA_KEY_RE = re.compile(r"[^\x00-\x1f\x7f]{1,64}\Z")
+#: step() keywords that are wire fields (the rest go to extra): the batch's tokens, its longest sequence
+_STEP_FIELDS = ("tokens", "seq_len")
 
 
 class HookWarning(UserWarning):
@@ -147,6 +150,8 @@ class Monitor:
         self._close_hooks: tuple[Callable[[float], object], ...] = ()
         self.capture: CaptureAgent | None = None
         self.foreign: ForeignReporter | None = None
+        self.memory: ModelMemory | None = None  # vw.watch(model, optimizer)
+        self._runtime: dict[str, str] | None = runtime_settings()  # sparse: rides on the first sample
         lifecycle.on_fork_in_child(self, "_after_fork_in_child")
         if config.enabled and self._start_probe():
             self._base = self._base_sample()
@@ -221,6 +226,10 @@ class Monitor:
             except Exception as exc:
                 self._probe_error(exc)
                 return
+            if self.memory is not None:
+                categories = self.memory.reading()  # a few len() unless the state changed: sparse fields
+                if categories:
+                    reading = {**reading, **categories}
             now = time.perf_counter()
             last, self._last_t = self._last_t, now
             self._emit(reading, step, "train", None if last is None else now - last, numbers)
@@ -229,6 +238,13 @@ class Monitor:
                 hook(step)
         except Exception as exc:
             self._hook_error(exc)
+
+    def watch(self, model: Any = None, optimizer: Any = None) -> None:
+        """Count what ``model``, its gradients and ``optimizer``'s state hold, exactly, into the samples
+        (:mod:`vramwatch.probe.model_memory`). Either may come later or be a list; a call adds."""
+        if self.memory is None:
+            self.memory = ModelMemory.for_probe(self.probe)
+        self.memory.watch(model, optimizer)
 
     def add_step_hook(self, hook: Callable[[int], None]) -> None:
         """Run ``hook(step)`` on the training thread after each recorded step (keep it O(1) when idle;
@@ -258,6 +274,9 @@ class Monitor:
             host = self.host.latest
         if host:
             sample.update(host)
+        if self._runtime:
+            sample.update(self._runtime)
+            self._runtime = None
         if numbers:
             self._add_numbers(sample, numbers)
         self._last_sample = sample
@@ -280,8 +299,8 @@ class Monitor:
             if not math.isfinite(value) or abs(value) > MAX_INT:
                 self._ignored_numbers += 1
                 continue
-            if key == "tokens" and value >= 0:
-                sample["tokens"] = int(value)
+            if key in _STEP_FIELDS and value >= 0:
+                sample[key] = int(value)
             elif _EXTRA_KEY_RE.match(key):
                 extra[key] = value
         if extra:
