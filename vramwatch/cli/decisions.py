@@ -127,7 +127,10 @@ _BOUND = {"model": "by the model", "oom": "below a batch that ran out of memory"
 
 
 def advice_text(result: Any) -> str:
-    """``vramwatch advise``'s text: verdict, reasons, the largest batch, the evidence, a target, the next step."""
+    """``vramwatch advise``'s text: verdict, reasons, the largest batch, the evidence, a target, the next step,
+    the binding rank's memory by category and what each remedy would save."""
+    from vramwatch.decisions.remedies import remedy_lines
+
     r = result.readiness
     lines = [f"run {result.run}: {r.verdict.upper()} (plateau held {r.plateau_steps:,} steps, "
              f"{r.checkpoints_passed} checkpoint(s) passed, worst headroom {gib(r.min_headroom_bytes)} "
@@ -156,6 +159,7 @@ def advice_text(result: Any) -> str:
         lines.append(f"at {t.tokens_per_step:,} tokens per step ({t.global_tokens_per_step:,} global): {verdict} "
                      f"({t.because.cause}: {t.because.text})")
     lines.append(f"next: {result.next.sentence}")
+    lines += remedy_lines(result.memory, result.remedies)
     return "\n".join(lines) + "\n"
 
 

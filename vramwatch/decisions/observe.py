@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vramwatch.decisions.memory import MemoryFold
 from vramwatch.decisions.model import RankModelBuilder, folded_fields
 from vramwatch.decisions.trials import MAX_TRIALS, Trial, note_event, record_oom
 from vramwatch.engine import TrendEngine
@@ -94,6 +95,7 @@ class RankTrack:
     total_bytes: int | None = None
     peak_by_phase: dict[str, int] = field(default_factory=dict)  # allocator peak per phase kind
     need_by_phase: dict[str, int] = field(default_factory=dict)  # device need per phase kind
+    memory: MemoryFold = field(default_factory=MemoryFold)  # memory by category, peaks against seq_len
     _last_ooms: int = 0
     _need_key: Any = None
     _need_peak: int = 0
@@ -161,6 +163,7 @@ class RankTrack:
         # it cannot split (no allocated/peak), headroom is judged on whatever level was measured
         phase = sample["phase"]
         self.builder.fold(sample, phase, incarnation, ooms, peak, allocated, reserved, used)
+        self.memory.fold(sample)
         trial.last_step, trial.last_ts = step, ts
         if new:
             self._events(trial, new)
