@@ -9,6 +9,7 @@ import { gib, intText, isNum } from "./format.js";
 import { $, append, clear, el } from "./dom.js";
 import { ApiError, STATIC, getAdvice } from "./api.js";
 import { S } from "./state.js";
+import { remediesBlock } from "./remedies.js";
 
 const VERDICT_CLASS = { ready: "plateau", not_ready: "warmup", unsafe: "leak" };
 // the next step's colour: raise is good news, back off and fix are the ones to act on
@@ -102,7 +103,8 @@ function drawAdvice(doc) {
         (isNum(doc.binding_rank) ? "; binding rank " + doc.binding_rank : ""), "advice-max"),
       fact("Evidence", evidenceText(ev), isNum(ev.granularity) ? "settable in steps of " + intText(ev.granularity) + " tokens per rank" : null, "advice-evidence")),
     (r.reasons || []).length ? el("ul", { class: "advice-reasons" }, r.reasons.map((x) =>
-      el("li", { dataset: { cause: x.cause || "" }, text: x.text !== undefined ? String(x.text) : String(x) }))) : null);
+      el("li", { dataset: { cause: x.cause || "" }, text: x.text !== undefined ? String(x.text) : String(x) }))) : null,
+    remediesBlock(doc));
   const t = doc.target;
   if (t) {
     const verdictText = t.fits === true ? "fits" : t.fits === false ? "does not fit" : "cannot be judged";

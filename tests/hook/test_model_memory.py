@@ -140,7 +140,8 @@ def test_runtime_settings_name_torch_and_the_allocator_settings(monkeypatch):
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", " expandable_segments:True, max_split_size_mb:128")
     settings = runtime_settings()
-    assert settings == {"torch_version": torch.__version__, "alloc_conf": "expandable_segments:True,max_split_size_mb:128"}
+    assert settings == {"torch_version": torch.__version__,
+                        "alloc_conf": "expandable_segments:True,max_split_size_mb:128"}
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
     assert runtime_settings()["alloc_conf"] == "-"
 
