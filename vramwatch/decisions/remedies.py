@@ -171,9 +171,8 @@ def _activation_remedies(b: _Rank) -> list[Remedy]:
         source = (f"the run's tokens-to-peak slope: {m.train.bytes_per_token / 2**10:,.1f} KiB per token at "  # type: ignore[union-attr]
                   f"{tokens:,} tokens = {gib(acts)}" if per_token is not None else
                   f"activations and temporaries at the peak {gib(acts)} (peak minus the watched categories)")
-        slower = "" if not (m and m.step_time_s) else f" (about +{m.step_time_s * CHECKPOINT_SLOWER:.2f} s per step)"
         out.append(b.remedy("activation_checkpointing", saves, _Relief(per_token=CHECKPOINT_KEEPS),
-                            f"recompute: one more forward per step, about +{CHECKPOINT_SLOWER:.0%} step time{slower}",
+                            f"recompute: one more forward per step, about +{CHECKPOINT_SLOWER:.0%} step time",
                             f"{source}; assumes checkpointing every block keeps {CHECKPOINT_KEEPS:.0%} of them",
                             "Checkpoint activations (torch.utils.checkpoint per block)"))
         if f.params_bytes and (f.params_fp32_bytes or 0) >= FP32_SHARE * f.params_bytes:
