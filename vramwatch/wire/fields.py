@@ -136,6 +136,7 @@ _ALLOC = {"group": "allocator"}
 _DEVICE = {"group": "device"}
 _HOST = {"group": "host", **_OPTIONAL, "charts": ("host",)}
 #: the model's memory by category (``vw.watch(model, optimizer)``): exact tensor bytes, sent when they change
+#: (no /metrics family: the latest sample of a rank seldom carries them)
 _MODEL = {"group": "model", **_OPTIONAL, "sparse": True}
 _M = Metric
 
@@ -217,15 +218,11 @@ FIELD_TABLE: tuple[Field, ...] = (
           metric=_M("vramwatch_foreign_used_bytes", "Device memory NVML lists for other processes on this GPU (a stale "
                     "notebook kernel, another job).")),
     Field("params_bytes", "b", "bytes", "Parameters and buffers of the watched model: every storage once (tied "
-          "weights once).", column="params", **_MODEL, charts=("categories",), label="parameters",
-          metric=_M("vramwatch_params_bytes", "Bytes of the watched model's parameters and buffers (each storage "
-                    "once).")),
+          "weights once).", column="params", **_MODEL, charts=("categories",), label="parameters"),
     Field("grads_bytes", "b", "bytes", "What the gradients take when present: parameters that require grad, in "
-          "their gradient's dtype.", column="grads", **_MODEL, charts=("categories",), label="gradients",
-          metric=_M("vramwatch_grads_bytes", "Bytes the watched model's gradients take when present.")),
+          "their gradient's dtype.", column="grads", **_MODEL, charts=("categories",), label="gradients"),
     Field("optimizer_bytes", "b", "bytes", "Every tensor in the watched optimizers' state (each storage once).",
-          column="optimizer", **_MODEL, charts=("categories",), label="optimizer state",
-          metric=_M("vramwatch_optimizer_bytes", "Bytes of the watched optimizers' state tensors.")),
+          column="optimizer", **_MODEL, charts=("categories",), label="optimizer state"),
     Field("params_fp32_bytes", "b", "bytes", "The part of params_bytes held in float32 (what mixed precision "
           "would halve).", column="params_fp32", **_MODEL),
     Field("seq_len", "i", "tokens", "The step's longest input sequence (`vw.step(seq_len=...)`).", **_OPTIONAL,
