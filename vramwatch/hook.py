@@ -120,6 +120,9 @@ class Monitor:
     ``Monitor(Config.from_env(url=url, **fields))``.
     """
 
+    memory: ModelMemory | None = None  # vw.watch(model, optimizer)
+    _runtime_pending = True
+
     def __init__(self, config: Config | str | None = None, /, **overrides: Any) -> None:
         if not isinstance(config, Config):
             config = Config.from_env(url=config, **overrides)
@@ -150,8 +153,6 @@ class Monitor:
         self._close_hooks: tuple[Callable[[float], object], ...] = ()
         self.capture: CaptureAgent | None = None
         self.foreign: ForeignReporter | None = None
-        self.memory: ModelMemory | None = None  # vw.watch(model, optimizer)
-        self._runtime: dict[str, str] | None = runtime_settings()  # sparse: rides on the first sample
         lifecycle.on_fork_in_child(self, "_after_fork_in_child")
         if config.enabled and self._start_probe():
             self._base = self._base_sample()
@@ -274,9 +275,9 @@ class Monitor:
             host = self.host.latest
         if host:
             sample.update(host)
-        if self._runtime:
-            sample.update(self._runtime)
-            self._runtime = None
+        if self._runtime_pending:  # torch's version and allocator settings: sparse, on the first sample
+            self._runtime_pending = False
+            sample.update(runtime_settings())
         if numbers:
             self._add_numbers(sample, numbers)
         self._last_sample = sample
