@@ -70,6 +70,9 @@ def test_peaks_following_the_longest_sequence_are_a_finding_and_a_remedy(doc: di
     assert {p.rank for p in peaks} == {0, 1}
     p = peaks[0]
     assert p.correlation > 0.95 and p.seq_len_min < p.seq_len_cap < p.seq_len_max
+    assert p.explains(p.seq_len_max) and not p.explains(p.seq_len_cap) and not p.explains(None)
+    last = next(f for f in doc["memory"] if f["rank"] == p.rank)["seq_len_last"]
+    assert p.seq_len_min <= last <= p.seq_len_max
     shorter = by_name(doc)["shorter_sequences"]
     assert shorter["saves_bytes"] == p.cap_saves_bytes if p.rank == doc["binding_rank"] else True
     assert f"{p.seq_len_cap:,}" in shorter["text"]

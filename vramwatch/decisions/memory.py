@@ -18,7 +18,7 @@ follow the longest sequence": the post-mortem names an ``input_peak`` cause from
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 #: the lengths' histogram: buckets 1 % wide (log scale), at most this many (a longer tail folds in)
@@ -52,6 +52,12 @@ class InputPeak:
     def cap_saves_bytes(self) -> int:
         """The transient a cap at :attr:`seq_len_cap` removes from the longest step (the fitted slope)."""
         return max(0, int(self.bytes_per_seq_token * (self.seq_len_max - self.seq_len_cap)))
+
+    def explains(self, seq_len: int | None) -> bool:
+        """Whether a step with this longest sequence is an input peak: longer than the cap (the
+        SEQ_CAP_QUANTILE of the lengths seen), so its transient is among the run's largest. What the
+        post-mortem asks of an OOM's last step (``MemoryFacts.seq_len_last``)."""
+        return seq_len is not None and seq_len > self.seq_len_cap
 
     @property
     def sentence(self) -> str:
@@ -87,6 +93,7 @@ class MemoryFacts:
     torch_version: str | None = None
     alloc_conf: str | None = None
     allocator: str | None = None
+    seq_len_last: int | None = None  # the latest training step's longest sequence
     fragmented: bool = False  # the trend engine's fragmentation verdict
     input_peak: InputPeak | None = None
 
@@ -118,49 +125,28 @@ class MemoryFacts:
                    input_peak=InputPeak.from_dict(peak) if peak else None)
 
 
-_CARRIED = ("params_bytes", "grads_bytes", "optimizer_bytes", "params_fp32_bytes", "torch_version", "alloc_conf",
-            "allocator")
+_CARRIED = ("params_bytes", "grads_bytes", "optimizer_bytes", "params_fp32_bytes", "torch_version", "alloc_conf")
+_WANTED = frozenset((*_CARRIED, "seq_len"))
+#: the latest training step's measurements the facts read (from the trend engine's latest train sample)
+_MEASURED = (("peak_bytes", "peak_allocated_bytes"), ("allocated_bytes", "allocated_bytes"),
+             ("reserved_bytes", "reserved_bytes"), ("inactive_split_bytes", "inactive_split_bytes"),
+             ("foreign_bytes", "foreign_used_bytes"), ("total_bytes", "total_bytes"), ("allocator", "allocator"))
 
 
-@dataclass
-class MemoryFold:
-    """The online fold behind :class:`MemoryFacts` (one per rank)."""
+class _SeqStats:
+    """Sums of (seq_len, transient) for their correlation and slope, and the lengths' histogram."""
 
-    latest: dict[str, Any] = field(default_factory=dict)
-    n: int = 0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    syy: float = 0.0
-    sxy: float = 0.0
-    seq_min: int | None = None
-    seq_max: int = 0
-    step_at_longest: int = 0
-    transient_at_longest: int = 0
-    lengths: dict[int, int] = field(default_factory=dict)
+    __slots__ = ("lengths", "n", "seq_max", "seq_min", "step_at_longest", "sx", "sxx", "sxy", "sy", "syy",
+                 "transient_at_longest")
 
-    def fold(self, sample: dict[str, Any]) -> None:
-        """O(1): a few dict reads, and the sums when the sample carries ``seq_len``."""
-        get = sample.get
-        latest = self.latest
-        for name in _CARRIED:  # sparse: absent is "unchanged"
-            value = get(name)
-            if value is not None:
-                latest[name] = value
-        if sample["phase"] != "train":
-            return
-        peak, allocated = get("peak_allocated_bytes"), get("allocated_bytes")
-        for name, value in (("peak_bytes", peak), ("allocated_bytes", allocated),
-                            ("reserved_bytes", get("reserved_bytes")),
-                            ("inactive_split_bytes", get("inactive_split_bytes")),
-                            ("foreign_bytes", get("foreign_used_bytes")), ("total_bytes", get("total_bytes"))):
-            if value is not None:
-                latest[name] = value
-        seq = get("seq_len")
-        if seq and peak is not None and allocated is not None:
-            self._seq(int(seq), peak - allocated, sample["step"])
+    def __init__(self, seq: int) -> None:
+        self.n = 0
+        self.sx = self.sy = self.sxx = self.syy = self.sxy = 0.0
+        self.seq_min = self.seq_max = seq
+        self.step_at_longest = self.transient_at_longest = 0
+        self.lengths: dict[int, int] = {}
 
-    def _seq(self, seq: int, transient: int, step: int) -> None:
+    def add(self, seq: int, transient: int, step: int) -> None:
         x, y = float(seq), float(transient)
         self.n += 1
         self.sx += x
@@ -168,7 +154,7 @@ class MemoryFold:
         self.sxx += x * x
         self.syy += y * y
         self.sxy += x * y
-        if self.seq_min is None or seq < self.seq_min:
+        if seq < self.seq_min:
             self.seq_min = seq
         if seq >= self.seq_max:
             self.seq_max, self.step_at_longest, self.transient_at_longest = seq, step, transient
@@ -176,7 +162,7 @@ class MemoryFold:
         if key in self.lengths or len(self.lengths) < MAX_SEQ_BUCKETS:
             self.lengths[key] = self.lengths.get(key, 0) + 1
 
-    def _quantile(self, q: float) -> int:
+    def quantile(self, q: float) -> int:
         total = sum(self.lengths.values())
         seen = 0
         for key in sorted(self.lengths):
@@ -185,10 +171,9 @@ class MemoryFold:
                 return min(self.seq_max, int(math.exp((key + 1) * SEQ_BUCKET)))
         return self.seq_max
 
-    def input_peak(self, host: str, rank: int) -> InputPeak | None:
-        """The finding when the step peaks follow ``seq_len`` (the thresholds above), else None."""
+    def finding(self, host: str, rank: int) -> InputPeak | None:
         n = self.n
-        if n < MIN_SEQ_STEPS or not self.seq_min or self.seq_max < MIN_SEQ_SPREAD * self.seq_min:
+        if n < MIN_SEQ_STEPS or self.seq_max < MIN_SEQ_SPREAD * self.seq_min:
             return None
         vx, vy = n * self.sxx - self.sx * self.sx, n * self.syy - self.sy * self.sy
         if vx <= 0 or vy <= 0:
@@ -198,11 +183,53 @@ class MemoryFold:
         if r < MIN_SEQ_CORRELATION:
             return None
         return InputPeak(host, rank, n, round(r, 4), cov / vx, self.seq_min, self.seq_max,
-                         self._quantile(SEQ_CAP_QUANTILE), self.step_at_longest, self.transient_at_longest)
+                         self.quantile(SEQ_CAP_QUANTILE), self.step_at_longest, self.transient_at_longest)
 
-    def facts(self, host: str, rank: int, *, fragmented: bool) -> MemoryFacts:
-        """A frozen copy (O(length buckets))."""
-        return MemoryFacts(host, rank, **self.latest, fragmented=fragmented, input_peak=self.input_peak(host, rank))
+
+class MemoryFold:
+    """The online fold behind :class:`MemoryFacts` (one per rank). Holds nothing until a sample
+    carries a category, a runtime setting or ``seq_len`` (a series' resident budget is small)."""
+
+    __slots__ = ("latest", "seq", "seq_len_last")
+
+    def __init__(self) -> None:
+        self.latest: dict[str, Any] | None = None
+        self.seq: _SeqStats | None = None
+        self.seq_len_last: int | None = None
+
+    @staticmethod
+    def wanted(sample: dict[str, Any]) -> bool:
+        """Whether ``sample`` carries anything a fold keeps (a category, a runtime setting, seq_len)."""
+        return not _WANTED.isdisjoint(sample)  # C speed: most samples carry none of them
+
+    def fold(self, sample: dict[str, Any]) -> None:
+        """O(1): a few dict reads, and the sums when the sample carries ``seq_len``."""
+        get = sample.get
+        for name in _CARRIED:  # sparse: absent is "unchanged"
+            value = get(name)
+            if value is not None:
+                if self.latest is None:
+                    self.latest = {}
+                self.latest[name] = value
+        seq = get("seq_len")
+        if not seq or sample["phase"] != "train":
+            return
+        self.seq_len_last = seq
+        peak, allocated = get("peak_allocated_bytes"), get("allocated_bytes")
+        if peak is not None and allocated is not None:
+            if self.seq is None:
+                self.seq = _SeqStats(seq)
+            self.seq.add(int(seq), peak - allocated, sample["step"])
+
+    def input_peak(self, host: str, rank: int) -> InputPeak | None:
+        """The finding when the step peaks follow ``seq_len`` (the thresholds above), else None."""
+        return None if self.seq is None else self.seq.finding(host, rank)
+
+    def facts(self, host: str, rank: int, *, fragmented: bool, last: dict[str, Any] | None) -> MemoryFacts:
+        """A frozen copy (O(length buckets)); ``last``: the rank's latest training sample."""
+        measured = {name: last.get(field) for name, field in _MEASURED} if last else {}
+        return MemoryFacts(host, rank, **(self.latest or {}), **measured, seq_len_last=self.seq_len_last,
+                           fragmented=fragmented, input_peak=self.input_peak(host, rank))
 
 
 __all__ = ["MIN_SEQ_CORRELATION", "InputPeak", "MemoryFacts", "MemoryFold"]

@@ -95,7 +95,7 @@ class RankTrack:
     total_bytes: int | None = None
     peak_by_phase: dict[str, int] = field(default_factory=dict)  # allocator peak per phase kind
     need_by_phase: dict[str, int] = field(default_factory=dict)  # device need per phase kind
-    memory: MemoryFold = field(default_factory=MemoryFold)  # memory by category, peaks against seq_len
+    memory: MemoryFold | None = None  # memory by category, peaks against seq_len: made by the first sample with one
     _last_ooms: int = 0
     _need_key: Any = None
     _need_peak: int = 0
@@ -163,7 +163,11 @@ class RankTrack:
         # it cannot split (no allocated/peak), headroom is judged on whatever level was measured
         phase = sample["phase"]
         self.builder.fold(sample, phase, incarnation, ooms, peak, allocated, reserved, used)
-        self.memory.fold(sample)
+        memory = self.memory
+        if memory is not None or MemoryFold.wanted(sample):
+            if memory is None:
+                memory = self.memory = MemoryFold()
+            memory.fold(sample)
         trial.last_step, trial.last_ts = step, ts
         if new:
             self._events(trial, new)

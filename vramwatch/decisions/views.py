@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from vramwatch.decisions.evidence import RankTrials
-from vramwatch.decisions.memory import MemoryFacts
+from vramwatch.decisions.memory import MemoryFacts, MemoryFold
 from vramwatch.decisions.model import Bucket, RankModel, TransientFit, fit_transient, fold_points
 from vramwatch.decisions.observe import RankTrack, RunObservation
 from vramwatch.decisions.readiness import RankReadiness, Readiness, ReadinessConfig, combine, rank_readiness, with_death
@@ -58,7 +58,8 @@ def raw_view(track: RankTrack, config: ReadinessConfig, *, timing: bool = True) 
     return RankView(track.run, track.host, track.rank, rank_readiness(track, config), model,
                     tuple(track.builder.points()), trials, track.engine.summary().get("plateau_bytes"),
                     dict(track.peak_by_phase), track.last_ts,
-                    track.memory.facts(track.host, track.rank, fragmented=fragmented))
+                    (track.memory or MemoryFold()).facts(track.host, track.rank, fragmented=fragmented,
+                                                         last=track.engine.last_sample()))
 
 
 def fitted(view: RankView, reference_points: Iterable[Bucket] = ()) -> RankView:
