@@ -294,7 +294,13 @@ def join(docs: list[dict[str, Any]], *, granularity: int | None = None) -> Advic
     return decide_on(run, judged.readiness, judged.models(), judged.rank_trials(), judged.world_size, ref_trials,
                      config=config, margin=margin, target_tokens=target.get("tokens_per_step"),
                      granularity=granularity, references=tuple(refs.items()),
-                     memory=tuple(MemoryFacts.from_dict(f) for d in docs for f in d.get("memory") or ()))
+                     memory=_joined_memory(docs))
+
+
+def _joined_memory(docs: list[dict[str, Any]]) -> tuple[MemoryFacts, ...]:
+    """Every shard's per-rank memory facts, in the order one collector lists its ranks (rank, host)."""
+    facts = {(f.rank, f.host): f for d in docs for f in map(MemoryFacts.from_dict, d.get("memory") or ())}
+    return tuple(facts[key] for key in sorted(facts))
 
 
 __all__ = ["Advice", "Projection", "RankCapacity", "Target", "advise", "bounded_max", "capacity", "decide", "decide_on",
