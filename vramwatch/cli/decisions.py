@@ -127,8 +127,8 @@ _BOUND = {"model": "by the model", "oom": "below a batch that ran out of memory"
 
 
 def advice_text(result: Any) -> str:
-    """``vramwatch advise``'s text: verdict, reasons, the largest batch, the evidence, a target, the next step,
-    the binding rank's memory by category and what each remedy would save."""
+    """``vramwatch advise``'s text: verdict, reasons, the largest batch, the evidence, a target, the binding
+    rank's memory by category and what each remedy would save, the next step (last)."""
     from vramwatch.decisions.remedies import remedy_lines
 
     r = result.readiness
@@ -158,8 +158,8 @@ def advice_text(result: Any) -> str:
         verdict = {True: "fits", False: "does NOT fit", None: "cannot be judged"}[t.fits]
         lines.append(f"at {t.tokens_per_step:,} tokens per step ({t.global_tokens_per_step:,} global): {verdict} "
                      f"({t.because.cause}: {t.because.text})")
-    lines.append(f"next: {result.next.sentence}")
     lines += remedy_lines(result.memory, result.remedies)
+    lines.append(f"next: {result.next.sentence}")  # the last line: what to do
     return "\n".join(lines) + "\n"
 
 
