@@ -11,6 +11,7 @@ import { duration, gib, intText, isNum } from "./format.js";
 import { $, append, clear, el } from "./dom.js";
 import { ApiError, STATIC, getAdvice } from "./api.js";
 import { S } from "./state.js";
+import { remediesBlock } from "./remedies.js";
 
 const VERDICT_CLASS = { ready: "plateau", not_ready: "warmup", unsafe: "leak" };
 // the next step's colour: raise is good news, back off and fix are the ones to act on
@@ -124,7 +125,8 @@ function drawAdvice(doc) {
         ev.grid.why, "advice-grid") : null,
       runwayText(r) ? fact("Runway", runwayText(r), "the soonest OOM at the current slope, at the rank's own step time", "advice-runway") : null),
     (r.reasons || []).length ? el("ul", { class: "advice-reasons" }, r.reasons.map((x) =>
-      el("li", { dataset: { cause: x.cause || "" }, text: x.text !== undefined ? String(x.text) : String(x) }))) : null);
+      el("li", { dataset: { cause: x.cause || "" }, text: x.text !== undefined ? String(x.text) : String(x) }))) : null,
+    remediesBlock(doc));
   const t = doc.target;
   if (t) {
     const verdictText = t.fits === true ? "fits" : t.fits === false ? "does not fit" : "cannot be judged";

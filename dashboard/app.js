@@ -29,6 +29,7 @@ import { advicePanel, refreshAdvice } from "./advice.js";
 import { renderComparePage } from "./comparepage.js";
 import { evidencePanel, refreshEvidence } from "./evidence.js";
 import { memPanel, refreshMem } from "./memsplit.js";
+import { catPanel, refreshCategories } from "./categories.js";
 
 const POLL_MS = 1000; // new samples must show within 2 s
 const BIG_RUN = 256; // ranks: past this, overview panels refresh less often
@@ -208,6 +209,7 @@ function buildRunLayout() {
       panel(el("h2", { text: "Fragmentation" }), el("span", { class: "hint", id: "frag-hint", text: FRAG_HINT }), null,
         el("div", { class: "chart", id: "chart-frag" }), el("div", { class: "chart-note", id: "frag-note" }))),
     memPanel(),
+    catPanel(),
     panel(el("h2", { text: "Compare ranks" }), el("span", { class: "hint", id: "overlay-hint" }),
       el("label", { class: "tool" }, "value", overlaySelect(() => refreshOverlay().catch(handleError))),
       el("div", { class: "chart", id: "chart-overlay" })),
@@ -274,7 +276,7 @@ async function pollRun() {
       // the advice is the run's verdict: asked with the page, not when scrolled into view
       work.push(refreshPanel("advice-panel", true));
       work.push(main.then(() => Promise.all([refreshPanel("chart-heatmap", true), refreshPanel("chart-overlay", true),
-        refreshPanel("evidence-panel", true), refreshPanel("mem-panel", true)])));
+        refreshPanel("evidence-panel", true), refreshPanel("mem-panel", true), refreshPanel("cat-panel", true)])));
     } else {
       if (S.tick % heatEvery === 0) work.push(refreshPanel("chart-heatmap"));
       if (S.tick % overlayEvery === 0) work.push(refreshPanel("chart-overlay"));
@@ -282,6 +284,7 @@ async function pollRun() {
       if (S.tick % EVIDENCE_EVERY === 0) work.push(refreshPanel("evidence-panel"));
       // a hidden panel never scrolls into view: ask while it has no data, then only on screen
       if (S.tick % MEM_EVERY === 0) work.push(refreshPanel("mem-panel", $("mem-panel").hidden));
+      if (S.tick % MEM_EVERY === 0) work.push(refreshPanel("cat-panel", $("cat-panel").hidden));
     }
     S.tick++;
     await Promise.all(work);
@@ -305,6 +308,7 @@ const PANEL_REFRESH = {
   "advice-panel": () => refreshAdvice(),
   "evidence-panel": () => refreshEvidence(),
   "mem-panel": () => refreshMem(),
+  "cat-panel": () => refreshCategories(),
 };
 let panelObserver = null;
 
@@ -411,7 +415,7 @@ function openRow(row) {
 
 function refreshCharts(all) {
   const work = [refreshMain(drawSecondary)];
-  if (all) { work.push(refreshPanel("chart-heatmap")); work.push(refreshPanel("chart-overlay")); work.push(refreshPanel("mem-panel", true)); }
+  if (all) { work.push(refreshPanel("chart-heatmap")); work.push(refreshPanel("chart-overlay")); work.push(refreshPanel("mem-panel", true)); work.push(refreshPanel("cat-panel", true)); }
   return Promise.all(work).catch(handleError);
 }
 

@@ -1,13 +1,17 @@
 /* Generated from FIELD_TABLE in vramwatch/wire/fields.py; regenerate with
  * `python -c "from vramwatch import wire; print(wire.fields_js(), end='')" > dashboard/fields.js`
- * (tests/test_wire.py fails when this file is stale). */
+ * (tests/wire/test_wire.py fails when this file is stale). */
 
 /** Sample fields each chart fetches (besides ts), in the table's order. */
 export const CHART_FIELDS = {
   rank: ["allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "inactive_split_bytes", "alloc_retries", "nvml_used_bytes", "total_bytes"],
   device: ["reserved_bytes", "nvml_used_bytes", "foreign_used_bytes"],
   host: ["host_rss_bytes", "host_children_rss_bytes", "host_available_bytes", "host_pinned_bytes"],
+  categories: ["allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "foreign_used_bytes", "params_bytes", "grads_bytes", "optimizer_bytes"],
 };
+
+/** Fields sent only when they change: a chart carries the latest value forward. */
+export const SPARSE_FIELDS = ["params_bytes", "grads_bytes", "optimizer_bytes", "params_fp32_bytes", "torch_version", "alloc_conf"];
 
 /** The name of a field's line where a chart draws one line per field. */
 export const FIELD_LABELS = {
@@ -15,4 +19,7 @@ export const FIELD_LABELS = {
   host_children_rss_bytes: "children RSS (workers)",
   host_available_bytes: "node available",
   host_pinned_bytes: "pinned",
+  params_bytes: "parameters",
+  grads_bytes: "gradients",
+  optimizer_bytes: "optimizer state",
 };

@@ -66,11 +66,14 @@ from vramwatch.evidence.foreign import ForeignReporter, attach_foreign
 from vramwatch.notebook import live_view
 from vramwatch.probe import BaseProbe, make_probe
 from vramwatch.probe.host import HostPoller
+from vramwatch.probe.model_memory import ModelMemory, runtime_settings
 from vramwatch.wire import MAX_INT, PHASE_RE, SCHEMA_VERSION
 
 #: ``seq`` range of one pass of the training loop (phases and markers at one step stay far below it)
 _LAP_SEQ = 1 << 20
 _EXTRA_KEY_RE = re.compile(r"[^\x00-\x1f\x7f]{1,64}\Z")
+#: step() keywords that are wire fields (the rest go to extra): the batch's tokens, its longest sequence
+_STEP_FIELDS = ("tokens", "seq_len")
 
 
 class HookWarning(UserWarning):
@@ -119,6 +122,9 @@ class Monitor:
     ``Monitor(config)`` takes a :class:`Config`; ``Monitor(url, **fields)`` is
     ``Monitor(Config.from_env(url=url, **fields))``.
     """
+
+    memory: ModelMemory | None = None  # vw.watch(model, optimizer)
+    _runtime_pending = True
 
     def __init__(self, config: Config | str | None = None, /, **overrides: Any) -> None:
         if not isinstance(config, Config):
@@ -225,6 +231,10 @@ class Monitor:
             except Exception as exc:
                 self._probe_error(exc)
                 return
+            if self.memory is not None:
+                categories = self.memory.reading()  # a few len() unless the state changed: sparse fields
+                if categories:
+                    reading = {**reading, **categories}
             now = time.perf_counter()
             last, self._last_t = self._last_t, now
             if step < self._last_step and self._last_train is not None:
@@ -235,6 +245,13 @@ class Monitor:
                 hook(step)
         except Exception as exc:
             self._hook_error(exc)
+
+    def watch(self, model: Any = None, optimizer: Any = None) -> None:
+        """Count what ``model``, its gradients and ``optimizer``'s state hold, exactly, into the samples
+        (:mod:`vramwatch.probe.model_memory`). Either may come later or be a list; a call adds."""
+        if self.memory is None:
+            self.memory = ModelMemory.for_probe(self.probe)
+        self.memory.watch(model, optimizer)
 
     def add_step_hook(self, hook: Callable[[int], None]) -> None:
         """Run ``hook(step)`` on the training thread after each recorded step (keep it O(1) when idle;
@@ -264,6 +281,9 @@ class Monitor:
             host = self.host.latest
         if host:
             sample.update(host)
+        if self._runtime_pending:  # torch's version and allocator settings: sparse, on the first sample
+            self._runtime_pending = False
+            sample.update(runtime_settings())
         if numbers:
             self._add_numbers(sample, numbers)
         self._last_sample = sample
@@ -286,8 +306,8 @@ class Monitor:
             if not math.isfinite(value) or abs(value) > MAX_INT:
                 self._ignored_numbers += 1
                 continue
-            if key == "tokens" and value >= 0:
-                sample["tokens"] = int(value)
+            if key in _STEP_FIELDS and value >= 0:
+                sample[key] = int(value)
             elif _EXTRA_KEY_RE.match(key):
                 extra[key] = value
         if extra:

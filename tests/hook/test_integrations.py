@@ -26,6 +26,29 @@ def collector(module_collector):
     return module_collector
 
 
+def latest_categories(db, run: str) -> dict[str, int]:
+    """The latest stored value of each category column (sparse: sent when it changes)."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        return {col: con.execute(f"SELECT s.{col} FROM samples s JOIN series se ON s.series = se.id WHERE "
+                                 f"se.run = ? AND s.{col} IS NOT NULL ORDER BY s.ts DESC LIMIT 1",
+                                 (run,)).fetchone()[0] for col in ("params", "grads", "optimizer")}
+    finally:
+        con.close()
+
+
+def categories_by_hand(model, optimizer) -> dict[str, int]:
+    """From the tensors: distinct storages of parameters and buffers (GPT-2's head is tied to its
+    embedding), fp32 gradients of the trainable ones, every tensor of the optimizer's state."""
+    tensors = {t.data_ptr(): t for t in [*model.parameters(), *model.buffers()]}
+    state = {t.data_ptr(): t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)}
+    return {"params": sum(t.numel() * t.element_size() for t in tensors.values()),
+            "grads": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
+            "optimizer": sum(t.numel() * t.element_size() for t in state.values())}
+
+
 def tiny_gpt2():
     transformers = _require("transformers")
     config = transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=1, n_head=2)
@@ -87,6 +110,10 @@ def test_lightning_callback_feeds_steps_eval_and_checkpoint_phases(collector, tm
     assert saved and phases["checkpoint"] == saved  # one phase per checkpoint Lightning wrote
     assert stats["probe_errors"] == stats["hook_errors"] == 0
     assert "save_checkpoint" not in vars(trainer)  # unwrapped at teardown
+    # the callback watched the module and its optimizer itself
+    lm = trainer.lightning_module
+    assert latest_categories(collector.db, "lightning-run") == categories_by_hand(lm, trainer.optimizers[0])
+    assert lm.model.lm_head.weight is lm.model.transformer.wte.weight  # tied: counted once above
 
 
 def test_hf_trainer_callback_feeds_steps_eval_and_checkpoint_phases(collector, tmp_path):
@@ -122,3 +149,4 @@ def test_hf_trainer_callback_feeds_steps_eval_and_checkpoint_phases(collector, t
     assert Witness.evaluated[:2] == [5, 10] and phases["eval"] == Witness.evaluated  # (+ a final one at 12)
     assert saved == [4, 8, 12] and phases["checkpoint"] == saved
     assert stats["probe_errors"] == stats["hook_errors"] == 0 and stats["accepted"] == len(rows)
+    assert latest_categories(collector.db, "hf-run") == categories_by_hand(trainer.model, trainer.optimizer)

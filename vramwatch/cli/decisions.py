@@ -134,7 +134,10 @@ _BOUND = {"model": "by the model", "oom": "below a batch that ran out of memory"
 
 def advice_text(result: Any) -> str:
     """``vramwatch advise``'s text: verdict, reasons, the largest batch, the evidence and its grid, a
-    target, the next step. Every batch reads global first, per rank beside it."""
+    target, the binding rank's memory by category and what each remedy would save, the next step
+    (last). Every batch reads global first, per rank beside it."""
+    from vramwatch.decisions.remedies import remedy_lines
+
     r = result.readiness
     w = result.world_size
     lines = [f"run {result.run}: {r.verdict.upper()} (plateau held {r.plateau_steps:,} steps, "
@@ -164,7 +167,8 @@ def advice_text(result: Any) -> str:
         verdict = {True: "fits", False: "does NOT fit", None: "cannot be judged"}[t.fits]
         lines.append(f"at {t.global_tokens_per_step:,} global ({t.tokens_per_step:,} per rank): {verdict} "
                      f"({t.because.cause}: {t.because.text})")
-    lines.append(f"next: {result.next.sentence}")
+    lines += remedy_lines(result.memory, result.remedies)
+    lines.append(f"next: {result.next.sentence}")  # the last line: what to do
     return "\n".join(lines) + "\n"
 
 

@@ -16,11 +16,13 @@ from typing import Any, NamedTuple
 
 from vramwatch.decisions.evidence import Evidence, RankTrials, gather, judged_trials
 from vramwatch.decisions.grid import OffGrid
+from vramwatch.decisions.memory import MemoryFacts
 from vramwatch.decisions.model import RankModel
 from vramwatch.decisions.nextstep import NextStep, Proven, batch_words, next_step
 from vramwatch.decisions.observe import RunObservation
 from vramwatch.decisions.readiness import RankReadiness, Readiness, ReadinessConfig
 from vramwatch.decisions.reasons import Reason
+from vramwatch.decisions.remedies import Remedy, remedies
 from vramwatch.decisions.trials import Trial
 from vramwatch.decisions.views import RankView, RunView, judge, refit, run_view
 from vramwatch.units import gib
@@ -84,6 +86,8 @@ class Advice:
     trials: tuple[RankTrials, ...]  # this run's and the references' (a front rejoins them)
     references: tuple[tuple[str, int], ...] = ()  # (run, world size) of each reference
     max_hidden: Reason | None = None  # why no largest batch is shown (a leak, fragmentation, none settable)
+    memory: tuple[MemoryFacts, ...] = ()  # per rank: by category (vw.watch), the input-peak finding
+    remedies: tuple[Remedy, ...] = ()  # for the binding rank, largest saving first (.remedies)
 
     @property
     def max_global_tokens_per_step(self) -> int | None:
@@ -114,6 +118,7 @@ class Advice:
             "trials": [{"run": r.run, "host": r.host, "rank": r.rank, "trials": [t.as_dict() for t in r.trials]}
                        for r in self.trials],
             "references": [{"run": name, "world_size": world} for name, world in self.references],
+            "memory": [f.as_dict() for f in self.memory], "remedies": [r.as_dict() for r in self.remedies],
         }
 
 
@@ -240,13 +245,15 @@ def decide(view: RunView, references: list[RunView], *, config: ReadinessConfig,
     return decide_on(view.run, view.readiness, view.models(), view.rank_trials(), view.world_size, ref_trials,
                      config=config, margin=margin, target_tokens=target_tokens, granularity=granularity,
                      references=tuple((r.run, r.world_size) for r in references),
-                     target_global_tokens=target_global_tokens)
+                     target_global_tokens=target_global_tokens,
+                     memory=tuple(v.memory for v in view.ranks if v.memory is not None))
 
 
 def decide_on(run: str, readiness: Readiness, models: list[RankModel], trials: list[RankTrials], world: int,
               ref_trials: list[tuple[list[RankTrials], int]], *, config: ReadinessConfig, margin: float,
               target_tokens: int | None, granularity: int | None,
-              references: tuple[tuple[str, int], ...] = (), target_global_tokens: int | None = None) -> Advice:
+              references: tuple[tuple[str, int], ...] = (), target_global_tokens: int | None = None,
+              memory: tuple[MemoryFacts, ...] = ()) -> Advice:
     """:func:`decide` on figures already reduced (models fitted, outcomes judged)."""
     ev = gather(run, trials, world, ref_trials, plateau_steps=config.plateau_steps, checkpoints=config.checkpoints,
                 margin=margin, granularity=granularity)
@@ -258,8 +265,9 @@ def decide_on(run: str, readiness: Readiness, models: list[RankModel], trials: l
                      judge=lambda tokens: judge_target(tokens, models, ev, margin, world))
     all_trials = tuple(trials) + tuple(r for ranks, _ in ref_trials for r in ranks)
     shown, hidden = shown_max(best, ev, readiness, margin)
+    cures = remedies(list(memory), models, binding, world, margin)
     return Advice(run, margin, config, readiness, tuple(caps), tuple(models), shown, model_max, bound, binding, world,
-                  target, step, ev, all_trials, references, hidden)
+                  target, step, ev, all_trials, references, hidden, memory, cures)
 
 
 def target_per_rank(ev: Evidence, world: int, per_rank: int | None, global_tokens: int | None) -> int | None:
@@ -336,7 +344,14 @@ def join(docs: list[dict[str, Any]], *, granularity: int | None = None) -> Advic
     target = first.get("target") or {}
     return decide_on(run, judged.readiness, judged.models(), judged.rank_trials(), judged.world_size, ref_trials,
                      config=config, margin=margin, target_tokens=target.get("tokens_per_step"),
-                     granularity=granularity, references=tuple(refs.items()))
+                     granularity=granularity, references=tuple(refs.items()),
+                     memory=_joined_memory(docs))
+
+
+def _joined_memory(docs: list[dict[str, Any]]) -> tuple[MemoryFacts, ...]:
+    """Every shard's per-rank memory facts, in the order one collector lists its ranks (rank, host)."""
+    facts = {(f.rank, f.host): f for d in docs for f in map(MemoryFacts.from_dict, d.get("memory") or ())}
+    return tuple(facts[key] for key in sorted(facts))
 
 
 __all__ = ["Advice", "Projection", "RankCapacity", "Target", "advise", "bounded_max", "capacity", "decide", "decide_on",

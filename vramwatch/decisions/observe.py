@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vramwatch.decisions.grid import declared_step
+from vramwatch.decisions.memory import MemoryFold
 from vramwatch.decisions.model import RankModelBuilder, folded_fields
 from vramwatch.decisions.trials import MAX_TRIALS, Trial, note_event, record_oom
 from vramwatch.engine import TrendEngine
@@ -95,6 +96,7 @@ class RankTrack:
     total_bytes: int | None = None
     peak_by_phase: dict[str, int] = field(default_factory=dict)  # allocator peak per phase kind
     need_by_phase: dict[str, int] = field(default_factory=dict)  # device need per phase kind
+    memory: MemoryFold | None = None  # memory by category, peaks against seq_len: made by the first sample with one
     _last_ooms: int = 0
     _need_key: Any = None
     _need_peak: int = 0
@@ -162,6 +164,11 @@ class RankTrack:
         # it cannot split (no allocated/peak), headroom is judged on whatever level was measured
         phase = sample["phase"]
         self.builder.fold(sample, phase, incarnation, ooms, peak, allocated, reserved, used)
+        memory = self.memory
+        if memory is not None or MemoryFold.wanted(sample):
+            if memory is None:
+                memory = self.memory = MemoryFold()
+            memory.fold(sample)
         trial.last_step, trial.last_ts = step, ts
         if new:
             self._events(trial, new)

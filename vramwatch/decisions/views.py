@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from vramwatch.decisions.evidence import RankTrials
+from vramwatch.decisions.memory import MemoryFacts, MemoryFold
 from vramwatch.decisions.model import Bucket, RankModel, TransientFit, fit_transient, fold_points
 from vramwatch.decisions.observe import RankTrack, RunObservation
 from vramwatch.decisions.readiness import RankReadiness, Readiness, ReadinessConfig, combine, rank_readiness, with_death
@@ -45,15 +46,20 @@ class RankView:
     plateau_bytes: float | None  # the trend engine's plateau (reserved)
     peak_by_phase: dict[str, int]
     last_ts: float | None
+    memory: MemoryFacts | None = None  # by category (vw.watch), the input-peak finding
 
 
 def raw_view(track: RankTrack, config: ReadinessConfig, *, timing: bool = True) -> RankView:
     """Copy what ``track`` knows, with the fit left for :func:`fitted`. O(buckets + trials +
     phases + recent events); ``timing`` adds the median step time (a sort of the latest 256)."""
     model = track.builder.model(UNFITTED, timing=timing and track.builder.timing)
+    trials = track.copy_trials()
+    fragmented = track.engine.state == "fragmentation" or any(t.fragmentation_step is not None for t in trials)
     return RankView(track.run, track.host, track.rank, rank_readiness(track, config), model,
-                    tuple(track.builder.points()), track.copy_trials(), track.engine.summary().get("plateau_bytes"),
-                    dict(track.peak_by_phase), track.last_ts)
+                    tuple(track.builder.points()), trials, track.engine.summary().get("plateau_bytes"),
+                    dict(track.peak_by_phase), track.last_ts,
+                    (track.memory or MemoryFold()).facts(track.host, track.rank, fragmented=fragmented,
+                                                         last=track.engine.last_sample()))
 
 
 def fitted(view: RankView, reference_points: Iterable[Bucket] = ()) -> RankView:

@@ -128,6 +128,10 @@ class TrendEngine:
             last = self._last = self._as_sample(last)
         return last
 
+    def last_sample(self) -> dict[str, Any] | None:
+        """The latest folded train sample (a reader's copy is its own business: do not mutate it)."""
+        return self._last_sample()
+
     # ------------------------------------------------------------------ feed
     def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
         """Fold one validated sample in; return the events it raised (usually none).

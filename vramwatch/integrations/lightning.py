@@ -28,6 +28,7 @@ except ImportError:  # pragma: no cover - the pre-2.0 package name
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
 
 from vramwatch.hook import Monitor, init
+from vramwatch.integrations.watching import watch_quietly
 
 
 class VramwatchCallback(Callback):
@@ -72,6 +73,10 @@ class VramwatchCallback(Callback):
         self._end_eval()
         if self.monitor is not None:
             self.monitor.flush(self._flush_timeout_s)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # the optimizers exist now (configure_optimizers ran): parameters, gradients, optimizer state
+        watch_quietly(self.monitor, pl_module, list(getattr(trainer, "optimizers", None) or ()))
 
     # ------------------------------------------------------------------ steps
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

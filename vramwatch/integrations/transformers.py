@@ -21,6 +21,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from vramwatch.hook import Monitor, init
+from vramwatch.integrations.watching import watch_quietly
 
 
 class VramwatchCallback(TrainerCallback):
@@ -62,7 +63,8 @@ class VramwatchCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ events
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._ensure(args)
+        # the Trainer passes its model and optimizer: parameters, gradients, optimizer state by category
+        watch_quietly(self._ensure(args), kwargs.get("model"), kwargs.get("optimizer"))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._ensure(args).step(state.global_step)

@@ -73,8 +73,9 @@ class Metric:
 
 
 #: the dashboard's charts a field may be drawn in: the rank chart (allocator levels against the
-#: device), the device split (allocator / outside it / other processes) and host memory
-CHARTS = ("rank", "device", "host")
+#: device), the device split (allocator / outside it / other processes), host memory and the memory
+#: by category (parameters, gradients, optimizer state, activations, allocator cache, outside it)
+CHARTS = ("rank", "device", "host", "categories")
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,9 @@ class Field:
     label: str = ""
     #: carried by every phase marker (``/phases``: a checkpoint's own peak, levels and host peaks)
     phase_marker: bool = False
+    #: sent only when its value changes (and on a process's first sample): a reader carries the
+    #: latest value forward; an absent value is "unchanged", not "not measured"
+    sparse: bool = False
 
     def __post_init__(self) -> None:
         if self.table and not self.column:
@@ -131,6 +135,9 @@ _ID = {"group": "identity"}
 _ALLOC = {"group": "allocator"}
 _DEVICE = {"group": "device"}
 _HOST = {"group": "host", **_OPTIONAL, "charts": ("host",)}
+#: the model's memory by category (``vw.watch(model, optimizer)``): exact tensor bytes, sent when they change
+#: (no /metrics family: the latest sample of a rank seldom carries them)
+_MODEL = {"group": "model", **_OPTIONAL, "sparse": True}
 _M = Metric
 
 #: Every field, in the order samples are written.
@@ -150,16 +157,16 @@ FIELD_TABLE: tuple[Field, ...] = (
     Field("seq", "i", "", "Number of a phase among same-named phases at one step (default 0): two checkpoints "
           "at one step are two samples.", group="time"),
     Field("allocated_bytes", "b", "bytes", "Bytes held by live tensors (torch allocated).", **_MEASURED,
-          column="allocated", **_ALLOC, charts=("rank",), phase_marker=True,
+          column="allocated", **_ALLOC, charts=("rank", "categories"), phase_marker=True,
           metric=_M("vramwatch_memory_allocated_bytes",
                     "Bytes held by live tensors (torch allocated_bytes) in the latest sample.")),
     Field("reserved_bytes", "b", "bytes", "Bytes reserved by the caching allocator.", **_MEASURED,
-          column="reserved", **_ALLOC, charts=("rank", "device"), phase_marker=True,
+          column="reserved", **_ALLOC, charts=("rank", "device", "categories"), phase_marker=True,
           metric=_M("vramwatch_memory_reserved_bytes",
                     "Bytes reserved by the caching allocator in the latest sample.")),
     Field("peak_allocated_bytes", "b", "bytes",
           "Peak allocated since the previous sample (the phase's peak for a phase sample).", **_MEASURED,
-          column="peak", **_ALLOC, charts=("rank",), phase_marker=True,
+          column="peak", **_ALLOC, charts=("rank", "categories"), phase_marker=True,
           metric=_M("vramwatch_memory_peak_allocated_bytes", "Peak allocated bytes since the previous sample.")),
     Field("inactive_split_bytes", "b", "bytes", "Free bytes inside split allocator segments.", **_MEASURED,
           column="inactive_split", **_ALLOC, charts=("rank",),
@@ -171,7 +178,7 @@ FIELD_TABLE: tuple[Field, ...] = (
                     always=True)),
     Field("ooms", "b", "count", "Out-of-memory errors raised by the allocator so far.", **_MEASURED, **_ALLOC),
     Field("nvml_used_bytes", "b", "bytes", "Device-wide used bytes from NVML.", required=(1,), nullable=_ALL,
-          column="nvml_used", **_DEVICE, charts=("rank", "device"), phase_marker=True,
+          column="nvml_used", **_DEVICE, charts=("rank", "device", "categories"), phase_marker=True,
           metric=_M("vramwatch_device_used_bytes",
                     "Device-wide used bytes reported by NVML (absent when NVML is unavailable).")),
     Field("total_bytes", "b", "bytes", "Device memory capacity (> 0).", required=_ALL, column="total", **_DEVICE,
@@ -207,9 +214,22 @@ FIELD_TABLE: tuple[Field, ...] = (
           column="host_pinned", **_HOST, label="pinned",
           metric=_M("vramwatch_host_pinned_bytes", "Pinned host memory held by torch's host allocator.")),
     Field("foreign_used_bytes", "b", "bytes", "Device memory held by other processes on this GPU.", **_OPTIONAL,
-          column="foreign_used", **_DEVICE, charts=("device",),
+          column="foreign_used", **_DEVICE, charts=("device", "categories"),
           metric=_M("vramwatch_foreign_used_bytes", "Device memory NVML lists for other processes on this GPU (a stale "
                     "notebook kernel, another job).")),
+    Field("params_bytes", "b", "bytes", "Parameters and buffers of the watched model: every storage once (tied "
+          "weights once).", column="params", **_MODEL, charts=("categories",), label="parameters"),
+    Field("grads_bytes", "b", "bytes", "What the gradients take when present: parameters that require grad, in "
+          "their gradient's dtype.", column="grads", **_MODEL, charts=("categories",), label="gradients"),
+    Field("optimizer_bytes", "b", "bytes", "Every tensor in the watched optimizers' state (each storage once).",
+          column="optimizer", **_MODEL, charts=("categories",), label="optimizer state"),
+    Field("params_fp32_bytes", "b", "bytes", "The part of params_bytes held in float32 (what mixed precision "
+          "would halve).", column="params_fp32", **_MODEL),
+    Field("seq_len", "i", "tokens", "The step's longest input sequence (`vw.step(seq_len=...)`).", **_OPTIONAL,
+          group="step"),
+    Field("torch_version", "s", "", "torch's version on the rank.", **_OPTIONAL, group="runtime", sparse=True),
+    Field("alloc_conf", "s", "", "The caching allocator's settings (PYTORCH_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF; "
+          "`-` when unset).", **_OPTIONAL, group="runtime", sparse=True),
     Field("oom_marked", "flag", "", "true on the sample sent as the process hits an out-of-memory error.",
           group="marker"),
     Field("exit", "flag", "", "true on the last sample of a clean close().", column="exited", group="marker"),

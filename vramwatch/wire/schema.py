@@ -91,7 +91,8 @@ def fields_markdown() -> str:
         "",
         f"Schemas accepted: {', '.join(map(str, SCHEMA_VERSIONS))} (this version writes {SCHEMA_VERSION}). "
         "*Required in* lists the schema versions that require the field; *null in* those where null means "
-        "\"not measured\" (stored as NULL, never 0). Schema 2 needs at least one of "
+        "\"not measured\" (stored as NULL, never 0). A *sparse* field is sent only when its value changes (and "
+        "on a process's first sample): readers carry its latest value forward. Schema 2 needs at least one of "
         f"{' or '.join(f'`{n}`' for n in LEVEL_FIELDS)} plus `total_bytes`.",
         "",
         "| field | type | unit | required in | null in | stored as | description |",
@@ -100,7 +101,7 @@ def fields_markdown() -> str:
     for f in FIELD_TABLE:
         stored = f"`{f.table}.{f.column}`" if f.column else "—"
         lines.append(f"| `{f.name}` | {f.json_type} | {f.unit or '—'} | {versions(f.required)} | "
-                     f"{versions(f.nullable)} | {stored} | {f.description} |")
+                     f"{versions(f.nullable)} | {stored} | {f.description}{' *Sparse.*' if f.sparse else ''} |")
     return "\n".join(lines) + "\n"
 
 
@@ -122,6 +123,9 @@ def fields_js() -> str:
         "export const CHART_FIELDS = {",
         *(f"  {chart}: {js(names)}," for chart, names in charts.items()),
         "};",
+        "",
+        "/** Fields sent only when they change: a chart carries the latest value forward. */",
+        f"export const SPARSE_FIELDS = {js([f.name for f in FIELD_TABLE if f.sparse])};",
         "",
         "/** The name of a field's line where a chart draws one line per field. */",
         "export const FIELD_LABELS = {",

@@ -125,7 +125,7 @@ def accepted(s: Any, now: float | None = None, max_future_s: float = 300.0) -> b
     """What the Struct cannot say about one decoded sample: names, the extra object's keys,
     the clock, and the common cross-field check. None: a sparse, foreign-memory or
     cudaMallocAsync sample, for which :func:`consistent` is to run on its dict."""
-    names = (s.run, s.host, s.uuid, s.incarnation, s.phase)
+    names = (s.run, s.host, s.uuid, s.incarnation, s.torch_version, s.alloc_conf, s.phase)
     if names not in _known_names:
         if not _names_ok(names):
             return False
