@@ -185,7 +185,8 @@ def test_grafana_generator_check_fails_when_a_rule_changes(tmp_path) -> None:
     for rel in ("k8s/generate_grafana.py", "k8s/generate_prometheusrule.py", "prometheus/rules/vramwatch.rules.yml",
                 "grafana/dashboards/vramwatch.json",
                 "k8s/components/kube-prometheus-stack/grafana-dashboard.yaml",
-                "k8s/components/kube-prometheus-stack/grafana-alerts.yaml"):
+                "k8s/components/kube-prometheus-stack/grafana-alerts.yaml",
+                "grafana/provisioning/alerting/vramwatch-alerts.yaml"):
         (tmp_path / "deploy" / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "deploy" / rel).write_text((DEPLOY / rel).read_text())
     rules = tmp_path / "deploy" / "prometheus" / "rules" / "vramwatch.rules.yml"
@@ -193,6 +194,7 @@ def test_grafana_generator_check_fails_when_a_rule_changes(tmp_path) -> None:
     result = subprocess.run([sys.executable, str(tmp_path / "deploy" / "k8s" / "generate_grafana.py"), "--check"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "grafana-alerts.yaml is out of date" in result.stderr
+    assert "vramwatch-alerts.yaml is out of date" in result.stderr  # the compose copy too
 
 
 def test_dashboard_configmap_for_the_chart_sidecar() -> None:
@@ -220,8 +222,8 @@ def grafana_rules() -> list[dict]:
 
 def test_grafana_alert_rules_are_the_prometheus_rules_on_the_chart_datasource() -> None:
     rules = grafana_rules()
-    assert [r["title"] for r in rules] == ["VramwatchPlateauBreak", "VramwatchMemoryLeak", "VramwatchOOM",
-                                           "VramwatchHookSilent"]
+    assert [r["title"] for r in rules] == ["VramwatchPlateauBreak", "VramwatchMemoryLeak", "VramwatchOOMImminent",
+                                           "VramwatchOOM", "VramwatchHookSilent"]
     prometheus = alert_rules()
     dashboard_uid = json.loads(DASHBOARD.read_text())["uid"]
     assert len({r["uid"] for r in rules}) == len(rules)
@@ -234,7 +236,8 @@ def test_grafana_alert_rules_are_the_prometheus_rules_on_the_chart_datasource() 
         assert refs["B"]["model"] == {"refId": "B", "type": "reduce", "expression": "A", "reducer": "last"}
         assert refs["C"]["model"]["expression"] == "B"
         assert refs["C"]["model"]["conditions"] == [{"evaluator": {"type": "gt", "params": [0]}}]
-        assert rule["for"] == source["for"] and rule["labels"] == source["labels"]
+        # the namespace label routes the rule's alerts and Grafana's DatasourceError about it
+        assert rule["for"] == source["for"] and rule["labels"] == {**source["labels"], "namespace": NAMESPACE}
         assert rule["annotations"].pop("__dashboardUid__") == dashboard_uid
         assert set(rule["annotations"]) == set(source["annotations"])
         for key, text in rule["annotations"].items():
@@ -316,6 +319,13 @@ def test_alertmanagerconfig_routes_in_the_charts_alertmanager(tmp_path) -> None:
         ({"alertname": "VramwatchOOM", "severity": "critical"}, oncall),
         ({"alertname": "VramwatchPlateauBreak", "severity": "warning"}, team),
         ({"alertname": "VramwatchHookSilent", "severity": "warning", "grafana_folder": "vramwatch"}, team),
+        ({"alertname": "VramwatchOOMImminent", "severity": "critical"}, oncall),
+        # Grafana cannot query Prometheus for one of its vramwatch rules: the team, not the null receiver,
+        # whatever the rule's severity (its labels, namespace included, are the error alert's)
+        ({"alertname": "DatasourceError", "severity": "critical", "grafana_folder": "vramwatch",
+          "rulename": "VramwatchOOM"}, team),
+        ({"alertname": "DatasourceNoData", "severity": "warning", "grafana_folder": "vramwatch",
+          "rulename": "VramwatchHookSilent"}, team),
         ({"alertname": "KubePodCrashLooping", "severity": "warning"}, "null"),  # not ours: the chart's tree
     ):
         assert amtool_route(path, {**rank, **labels}) == receiver, labels
