@@ -91,9 +91,27 @@ def test_the_release_name_reaches_every_object_its_chart_selects(path, release) 
     assert all(o["metadata"]["labels"]["release"] == release for o in selected)
     if release == "prom-eu1":  # the name lands nowhere but in those labels
         assert text.count(release) == len(selected)
+    # the namespace is created with the rest (a first apply on a cluster without it does not fail)
+    (namespace,) = [o for o in objects if o["kind"] == "Namespace"]
+    assert namespace["metadata"]["name"] == NAMESPACE
     for obj in objects:
-        assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
         assert len(json.dumps(obj)) < LAST_APPLIED_LIMIT // 2, obj["metadata"]["name"]
+
+
+@pytest.mark.parametrize("path", VARIANTS)
+def test_scrape_hints_only_where_metrics_needs_no_token(path) -> None:
+    """An annotation-driven scrape job sends no token: the pods of the --auth-read variants carry
+    no prometheus.io/* hints (their ServiceMonitor sends the token), the others keep them."""
+    workloads = [o for o in rendered(path) if o["kind"] in ("Deployment", "DaemonSet")]
+    assert workloads
+    for workload in workloads:
+        template = workload["spec"]["template"]
+        auth_read = "--auth-read" in template["spec"]["containers"][0]["args"]
+        assert auth_read == (path in KPS)
+        hints = {k for k in template["metadata"].get("annotations") or {} if k.startswith("prometheus.io/")}
+        assert hints == (set() if auth_read else {"prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path"})
 
 
 def test_without_the_command_the_api_server_refuses_the_release_label() -> None:
@@ -107,7 +125,8 @@ def test_without_the_command_the_api_server_refuses_the_release_label() -> None:
 def test_rendered_core_objects_validate_strictly(tmp_path, version) -> None:
     core = [o for path in VARIANTS for o in rendered(path) if o["kind"] not in OPERATOR_KINDS]
     kinds = {o["kind"] for o in core}
-    assert kinds == {"Deployment", "DaemonSet", "Service", "PersistentVolumeClaim", "ConfigMap", "NetworkPolicy"}
+    assert kinds == {"Namespace", "Deployment", "DaemonSet", "Service", "PersistentVolumeClaim", "ConfigMap",
+                     "NetworkPolicy"}
     manifest = tmp_path / "core.yaml"
     manifest.write_text(yaml.safe_dump_all(core, sort_keys=False))
     result = run_tool("kubernetes-validate", "--strict", "-k", version, str(manifest))

@@ -90,10 +90,22 @@ def test_alertmanager_routes_critical_vramwatch_alerts_to_oncall() -> None:
     routes = config["route"]["routes"]
     assert config["route"]["receiver"] in receivers and all(r["receiver"] in receivers for r in routes)
     assert 'severity = "critical"' in routes[0]["matchers"] and "run" in config["route"]["group_by"]
-    (inhibit,) = config["inhibit_rules"]
-    assert set(inhibit["equal"]) == {"run", "Hostname", "rank"}
+    leak, imminent, grafana_copy = config["inhibit_rules"]
+    assert set(leak["equal"]) == set(imminent["equal"]) == {"run", "Hostname", "rank"}
+    assert {"alertname", "run", "Hostname", "rank"} == set(grafana_copy["equal"])
+    amtool = need_binary("amtool")
+
+    def route(**labels: str) -> str:
+        result = subprocess.run([amtool, "config", "routes", "test", f"--config.file={ALERTMANAGER}",
+                                 *(f"{k}={v}" for k, v in labels.items())], capture_output=True, text=True, timeout=60)
+        return result.stdout.strip()
+
+    assert route(alertname="VramwatchOOMImminent", severity="critical", run="r", rank="0") == "training-oncall"
+    # Grafana cannot reach Prometheus for its copy of a critical rule: the team, not on-call
+    assert route(alertname="DatasourceError", severity="critical", grafana_folder="vramwatch",
+                 rulename="VramwatchOOM") == "training-team"
     critical = {name for name, rule in alert_rules().items() if rule["labels"]["severity"] == "critical"}
-    assert critical == {"VramwatchMemoryLeak", "VramwatchOOM"}
+    assert critical == {"VramwatchMemoryLeak", "VramwatchOOMImminent", "VramwatchOOM"}
 
 
 def test_kubernetes_collector_and_node_local_daemonset() -> None:
