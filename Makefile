@@ -76,6 +76,7 @@ check-deploy: install-test system-deps
 	$(PY) deploy/k8s/generate_prometheusrule.py --check
 	$(PY) deploy/k8s/generate_grafana.py --check
 	$(PY) deploy/grafana/build_dashboard.py --check
+	$(PY) deploy/image_lock.py --check
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache
