@@ -28,7 +28,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import server_constraints  # noqa: E402
+import server_constraints
 
 DEPLOY = Path(__file__).resolve().parent
 BUILD_LOCK = DEPLOY / "build-requirements.txt"

@@ -292,7 +292,7 @@ def test_a_fast_leak_pages_before_its_oom_and_the_oom_pages_at_once(tmp_path) ->
     series, minutes = exported_from(samples, after_minutes=15)
     checks = [{"eval_time": f"{m}m", "alertname": alert, "exp_alerts": []}
               for m in range(40, minutes + 1) for alert in ("VramwatchOOMImminent", "VramwatchOOM")]
-    rc, output, _ = run_group(tmp_path, {"name": "fast leak", "interval": "1m",
+    _rc, output, _ = run_group(tmp_path, {"name": "fast leak", "interval": "1m",
                                          "input_series": input_series(series), "alert_rule_test": checks})
     fired = firing_minutes(output)
     assert fired.get("VramwatchOOMImminent") and min(fired["VramwatchOOMImminent"]) < oom_minute, output[-3000:]
