@@ -1,8 +1,10 @@
 # syntax=docker/dockerfile:1
 # vramwatch collector: FastAPI + uvicorn + SQLite. No torch in this image.
 #   docker build -t <registry>/vramwatch:<version> . && docker push <registry>/vramwatch:<version>
-# Reproducible: the base image is pinned by digest and every Python dependency by
-# deploy/server-constraints.txt (regenerate: python deploy/server_constraints.py).
+# Reproducible: the base image is pinned by digest and every Python dependency by version and
+# sha256 digest: deploy/build-requirements.txt and deploy/image-requirements.txt, installed with
+# --require-hashes (regenerate: python deploy/server_constraints.py > deploy/server-constraints.txt,
+# then python deploy/image_lock.py). No plotly Python package: the dashboard vendors plotly.js.
 # The digest is python:3.11.13-slim-bookworm's as pinned by several public projects (this
 # build environment cannot reach Docker Hub); check or refresh it with
 #   docker buildx imagetools inspect python:3.11.13-slim-bookworm
@@ -10,12 +12,12 @@ ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74b
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-COPY deploy/server-constraints.txt /constraints.txt
+COPY deploy/build-requirements.txt /build-requirements.txt
 COPY pyproject.toml README.md ./
 COPY vramwatch ./vramwatch
 COPY dashboard ./dashboard
-# the build backend comes from the constraints too (no unpinned isolated build env)
-RUN pip install --no-cache-dir -c /constraints.txt hatchling \
+# the build backend is hash-checked too (no unpinned isolated build env)
+RUN pip install --no-cache-dir --require-hashes --no-deps -r /build-requirements.txt \
     && pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /dist .
 
 FROM ${PYTHON_IMAGE}
@@ -26,10 +28,14 @@ RUN groupadd --gid 10001 vramwatch \
     && useradd --uid 10001 --gid 10001 --no-log-init --home-dir /data --create-home \
        --shell /usr/sbin/nologin vramwatch
 COPY --from=build /dist /dist
-COPY deploy/server-constraints.txt /constraints.txt
-# server: the collector; otlp: `serve --otlp-endpoint` (the OpenTelemetry SDK and its OTLP/HTTP exporter)
-RUN pip install --no-cache-dir -c /constraints.txt "$(ls /dist/vramwatch-*.whl)[server,otlp]" \
-    && rm -rf /dist /constraints.txt
+COPY deploy/image-requirements.txt /requirements.txt
+# server: the collector; otlp: `serve --otlp-endpoint` (the OpenTelemetry SDK and its OTLP/HTTP exporter):
+# their every distribution from the hash-checked lock, then the wheel alone; pip check fails the
+# build if the lock missed a dependency
+RUN pip install --no-cache-dir --require-hashes --no-deps -r /requirements.txt \
+    && pip install --no-cache-dir --no-deps --no-index "$(ls /dist/vramwatch-*.whl)[server,otlp]" \
+    && pip check \
+    && rm -rf /dist /requirements.txt
 USER 10001:10001
 WORKDIR /data
 ENV VRAMWATCH_DB=/data/vramwatch.db \

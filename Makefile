@@ -59,7 +59,7 @@ lint: install-test
 check-deploy: install-test system-deps
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec deploy/compose.yaml
 	for v in 1.28.0 1.31.0 1.34.0; do \
-	  $(VENV)/bin/kubernetes-validate --strict --quiet -k $$v deploy/k8s/collector/collector.yaml deploy/k8s/node-local/daemonset.yaml \
+	  $(VENV)/bin/kubernetes-validate --strict --quiet -k $$v deploy/k8s/collector/collector.yaml deploy/k8s/node-local/daemonset.yaml deploy/k8s/monitoring/namespace.yaml \
 	    deploy/k8s/components/kube-prometheus-stack/networkpolicy.yaml deploy/k8s/components/kube-prometheus-stack/grafana-*.yaml || exit 1; \
 	done
 	$(PY) deploy/k8s/check_operator_objects.py deploy/k8s/monitoring/servicemonitor.yaml deploy/k8s/monitoring/prometheusrule.yaml \
@@ -76,6 +76,7 @@ check-deploy: install-test system-deps
 	$(PY) deploy/k8s/generate_prometheusrule.py --check
 	$(PY) deploy/k8s/generate_grafana.py --check
 	$(PY) deploy/grafana/build_dashboard.py --check
+	$(PY) deploy/image_lock.py --check
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

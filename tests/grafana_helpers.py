@@ -15,9 +15,14 @@ from urllib.parse import quote
 
 from prometheus_helpers import promql_metric_names
 
+from vramwatch.collector.exporters.metrics import RANK_LABELS, SERIES_FAMILIES
+
 #: dcgm-exporter's families the dashboard reads (its default-counters.csv names, metrics in MiB, %, W, C).
 DCGM_METRICS = {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP"}
 DATASOURCE_VAR = "${datasource}"
+#: the collector's families keyed by the rank alone (no gpu label): its counters, last-OOM time, ...
+RANK_KEYED = {f.name + ("_total" if f.kind == "counter" else "") for f in SERIES_FAMILIES
+              if f.label_names == RANK_LABELS}
 _ANY_AGGREGATION = re.compile(r"\b(?:sum|min|max|avg|count|group|topk|bottomk|quantile)\s+by\s*\(")
 _AGGREGATION = re.compile(r"\s*(?:sum|min|max|avg|count|group|topk|bottomk)\s+by\s*\(([^)]*)\)\s*\(", re.S)
 
@@ -59,6 +64,8 @@ def keeps_gpu_label(expr: str) -> bool:
     """A per-rank or per-GPU query (it selects by ``$rank``, ``$focus`` or ``$gpu``) whose result
     keeps the ``gpu`` label: a rank restarted on another GPU is two of its series."""
     if not any(v in expr for v in ("$rank", "$focus", "$gpu")):
+        return False
+    if promql_metric_names(expr) <= RANK_KEYED:  # one series per rank across its GPUs
         return False
     grouping = outer_grouping(expr)
     if grouping is not None:

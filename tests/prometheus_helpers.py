@@ -31,7 +31,7 @@ DEPLOY = ROOT / "deploy"
 RULES = DEPLOY / "prometheus" / "rules" / "vramwatch.rules.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "tests" / "vramwatch.rules.test.yml"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "vramwatch.json"
-GRAFANA_ALERTS = DEPLOY / "grafana" / "provisioning" / "alerting" / "vramwatch-plateau-break.yaml"
+GRAFANA_ALERTS = DEPLOY / "grafana" / "provisioning" / "alerting" / "vramwatch-alerts.yaml"
 ALERTMANAGER = DEPLOY / "alertmanager" / "alertmanager.yml"
 
 

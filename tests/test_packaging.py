@@ -29,10 +29,10 @@ def test_wheel_ships_the_dashboard_inside_the_package(tmp_path) -> None:
 
 
 def test_editable_install_finds_the_dashboard() -> None:
-    from vramwatch.collector.serving.app import dashboard_dir, plotly_js_path
+    from vramwatch.collector.serving.app import dashboard_dir, dashboard_plotly_js_path
 
     assert (dashboard_dir() / "index.html").is_file()
-    assert plotly_js_path().stat().st_size > 1_000_000  # the real plotly.js, served offline
+    assert dashboard_plotly_js_path().stat().st_size > 1_000_000  # the real plotly.js, served offline
 
 
 @pytest.mark.parametrize(

@@ -214,7 +214,7 @@ class RankLife:
     """The fold of one (run, host, rank): its incarnations' records. Not thread-safe (the
     collector feeds it under its live-state lock)."""
 
-    __slots__ = ("_current", "_procs", "dropped", "dropped_deaths", "dropped_ooms", "host", "rank")
+    __slots__ = ("_current", "_procs", "dropped", "dropped_deaths", "dropped_oom_ts", "dropped_ooms", "host", "rank")
 
     def __init__(self, host: str, rank: int) -> None:
         self.host, self.rank = host, rank
@@ -223,6 +223,8 @@ class RankLife:
         self._current: _Process | None = None
         #: incarnations summed into counts past MAX_INCARNATIONS, their OOMs and their deaths
         self.dropped = self.dropped_ooms = self.dropped_deaths = 0
+        #: the latest OOM among the dropped incarnations (their records are gone)
+        self.dropped_oom_ts: float | None = None
 
     def feed(self, sample: Sample) -> None:
         """Fold one sample in: O(1) (a dict look-up when the process changes)."""
@@ -259,6 +261,8 @@ class RankLife:
         record = gone.record()
         self.dropped += 1
         self.dropped_ooms += record.ooms
+        if record.oom_at is not None and (self.dropped_oom_ts is None or record.oom_at.ts > self.dropped_oom_ts):
+            self.dropped_oom_ts = record.oom_at.ts
         self.dropped_deaths += int(record.marked and not record.exit)
 
     def add_record(self, record: IncarnationRecord) -> None:
@@ -282,6 +286,22 @@ class RankLife:
     def ooms(self) -> int:
         """OOMs of every process of this rank: monotonic across restarts."""
         return self.dropped_ooms + sum(p.ooms for p in self._all())
+
+    @property
+    def last_oom_ts(self) -> float | None:
+        """When this rank last ran out of memory (the sample's own ``ts``), any process; None
+        before its first OOM. Order-independent like the records: an event's time, so an alert
+        can judge "recent" without any history of the counter. O(incarnations)."""
+        times = [p.oom_at[0] for p in self._all() if p.oom_at is not None]
+        if self.dropped_oom_ts is not None:
+            times.append(self.dropped_oom_ts)
+        return max(times, default=None)
+
+    @property
+    def process_start_ts(self) -> float | None:
+        """The first sample's ``ts`` of the latest process (None before any sample)."""
+        procs = self._all()
+        return max((p.first_ts, p.first_step) for p in procs)[0] if procs else None
 
     @property
     def restarts(self) -> int:

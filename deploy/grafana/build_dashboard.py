@@ -30,6 +30,9 @@ FOCUS = 'run=~"$run", Hostname=~"$host", rank="$focus"'
 #: Every per-rank series names its run, rank, host and GPU: a rank restarted on another GPU of its
 #: host is two series (the GPU labels differ), which one legend without the GPU would not tell apart.
 RANK_LEGEND = "{{run}} r{{rank}} {{Hostname}} GPU {{gpu}}"
+#: The counters (retries, OOMs, ...) are keyed by the rank alone: one series across its processes
+#: and GPUs, so a restart on another GPU neither splits nor resets them.
+COUNTER_LEGEND = "{{run}} r{{rank}} {{Hostname}}"
 #: Colour per state: only a leak is red; rising is a warning, not an alarm.
 STATE_COLORS = {"plateau": "green", "warmup": "blue", "rising": "yellow", "fragmentation": "orange", "leak": "red"}
 NOTHING_GROWING = "nothing growing"
@@ -340,8 +343,8 @@ def ranks(lay: Layout) -> list[dict[str, Any]]:
         lay, "Allocator retries and OOMs per minute", "cudaMalloc retries (caches flushed, a device-wide sync) "
         "and out-of-memory errors.",
         [target("A", f"60 * rate(vramwatch_alloc_retries_total{{{SEL}}}[$__rate_interval])",
-                f"{RANK_LEGEND} retries"),
-         target("B", f"60 * rate(vramwatch_ooms_total{{{SEL}}}[$__rate_interval])", f"{RANK_LEGEND} OOMs")],
+                f"{COUNTER_LEGEND} retries"),
+         target("B", f"60 * rate(vramwatch_ooms_total{{{SEL}}}[$__rate_interval])", f"{COUNTER_LEGEND} OOMs")],
         "suffix:/min", minimum=0))
     return panels
 
@@ -490,8 +493,11 @@ def annotations() -> list[dict[str, Any]]:
         # checkpoint and checkpoints whose peak equals the previous one.
         annotation("Checkpoints", f"sum by (run) (increase(vramwatch_checkpoints_total{{{SEL}}}[2m])) > 0",
                    "orange", "checkpoint", "{{run}}", "run"),
-        # the collector's count across a rank's processes: an OOM and a restart within a second mark too
-        annotation("OOMs", f"sum by (run, Hostname, rank) (increase(vramwatch_ooms_total{{{SEL}}}[2m])) > 0",
+        # the collector's count across a rank's processes, one series per rank whatever its GPU: an OOM
+        # and a restart within a second (on another GPU too) mark; the rank's last-OOM time marks an OOM
+        # the first scrape already showed (a Prometheus restarted on empty storage: no rise to see)
+        annotation("OOMs", f"(sum by (run, Hostname, rank) (increase(vramwatch_ooms_total{{{SEL}}}[2m])) > 0)\n"
+                   f"or max by (run, Hostname, rank) (time() - vramwatch_last_oom_timestamp_seconds{{{SEL}}} < 120)",
                    "dark-red", "OOM", rank_text, "run,rank"),
         # as VramwatchPlateauBreak counts them: a checkpoint's one-time ratchet (the allocator kept the
         # phase's segments, the plateau re-levels) is not a break worth a mark

@@ -286,3 +286,37 @@ def test_concurrent_scrapes_during_ingest_stay_consistent() -> None:
     breaks = live.get("c", "h", 0).engine.summary()["plateau_breaks"]
     assert breaks >= 1
     assert final["vramwatch_phase_ratchets_total"][0][1] == breaks
+
+
+def test_counters_and_oom_time_are_keyed_by_the_rank_across_a_restart_on_another_gpu() -> None:
+    """A rank OOMs, and its restarted process comes back on another GPU (new UUID and index):
+    the counters, the last-OOM time and the running flag stay one series per rank (no new series
+    carrying an old count for Prometheus to mistake for a new OOM); the state gauges follow the
+    running process's GPU; the last-OOM time is the OOM sample's own, the process start the new
+    process's first sample's."""
+    live = LiveState()
+    first = list(simulate_trace("healthy", steps=200, run="r", host="node-a", rank=0, start_ts=NOW - 400))
+    oom_ts = first[-1]["ts"] + 0.5
+    oom = {**first[-1], "ts": oom_ts, "seq": (first[-1].get("seq") or 0) + 1, "ooms": 1, "oom_marked": True,
+           "alloc_retries": 7}
+    again = [{**s, "incarnation": "second", "uuid": "GPU-other", "gpu": 5, "ts": s["ts"] + 300}
+             for s in simulate_trace("healthy", steps=50, run="r", host="node-a", rank=0, start_ts=NOW - 100)]
+    live.ingest([*first, oom, *again], received_at=NOW)
+    registry, _ = build_registry(live)
+    metrics = by_name(render(registry, None)[0].decode())
+    rank_labels = {"run": "r", "rank": "0", "Hostname": "node-a"}
+    for name in ("vramwatch_ooms_total", "vramwatch_restarts_total", "vramwatch_alloc_retries_total",
+                 "vramwatch_plateau_breaks_total", "vramwatch_last_oom_timestamp_seconds", "vramwatch_rank_running",
+                 "vramwatch_process_start_timestamp_seconds"):
+        (labels, _value), = metrics[name]
+        assert labels == rank_labels, name
+    assert metrics["vramwatch_ooms_total"][0][1] == 1 and metrics["vramwatch_restarts_total"][0][1] == 1
+    assert metrics["vramwatch_alloc_retries_total"][0][1] == again[-1]["alloc_retries"]  # the running process's
+    assert metrics["vramwatch_last_oom_timestamp_seconds"][0][1] == pytest.approx(oom_ts)
+    assert metrics["vramwatch_process_start_timestamp_seconds"][0][1] == pytest.approx(again[0]["ts"])
+    (state_labels, _), = metrics["vramwatch_memory_reserved_bytes"]
+    assert (state_labels["UUID"], state_labels["gpu"]) == ("GPU-other", "5")
+    # a rank that never ran out of memory has no last-OOM series at all (nothing to be recent)
+    clean = LiveState()
+    clean.ingest(simulate_trace("healthy", steps=50, run="c", host="h", rank=0, start_ts=NOW - 100), received_at=NOW)
+    assert "vramwatch_last_oom_timestamp_seconds" not in by_name(render(build_registry(clean)[0], None)[0].decode())

@@ -239,6 +239,23 @@ def test_a_rebound_dns_name_cannot_reach_a_loopback_collector(tmp_path) -> None:
         assert httpx.get(srv.url + "/healthz", headers={"host": "other.internal"}).status_code == 421
 
 
+def test_allowed_host_keeps_ip_literals_so_probes_and_scrapes_by_pod_ip_work(tmp_path) -> None:
+    """--allowed-host guards names (what a rebound page sends), not IP literals: the kubelet's
+    probes and a ServiceMonitor's scrape name the pod by IP, the Docker HEALTHCHECK 127.0.0.1."""
+    with BackgroundServer(str(tmp_path / "vw.db"), allowed_hosts=("vramwatch.example",)) as srv:
+        ingest = httpx.post(srv.url + "/api/v1/samples", content=ndjson(fresh(3)),
+                            headers={"host": "10.42.3.17:8765", **NDJSON_HEADERS}, timeout=10)
+        assert ingest.status_code == 200 and ingest.json()["accepted"] == 3, ingest.text
+        for host in ("10.42.3.17:8765", "10.42.3.17", "127.0.0.1", "[fd00::17]:8765", "[::1]"):
+            assert httpx.get(srv.url + "/healthz", headers={"host": host}, timeout=10).status_code == 200, host
+            metrics = httpx.get(srv.url + "/metrics", headers={"host": host}, timeout=10)
+            assert metrics.status_code == 200 and "vramwatch_ooms_total{" in metrics.text, host
+        for host in ("evil.example", "10.42.3.17.evil.example", "localhost"):  # names: only the listed one
+            assert httpx.get(srv.url + "/metrics", headers={"host": host}, timeout=10).status_code == 421, host
+        listed = httpx.get(srv.url + "/metrics", headers={"host": "vramwatch.example:8765"}, timeout=10)
+        assert listed.status_code == 200
+
+
 def test_allowed_host_flag_reaches_the_settings(tmp_path, monkeypatch) -> None:
     from vramwatch.cli import main
     from vramwatch.collector import server

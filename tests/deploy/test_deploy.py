@@ -44,6 +44,7 @@ from vramwatch.verdicts import LOW_HEADROOM_FRACTION, STATES
 
 REQUIRED_ALERTS = {
     "VramwatchOOM",
+    "VramwatchOOMImminent",
     "VramwatchPlateauBreak",
     "VramwatchMemoryLeak",
     "VramwatchHeadroomLow",
@@ -77,6 +78,9 @@ def scrape_names(tmp_path_factory) -> set[str]:
             [dict(s, foreign_used_bytes=2**30, host_rss_bytes=40 * 2**30, host_children_rss_bytes=8 * 2**30,
                   host_available_bytes=900 * 2**30, host_pinned_bytes=2**30)
              for s in simulate_trace("healthy", steps=50, run="names", host="node-c", rank=3, start_ts=now - 60)],
+            # an OOM the rank caught and ran on after (the last-OOM family)
+            [dict(s, ooms=int(s["step"] >= 30))
+             for s in simulate_trace("healthy", steps=50, run="names", host="node-c", rank=4, start_ts=now - 60)],
         ]
         for trace in traces:
             post_samples(srv.url, trace)
@@ -125,7 +129,7 @@ def test_promql_name_extraction() -> None:
 def test_promtool_check_rules() -> None:
     result = run_promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 13 rules found" in result.stdout  # 10 + 2 evidence alerts + vramwatch-decisions
+    assert "SUCCESS: 14 rules found" in result.stdout  # 11 + 2 evidence alerts + vramwatch-decisions
 
 
 def test_promtool_unit_tests_for_every_alert_pass() -> None:
@@ -359,16 +363,24 @@ def test_grafana_provisioning_files_fit_together() -> None:
     assert grafana_mounts["./grafana/dashboards"] == prov_entry["options"]["path"]
     assert grafana_mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
 
+    # Grafana's rules are the Prometheus alerts' copies: each named as its alert (so Alertmanager's
+    # inhibitions hold for it), its PromQL with the same gates, for: and labels, on this datasource
     alerting = yaml.safe_load(GRAFANA_ALERTS.read_text())
     (group,) = alerting["groups"]
-    (rule,) = group["rules"]
-    assert rule["uid"] and rule["title"] and rule["for"]
-    refs = {item["refId"]: item for item in rule["data"]}
-    assert rule["condition"] in refs
-    assert refs["A"]["datasourceUid"] == DATASOURCE_UID
-    assert "vramwatch_plateau_breaks_total" in refs["A"]["model"]["expr"]
-    assert refs["C"]["model"]["expression"] == "B" and refs["B"]["model"]["expression"] == "A"
-    assert rule["annotations"]["__dashboardUid__"] == json.loads(DASHBOARD.read_text())["uid"]
+    prometheus = alert_rules()
+    assert {rule["title"] for rule in group["rules"]} >= {"VramwatchPlateauBreak", "VramwatchMemoryLeak",
+                                                         "VramwatchOOMImminent", "VramwatchOOM"}
+    for rule in group["rules"]:
+        source = prometheus[rule["title"]]
+        refs = {item["refId"]: item for item in rule["data"]}
+        assert rule["condition"] in refs
+        assert refs["A"]["datasourceUid"] == DATASOURCE_UID
+        assert refs["A"]["model"]["expr"] == source["expr"].strip()
+        assert rule["for"] == source["for"] and rule["labels"] == source["labels"]
+        assert refs["C"]["model"]["expression"] == "B" and refs["B"]["model"]["expression"] == "A"
+        assert rule["annotations"]["__dashboardUid__"] == json.loads(DASHBOARD.read_text())["uid"]
+    plateau = next(r for r in group["rules"] if r["title"] == "VramwatchPlateauBreak")
+    assert "vramwatch_rank_running == 0" in plateau["data"][0]["model"]["expr"]  # the run's end resolves it
 
 
 # ------------------------------------------------------------------ the dcgm join

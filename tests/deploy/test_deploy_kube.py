@@ -91,9 +91,27 @@ def test_the_release_name_reaches_every_object_its_chart_selects(path, release) 
     assert all(o["metadata"]["labels"]["release"] == release for o in selected)
     if release == "prom-eu1":  # the name lands nowhere but in those labels
         assert text.count(release) == len(selected)
+    # the namespace is created with the rest (a first apply on a cluster without it does not fail)
+    (namespace,) = [o for o in objects if o["kind"] == "Namespace"]
+    assert namespace["metadata"]["name"] == NAMESPACE
     for obj in objects:
-        assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
         assert len(json.dumps(obj)) < LAST_APPLIED_LIMIT // 2, obj["metadata"]["name"]
+
+
+@pytest.mark.parametrize("path", VARIANTS)
+def test_scrape_hints_only_where_metrics_needs_no_token(path) -> None:
+    """An annotation-driven scrape job sends no token: the pods of the --auth-read variants carry
+    no prometheus.io/* hints (their ServiceMonitor sends the token), the others keep them."""
+    workloads = [o for o in rendered(path) if o["kind"] in ("Deployment", "DaemonSet")]
+    assert workloads
+    for workload in workloads:
+        template = workload["spec"]["template"]
+        auth_read = "--auth-read" in template["spec"]["containers"][0]["args"]
+        assert auth_read == (path in KPS)
+        hints = {k for k in template["metadata"].get("annotations") or {} if k.startswith("prometheus.io/")}
+        assert hints == (set() if auth_read else {"prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path"})
 
 
 def test_without_the_command_the_api_server_refuses_the_release_label() -> None:
@@ -107,7 +125,8 @@ def test_without_the_command_the_api_server_refuses_the_release_label() -> None:
 def test_rendered_core_objects_validate_strictly(tmp_path, version) -> None:
     core = [o for path in VARIANTS for o in rendered(path) if o["kind"] not in OPERATOR_KINDS]
     kinds = {o["kind"] for o in core}
-    assert kinds == {"Deployment", "DaemonSet", "Service", "PersistentVolumeClaim", "ConfigMap", "NetworkPolicy"}
+    assert kinds == {"Namespace", "Deployment", "DaemonSet", "Service", "PersistentVolumeClaim", "ConfigMap",
+                     "NetworkPolicy"}
     manifest = tmp_path / "core.yaml"
     manifest.write_text(yaml.safe_dump_all(core, sort_keys=False))
     result = run_tool("kubernetes-validate", "--strict", "-k", version, str(manifest))
@@ -185,7 +204,8 @@ def test_grafana_generator_check_fails_when_a_rule_changes(tmp_path) -> None:
     for rel in ("k8s/generate_grafana.py", "k8s/generate_prometheusrule.py", "prometheus/rules/vramwatch.rules.yml",
                 "grafana/dashboards/vramwatch.json",
                 "k8s/components/kube-prometheus-stack/grafana-dashboard.yaml",
-                "k8s/components/kube-prometheus-stack/grafana-alerts.yaml"):
+                "k8s/components/kube-prometheus-stack/grafana-alerts.yaml",
+                "grafana/provisioning/alerting/vramwatch-alerts.yaml"):
         (tmp_path / "deploy" / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "deploy" / rel).write_text((DEPLOY / rel).read_text())
     rules = tmp_path / "deploy" / "prometheus" / "rules" / "vramwatch.rules.yml"
@@ -193,6 +213,7 @@ def test_grafana_generator_check_fails_when_a_rule_changes(tmp_path) -> None:
     result = subprocess.run([sys.executable, str(tmp_path / "deploy" / "k8s" / "generate_grafana.py"), "--check"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "grafana-alerts.yaml is out of date" in result.stderr
+    assert "vramwatch-alerts.yaml is out of date" in result.stderr  # the compose copy too
 
 
 def test_dashboard_configmap_for_the_chart_sidecar() -> None:
@@ -220,8 +241,8 @@ def grafana_rules() -> list[dict]:
 
 def test_grafana_alert_rules_are_the_prometheus_rules_on_the_chart_datasource() -> None:
     rules = grafana_rules()
-    assert [r["title"] for r in rules] == ["VramwatchPlateauBreak", "VramwatchMemoryLeak", "VramwatchOOM",
-                                           "VramwatchHookSilent"]
+    assert [r["title"] for r in rules] == ["VramwatchPlateauBreak", "VramwatchMemoryLeak", "VramwatchOOMImminent",
+                                           "VramwatchOOM", "VramwatchHookSilent"]
     prometheus = alert_rules()
     dashboard_uid = json.loads(DASHBOARD.read_text())["uid"]
     assert len({r["uid"] for r in rules}) == len(rules)
@@ -234,7 +255,8 @@ def test_grafana_alert_rules_are_the_prometheus_rules_on_the_chart_datasource() 
         assert refs["B"]["model"] == {"refId": "B", "type": "reduce", "expression": "A", "reducer": "last"}
         assert refs["C"]["model"]["expression"] == "B"
         assert refs["C"]["model"]["conditions"] == [{"evaluator": {"type": "gt", "params": [0]}}]
-        assert rule["for"] == source["for"] and rule["labels"] == source["labels"]
+        # the namespace label routes the rule's alerts and Grafana's DatasourceError about it
+        assert rule["for"] == source["for"] and rule["labels"] == {**source["labels"], "namespace": NAMESPACE}
         assert rule["annotations"].pop("__dashboardUid__") == dashboard_uid
         assert set(rule["annotations"]) == set(source["annotations"])
         for key, text in rule["annotations"].items():
@@ -316,6 +338,13 @@ def test_alertmanagerconfig_routes_in_the_charts_alertmanager(tmp_path) -> None:
         ({"alertname": "VramwatchOOM", "severity": "critical"}, oncall),
         ({"alertname": "VramwatchPlateauBreak", "severity": "warning"}, team),
         ({"alertname": "VramwatchHookSilent", "severity": "warning", "grafana_folder": "vramwatch"}, team),
+        ({"alertname": "VramwatchOOMImminent", "severity": "critical"}, oncall),
+        # Grafana cannot query Prometheus for one of its vramwatch rules: the team, not the null receiver,
+        # whatever the rule's severity (its labels, namespace included, are the error alert's)
+        ({"alertname": "DatasourceError", "severity": "critical", "grafana_folder": "vramwatch",
+          "rulename": "VramwatchOOM"}, team),
+        ({"alertname": "DatasourceNoData", "severity": "warning", "grafana_folder": "vramwatch",
+          "rulename": "VramwatchHookSilent"}, team),
         ({"alertname": "KubePodCrashLooping", "severity": "warning"}, "null"),  # not ours: the chart's tree
     ):
         assert amtool_route(path, {**rank, **labels}) == receiver, labels

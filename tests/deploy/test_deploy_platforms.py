@@ -90,10 +90,22 @@ def test_alertmanager_routes_critical_vramwatch_alerts_to_oncall() -> None:
     routes = config["route"]["routes"]
     assert config["route"]["receiver"] in receivers and all(r["receiver"] in receivers for r in routes)
     assert 'severity = "critical"' in routes[0]["matchers"] and "run" in config["route"]["group_by"]
-    (inhibit,) = config["inhibit_rules"]
-    assert set(inhibit["equal"]) == {"run", "Hostname", "rank"}
+    leak, imminent, grafana_copy = config["inhibit_rules"]
+    assert set(leak["equal"]) == set(imminent["equal"]) == {"run", "Hostname", "rank"}
+    assert {"alertname", "run", "Hostname", "rank"} == set(grafana_copy["equal"])
+    amtool = need_binary("amtool")
+
+    def route(**labels: str) -> str:
+        result = subprocess.run([amtool, "config", "routes", "test", f"--config.file={ALERTMANAGER}",
+                                 *(f"{k}={v}" for k, v in labels.items())], capture_output=True, text=True, timeout=60)
+        return result.stdout.strip()
+
+    assert route(alertname="VramwatchOOMImminent", severity="critical", run="r", rank="0") == "training-oncall"
+    # Grafana cannot reach Prometheus for its copy of a critical rule: the team, not on-call
+    assert route(alertname="DatasourceError", severity="critical", grafana_folder="vramwatch",
+                 rulename="VramwatchOOM") == "training-team"
     critical = {name for name, rule in alert_rules().items() if rule["labels"]["severity"] == "critical"}
-    assert critical == {"VramwatchMemoryLeak", "VramwatchOOM"}
+    assert critical == {"VramwatchMemoryLeak", "VramwatchOOMImminent", "VramwatchOOM"}
 
 
 def test_kubernetes_collector_and_node_local_daemonset() -> None:
@@ -189,12 +201,14 @@ def test_dockerfile_is_reproducible_and_runs_as_10001() -> None:
     assert all(line.split()[1] == "${PYTHON_IMAGE}" for line in dockerfile.splitlines() if line.startswith("FROM "))
     assert "groupadd --gid 10001" in dockerfile and "--uid 10001 --gid 10001" in dockerfile
     assert "useradd --system" not in dockerfile and "USER 10001:10001" in dockerfile
-    assert dockerfile.count("-c /constraints.txt") == 2  # the build backend and the server deps
+    # the build backend and the server deps: every distribution pinned by digest, nothing else installed
+    assert dockerfile.count("--require-hashes --no-deps -r /") == 2
+    assert "-c /constraints.txt" not in dockerfile
     # the image runs `serve --otlp-endpoint`: the otlp extra is installed, and pinned like the rest
     extras = re.search(r'vramwatch-\*\.whl\)\[([a-z,]+)\]', dockerfile).group(1).split(",")
     assert extras == list(load_module(DEPLOY / "server_constraints.py").IMAGE_EXTRAS) == ["server", "otlp"]
     ignore = (ROOT / ".dockerignore").read_text().split()
-    assert "!deploy/server-constraints.txt" in ignore
+    assert {"!deploy/build-requirements.txt", "!deploy/image-requirements.txt"} <= set(ignore)
 
 
 def test_server_constraints_pin_every_dependency_of_the_image() -> None:
@@ -207,6 +221,24 @@ def test_server_constraints_pin_every_dependency_of_the_image() -> None:
     assert set(module.closure()) <= set(pins), set(module.closure()) - set(pins)
     for requirement in module.top_requirements():
         assert requirement.specifier.contains(pins[module.canonical(requirement.name)]), requirement
+    # the dashboard vendors plotly.js: the image carries no plotly Python package
+    assert "plotly" not in pins and "narwhals" not in pins
+
+
+def test_image_locks_pin_the_constraints_with_digests(tmp_path) -> None:
+    """The hash-checked locks the Dockerfile installs pin exactly the constraints, each entry with a
+    sha256 digest; a lock that drifts (a version changed, a digest dropped) fails the check."""
+    result = subprocess.run([sys.executable, str(DEPLOY / "image_lock.py"), "--check"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    module = load_module(DEPLOY / "image_lock.py")
+    build, image = module.locked(module.BUILD_LOCK), module.locked(module.IMAGE_LOCK)
+    assert "hatchling" in build and "hatchling" not in image and "fastapi" in image and "uvicorn" in image
+    assert set(build) | set(image) == set(module.pins())
+    broken = tmp_path / "lock.txt"
+    broken.write_text(module.IMAGE_LOCK.read_text().replace("--hash=sha256:", "--hash=md5:", 1))
+    with pytest.raises(ValueError, match="no sha256 digest"):
+        module.locked(broken)
 
 
 # ------------------------------------------------------------------ each file checked by its own tool

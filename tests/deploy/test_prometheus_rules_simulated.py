@@ -11,6 +11,7 @@ alert at all, and that each fault scenario raises the alert written for it.
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -30,7 +31,8 @@ from vramwatch.collector.state.live import LiveState
 from vramwatch.probe.simulated import simulate_trace
 
 T0 = 1_700_000_000.0  # simulated start; promtool time 0
-TIMESTAMP_FAMILIES = {"vramwatch_last_received_timestamp_seconds", "vramwatch_last_sample_timestamp_seconds"}
+TIMESTAMP_FAMILIES = {"vramwatch_last_received_timestamp_seconds", "vramwatch_last_sample_timestamp_seconds",
+                      "vramwatch_last_oom_timestamp_seconds", "vramwatch_process_start_timestamp_seconds"}
 
 QUIET = {  # scenario: steps (1 s each)
     "healthy": 3000,
@@ -62,11 +64,13 @@ def exported_series(scenario: str, steps: int) -> tuple[dict[str, list[float | N
     return exported_from(samples)
 
 
-def exported_from(samples: list[dict], wanted: set[str] | None = None) -> tuple[dict[str, list[float | None]], int]:
-    """Play samples (any ranks, in time order) into a LiveState; render /metrics once a minute."""
+def exported_from(samples: list[dict], wanted: set[str] | None = None, *, after_minutes: int = 0,
+                  ) -> tuple[dict[str, list[float | None]], int]:
+    """Play samples (any ranks, in time order) into a LiveState; render /metrics once a minute,
+    ``after_minutes`` more after the last sample."""
     wanted = rule_metric_names() if wanted is None else wanted
     samples = sorted(samples, key=lambda s: s["ts"])
-    minutes = int((samples[-1]["ts"] - T0) // 60) + 1
+    minutes = int((samples[-1]["ts"] - T0) // 60) + 1 + after_minutes
     live = LiveState()
     clock = [T0]
     # the simulated clock: ranks are judged (running, dead) at the simulated minute; never age out
@@ -265,3 +269,32 @@ def test_plateau_break_annotation_skips_checkpoint_ratchets_as_the_alert_does(tm
          "promql_expr_test": tests}]}, sort_keys=False, width=100000))
     result = run_promtool("test", "rules", str(test_file))
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+
+
+def firing_minutes(output: str) -> dict[str, set[int]]:
+    """{alertname: minutes it fired at} from promtool's report of unexpected alerts."""
+    fired: dict[str, set[int]] = {}
+    for alert, minute in re.findall(r"alertname: (\w+), time: (\d+)m", output):
+        fired.setdefault(alert, set()).add(int(minute))
+    return fired
+
+
+def test_a_fast_leak_pages_before_its_oom_and_the_oom_pages_at_once(tmp_path) -> None:
+    """A leak that fills the device about 6 minutes after it starts, through the real engine and
+    /metrics: the OOM-imminent page fires minutes before the OOM (the leak alert's for: 5m would
+    come after it), and the OOM alert at the first evaluation that sees the OOM, for 10 minutes."""
+    samples = list(simulate_trace("leak_to_oom", steps=3300, run="fast", host="node-a", rank=0, start_ts=T0,
+                                  leak_onset=2600, leak_rate_frac=3.5e-4))
+    oom_ts = next(s["ts"] for s in samples if s.get("ooms") or s.get("oom_marked"))
+    onset_ts = next(s["ts"] for s in samples if s["step"] == 2600)
+    assert 300 <= oom_ts - onset_ts <= 420  # the phenomenon: about 6 minutes from the first leaked byte
+    oom_minute = math.ceil((oom_ts - T0) / 60)  # the first scrape that can show it
+    series, minutes = exported_from(samples, after_minutes=15)
+    checks = [{"eval_time": f"{m}m", "alertname": alert, "exp_alerts": []}
+              for m in range(40, minutes + 1) for alert in ("VramwatchOOMImminent", "VramwatchOOM")]
+    _rc, output, _ = run_group(tmp_path, {"name": "fast leak", "interval": "1m",
+                                         "input_series": input_series(series), "alert_rule_test": checks})
+    fired = firing_minutes(output)
+    assert fired.get("VramwatchOOMImminent") and min(fired["VramwatchOOMImminent"]) < oom_minute, output[-3000:]
+    assert min(fired["VramwatchOOM"]) == oom_minute
+    assert fired["VramwatchOOM"] == set(range(oom_minute, oom_minute + 10)), output[-3000:]

@@ -198,6 +198,21 @@ def test_torch_device_maps_to_nvml_handle_by_uuid_despite_renumbering():
     assert reading.process_used_bytes == 24 * GiB  # only this pid, not pid 4242
 
 
+def test_gpu_is_the_hosts_nvml_index_not_torchs_renumbered_one(monkeypatch):
+    """Under CUDA_VISIBLE_DEVICES=2 torch's cuda:0 is the host's GPU 2: the samples' ``gpu`` (the
+    /metrics label) is 2, as nvidia-smi and dcgm-exporter number it; without NVML, torch's index."""
+    cuda = FakeCuda(uuid=UUID2)
+    cuda.alloc(GiB)
+    probe = probe_with(monkeypatch, cuda, nvml=make_pynvml(machine()), env={"CUDA_VISIBLE_DEVICES": "2"})
+    try:
+        info = probe.device_info()
+        assert (info["gpu"], info["uuid"]) == (2, f"GPU-{UUID2}")
+    finally:
+        probe.close()
+    without = probe_with(monkeypatch, FakeCuda(uuid=UUID2), env={"CUDA_VISIBLE_DEVICES": "2"})
+    assert without.device_info()["gpu"] == 0
+
+
 def test_cuda_visible_devices_without_uuid_indices_and_uuid_prefixes():
     nv = make_pynvml(machine())
     by_index = open_device(1, env={"CUDA_VISIBLE_DEVICES": "2,0"}, pynvml=nv)

@@ -175,6 +175,28 @@ def test_a_rank_crash_looping_stays_bounded_and_keeps_counting() -> None:
     assert story.ranks[0].deaths == n and story.ranks[0].incarnations[0].record.incarnation == "p0"
 
 
+def test_last_oom_time_is_the_latest_oom_of_any_process_in_any_order() -> None:
+    """The OOM alert's clock: the sample time of the rank's latest OOM whatever process raised it
+    and whatever order samples came in; kept when its process's record is summed away; the
+    running process's start beside it."""
+    samples = [make_sample(i, run="o", ts=T0 + i, incarnation="a", ooms=int(i >= 5)) for i in range(10)]
+    samples += [make_sample(i, run="o", ts=T0 + 100 + i, incarnation="b", ooms=int(i >= 3) + int(i >= 7))
+                for i in range(10)]
+    samples += [make_sample(i, run="o", ts=T0 + 200 + i, incarnation="c") for i in range(10)]
+    for order in (samples, list(reversed(samples)), random.Random(7).sample(samples, len(samples))):
+        rank = fold(order)["o"].ranks()[0]
+        assert rank.last_oom_ts == T0 + 107  # process b's second OOM
+        assert rank.process_start_ts == T0 + 200 and rank.ooms == 3
+    assert fold(samples[20:])["o"].ranks()[0].last_oom_ts is None  # no OOM: nothing to be recent
+    life = RunLife("loop")  # the OOM'd process is among the ones summed away past MAX_INCARNATIONS
+    life.feed(make_sample(0, run="loop", ts=T0, incarnation="p0"))
+    life.feed(make_sample(1, run="loop", ts=T0 + 5, incarnation="p1", ooms=1))
+    for k in range(2, runlife.MAX_INCARNATIONS + 5):
+        life.feed(make_sample(0, run="loop", ts=T0 + 10 * k, incarnation=f"p{k}"))
+    rank = life.ranks()[0]
+    assert "p1" not in {r.incarnation for r in rank.records()} and rank.last_oom_ts == T0 + 5
+
+
 def test_judge_is_pure_and_empty_runs_have_no_story() -> None:
     assert judge("none", [], now=T0).ranks == () and judge("none", [], now=T0).status == "finished"
     life = fold(oom_restart_finish().samples)["oom-restart"]

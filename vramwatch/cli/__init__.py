@@ -326,7 +326,8 @@ def _add_serve(sub: Any) -> None:
                    help="on SIGTERM, wait this long for running requests (default 10)")
     p.add_argument("--allowed-host", action="append", metavar="NAME",
                    help="a Host header name to serve (repeat; default: loopback names on a loopback bind, "
-                        "any name otherwise); others get 421")
+                        "any name otherwise); other names get 421; IP literals (probes, scrapes by pod IP) "
+                        "always pass")
     p.add_argument("--max-snapshots", type=positive(int), default=10_000, metavar="N",
                    help="allocator snapshots kept (oldest evicted first; default 10000)")
     p.add_argument("--snapshots-max-mb", type=positive(float), default=2048.0, metavar="MB",

@@ -167,6 +167,10 @@ class TorchCudaProbe(BaseProbe):
         if self.nvml_device is not None:
             info["uuid"] = self.nvml_device.uuid
             info["name"] = self.nvml_device.name
+            if self.nvml_device.index is not None:
+                # the host's numbering (nvidia-smi's, dcgm-exporter's ``gpu``), not torch's index
+                # renumbered by CUDA_VISIBLE_DEVICES (torch's is ``local_rank``'s device as a rule)
+                info["gpu"] = self.nvml_device.index
         elif self._uuid is not None:
             info["uuid"] = self._uuid if self._uuid[:4] in ("GPU-", "MIG-") else "GPU-" + self._uuid
         return info

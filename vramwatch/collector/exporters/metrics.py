@@ -46,9 +46,15 @@ from vramwatch.__about__ import __version__
 from vramwatch.decisions.readiness import VERDICTS as READINESS_VERDICTS
 from vramwatch.wire import FIELD_TABLE
 
-#: Label names of every per-rank family, in exposition order. ``Hostname``/``UUID``/``gpu``
-#: are spelled as dcgm-exporter spells them.
+#: Label names of the per-rank state families, in exposition order. ``Hostname``/``UUID``/``gpu``
+#: are spelled as dcgm-exporter spells them (``gpu``: the host's NVML index).
 SERIES_LABELS = ("run", "rank", "Hostname", "UUID", "gpu")
+
+#: Label names of the families keyed by the rank alone: every counter, the rank's last OOM time,
+#: its running flag and its process's start. A restart or relaunch on other GPUs (new UUID,
+#: new index) continues the same series, so ``increase()`` and the OOM alert never see a new
+#: series carrying an old count.
+RANK_LABELS = ("run", "rank", "Hostname")
 
 #: Engine states; ``vramwatch_trend_state`` has one series per state per rank.
 TREND_STATES = ("warmup", "plateau", "rising", "leak", "fragmentation")
@@ -64,6 +70,7 @@ class RankRow:
 
     labels: str  # the label string, escaped (fast path)
     label_values: tuple[str, str, str, str, str]  # SERIES_LABELS' values (standard API)
+    rank_labels: str  # RANK_LABELS' label string, escaped
     series: Any  # the live SeriesState
     last: dict[str, Any]  # latest sample
     last_train: dict[str, Any] | None  # latest training-step sample
@@ -72,6 +79,8 @@ class RankRow:
     restarts: int
     running: bool  # its latest process runs (live or silent)
     silence_window_s: float  # the run-life model's window for this rank (its cadence)
+    last_oom_ts: float | None = None  # the model's latest OOM (rank's clock), any process
+    process_start_ts: float | None = None  # its latest process's first sample (rank's clock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +94,12 @@ class Family:
     help: str
     get: Callable[[RankRow], Any]
     always: bool = False
+    #: labelled by RANK_LABELS (a counter always is) instead of SERIES_LABELS
+    per_rank: bool = False
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return RANK_LABELS if self.per_rank or self.kind == "counter" else SERIES_LABELS
 
 
 def _sample(field: str) -> Callable[[RankRow], Any]:
@@ -133,7 +148,14 @@ SERIES_FAMILIES: tuple[Family, ...] = (
            lambda row: row.restarts, always=True),
     Family("vramwatch_rank_running", "gauge",
            "1 while this rank's latest process runs (live or silent), 0 once it exited, died or ended "
-           "(vramwatch.runlife).", lambda row: int(row.running), always=True),
+           "(vramwatch.runlife).", lambda row: int(row.running), always=True, per_rank=True),
+    Family("vramwatch_last_oom_timestamp_seconds", "gauge",
+           "When this rank last ran out of memory (rank's clock; any process of it; absent before its "
+           "first OOM). The OOM alert fires while it is recent, whatever Prometheus remembers.",
+           lambda row: row.last_oom_ts, always=True, per_rank=True),
+    Family("vramwatch_process_start_timestamp_seconds", "gauge",
+           "First sample of this rank's running process (rank's clock): alerts over a time window count "
+           "only the running process's part of it.", lambda row: row.process_start_ts, per_rank=True),
     Family("vramwatch_plateau_breaks", "counter",
            "Plateau breaks the trend engine found on this rank since the collector started.",
            _summary("plateau_breaks"), always=True),
@@ -213,7 +235,7 @@ class SeriesCollector(Collector):
         self.live = live
         self.finished_after_s = float(finished_after_s)
         self.clock = clock
-        self._labels: dict[tuple, tuple[str, tuple[str, str, str, str, str]]] = {}
+        self._labels: dict[tuple, tuple[str, tuple[str, str, str, str, str], str]] = {}
         self._lock = threading.Lock()
         self.exported_series = 0
         self.exported_keys: set[tuple[str, str, int]] = set()
@@ -221,7 +243,7 @@ class SeriesCollector(Collector):
 
     # -------------------------------------------------------------- rows
 
-    def _label_strings(self, series: Any) -> tuple[str, tuple[str, str, str, str, str]]:
+    def _label_strings(self, series: Any) -> tuple[str, tuple[str, str, str, str, str], str]:
         key = (series.run, series.rank, series.host, series.uuid, series.gpu)
         found = self._labels.get(key)
         if found is None:
@@ -231,7 +253,8 @@ class SeriesCollector(Collector):
                 f'run="{_escape(series.run)}",rank="{series.rank}",Hostname="{_escape(series.host)}",'
                 f'UUID="{_escape(uuid)}",gpu="{gpu}"'
             )
-            found = (text, (series.run, str(series.rank), series.host, uuid, gpu))
+            rank_text = text[:text.index(',UUID="')]
+            found = (text, (series.run, str(series.rank), series.host, uuid, gpu), rank_text)
             with self._lock:
                 if len(self._labels) > 65536:  # bounded: old runs' label strings go
                     self._labels.clear()
@@ -254,10 +277,12 @@ class SeriesCollector(Collector):
             for series in states:
                 story = index.get((series.host, series.rank))
                 running = story is None or not story.ended
-                labels, values = self._label_strings(series)
-                rows.append(RankRow(labels, values, series, series.last, series.last_train, series.engine.summary(),
-                                    series.ooms, series.restarts, running,
-                                    verdicts.SILENT_AFTER_S if story is None else story.window_s))
+                labels, values, rank_labels = self._label_strings(series)
+                life = series.life
+                rows.append(RankRow(labels, values, rank_labels, series, series.last, series.last_train,
+                                    series.engine.summary(), series.ooms, series.restarts, running,
+                                    verdicts.SILENT_AFTER_S if story is None else story.window_s,
+                                    life.last_oom_ts, life.process_start_ts))
         rows.sort(key=lambda row: (row.series.run, row.series.host, row.series.rank))
         self.exported_series = len(rows)
         self.exported_keys = {(row.series.run, row.series.host, row.series.rank) for row in rows}
@@ -274,7 +299,7 @@ class SeriesCollector(Collector):
                     value = family.get(row)
                     if value is not None:
                         points.append((row, None, value))
-            yield family.name, family.kind, family.help, SERIES_LABELS, points
+            yield family.name, family.kind, family.help, family.label_names, points
         states: list[_Point] = []
         for row in rows:
             if row.running:
@@ -288,8 +313,10 @@ class SeriesCollector(Collector):
         rows = self.rows()
         for name, kind, doc, labels, points in self.families(rows):
             family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, doc, labels=labels)
+            per_rank = labels is RANK_LABELS
             for row, extra, value in points:
-                values = list(row.label_values) if extra is None else [*row.label_values, extra[1]]
+                own = row.label_values[:3] if per_rank else row.label_values
+                values = list(own) if extra is None else [*own, extra[1]]
                 family.add_metric(values, float(value))
             yield family
         yield GaugeMetricFamily("vramwatch_series", "Rank series exported on /metrics.", value=len(rows))
@@ -301,12 +328,14 @@ class SeriesCollector(Collector):
         rows = self.rows()
         parts: list[str] = []
         append = parts.append
-        for name, kind, doc, _labels, points in self.families(rows):
+        for name, kind, doc, label_names, points in self.families(rows):
             sample_name = name + "_total" if kind == "counter" else name
             family_name = name if openmetrics or kind != "counter" else sample_name
             append(f"# HELP {family_name} {doc}\n# TYPE {family_name} {kind}\n")
+            per_rank = label_names is RANK_LABELS
             for row, extra, value in points:
-                labels = row.labels if extra is None else f'{row.labels},{extra[0]}="{extra[1]}"'
+                own = row.rank_labels if per_rank else row.labels
+                labels = own if extra is None else f'{own},{extra[0]}="{extra[1]}"'
                 append(f"{sample_name}{{{labels}}} {_format_value(value)}\n")
         append("# HELP vramwatch_series Rank series exported on /metrics.\n# TYPE vramwatch_series gauge\n")
         append(f"vramwatch_series {len(rows)}\n")
@@ -411,6 +440,7 @@ def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]
 
 
 __all__ = [
+    "RANK_LABELS",
     "SERIES_LABELS",
     "TREND_STATES",
     "IngestMetrics",

@@ -33,7 +33,7 @@ from vramwatch.collector.serving import pages
 from vramwatch.collector.serving.deps import RateLimitedLog, require_ingest_auth, require_read_auth
 from vramwatch.collector.serving.door import FrontDoor
 from vramwatch.collector.serving.openapi import INGEST_OPERATION, sample_json_schema
-from vramwatch.collector.serving.pages import dashboard_dir, dashboard_plotly_js_path, plotly_js_path
+from vramwatch.collector.serving.pages import dashboard_dir, dashboard_plotly_js_path
 from vramwatch.collector.serving.responses import JSONBytes, install_error_handlers
 from vramwatch.collector.settings import Settings, background
 from vramwatch.collector.snapshots.diffs import DiffCache
@@ -46,7 +46,7 @@ from vramwatch.collector.store import Store, StoreError
 log = logging.getLogger("vramwatch.collector")
 
 __all__ = [
-    "Settings", "create_app", "dashboard_dir", "dashboard_plotly_js_path", "plotly_js_path", "sample_json_schema",
+    "Settings", "create_app", "dashboard_dir", "dashboard_plotly_js_path", "sample_json_schema",
 ]
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")

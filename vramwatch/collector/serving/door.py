@@ -1,7 +1,11 @@
 """The front door: the pure-ASGI layer every request passes first.
 
 * **Host check** (DNS rebinding: a page on an attacker's name that resolves to 127.0.0.1
-  must not reach a loopback collector): a ``Host`` not in the allowed set gets 421;
+  must not reach a loopback collector): a ``Host`` *name* not in the allowed set gets 421. An IP
+  literal (``10.1.2.3:8765``, ``[fd00::5]``) always passes: a browser sends one only for a page
+  whose origin is that address, which no DNS answer can rebind, and it is what the Docker
+  HEALTHCHECK (127.0.0.1), the Kubernetes probes and a ServiceMonitor's scrape (the pod's IP)
+  send, so ``--allowed-host`` never breaks them;
 * **small bodies**: a POST to any route but the two that stream their bodies under bounds of
   their own (ingest, snapshot upload) must declare a Content-Length of at most
   :data:`MAX_SMALL_BODY` (413, or 411 without one), checked before the app reads it: a
@@ -23,6 +27,7 @@ object also exposes.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from typing import Any
 
@@ -67,6 +72,14 @@ async def send_json(send: Send, status: int, doc: dict[str, Any]) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _is_ip_literal(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 def _host_name(value: str) -> str:
     value = value.strip().lower()
     if value.startswith("["):
@@ -77,7 +90,7 @@ def _host_name(value: str) -> str:
 class HostCheck:
     """The Host check and the quiet cancel of the module docstring, around any ASGI ``app``
     (the federating front serves behind it too). ``allowed_hosts``: names a ``Host`` header
-    may carry (None: any)."""
+    may carry besides IP literals (None: any)."""
 
     #: paths whose POST bodies are streamed under bounds of their own (not held to MAX_SMALL_BODY)
     STREAMED: frozenset[str] = frozenset()
@@ -128,7 +141,8 @@ class HostCheck:
         assert self.allowed_hosts is not None
         for key, value in scope["headers"]:
             if key == b"host":
-                return _host_name(value.decode("latin-1")) in self.allowed_hosts
+                name = _host_name(value.decode("latin-1"))
+                return name in self.allowed_hosts or _is_ip_literal(name)
         return False
 
     async def _refuse_host(self, scope: Scope, send: Send) -> None:

@@ -26,18 +26,11 @@ def dashboard_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "dashboard"
 
 
-def plotly_js_path() -> Path:
-    """The full plotly.js bundle of the plotly package (4.8 MB, every trace type)."""
-    import plotly
-
-    return Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
-
-
 def dashboard_plotly_js_path() -> Path:
     """plotly.js as the dashboard loads it: the partial (cartesian) bundle vendored in the
-    dashboard (1.5 MB, every trace the dashboard draws), else the full one."""
-    partial = dashboard_dir() / "vendor" / "plotly-cartesian.min.js"
-    return partial if partial.is_file() else plotly_js_path()
+    dashboard (1.5 MB, every trace the dashboard draws; dashboard/vendor/README.md). Shipped in
+    the wheel, so the collector needs no plotly Python package (64 MB installed)."""
+    return dashboard_dir() / "vendor" / "plotly-cartesian.min.js"
 
 
 def _first_visit_auth(request: Request) -> None:
