@@ -135,7 +135,8 @@ def lone_death(run: str = "lone", seed: int = 4) -> Truth:
     out = []
     for r in range(4):
         last_step = 300 if r == 3 else 1000
-        rows = [sample(run, r, step, T0 + step + r * 0.01, f"a{r}", 30 * GiB + _noise(rng)) for step in range(last_step + 1)]
+        rows = [sample(run, r, step, T0 + step + r * 0.01, f"a{r}", 30 * GiB + _noise(rng))
+                for step in range(last_step + 1)]
         out.extend(rows)
         if r != 3:
             out.append(_exit(rows[-1]))

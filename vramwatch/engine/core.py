@@ -54,7 +54,8 @@ class TrendEngine:
 
     __slots__ = (
         "_as_sample", "_b_floor", "_b_outside", "_b_peak", "_b_peak2", "_b_resv", "_b_slack", "_b_split",
-        "_blk_end", "_blk_start", "_events", "_incarnation", "_inherited", "_last", "_last_step", "_ooms", "_retries", "_signal",
+        "_blk_end", "_blk_start", "_events", "_incarnation", "_inherited", "_last",
+        "_last_step", "_ooms", "_retries", "_signal",
         "_spike_threshold", "_started", "_total", "config", "ctx", "fragmentation", "last_break_cause", "leak",
         "out_of_order", "outside", "plateau", "plateau_breaks", "plateau_relevels", "samples", "spikes", "state",
     )

@@ -119,8 +119,9 @@ class PhasePeak(Finding):
     @property
     def text(self) -> str:
         out = f"rank {self.rank} ran out of memory in {self.phase} at step {self.step:,}"
-        if self.peak_bytes is not None and self.train_peak_bytes is not None and self.peak_bytes > self.train_peak_bytes:
-            out += (f", peaking at {gib(self.peak_bytes)}, {gib(self.peak_bytes - self.train_peak_bytes)} "
+        peak, train = self.peak_bytes, self.train_peak_bytes
+        if peak is not None and train is not None and peak > train:
+            out += (f", peaking at {gib(peak)}, {gib(peak - train)} "
                     "above the training peak")
         return out
 

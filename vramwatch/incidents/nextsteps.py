@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vramwatch.incidents import findings as F
+from vramwatch.incidents.incident import Incident
 from vramwatch.units import gib, rate
-
-if TYPE_CHECKING:
-    from vramwatch.incidents.derive import Incident
 
 ALLOCATOR_SETTING = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 
@@ -102,8 +100,10 @@ def next_steps(run: str, incidents: list[Incident], still: list[F.Finding],
             out.append(step)
     if any(i.cause == "not_memory" for i in incidents) and not out:
         stop = next(i for i in incidents if i.cause == "not_memory")
-        out.append(NextStep("hold", "keep the batch: memory was not the cause; look at the launcher's and NCCL's "
-                            f"logs around step {stop.step:,} for why the job stopped"))
+        why = (f"why rank {stop.rank} was killed (the host's kernel log for the OOM-killer, the scheduler)"
+               if stop.kind == "death" else "why the job stopped (a hang in a collective, the launcher's, NCCL's logs)")
+        out.append(NextStep("hold", f"keep the batch: memory was not the cause; look around step {stop.step:,} "
+                            f"for {why}", stop.rank))
     if not out and not incidents:
         out.append(NextStep("hold", "nothing to change: no incident and nothing open"))
     if not out:
