@@ -77,6 +77,9 @@ function evidenceText(ev) {
   if (ev.proven) parts.push("proven " + batchText(ev.proven.tokens_per_step, ev.proven.global_tokens_per_step));
   const oom = ev.oom_ceiling;
   if (oom) parts.push("OOM at " + intText(oom.tokens) + " (rank " + oom.rank + ", step " + intText(oom.step) + ", " + oom.phase + ")");
+  // "no OOM" is never said after one: OOMs the batch did not cause (a leak's) are still OOMs
+  const others = (ev.ooms || []).length;
+  if (!oom && others) parts.push(intText(others) + " OOM(s) not caused by the batch");
   return parts.length ? parts.join(" · ") : "nothing proven, no OOM";
 }
 

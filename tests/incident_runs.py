@@ -72,7 +72,7 @@ def _oom(s: dict[str, Any], phase: str = "train") -> dict[str, Any]:
     return {**s, "ts": s["ts"] + 0.3, "phase": phase, "seq": 2, "ooms": 1, "oom_marked": True}
 
 
-def leak_checkpoint_restart(run: str = "leak-ckpt", seed: int = 1) -> Truth:
+def leak_checkpoint_restart(run: str = "leak-ckpt", seed: int = 1, t0: float = T0) -> Truth:
     """8 ranks; rank 5 leaks 40 MiB/step from step 1,000 and runs out of memory in the step-1,600
     checkpoint; the others stop with it; all 8 restart from the step-1,200 checkpoint 60 s later;
     the run closes cleanly at step 1,900, rank 5 still leaking (from its restart on)."""
@@ -82,13 +82,13 @@ def leak_checkpoint_restart(run: str = "leak-ckpt", seed: int = 1) -> Truth:
     for r in range(8):
         for step in range(1601):
             grow = leak * max(0, step - 1000) if r == 5 else 0
-            s = sample(run, r, step, T0 + step + r * 0.01, f"a{r}", base + grow + _noise(rng))
+            s = sample(run, r, step, t0 + step + r * 0.01, f"a{r}", base + grow + _noise(rng))
             out.append(s)
             if step and step % 400 == 0:
                 phase = {**s, "ts": s["ts"] + 0.2, "phase": "checkpoint",
                          "peak_allocated_bytes": int(s["allocated_bytes"] + ckpt)}
                 out.append(_oom(phase, "checkpoint") if (r == 5 and step == 1600) else phase)
-        t1 = T0 + 1600 + 60
+        t1 = t0 + 1600 + 60
         last = None
         for step in range(1201, 1901):
             grow = leak * (step - 1201) if r == 5 else 0
@@ -104,16 +104,16 @@ def leak_checkpoint_restart(run: str = "leak-ckpt", seed: int = 1) -> Truth:
                  {"leak_since": 1000, "slope": leak, "restart_step": 1201})
 
 
-def job_stop_with_room(run: str = "job-stop", seed: int = 2) -> Truth:
+def job_stop_with_room(run: str = "job-stop", seed: int = 2, t0: float = T0) -> Truth:
     """8 ranks at 20 GiB of 80 stop together at step 800, no clean close, no restart."""
     rng = random.Random(seed)
-    out = [sample(run, r, step, T0 + step + r * 0.01 + (0.8 if step == 800 else 0), f"a{r}", 20 * GiB + _noise(rng))
+    out = [sample(run, r, step, t0 + step + r * 0.01 + (0.8 if step == 800 else 0), f"a{r}", 20 * GiB + _noise(rng))
            for r in range(8) for step in range(801)]
     return Truth("a job-wide stop with memory to spare", _ordered(out), ["job_stop"], ["not_memory"], [0], [8],
                  [False], [], ["hold"], [None])
 
 
-def fragmentation_no_retries(run: str = "frag", seed: int = 3) -> Truth:
+def fragmentation_no_retries(run: str = "frag", seed: int = 3, t0: float = T0) -> Truth:
     """4 ranks; rank 2's reserved-but-unused memory grows 20 MiB/step in inactive split blocks from
     step 600 while its allocated floor holds and the allocator never retries; out of memory at step
     2,000, the job stops with it."""
@@ -122,20 +122,20 @@ def fragmentation_no_retries(run: str = "frag", seed: int = 3) -> Truth:
     for r in range(4):
         for step in range(2001):
             grow = 20 * MiB * max(0, step - 600) if r == 2 else 0
-            s = sample(run, r, step, T0 + step + r * 0.01, f"a{r}", 30 * GiB + _noise(rng), slack=2 * GiB + grow,
+            s = sample(run, r, step, t0 + step + r * 0.01, f"a{r}", 30 * GiB + _noise(rng), slack=2 * GiB + grow,
                        split=1 * GiB + grow)
             out.append(_oom(s) if (r == 2 and step == 2000) else s)
     return Truth("fragmentation without retries", _ordered(out), ["oom"], ["fragmentation"], [2], [4], [False],
                  [], ["set_allocator"], ["train"])
 
 
-def lone_death(run: str = "lone", seed: int = 4) -> Truth:
+def lone_death(run: str = "lone", seed: int = 4, t0: float = T0) -> Truth:
     """4 ranks; rank 3 stops at step 300 (killed alone); the others run to step 1,000 and close cleanly."""
     rng = random.Random(seed)
     out = []
     for r in range(4):
         last_step = 300 if r == 3 else 1000
-        rows = [sample(run, r, step, T0 + step + r * 0.01, f"a{r}", 30 * GiB + _noise(rng))
+        rows = [sample(run, r, step, t0 + step + r * 0.01, f"a{r}", 30 * GiB + _noise(rng))
                 for step in range(last_step + 1)]
         out.extend(rows)
         if r != 3:
@@ -144,16 +144,16 @@ def lone_death(run: str = "lone", seed: int = 4) -> Truth:
                  [], ["hold"], [None])
 
 
-def raise_ooms(run: str = "raise", seed: int = 5) -> Truth:
+def raise_ooms(run: str = "raise", seed: int = 5, t0: float = T0) -> Truth:
     """4 ranks at 16,384 tokens per step run 1,000 steps and close; the job restarts at 24,576 and
     rank 1 runs out of memory at step 1,150; the others stop with it."""
     rng = random.Random(seed)
     out = []
     for r in range(4):
-        rows = [sample(run, r, step, T0 + step + r * 0.01, f"a{r}", 30 * GiB + _noise(rng), act=16384 * 2 * MiB,
+        rows = [sample(run, r, step, t0 + step + r * 0.01, f"a{r}", 30 * GiB + _noise(rng), act=16384 * 2 * MiB,
                        tokens=16384) for step in range(1000)]
         out.extend([*rows, _exit(rows[-1])])
-        t1 = T0 + 1100
+        t1 = t0 + 1100
         for step in range(1000, 1151):
             s = sample(run, r, step, t1 + (step - 1000) + r * 0.01, f"b{r}", 30 * GiB + _noise(rng),
                        act=24576 * 2 * MiB, tokens=24576)
@@ -162,7 +162,7 @@ def raise_ooms(run: str = "raise", seed: int = 5) -> Truth:
                  ["resume"], ["train"], {"held_tokens": 16384})
 
 
-def input_peak(run: str = "input-peak", seed: int = 6) -> Truth:
+def input_peak(run: str = "input-peak", seed: int = 6, t0: float = T0) -> Truth:
     """4 ranks with variable-length inputs (6,000-10,000 tokens a step); rank 0's step 700 carries
     20,000 tokens and runs out of memory; the others stop with it."""
     rng = random.Random(seed)
@@ -170,19 +170,19 @@ def input_peak(run: str = "input-peak", seed: int = 6) -> Truth:
     for r in range(4):
         for step in range(701):
             tokens = 20000 if (r == 0 and step == 700) else rng.randint(6000, 10000)
-            s = sample(run, r, step, T0 + step + r * 0.01, f"a{r}", 30 * GiB + _noise(rng),
+            s = sample(run, r, step, t0 + step + r * 0.01, f"a{r}", 30 * GiB + _noise(rng),
                        act=tokens * 2.5 * MiB, tokens=tokens)
             out.append(_oom(s) if (r == 0 and step == 700) else s)
     return Truth("an input-length peak", _ordered(out), ["oom"], ["input_peak"], [0], [4], [False], [],
                  ["cap_input"], ["train"])
 
 
-def clean_but_leaking(run: str = "clean-leak", seed: int = 7) -> Truth:
+def clean_but_leaking(run: str = "clean-leak", seed: int = 7, t0: float = T0) -> Truth:
     """2 ranks close cleanly at step 1,500; rank 1 leaks 30 MiB/step from step 500 to the end."""
     rng = random.Random(seed)
     out = []
     for r in range(2):
-        rows = [sample(run, r, step, T0 + step + r * 0.01, f"a{r}",
+        rows = [sample(run, r, step, t0 + step + r * 0.01, f"a{r}",
                        30 * GiB + (30 * MiB * max(0, step - 500) if r == 1 else 0) + _noise(rng))
                 for step in range(1501)]
         out.extend([*rows, _exit(rows[-1])])

@@ -147,6 +147,10 @@ def advice_text(result: Any) -> str:
     if top is not None:
         facts.append(f"OOM at {top.record.tokens:,} per rank (run {top.run}, rank {top.rank}, step "
                      f"{top.record.step:,}, {top.record.phase}; cause {top.record.cause})")
+    others = [o for o in ev.ooms if o is not top]
+    if others and top is None:  # "no OOM" is never said after one: OOMs the batch did not cause are still OOMs
+        causes = ", ".join(sorted({o.record.cause for o in others}))
+        facts.append(f"{len(others)} OOM(s) not caused by the batch (cause {causes})")
     how = "inferred" if ev.granularity_inferred else "--granularity"
     lines.append(f"evidence: {'; '.join(facts) or 'nothing proven, no OOM'}; settable in steps of "
                  f"{ev.granularity:,} tokens per rank ({how})")

@@ -27,6 +27,7 @@ from typing import Any
 from vramwatch.decisions.observe import LOOP_CAUSES, PlateauClock, RankTrack
 from vramwatch.decisions.reasons import BATCH_CAUSES, Reason
 from vramwatch.units import gib, mib
+from vramwatch.units import runway as units_runway
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
 
 VERDICTS = ("ready", "not_ready", "unsafe")  # best first; severity is the index
@@ -123,6 +124,19 @@ def _unstable_break(track: RankTrack) -> dict[str, Any] | None:
     return None
 
 
+def _fragmentation_text(track: RankTrack) -> str:
+    """What the engine's latest fragmentation event measured: retries climbing only when the
+    retry counter rose in its window, else the split blocks' growth."""
+    event = next((e for e in reversed(track.engine.events) if e.get("type") == "fragmentation"), None)
+    if event is None:
+        return "reserved memory the allocator cannot reuse is growing"
+    rose = event.get("alloc_retries_in_window") or 0
+    if rose > 0:
+        return f"allocation retries climbing: {rose:,} in its window"
+    return (f"unused reserved memory grew {gib(event.get('growth_bytes'))}, {gib(event.get('inactive_split_bytes'))} "
+            "in inactive split blocks; no allocation retry yet")
+
+
 def _oom_reason(track: RankTrack) -> Reason | None:
     """The current process ran out of memory, or an earlier one did at this batch or a smaller
     one for a reason of the batch (a leak's OOM says nothing about the batch)."""
@@ -156,11 +170,12 @@ def _unsafe(track: RankTrack, config: ReadinessConfig) -> tuple[list[Reason], in
         summary = track.engine.summary()
         slope = summary.get("slope_bytes_per_step") or 0.0
         steps_to_oom = summary.get("steps_to_oom")
-        runway = f"OOM in {steps_to_oom:,} steps" if steps_to_oom is not None else "OOM time unknown"
+        runway = (f"OOM in {units_runway(steps_to_oom, summary.get('seconds_to_oom'))}" if steps_to_oom is not None
+                  else "OOM time unknown")
         unsafe.append(Reason("leak", f"rank {rank}: leak ({summary.get('leak_source')}) {mib(slope)}/step, {runway}",
                              rank))
     elif state == "fragmentation":
-        unsafe.append(Reason("fragmentation", f"rank {rank}: fragmentation (allocation retries climbing)", rank))
+        unsafe.append(Reason("fragmentation", f"rank {rank}: fragmentation ({_fragmentation_text(track)})", rank))
     broke = _unstable_break(track)
     if broke is not None:
         unsafe.append(Reason("unstable", f"rank {rank}: plateau broke at step {broke['step']:,} "
