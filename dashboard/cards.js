@@ -92,8 +92,14 @@ function ranksCard(ranks) {
   const parts = [];
   if (dead) parts.push(dead + " dead");
   if (silent) parts.push(silent + " silent");
-  if (oomRanks) parts.push("OOM ×" + ooms + (oomRanks > 1 ? " on " + oomRanks + " ranks" : ""));
-  if (restarts) parts.push("restart ×" + restarts);
+  // one OOM that took the job down and every rank's restart is one incident (the post-mortem's
+  // count); the per-rank counts go in brackets beside it
+  const perRank = [];
+  if (oomRanks) perRank.push("OOM ×" + ooms + (oomRanks > 1 ? " on " + oomRanks + " ranks" : ""));
+  if (restarts) perRank.push("restart ×" + restarts);
+  if (isNum(S.runIncidents) && S.runIncidents > 0) {
+    parts.push(S.runIncidents + (S.runIncidents === 1 ? " incident" : " incidents") + (perRank.length ? " (" + perRank.join(", ") + ")" : ""));
+  } else parts.push(...perRank);
   if (exited) parts.push(exited + " exited");
   parts.push(statesBySeverity(Object.keys(byState)).map((k) => byState[k] + " " + k).join(", "));
   return { label: "Ranks", value: intText(ranks.length), alert: dead > 0 || silent > 0 || oomRanks > 0,

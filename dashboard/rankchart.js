@@ -154,7 +154,10 @@ function markers(r, v, events) {
     if (EVENT_LABELS[e.type]) {
       let text = EVENT_LABELS[e.type];
       if (e.type === "plateau_break" && e.cause) text += " · " + plotlyText(e.cause);
-      out.push({ step: e.step, ts: e.ts, text, kind: e.type, hover: plotlyText(e.type) + " at step " + intText(e.step) });
+      // after a restart from a checkpoint the step axis runs twice: name the attempt
+      if (isNum(e.attempt) && e.attempt > 1) text += " · attempt " + e.attempt;
+      out.push({ step: e.step, ts: e.ts, text, kind: e.type, hover: plotlyText(e.type) + " at step " + intText(e.step) +
+        (isNum(e.ts) ? " · " + clock(e.ts) : "") });
     }
   }
   const leak = lastOf(events, "leak");
