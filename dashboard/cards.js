@@ -1,7 +1,7 @@
 /* The summary cards over the verdict table: worst rank, least headroom, time to OOM (or
  * the death that already happened), rank counts with deaths and liveness, last sample. */
 
-import { age, clock, duration, gib, intText, isNum, rankKey, slopeText } from "./format.js";
+import { age, clock, duration, gib, intText, isNum, rankKey, rate, runway, slopeText } from "./format.js";
 import { $, clear, el } from "./dom.js";
 import { STATIC } from "./api.js";
 import { S } from "./state.js";
@@ -71,10 +71,16 @@ function oomCard(ranks) {
     const eta = oomEta(r);
     if (isNum(eta) && (soonest === null || eta < oomEta(soonest))) soonest = r;
   }
-  if (!soonest) return { label: "Time to OOM", value: "no leak", sub: "no rank trending to OOM" };
+  if (!soonest) {
+    // a rank whose process ended while leaking has no runway, but "no leak" would be false
+    const leaking = ranks.find((r) => verdictOf(r).state === "leak");
+    if (leaking) return { label: "Time to OOM", alert: true, value: "ended while leaking",
+      sub: "rank " + leaking.rank + " · " + rate(verdictOf(leaking).slope_bytes_per_step) + " when it ended" };
+    return { label: "Time to OOM", value: "no leak", sub: "no rank trending to OOM" };
+  }
   const v = verdictOf(soonest);
   return { label: "Time to OOM", alert: true, value: isNum(v.seconds_to_oom) ? duration(v.seconds_to_oom) : intText(v.steps_to_oom) + " steps",
-    sub: "rank " + soonest.rank + " · ≈ " + intText(v.steps_to_oom) + " steps" };
+    sub: "rank " + soonest.rank + " · ≈ " + runway(v.steps_to_oom, v.seconds_to_oom) };
 }
 
 function ranksCard(ranks) {
