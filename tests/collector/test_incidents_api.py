@@ -26,7 +26,7 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, s
     db = tmp_path_factory.mktemp("incidents") / "vw.db"
     truths = {}
     with BackgroundServer(str(db)) as srv, httpx.Client(base_url=srv.url, timeout=60) as client:
-        for name, fn in SCENARIOS.items():
+        for fn in SCENARIOS.values():
             probe = fn()
             span = probe.last_ts - probe.samples[0]["ts"]
             truth = fn(t0=time.time() - AGO - span)

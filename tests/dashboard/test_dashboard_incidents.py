@@ -71,7 +71,7 @@ def test_the_postmortem_panel_tells_the_story_and_the_next_step(collector: dict[
     # the run card counts one incident, the per-rank counts beside it
     p.wait_for_function("document.getElementById('cards').textContent.includes('incident')")
     cards = p.text_content("#cards")
-    assert "1 incident (" in cards and "OOM ×1" in cards, cards
+    assert "1 incident (" in cards and "OOM \u00d71" in cards, cards
     assert "ended while leaking" in cards and "no leak" not in cards, cards
     assert page.errors == []
 
@@ -111,7 +111,8 @@ def test_the_wall_time_chart_puts_the_oom_before_the_restart(collector: dict[str
     assert _ms(oom[0][1]) < _ms(restart[0][1]), marks
     assert "attempt 2" in restart[0][2]
     # the events table: newest first by time, the restart above the OOM though its step is lower
-    rows = p.eval_on_selector_all("#events-table tbody tr", "trs => trs.map(t => [t.dataset.type, t.cells[0].textContent])")
+    rows = p.eval_on_selector_all("#events-table tbody tr",
+                                  "trs => trs.map(t => [t.dataset.type, t.cells[0].textContent])")
     order = [t for t, _ in rows]
     assert order.index("restart") < order.index("oom")
     assert any("(attempt 2)" in step for t, step in rows if t == "restart")

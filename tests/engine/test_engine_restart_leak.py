@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from incident_runs import GiB, MiB, T0, sample
+from incident_runs import T0, GiB, MiB, sample
 
 from vramwatch.engine import TrendEngine
 

@@ -8,7 +8,7 @@ import re
 from functools import cache
 
 import pytest
-from incident_runs import MiB, SCENARIOS, Truth
+from incident_runs import SCENARIOS, MiB, Truth
 
 from vramwatch.evidence import postmortem
 from vramwatch.units import rate
