@@ -50,6 +50,7 @@ class Process:
     unused_last: int | None = None
     leak: dict[str, Any] | None = None  # the engine's summary while leaking at the process's end
     fragmentation_since: int | None = None
+    last: Sample | None = None  # the latest sample (by time)
 
     @property
     def usual_tokens(self) -> int | None:
@@ -62,13 +63,18 @@ class Process:
         frac = min(1.0, max(0.0, (step - self.first_step) / (self.last_step - self.first_step)))
         return self.first_ts + frac * (self.last_ts - self.first_ts)
 
-    def feed(self, s: Sample, oomed: bool) -> None:
-        step, phase = s["step"], s["phase"]
-        if (s["ts"], step) >= (self.last_ts, self.last_step):
-            self.last_step, self.last_ts = step, s["ts"]
+    def finish(self) -> None:
+        """Read what the latest sample says (once, when the process's samples are all in)."""
+        s = self.last
+        if s is not None:
             self.last_headroom = sample_headroom(s)
             self.total_bytes = s.get("total_bytes") or self.total_bytes
             self.host_available_bytes = s.get("host_available_bytes", self.host_available_bytes)
+
+    def feed(self, s: Sample, oomed: bool) -> None:
+        step, phase = s["step"], s["phase"]
+        if s["ts"] >= self.last_ts:
+            self.last_step, self.last_ts, self.last = step, s["ts"], s
         if oomed and self.oom_step is None:
             self.oom_step, self.oom_phase = step, phase
             self.oom_tokens, self.oom_peak = s.get("tokens"), s.get("peak_allocated_bytes")
@@ -121,11 +127,13 @@ class Tracker:
         engine = self._engines.get(rank_key)
         if engine is None:
             engine = self._engines[rank_key] = TrendEngine()
-        for event in engine.update(dict(s)):
+        events = engine.update(s)  # type: ignore[arg-type]  # read, never kept past the next block
+        for event in events:
             if event["type"] == "fragmentation" and proc.fragmentation_since is None:
                 proc.fragmentation_since = event["step"]
         proc.feed(s, oomed)
-        self._note_state(engine, proc)
+        if events or oomed:  # the leak as it stands: read when the engine says something, and at the end
+            self._note_state(engine, proc)
 
     @staticmethod
     def _note_state(engine: TrendEngine, proc: Process) -> None:
@@ -139,12 +147,18 @@ class Tracker:
             proc.leak = None
 
     def _close(self, rank_key: tuple[str, int], proc: Process) -> None:
+        """The process's samples are in (the engine has not seen the next one's yet)."""
+        engine = self._engines.get(rank_key)
+        if engine is not None:
+            self._note_state(engine, proc)
+        proc.finish()
         self.done[(proc.host, proc.rank, proc.incarnation)] = proc
 
     def processes(self) -> dict[ProcessKey, Process]:
         """Every process seen, by (host, rank, incarnation)."""
         for rank_key, proc in self._current.items():
             self._close(rank_key, proc)
+        self._current.clear()
         return self.done
 
 
