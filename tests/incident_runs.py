@@ -144,6 +144,22 @@ def lone_death(run: str = "lone", seed: int = 4, t0: float = T0) -> Truth:
                  [], ["hold"], [None])
 
 
+def lone_death_then_clean_close(run: str = "lone-close", seed: int = 8, t0: float = T0) -> Truth:
+    """4 ranks; rank 2 stops at step 900 without a clean close; the others close cleanly at step
+    1,000, 100 s later (inside the silence window: the model calls it stopped, not killed)."""
+    rng = random.Random(seed)
+    out = []
+    for r in range(4):
+        last_step = 900 if r == 2 else 1000
+        rows = [sample(run, r, step, t0 + step + r * 0.01, f"a{r}", 30 * GiB + _noise(rng))
+                for step in range(last_step + 1)]
+        out.extend(rows)
+        if r != 2:
+            out.append(_exit(rows[-1]))
+    return Truth("a lone death while the peers close cleanly soon after", _ordered(out), ["death"], ["not_memory"],
+                 [2], [1], [False], [], ["hold"], [None])
+
+
 def raise_ooms(run: str = "raise", seed: int = 5, t0: float = T0) -> Truth:
     """4 ranks at 16,384 tokens per step run 1,000 steps and close; the job restarts at 24,576 and
     rank 1 runs out of memory at step 1,150; the others stop with it."""
@@ -195,6 +211,7 @@ SCENARIOS: dict[str, Callable[..., Truth]] = {
     "job_stop_with_room": job_stop_with_room,
     "fragmentation_no_retries": fragmentation_no_retries,
     "lone_death": lone_death,
+    "lone_death_then_clean_close": lone_death_then_clean_close,
     "raise_ooms": raise_ooms,
     "input_peak": input_peak,
     "clean_but_leaking": clean_but_leaking,

@@ -79,11 +79,14 @@ def test_a_job_wide_stop_with_room_says_memory_was_not_the_cause_with_the_number
     assert "81,920 MiB" in inc["text"] and "300.0 GiB of host memory" in inc["text"]
 
 
-def test_a_lone_death_is_not_called_a_job_wide_stop() -> None:
-    _, pm = _built("lone_death")
+@pytest.mark.parametrize("name", ["lone_death", "lone_death_then_clean_close"])
+def test_a_lone_death_is_not_called_a_job_wide_stop(name: str) -> None:
+    """Killed alone, whether its peers went on past the silence window or closed cleanly inside it."""
+    truth, pm = _built(name)
     (inc,) = pm.incidents
-    assert inc["ranks_affected"] == [3] and "job-wide" not in inc["text"] and "alone" in inc["text"]
+    assert inc["ranks_affected"] == truth.lead_rank and "job-wide" not in inc["text"] and "alone" in inc["text"]
     assert "job-wide" not in postmortem.render_text(pm)
+    assert pm.first_failure is not None and "alone" in pm.first_failure.detail
 
 
 def test_raise_and_input_peak_give_settable_numbers() -> None:

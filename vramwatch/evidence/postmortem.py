@@ -196,6 +196,12 @@ def build(
             restarts=r.restarts, deaths=r.deaths,
         ))
     report = _incidents.derive(story, tracker.processes())
+    if first is not None and first.cause == str(Outcome.STOPPED) and any(
+            i.kind == "death" and i.rank == first.rank and i.host == first.host for i in report.incidents):
+        # the model's silence window called it stopped, but peers went on to a clean close after it
+        first = Failure(first.rank, first.host, first.step, first.ts, first.cause,
+                        "stopped while the other ranks went on to a clean close: it died alone (SIGKILL, the "
+                        "host's OOM-killer, a lost node)")
     return PostMortem(run=run, status=str(story.status), first_failure=first, ranks=ranks,
                       tally=story.tally.as_dict(), report=report, **report.to_dict())
 

@@ -71,10 +71,20 @@ def _deaths(story: RunStory) -> list[Death]:
     return out
 
 
-def _one(group_: list[Death]) -> Incident:
+def _closed_after(story: RunStory) -> list[tuple[float, float, int]]:
+    """(start, end, rank) of every process that closed cleanly: a stop while one of these ran on
+    to its clean close was no job-wide stop, whatever the silence window says."""
+    return [(inc.record.first.ts, inc.record.last.ts, r.rank) for r in story.ranks for inc in r.incarnations
+            if inc.outcome == Outcome.EXITED]
+
+
+def _one(group_: list[Death], exits: list[tuple[float, float, int]]) -> Incident:
     order = {Outcome.OOM: 0, Outcome.KILLED: 1, Outcome.STOPPED: 2}
     lead = min(group_, key=lambda d: (order.get(d.outcome, 3), d.ts, d.rank))
     kind = {Outcome.OOM: "oom", Outcome.KILLED: "death"}.get(lead.outcome, "job_stop")
+    gone = {d.rank for d in group_}
+    if kind == "job_stop" and any(start <= lead.ts < end and rank not in gone for start, end, rank in exits):
+        kind = "death"  # its peers went on to a clean close: it died alone
     ranks = [lead.rank, *sorted({d.rank for d in group_} - {lead.rank})]
     restarts = [d.restart for d in group_]
     restarted = all(r is not None for r in restarts)
@@ -92,7 +102,8 @@ def group(story: RunStory, *, window: float = SILENT_AFTER_S) -> list[Incident]:
             groups[-1].append(d)
         else:
             groups.append([d])
-    return sorted((_one(g) for g in groups), key=lambda i: i.ts)
+    exits = _closed_after(story)
+    return sorted((_one(g, exits) for g in groups), key=lambda i: i.ts)
 
 
 def count(story: RunStory) -> int:

@@ -32,7 +32,8 @@ class Incident:
     @property
     def text(self) -> str:
         what = {"oom": f"rank {self.rank} ran out of memory", "death": f"rank {self.rank} died alone "
-                "(killed: its peers went on)", "job_stop": f"{len(self.ranks)} ranks stopped together "
+                "(its peers went on)" if len(self.ranks) == 1 else f"{len(self.ranks)} ranks died while their "
+                "peers went on", "job_stop": f"{len(self.ranks)} ranks stopped together "
                 "without a clean close (a job-wide stop)"}[self.kind]
         out = f"{what} at step {self.step:,}" + (f" in {self.phase}" if self.phase and self.phase != "train" else "")
         if self.kind == "oom" and len(self.ranks) > 1:
