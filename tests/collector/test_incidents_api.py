@@ -89,3 +89,18 @@ def test_the_cli_postmortem_json_reads_the_same_from_the_database(collector: tup
     text = subprocess.run([sys.executable, "-m", "vramwatch", "postmortem", "leak-ckpt", "--url", url],
                           capture_output=True, text=True, timeout=120, check=True).stdout
     assert "incident 1:" in text and "still open: rank 5 leaks" in text and "$ vramwatch capture leak-ckpt" in text
+
+
+def test_advise_says_no_oom_never_after_one_and_retries_only_when_they_rose(
+        collector: tuple[str, str, dict[str, Truth]]) -> None:
+    _, db, truths = collector
+    for run, truth in truths.items():
+        out = subprocess.run([sys.executable, "-m", "vramwatch", "advise", run, "--db", db],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode in (0, 1), out.stderr
+        oomed = any(s.get("ooms") or s.get("oom_marked") for s in truth.samples)
+        if oomed:
+            assert "no OOM" not in out.stdout, (run, out.stdout)
+        retried = any((s.get("alloc_retries") or 0) > 0 for s in truth.samples)
+        if not retried:
+            assert "retries climbing" not in out.stdout, (run, out.stdout)

@@ -133,8 +133,8 @@ def _fragmentation_text(track: RankTrack) -> str:
     rose = event.get("alloc_retries_in_window") or 0
     if rose > 0:
         return f"allocation retries climbing: {rose:,} in its window"
-    return (f"unused reserved memory grew {gib(event.get('growth_bytes'))}, {gib(event.get('inactive_split_bytes'))} "
-            "in inactive split blocks; no allocation retry yet")
+    return (f"unused reserved memory grew {gib(event.get('growth_bytes'))}; inactive split blocks hold "
+            f"{gib(event.get('inactive_split_bytes'))}; no allocation retry yet")
 
 
 def _oom_reason(track: RankTrack) -> Reason | None:
