@@ -148,3 +148,20 @@ def test_no_sentence_says_what_the_data_does_not_show(name: str, seed: int) -> N
         assert f"{inc['step']:,}" in inc["text"]
         if inc["finding"]:
             assert inc["finding"]["text"] in inc["text"] and inc["cause"] == inc["finding"]["kind"]
+
+
+def test_a_crash_loop_is_one_incident_per_death_of_the_job() -> None:
+    """Two OOMs 120 s apart, the second in the process restarted after the first: two incidents,
+    each with the ranks its own job stop took down (the silence window does not merge them)."""
+    from incident_runs import GiB, T0, _oom, _ordered, sample
+
+    out = []
+    for r in range(2):
+        for inc, (s0, s1, t0) in enumerate(((0, 400, T0), (301, 400, T0 + 460))):
+            for step in range(s0, s1 + 1):
+                s = sample("loop", r, step, t0 + (step - s0) + r * 0.01, f"p{inc}-{r}", 30 * GiB)
+                out.append(_oom(s) if (r == 0 and step == s1) else s)
+    samples = _ordered(out)
+    pm = postmortem.build("loop", lambda: iter(samples), now=max(s["ts"] for s in samples) + 1000)
+    assert [(i["kind"], i["rank"], sorted(i["ranks_affected"]), i["restarted"]) for i in pm.incidents] == [
+        ("oom", 0, [0, 1], True), ("oom", 0, [0, 1], False)]

@@ -2,9 +2,10 @@
 
 **Grouping** (:func:`group`, from the :class:`~vramwatch.runlife.RunStory` alone, O(n log n) in
 processes): every process that died (``oom``, ``killed``, ``stopped``) is a death at its last
-sample (an OOM at its OOM). Deaths within the silence window of the first of a group are one
-incident: the OOM that took the job down and its victims (stopped in the next collective, their
-last samples seconds before or after it). Its ``kind``: ``oom`` when an OOM is in it (the earliest
+sample (an OOM at its OOM). Deaths within the silence window of the first of a group, of
+processes already running when it began, are one incident: the OOM that took the job down and
+its victims (stopped in the next collective, their last samples seconds before or after it); a
+process restarted after it that dies soon after is the next one (a crash loop). Its ``kind``: ``oom`` when an OOM is in it (the earliest
 names the rank), ``death`` when a rank was killed alone, ``job_stop`` when every process just
 stopped. ``restarted``: every rank it took down came back (a newer process), at the earliest
 restart's step and time.
@@ -42,6 +43,7 @@ class Death:
     step: int
     ts: float
     restart: tuple[int, float] | None  # the rank's next process's first (step, ts)
+    start: float = 0.0  # the process's first sample's time
 
 
 @dataclass
@@ -67,7 +69,7 @@ def _deaths(story: RunStory) -> list[Death]:
             at = rec.oom_at if inc.outcome == Outcome.OOM and rec.oom_at is not None else rec.last
             nxt = incs[i + 1].record.first if i + 1 < len(incs) else None
             out.append(Death(r.host, r.rank, rec.incarnation, inc.outcome, at.step, at.ts,
-                             None if nxt is None else (nxt.step, nxt.ts)))
+                             None if nxt is None else (nxt.step, nxt.ts), rec.first.ts))
     return out
 
 
@@ -98,7 +100,9 @@ def group(story: RunStory, *, window: float = SILENT_AFTER_S) -> list[Incident]:
     deaths = sorted(_deaths(story), key=lambda d: (d.ts, d.rank))
     groups: list[list[Death]] = []
     for d in deaths:
-        if groups and d.ts - groups[-1][0].ts <= window:
+        # one incident: deaths close in time of processes already running when it began (a
+        # process restarted after it that dies soon after is the next incident: a crash loop)
+        if groups and d.ts - groups[-1][0].ts <= window and d.start <= groups[-1][0].ts:
             groups[-1].append(d)
         else:
             groups.append([d])
