@@ -153,7 +153,7 @@ def test_no_sentence_says_what_the_data_does_not_show(name: str, seed: int) -> N
 def test_a_crash_loop_is_one_incident_per_death_of_the_job() -> None:
     """Two OOMs 120 s apart, the second in the process restarted after the first: two incidents,
     each with the ranks its own job stop took down (the silence window does not merge them)."""
-    from incident_runs import GiB, T0, _oom, _ordered, sample
+    from incident_runs import T0, GiB, _oom, _ordered, sample
 
     out = []
     for r in range(2):
