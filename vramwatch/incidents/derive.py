@@ -7,8 +7,9 @@ processes already running when it began, are one incident: the OOM that took the
 its victims (stopped in the next collective, their last samples seconds before or after it); a
 process restarted after it that dies soon after is the next one (a crash loop). Its ``kind``:
 ``oom`` when an OOM is in it (the earliest names the rank), ``death`` when a rank was killed
-alone (or its peers went on to a clean close), ``job_stop`` when every process just stopped. ``restarted``: every rank it took down came back (a newer process), at the earliest
-restart's step and time.
+alone (or its peers went on to a clean close), ``job_stop`` when every process just stopped.
+``restarted``: every rank it took down came back (a newer process), at the earliest restart's
+step and time.
 
 **Causes** (:func:`derive`, with :class:`~vramwatch.incidents.track.Process` evidence), in order:
 a ``leak`` the engine followed in the process at its end; ``fragmentation`` the engine found; a
