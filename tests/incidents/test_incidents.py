@@ -165,3 +165,21 @@ def test_a_crash_loop_is_one_incident_per_death_of_the_job() -> None:
     pm = postmortem.build("loop", lambda: iter(samples), now=max(s["ts"] for s in samples) + 1000)
     assert [(i["kind"], i["rank"], sorted(i["ranks_affected"]), i["restarted"]) for i in pm.incidents] == [
         ("oom", 0, [0, 1], True), ("oom", 0, [0, 1], False)]
+
+
+def test_a_front_joins_shards_incidents_into_one_story() -> None:
+    """Two shards saw one job-wide OOM (each its own ranks) and one of them a later lone death:
+    two incidents, the OOM named by the shard holding it, with every shard's ranks."""
+    from vramwatch.front.merge import merge_incidents
+
+    a = {"incidents": [{"kind": "job_stop", "rank": 0, "ts": 100.0, "ranks_affected": [0, 1], "restarted": True},
+                       {"kind": "death", "rank": 1, "ts": 2000.0, "ranks_affected": [1], "restarted": False}],
+         "open_findings": [], "next": [{"action": "hold", "rank": None}]}
+    b = {"incidents": [{"kind": "oom", "rank": 5, "ts": 101.0, "ranks_affected": [5, 4], "restarted": True}],
+         "open_findings": [{"kind": "leak", "rank": 5}], "next": [{"action": "fix_leak", "rank": 5},
+                                                                   {"action": "hold", "rank": None}]}
+    doc = merge_incidents([a, b])
+    assert [(i["kind"], i["rank"], i["ranks_affected"], i["restarted"]) for i in doc["incidents"]] == [
+        ("oom", 5, [0, 1, 5, 4], True), ("death", 1, [1], False)]
+    assert [f["kind"] for f in doc["open_findings"]] == ["leak"]
+    assert [n["action"] for n in doc["next"]] == ["fix_leak"]

@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 from vramwatch.decisions.advice import join
 from vramwatch.decisions.figures import RunFigures
+from vramwatch.incidents.nextsteps import ACTION_ORDER
 from vramwatch.runlife import RunTally
 from vramwatch.verdicts import RUN_STATUS_SEVERITY, SEVERITY, SILENT_AFTER_S
 
@@ -231,8 +232,12 @@ def merge_incidents(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for d in docs:
         for step in d.get("next") or []:
             steps.setdefault((step.get("action"), step.get("rank")), step)
+    order = {a: i for i, a in enumerate(ACTION_ORDER)}
+    joined = sorted(steps.values(), key=lambda s: order.get(s.get("action"), len(order)))
+    if any(s.get("action") != "hold" for s in joined):
+        joined = [s for s in joined if s.get("action") != "hold"]  # a shard's "nothing to do" is not the run's
     return {"incidents": merged, "open_findings": [f for d in docs for f in d.get("open_findings") or []],
-            "next": list(steps.values())}
+            "next": joined}
 
 
 def merge_advice(answers: Sequence[ShardAnswer]) -> dict[str, Any] | None:

@@ -18,6 +18,9 @@ from vramwatch.incidents.incident import Incident
 from vramwatch.units import gib, rate
 
 ALLOCATOR_SETTING = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+#: the order next steps are taken in (a front joining shards' steps sorts by it)
+ACTION_ORDER = ("diff_snapshots", "capture_snapshots", "fix_leak", "set_allocator", "resume", "cap_input",
+                "back_off", "hold")
 
 
 @dataclass(frozen=True)
@@ -112,4 +115,4 @@ def next_steps(run: str, incidents: list[Incident], still: list[F.Finding],
     return out
 
 
-__all__ = ["ALLOCATOR_SETTING", "NextStep", "next_steps"]
+__all__ = ["ACTION_ORDER", "ALLOCATOR_SETTING", "NextStep", "next_steps"]
