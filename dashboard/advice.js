@@ -95,6 +95,9 @@ function evidenceText(ev) {
   const oom = ev.oom_ceiling;
   const world = ev.grid && ev.grid.tokens_per_step ? ev.grid.global_tokens_per_step / ev.grid.tokens_per_step : null;
   if (oom) parts.push("OOM at " + batchText(oom.tokens, isNum(world) ? oom.tokens * world : null) + " (rank " + oom.rank + ", step " + intText(oom.step) + ", " + oom.phase + ")");
+  // "no OOM" is never said after one: OOMs the batch did not cause (a leak's) are still OOMs
+  const others = (ev.ooms || []).length;
+  if (!oom && others) parts.push(intText(others) + " OOM(s) not caused by the batch");
   return parts.length ? parts.join(" · ") : "nothing proven, no OOM";
 }
 

@@ -1,7 +1,7 @@
 /* The summary cards over the verdict table: worst rank, least headroom, time to OOM (or
  * the death that already happened), rank counts with deaths and liveness, last sample. */
 
-import { age, clock, duration, gib, intText, isNum, rankKey, slopeText } from "./format.js";
+import { age, clock, duration, gib, intText, isNum, rankKey, rate, runway, slopeText } from "./format.js";
 import { $, clear, el } from "./dom.js";
 import { STATIC } from "./api.js";
 import { S } from "./state.js";
@@ -71,10 +71,16 @@ function oomCard(ranks) {
     const eta = oomEta(r);
     if (isNum(eta) && (soonest === null || eta < oomEta(soonest))) soonest = r;
   }
-  if (!soonest) return { label: "Time to OOM", value: "no leak", sub: "no rank trending to OOM" };
+  if (!soonest) {
+    // a rank whose process ended while leaking has no runway, but "no leak" would be false
+    const leaking = ranks.find((r) => verdictOf(r).state === "leak");
+    if (leaking) return { label: "Time to OOM", alert: true, value: "ended while leaking",
+      sub: "rank " + leaking.rank + " · " + rate(verdictOf(leaking).slope_bytes_per_step) + " when it ended" };
+    return { label: "Time to OOM", value: "no leak", sub: "no rank trending to OOM" };
+  }
   const v = verdictOf(soonest);
   return { label: "Time to OOM", alert: true, value: isNum(v.seconds_to_oom) ? duration(v.seconds_to_oom) : intText(v.steps_to_oom) + " steps",
-    sub: "rank " + soonest.rank + " · ≈ " + intText(v.steps_to_oom) + " steps" };
+    sub: "rank " + soonest.rank + " · ≈ " + runway(v.steps_to_oom, v.seconds_to_oom) };
 }
 
 function ranksCard(ranks) {
@@ -92,8 +98,14 @@ function ranksCard(ranks) {
   const parts = [];
   if (dead) parts.push(dead + " dead");
   if (silent) parts.push(silent + " silent");
-  if (oomRanks) parts.push("OOM ×" + ooms + (oomRanks > 1 ? " on " + oomRanks + " ranks" : ""));
-  if (restarts) parts.push("restart ×" + restarts);
+  // one OOM that took the job down and every rank's restart is one incident (the post-mortem's
+  // count); the per-rank counts go in brackets beside it
+  const perRank = [];
+  if (oomRanks) perRank.push("OOM ×" + ooms + (oomRanks > 1 ? " on " + oomRanks + " ranks" : ""));
+  if (restarts) perRank.push("restart ×" + restarts);
+  if (isNum(S.runIncidents) && S.runIncidents > 0) {
+    parts.push(S.runIncidents + (S.runIncidents === 1 ? " incident" : " incidents") + (perRank.length ? " (" + perRank.join(", ") + ")" : ""));
+  } else parts.push(...perRank);
   if (exited) parts.push(exited + " exited");
   parts.push(statesBySeverity(Object.keys(byState)).map((k) => byState[k] + " " + k).join(", "));
   return { label: "Ranks", value: intText(ranks.length), alert: dead > 0 || silent > 0 || oomRanks > 0,

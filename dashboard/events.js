@@ -1,6 +1,6 @@
 /* The selected rank's engine events, newest first; a click zooms the charts there. */
 
-import { duration, gib, intText, isNum, slopeText } from "./format.js";
+import { clock, gib, intText, isNum, runway, slopeText } from "./format.js";
 import { $, clear, el } from "./dom.js";
 import { S } from "./state.js";
 import { zoomToStep } from "./zoom.js";
@@ -15,7 +15,7 @@ export function eventDetail(e) {
   if (e.type === "oom") parts.push("out of memory" + (isNum(e.ooms) ? " (#" + intText(e.ooms) + " of this process)" : "") + (e.phase ? " during " + e.phase : ""));
   if (e.type === "restart") parts.push("new process" + (isNum(e.from_step) ? ", previous one last reported step " + intText(e.from_step) : ""));
   if (isNum(e.slope_bytes_per_step)) parts.push(slopeText(e.slope_bytes_per_step));
-  if (isNum(e.steps_to_oom)) parts.push("OOM in " + intText(e.steps_to_oom) + " steps" + (isNum(e.seconds_to_oom) ? " (" + duration(e.seconds_to_oom) + ")" : ""));
+  if (isNum(e.steps_to_oom)) parts.push("OOM in " + runway(e.steps_to_oom, e.seconds_to_oom));
   if (e.source) parts.push("source: " + e.source);
   if (isNum(e.peak_bytes)) parts.push("peak " + gib(e.peak_bytes));
   if (isNum(e.above_plateau_bytes)) {
@@ -33,7 +33,9 @@ export function eventDetail(e) {
 export function drawEvents() {
   const table = $("events-table");
   if (!table || !S.mainData) return;
-  const events = (S.mainData.events || []).slice().sort((a, b) => (b.step || 0) - (a.step || 0));
+  // newest first by time: after a restart from a checkpoint the steps run twice, and the
+  // restart (an earlier step) comes after the OOM that caused it
+  const events = (S.mainData.events || []).slice().sort((a, b) => ((b.ts || 0) - (a.ts || 0)) || ((b.step || 0) - (a.step || 0)));
   if (!table.tHead.rows.length) {
     table.tHead.appendChild(el("tr", null, el("th", { class: "num", text: "Step" }), el("th", { text: "Event" }), el("th", { text: "Details" })));
   }
@@ -50,7 +52,8 @@ export function drawEvents() {
   const frag = document.createDocumentFragment();
   for (const e of events.slice(0, MAX_ROWS)) {
     frag.appendChild(el("tr", { dataset: { type: e.type }, on: { click: () => zoomToStep(e.step) }, title: "zoom the chart to this event" },
-      el("td", { class: "num", text: intText(e.step) }),
+      el("td", { class: "num", text: intText(e.step) + (isNum(e.attempt) && e.attempt > 1 ? " (attempt " + e.attempt + ")" : ""),
+        title: isNum(e.ts) ? clock(e.ts) : null }),
       el("td", { text: String(e.type).replace(/_/g, " ") }),
       el("td", { text: eventDetail(e) })));
   }

@@ -12,6 +12,7 @@ import { $, append, clear, el } from "./dom.js";
 import { ApiError, STATIC, getPostmortem, getSnapshots, getSuspects, requestCapture } from "./api.js";
 import { S, vocab } from "./state.js";
 import { isRunning } from "./verdict.js";
+import { storyNodes } from "./incidents.js";
 
 const MEMORY_VIZ = "https://pytorch.org/memory_viz";
 const DEFAULT_STEPS = 3;
@@ -135,6 +136,7 @@ function drawPostmortem(pm) {
   box.hidden = false;
   const f = pm.first_failure;
   S.runStatus = pm.status || null;
+  S.runIncidents = Array.isArray(pm.incidents) ? pm.incidents.length : null;
   const meaning = (vocab.run_status_meaning || {})[pm.status];
   append(box, el("h3", { text: "Post-mortem · " + (pm.status || ""), title: meaning || null }),
     el("p", { class: "muted", id: "pm-zone", text: "times in " + timeZoneLabel() }));
@@ -146,6 +148,7 @@ function drawPostmortem(pm) {
   } else {
     append(box, el("p", { id: "pm-first", text: "No failure: every rank is running or closed cleanly." }));
   }
+  append(box, el("section", { class: "pm-story", id: "pm-story" }, storyNodes(pm)));
   const snaps = new Map();
   for (const s of pm.snapshots || []) if (!snaps.has(s.rank)) snaps.set(s.rank, s);
   append(box, el("div", { class: "table-wrap" }, el("table", { class: "data", id: "pm-ranks" },

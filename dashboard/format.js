@@ -12,11 +12,46 @@ export function gib(bytes, digits) {
   return g.toFixed(digits) + " GiB";
 }
 
+/* The byte rules of vramwatch/units.py, mirrored: the same numbers read the same in the CLI,
+ * the API's text and the page (tests/dashboard compare them on the same values). */
+export function mib(bytes) {
+  if (!isNum(bytes)) return "—";
+  const m = bytes / MIB;
+  return Math.abs(m) < 100 ? m.toFixed(2) + " MiB"
+    : Math.round(m).toLocaleString("en-US") + " MiB";
+}
+
+/** A growth per step (a leak's slope): "60.00 MiB/step" (units.rate). */
+export function rate(bytesPerStep) {
+  return isNum(bytesPerStep) ? mib(bytesPerStep) + "/step" : "—";
+}
+
+/** Whole MiB as nvidia-smi prints them: "143,771 MiB" (units.smi_mib). */
+export function smiMib(bytes) {
+  return isNum(bytes) ? Math.round(bytes / MIB).toLocaleString("en-US") + " MiB" : "—";
+}
+
+/** A card's capacity: "140.4 GiB (143,771 MiB)" (units.capacity). */
+export function capacity(bytes) {
+  return isNum(bytes) ? gib(bytes) + " (" + smiMib(bytes) + ")" : "—";
+}
+
+/** Wall time as hours, under six minutes as minutes (units.hours). */
+export function hours(seconds) {
+  if (!isNum(seconds)) return "—";
+  if (seconds < 360) return Math.round(Math.max(seconds, 0) / 60) + " min";
+  return (seconds / 3600).toLocaleString("en-US", {minimumFractionDigits: 1, maximumFractionDigits: 1}) + " h";
+}
+
+/** Steps to OOM with the wall time beside them: "1,234 steps (2.3 h)" (units.runway). */
+export function runway(steps, seconds) {
+  if (!isNum(steps)) return "—";
+  return Math.round(steps).toLocaleString("en-US") + " steps" + (isNum(seconds) ? " (" + hours(seconds) + ")" : "");
+}
+
 export function slopeText(bytesPerStep) {
   if (!isNum(bytesPerStep)) return "—";
-  const sign = bytesPerStep > 0 ? "+" : "";
-  if (Math.abs(bytesPerStep) >= MIB) return sign + (bytesPerStep / MIB).toFixed(1) + " MiB/step";
-  return sign + (bytesPerStep / 1024).toFixed(1) + " KiB/step";
+  return (bytesPerStep > 0 ? "+" : "") + rate(bytesPerStep);
 }
 
 export function duration(seconds) {

@@ -51,7 +51,11 @@ export function drawFrag() {
   const v = verdictOf(S.selected);
   const retryCount = lastNum(retries) || 0;
   const nowUnused = lastNum(unused), split = lastNum(s.series.inactive_split_bytes);
-  const now = "Unused at the step's peak now " + gib(isNum(nowUnused) ? nowUnused * GIB : null) + " (reserved − per-step peak), of which " +
+  // "of which" only for a part no larger than its whole: split blocks are measured at the step's
+  // end, the unused figure at its peak, so the split can exceed it
+  const unusedBytes = isNum(nowUnused) ? nowUnused * GIB : null;
+  const part = isNum(split) && isNum(unusedBytes) && split <= unusedBytes ? ", of which " : "; ";
+  const now = "Unused at the step's peak now " + gib(unusedBytes) + " (reserved − per-step peak)" + part +
     gib(split) + " inactive split blocks; " + intText(retryCount) + " allocator retries so far.";
   $("frag-note").textContent = (v.fragmentation || stateOf(S.selected) === "fragmentation")
     ? "Fragmentation. " + now + " Try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."

@@ -9,7 +9,7 @@
  * the x axis end (axisEnd) and everything but the lines as they were, so it takes plotly's
  * cheap path (chartbase.drawChart): no long task per poll. */
 
-import { GIB, alpha, chartMs, chartTs, clock, duration, gib, intText, isNum, plotlyText, rankKey, slopeText, toGiB } from "./format.js";
+import { GIB, alpha, capacity as capacityText, chartMs, chartTs, clock, duration, gib, intText, isNum, plotlyText, rankKey, slopeText, toGiB } from "./format.js";
 import { $, append, clear, el, markInteractive, markOnce, timed } from "./dom.js";
 import { ApiError, plotlyReady, source } from "./api.js";
 import { S } from "./state.js";
@@ -154,7 +154,10 @@ function markers(r, v, events) {
     if (EVENT_LABELS[e.type]) {
       let text = EVENT_LABELS[e.type];
       if (e.type === "plateau_break" && e.cause) text += " · " + plotlyText(e.cause);
-      out.push({ step: e.step, ts: e.ts, text, kind: e.type, hover: plotlyText(e.type) + " at step " + intText(e.step) });
+      // after a restart from a checkpoint the step axis runs twice: name the attempt
+      if (isNum(e.attempt) && e.attempt > 1) text += " · attempt " + e.attempt;
+      out.push({ step: e.step, ts: e.ts, text, kind: e.type, hover: plotlyText(e.type) + " at step " + intText(e.step) +
+        (isNum(e.ts) ? " · " + clock(e.ts) : "") });
     }
   }
   const leak = lastOf(events, "leak");
@@ -210,8 +213,9 @@ export function drawMain() {
   const xEnd = axisEnd(x0, dataEnd, timeMode);
 
   if (capacity) {
-    traces.push({ name: "device total " + gib(capacity), x: [x0, xEnd], y: [capacity / GIB, capacity / GIB], mode: "lines",
-      line: { color: t.total, width: 1.5, dash: "dash" }, hovertemplate: "device total " + gib(capacity) + "<extra></extra>" });
+    // also in the MiB nvidia-smi prints: the number operators quote for the card
+    traces.push({ name: "device total " + capacityText(capacity), x: [x0, xEnd], y: [capacity / GIB, capacity / GIB], mode: "lines",
+      line: { color: t.total, width: 1.5, dash: "dash" }, hovertemplate: "device total " + capacityText(capacity) + "<extra></extra>" });
   }
   if (haveNvml) traces.push({ name: "NVML used", x: xs, y: used, mode: "lines", line: { color: t.nvml, width: 1.3 }, hovertemplate: hoverG });
   traces.push({ name: "reserved", x: xs, y: toGiB(s.series.reserved_bytes), mode: "lines", line: { color: t.reserved, width: 2 }, hovertemplate: hoverG });

@@ -15,10 +15,10 @@ export function runHref(run, params) {
   return "#/run/" + encodeURIComponent(run) + (parts.length ? "?" + parts.join("&") : "");
 }
 
-const HEAD = ["Run", "Status", "OOMs", "State (worst rank)", "Ranks", "Hosts", "Min headroom", "Time to OOM", "Last step", "Last sample", "Samples"];
-const NUMERIC = new Set([2, 4, 5, 6, 7, 8, 10]);
+const HEAD = ["Run", "Status", "OOMs", "Incidents", "State (worst rank)", "Ranks", "Hosts", "Min headroom", "Time to OOM", "Last step", "Last sample", "Samples"];
+const NUMERIC = new Set([2, 3, 5, 6, 7, 8, 9, 11]);
 // columns a narrow screen leaves out, so the status and the state stay on screen at 390 px
-const OPTIONAL = new Set([4, 5, 8, 10]);
+const OPTIONAL = new Set([5, 6, 9, 11]);
 const cellClass = (i) => [NUMERIC.has(i) ? "num" : "", OPTIONAL.has(i) ? "opt" : ""].join(" ").trim() || null;
 
 function lowHeadroom(r) {
@@ -33,7 +33,7 @@ function makeRow(r) {
     el("td", { class: "name", title: r.run }, el("a", { href: href, text: r.run })));
   for (let i = 1; i < HEAD.length; i++) tr.appendChild(el("td", { class: cellClass(i) }));
   tr.cells[1].appendChild(el("span", { class: "pill" }));
-  tr.cells[3].appendChild(el("span", { class: "badge" }));
+  tr.cells[4].appendChild(el("span", { class: "badge" }));
   return tr;
 }
 
@@ -55,20 +55,24 @@ function fillRow(tr, r) {
   const meaning = (vocab.run_status_meaning || {})[status];
   sb.title = (meaning ? status + ": " + meaning : status) + (more.length ? " · " + more.join(", ") : "");
   if (r.dead_ranks > 0 && status === "running") setText(sb, "running · " + r.dead_ranks + " dead");
-  const b = c[3].firstChild;
+  // incidents: one failure that ended processes (an OOM that took the job down and its restarts is one)
+  setText(c[3], isNum(r.incidents) ? intText(r.incidents) : "—");
+  c[3].className = "num" + (r.incidents > 0 ? " bad" : " muted");
+  const b = c[4].firstChild;
   setText(b, r.worst_state || "no verdict");
   b.dataset.state = r.worst_state || "unknown";
-  setText(c[4], intText(r.ranks));
-  setText(c[5], intText(r.hosts));
-  setText(c[6], gib(r.min_headroom_bytes));
-  c[6].className = "num" + (lowHeadroom(r) ? " bad" : "");
+  setText(c[5], intText(r.ranks));
+  setText(c[6], intText(r.hosts));
+  setText(c[7], gib(r.min_headroom_bytes));
+  c[7].className = "num" + (lowHeadroom(r) ? " bad" : "");
+  // a runway only while the run runs; an ended run that was leaking says so, never "no leak"
   const eta = isNum(r.seconds_to_oom) && r.status === "running";
-  setText(c[7], eta ? duration(r.seconds_to_oom) : "no leak");
-  c[7].className = "num" + (eta ? " bad" : " muted");
-  setText(c[8], intText(r.last_step));
-  setText(c[9], age(r.last_ts));
-  c[9].title = clock(r.last_ts);
-  setText(c[10], intText(r.samples));
+  setText(c[8], eta ? duration(r.seconds_to_oom) : r.worst_state === "leak" ? "ended while leaking" : "no leak");
+  c[8].className = "num" + (eta || r.worst_state === "leak" ? " bad" : " muted");
+  setText(c[9], intText(r.last_step));
+  setText(c[10], age(r.last_ts));
+  c[10].title = clock(r.last_ts);
+  setText(c[11], intText(r.samples));
 }
 
 export function drawRuns(runs, startHint, stateMsg) {

@@ -19,6 +19,7 @@ import pytest
 
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.probe.simulated import simulate_trace
+from vramwatch.units import rate
 
 pytestmark = pytest.mark.browser
 
@@ -197,8 +198,8 @@ def test_run_page_tells_the_story(collector: dict[str, Any], page: Page) -> None
     assert all(r["state"] != "leak" for r in rows[1:])
     verdict = next(r["verdict"] for r in ranks if r["rank"] == LEAKING_RANK)
     # slope and OOM ETA are shown for the leaking rank, in human units
-    slope_mib = verdict["slope_bytes_per_step"] / 2**20
-    assert f"+{slope_mib:.1f} MiB/step" in rows[0]["cells"]
+    # the one units rule (vramwatch/units.py, mirrored by format.js): the CLI's text reads the same
+    assert "+" + rate(verdict["slope_bytes_per_step"]) in rows[0]["cells"]
     assert f"{verdict['steps_to_oom']:,} steps" in " ".join(rows[0]["cells"])
     oom_card = p.text_content("#cards .card:nth-child(3) .value")
     assert oom_card not in ("no leak", "—")

@@ -85,7 +85,7 @@ def test_at_390_px_the_status_is_words_and_the_runs_state_column_is_on_screen(co
         assert box is not None and box["width"] > 40 and box["x"] + box["width"] <= 390
         page.goto(collector + "/#/")
         page.wait_for_selector("#runs-table tbody tr")
-        state = page.locator("#runs-table thead th").nth(3).bounding_box()
+        state = page.locator("#runs-table thead th").nth(4).bounding_box()
         status = page.locator("#runs-table tbody tr td").nth(1).bounding_box()
         assert state is not None and state["x"] + state["width"] <= 390, state
         assert status is not None and status["x"] + status["width"] <= 390

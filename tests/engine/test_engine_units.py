@@ -237,7 +237,7 @@ def test_analyze_streams_files_and_reports_per_series(tmp_path: Path) -> None:
     assert all(set(e) >= {"peak_bytes", "above_plateau_bytes", "headroom_bytes"} for e in spikes)
     json.dumps(doc)
     table = format_table(doc)
-    assert "LEAK" in table and "rank 3" in table and "MB/step" in table
+    assert "LEAK" in table and "rank 3" in table and "MiB/step" in table
     rows = [line.split() for line in table.splitlines() if line.startswith("job ")]
     assert [row[2] for row in rows if row[2].isdigit()] == ["0", "1", "2", "3"]  # one row per series
     assert [row[3] for row in rows if row[2].isdigit()] == ["plateau", "plateau", "plateau", "LEAK"]

@@ -160,6 +160,10 @@ def advice_text(result: Any) -> str:
     if top is not None:
         facts.append(f"OOM at {(top.record.tokens or 0) * w:,} global ({top.record.tokens:,} per rank; run {top.run}, "
                      f"rank {top.rank}, step {top.record.step:,}, {top.record.phase}; cause {top.record.cause})")
+    others = [o for o in ev.ooms if o is not top]
+    if others and top is None:  # "no OOM" is never said after one: OOMs the batch did not cause are still OOMs
+        causes = ", ".join(sorted({o.record.cause for o in others}))
+        facts.append(f"{len(others)} OOM(s) not caused by the batch (cause {causes})")
     lines.append(f"evidence: {'; '.join(facts) or 'nothing proven, no OOM'}")
     lines.append(f"grid: settable in steps of {ev.grid.describe(w)}")
     if result.target is not None:

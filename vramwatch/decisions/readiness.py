@@ -129,6 +129,19 @@ def _batch(tokens: int, world: int | None) -> str:
     return f"{tokens * world:,} global ({tokens:,} per rank)" if world else f"{tokens:,} tokens per step per rank"
 
 
+def _fragmentation_text(track: RankTrack) -> str:
+    """What the engine's latest fragmentation event measured: retries climbing only when the
+    retry counter rose in its window, else the split blocks' growth."""
+    event = next((e for e in reversed(track.engine.events) if e.get("type") == "fragmentation"), None)
+    if event is None:
+        return "reserved memory the allocator cannot reuse is growing"
+    rose = event.get("alloc_retries_in_window") or 0
+    if rose > 0:
+        return f"allocation retries climbing: {rose:,} in its window"
+    return (f"unused reserved memory grew {gib(event.get('growth_bytes'))}; inactive split blocks hold "
+            f"{gib(event.get('inactive_split_bytes'))}; no allocation retry yet")
+
+
 def _oom_reason(track: RankTrack) -> Reason | None:
     """The current process ran out of memory, or an earlier one did at this batch or a smaller
     one for a reason of the batch (a leak's OOM says nothing about the batch)."""
@@ -167,7 +180,7 @@ def _unsafe(track: RankTrack, config: ReadinessConfig) -> tuple[list[Reason], tu
         unsafe.append(Reason("leak", f"rank {rank}: leak ({summary.get('leak_source')}) {mib(slope)}/step, {runway}",
                              rank))
     elif state == "fragmentation":
-        unsafe.append(Reason("fragmentation", f"rank {rank}: fragmentation (allocation retries climbing)", rank))
+        unsafe.append(Reason("fragmentation", f"rank {rank}: fragmentation ({_fragmentation_text(track)})", rank))
     broke = _unstable_break(track)
     if broke is not None:
         unsafe.append(Reason("unstable", f"rank {rank}: plateau broke at step {broke['step']:,} "

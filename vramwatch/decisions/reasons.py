@@ -15,7 +15,7 @@ CAUSES: dict[str, str] = {
     # a rank is unsafe now
     "oom": "the process ran out of memory at this batch or a smaller one",
     "leak": "memory grows step after step: a leak the trend engine detected",
-    "fragmentation": "the allocator's cache is fragmented: retries climb, cached memory cannot serve requests",
+    "fragmentation": "the allocator's cache is fragmented: cached memory cannot serve requests",
     "unstable": "a plateau break of the training loop itself that has not settled",
     "margin": "the worst headroom is under the margin",
     "death": "a rank stopped without a clean exit or an OOM while the job went on",

@@ -153,7 +153,7 @@ def oom_cause(trial: Trial, earlier: list[Trial], phase: str, tokens: int | None
         return "leak", "the trend engine's leak verdict stood before the OOM"
     if trial.fragmentation_step is not None or state_before == "fragmentation":
         since = f" since step {trial.fragmentation_step:,}" if trial.fragmentation_step is not None else ""
-        return "fragmentation", f"the allocator's cache was fragmented{since} (retries climbing)"
+        return "fragmentation", f"the allocator's cache was fragmented{since}"
     if tokens:
         held = [t for t in earlier if t.tokens and t.tokens < tokens and t.oom is None
                 and t.plateau_steps > 0]

@@ -25,7 +25,7 @@ import orjson
 from vramwatch.bounded import LONG_LINE, Lines, open_input
 from vramwatch.engine.config import EngineConfig
 from vramwatch.engine.core import TrendEngine
-from vramwatch.units import gib
+from vramwatch.units import gib, mib, rate
 from vramwatch.wire import Sample, WireError, decode_line, validate
 from vramwatch.wire.structs import as_sample
 from vramwatch.wire.tracefile import MAX_LINE_BYTES, long_line
@@ -224,7 +224,7 @@ def _describe(event: dict[str, Any]) -> str:
     if kind == "leak":
         return (
             f"step {step}: LEAK ({event.get('source')}) since step {event.get('onset_step')}, "
-            f"{event['slope_bytes_per_step'] / 1e6:.2f} MB/step, "
+            f"{rate(event['slope_bytes_per_step'])}, "
             f"OOM in {_steps(event.get('steps_to_oom'))} steps ({_duration(event.get('seconds_to_oom'))})"
         )
     if kind == "fragmentation":
@@ -271,7 +271,7 @@ def format_table(doc: dict[str, Any], max_events: int = 12) -> str:
                 item["state"].upper() if item["state"] in ("leak", "fragmentation") else item["state"],
                 _gb(summary.get("plateau_bytes")),
                 _gb(summary.get("headroom_bytes")),
-                "-" if slope is None else f"{slope / 1e6:.2f} MB",
+                mib(slope),
                 _steps(summary.get("steps_to_oom")),
                 _duration(summary.get("seconds_to_oom")),
             )

@@ -37,6 +37,8 @@ from vramwatch.engine.summary import Summary, detectors_off
 STATES = verdicts.STATES
 
 _INF = math.inf
+#: a restarted process re-finds its rank's leak at this share of the previous slope or more
+INHERITED_SLOPE_FRAC = 0.5
 _NOT_STARTED = object()
 
 
@@ -52,7 +54,8 @@ class TrendEngine:
 
     __slots__ = (
         "_as_sample", "_b_floor", "_b_outside", "_b_peak", "_b_peak2", "_b_resv", "_b_slack", "_b_split",
-        "_blk_end", "_blk_start", "_events", "_incarnation", "_last", "_last_step", "_ooms", "_retries", "_signal",
+        "_blk_end", "_blk_start", "_events", "_incarnation", "_inherited", "_last",
+        "_last_step", "_ooms", "_retries", "_signal",
         "_spike_threshold", "_started", "_total", "config", "ctx", "fragmentation", "last_break_cause", "leak",
         "out_of_order", "outside", "plateau", "plateau_breaks", "plateau_relevels", "samples", "spikes", "state",
     )
@@ -74,6 +77,8 @@ class TrendEngine:
         self._ooms: int | None = None
         self._retries: int | None = None
         self._total = 0
+        #: the previous process's leak (slope, source): the baseline a restart is judged against
+        self._inherited: tuple[float, str] | None = None
         self._reset_series(0, "allocated", 0.0)
 
     @property
@@ -250,6 +255,11 @@ class TrendEngine:
         if not self._started or incarnation != self._incarnation or counter_back or stepped_back:
             if self._started:
                 self._emit(RestartEvent(step, self._last_step, incarnation), out)
+                # a restart fixes nothing by itself: the rank's leak is what the new process is
+                # judged against until it shows otherwise (kept across restarts until disproved)
+                leak = self.leak.current if self.state == "leak" else None
+                if leak is not None and leak.source != OUTSIDE:
+                    self._inherited = (leak.slope, leak.source)
             self._started = True
             self._incarnation = incarnation
             # the counter is the process's own: one already above zero on its first sample is
@@ -357,6 +367,8 @@ class TrendEngine:
     def _judge_warmup(self, step: int, block: Block, out: list[dict[str, Any]]) -> None:
         ctx, plateau = self.ctx, self.plateau
         age = block.end - ctx.pyramid.start
+        if self._inherited is not None and self._inherited_leak(step, block, age, out):
+            return
         if plateau.waiting_for_second_clear(ctx):
             return
         span = plateau.settled(ctx, age)
@@ -368,6 +380,25 @@ class TrendEngine:
         if trend is not None:
             self._set_levels(block, plateau.warmup_span(ctx, age))
             self._start_leak(step, self.leak.source_for(ctx), trend, plateau.rising_since, out)
+
+    def _inherited_leak(self, step: int, block: Block, age: int, out: list[dict[str, Any]]) -> bool:
+        """A restarted process of a rank that was leaking: the leak is found again as soon as the
+        floor since the restart's first block (the reload) rises in a straight line at no less
+        than :data:`INHERITED_SLOPE_FRAC` of the previous process's slope, over the shortest
+        window any leak verdict rests on (``min_blocks`` blocks: ~300 steps), instead of after a
+        fresh warm-up (hours). A flat floor (the leak was fixed) or a plateau reached clears the
+        inheritance. One trend fit per block while it holds, none after."""
+        assert self._inherited is not None
+        slope, source = self._inherited
+        ctx, cfg = self.ctx, self.config
+        trend = self.leak.rise(ctx, ctx.pyramid.start + cfg.block_steps, cfg.min_blocks * cfg.block_steps)
+        if trend is None or trend.slope < INHERITED_SLOPE_FRAC * slope:
+            return False
+        self._inherited = None
+        self._set_levels(block, self.plateau.warmup_span(ctx, age))
+        self._start_leak(step, source if ctx.signal != "device_used" else self.leak.source_for(ctx), trend,
+                         ctx.pyramid.start, out)
+        return True
 
     def _on_break(self, step: int, block: Block, brk: Break, out: list[dict[str, Any]]) -> None:
         ctx = self.ctx
@@ -400,6 +431,7 @@ class TrendEngine:
 
     def _new_plateau(self, step: int, block: Block, span: float, out: list[dict[str, Any]]) -> None:
         ctx = self.ctx
+        self._inherited = None  # settled: the restart did not carry the leak over
         self._set_levels(block, span)
         levels = ctx.plateau
         assert levels is not None

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from vramwatch import incidents as _incidents
 from vramwatch import runlife
 from vramwatch.evidence.foreign import holds
 from vramwatch.evidence.suspects import LeakSuspects, render_lines
@@ -85,21 +86,37 @@ class PostMortem:
     tally: dict[str, int] = field(default_factory=dict)  # runlife.RunTally: a front adds shards' up
     #: leaking ranks' growing allocation sites between two of their snapshots
     suspects: list[LeakSuspects] = field(default_factory=list)
+    #: the failures in time order with their causes, what is still wrong, and what to do next
+    #: (:mod:`vramwatch.incidents`; a front merges shards' documents, hence the JSON form)
+    incidents: list[dict[str, Any]] = field(default_factory=list)
+    open_findings: list[dict[str, Any]] = field(default_factory=list)
+    next: list[dict[str, Any]] = field(default_factory=list)
+    report: _incidents.Report | None = field(default=None, repr=False)  # the typed form of the three
+
+    def refresh_next(self) -> None:
+        """Re-decide the next steps once the run's snapshots are known (the diff command names their ids)."""
+        if self.report is not None:
+            self.report.next = _incidents.next_steps(self.run, self.report.incidents, self.report.open_findings,
+                                                     self.snapshots)
+            self.next = [n.to_dict() for n in self.report.next]
 
     def to_dict(self) -> dict[str, Any]:
         return {"run": self.run, "status": self.status,
                 "first_failure": None if self.first_failure is None else asdict(self.first_failure),
                 "ranks": [r.to_dict() for r in self.ranks], "snapshots": list(self.snapshots),
-                "suspects": [s.to_dict() for s in self.suspects], "tally": dict(self.tally)}
+                "suspects": [s.to_dict() for s in self.suspects], "tally": dict(self.tally),
+                "incidents": list(self.incidents), "open_findings": list(self.open_findings), "next": list(self.next)}
 
 
-def _read(samples: Iterable[Sample]) -> tuple[dict[str, runlife.RunLife], dict[SeriesKey, Sample],
-                                               dict[SeriesKey, Sample]]:
-    """Pass 1: the model's fold, each rank's latest sample (by time) and its first OOM sample."""
+def _read(samples: Iterable[Sample], tracker: _incidents.Tracker
+          ) -> tuple[dict[str, runlife.RunLife], dict[SeriesKey, Sample], dict[SeriesKey, Sample]]:
+    """Pass 1: the model's fold, each rank's latest sample (by time) and its first OOM sample;
+    ``tracker`` folds each process's evidence for the incidents' causes."""
     last: dict[SeriesKey, Sample] = {}
     first_oom: dict[SeriesKey, Sample] = {}
     lives: dict[str, runlife.RunLife] = {}
     for s in samples:
+        tracker.feed(s)
         life = lives.get(s["run"])
         if life is None:
             life = lives[s["run"]] = runlife.RunLife(s["run"])
@@ -149,7 +166,8 @@ def build(
     ``story``: the run as a collector's live state judged it (the route passes it, so the
     post-mortem and ``/runs`` read one judgement); without it the samples are folded and judged
     at ``now``."""
-    lives, last, oom_samples = _read(samples())
+    tracker = _incidents.Tracker()
+    lives, last, oom_samples = _read(samples(), tracker)
     if run not in lives:
         return PostMortem(run=run, status=str(runlife.RunTally().status), first_failure=None, ranks=[])
     if story is None:
@@ -179,8 +197,15 @@ def build(
             last_sample=dict(latest), liveness=str(r.liveness), died=None if r.died is None else r.died.as_dict(),
             restarts=r.restarts, deaths=r.deaths,
         ))
+    report = _incidents.derive(story, tracker.processes())
+    if first is not None and first.cause == str(Outcome.STOPPED) and any(
+            i.kind == "death" and i.rank == first.rank and i.host == first.host for i in report.incidents):
+        # the model's silence window called it stopped, but peers went on to a clean close after it
+        first = Failure(first.rank, first.host, first.step, first.ts, first.cause,
+                        "stopped while the other ranks went on to a clean close: it died alone (SIGKILL, the "
+                        "host's OOM-killer, a lost node)")
     return PostMortem(run=run, status=str(story.status), first_failure=first, ranks=ranks,
-                      tally=story.tally.as_dict())
+                      tally=story.tally.as_dict(), report=report, **report.to_dict())
 
 
 def from_dict(doc: dict[str, Any]) -> PostMortem:
@@ -195,6 +220,8 @@ def from_dict(doc: dict[str, Any]) -> PostMortem:
                for r in doc.get("ranks", [])],
         snapshots=list(doc.get("snapshots", [])), tally=dict(doc.get("tally") or {}),
         suspects=[LeakSuspects.from_dict(s) for s in doc.get("suspects", [])],
+        incidents=list(doc.get("incidents") or []), open_findings=list(doc.get("open_findings") or []),
+        next=list(doc.get("next") or []),
     )
 
 
@@ -225,4 +252,17 @@ def render_text(pm: PostMortem) -> str:
         lines.append(f"  snapshot: rank {snap.get('rank')} step {snap.get('step')} ({snap.get('trigger')}) "
                      f"{snap.get('url', '')}")
     lines.extend(render_lines(pm.suspects))
+    lines.extend(story_lines(pm))
     return "\n".join(lines)
+
+
+def story_lines(pm: PostMortem) -> list[str]:
+    """The incidents in time order, what is still open, and the next steps: each line the text of
+    a typed finding (:mod:`vramwatch.incidents`), rendered where its numbers are."""
+    lines = [f"incident {n}: {when(i['ts'])}: {i['text']}" for n, i in enumerate(pm.incidents, 1)]
+    if not pm.incidents:
+        lines.append("no incident")
+    lines.extend(f"still open: {f['text']}" for f in pm.open_findings)
+    for n, step in enumerate(pm.next, 1):
+        lines.append(f"next {n}. {step['text']}" + (f"\n     $ {step['command']}" if step.get("command") else ""))
+    return lines

@@ -26,8 +26,9 @@ from urllib.parse import quote
 
 from vramwatch.decisions.advice import join
 from vramwatch.decisions.figures import RunFigures
+from vramwatch.incidents.nextsteps import ACTION_ORDER
 from vramwatch.runlife import RunTally
-from vramwatch.verdicts import RUN_STATUS_SEVERITY, SEVERITY
+from vramwatch.verdicts import RUN_STATUS_SEVERITY, SEVERITY, SILENT_AFTER_S
 
 _STATUS_ORDER = {str(k): v for k, v in RUN_STATUS_SEVERITY.items()}
 
@@ -82,6 +83,8 @@ def _merge_run_row(into: dict[str, Any], row: dict[str, Any], shard: str) -> Non
         into[key] = _min(into.get(key), row.get(key))
     for key in ("min_headroom_bytes", "seconds_to_oom"):
         into[key] = _min(into.get(key), row.get(key))
+    # a job-wide incident is one on every shard it touched: the most any shard saw, not the sum
+    into["incidents"] = _max(into.get("incidents"), row.get("incidents"))
     state = row.get("worst_state")
     if state is not None and SEVERITY.get(state, -1) > SEVERITY.get(into.get("worst_state") or "", -1):
         into["worst_state"], into["worst_rank"] = state, row.get("worst_rank")
@@ -200,8 +203,41 @@ def merge_postmortem(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any]
         tallies.append(doc.get("tally"))
     ranks.sort(key=lambda r: (r.get("rank", 0), str(r.get("host", ""))))
     suspects.sort(key=lambda s: (s.get("rank", 0), str(s.get("host", ""))))
+    docs = [a.data for a in answers if isinstance(a.data, dict)]
     return {"run": run, "status": _merged_status(statuses, tallies), "first_failure": first, "ranks": ranks,
-            "snapshots": snapshots, "suspects": suspects}
+            "snapshots": snapshots, "suspects": suspects, **merge_incidents(docs)}
+
+
+def merge_incidents(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Shards' incidents as one story: the same failure seen by several shards (within the silence
+    window) is one incident, named by the shard that holds its cause (an OOM before a death before
+    a stop), with the ranks every shard saw it take down; open findings and next steps joined
+    (a step once per action and rank). O(n log n) in incidents."""
+    found = sorted((i for d in docs for i in d.get("incidents") or []), key=lambda i: i.get("ts") or 0.0)
+    rank_of_kind = {"oom": 0, "death": 1, "job_stop": 2}
+    merged: list[dict[str, Any]] = []
+    for inc in found:
+        last = merged[-1] if merged else None
+        if last is not None and (inc.get("ts") or 0.0) - (last.get("_first_ts") or 0.0) <= SILENT_AFTER_S:
+            ranks = list(dict.fromkeys([*last["ranks_affected"], *inc.get("ranks_affected", [])]))
+            if rank_of_kind.get(inc.get("kind"), 3) < rank_of_kind.get(last.get("kind"), 3):
+                merged[-1] = {**inc, "_first_ts": last["_first_ts"]}
+            merged[-1]["ranks_affected"] = ranks
+            merged[-1]["restarted"] = bool(last.get("restarted")) and bool(inc.get("restarted"))
+        else:
+            merged.append({**inc, "ranks_affected": list(inc.get("ranks_affected", [])), "_first_ts": inc.get("ts")})
+    for inc in merged:
+        inc.pop("_first_ts", None)
+    steps: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for d in docs:
+        for step in d.get("next") or []:
+            steps.setdefault((step.get("action"), step.get("rank")), step)
+    order = {a: i for i, a in enumerate(ACTION_ORDER)}
+    joined = sorted(steps.values(), key=lambda s: order.get(s.get("action"), len(order)))
+    if any(s.get("action") != "hold" for s in joined):
+        joined = [s for s in joined if s.get("action") != "hold"]  # a shard's "nothing to do" is not the run's
+    return {"incidents": merged, "open_findings": [f for d in docs for f in d.get("open_findings") or []],
+            "next": joined}
 
 
 def merge_advice(answers: Sequence[ShardAnswer]) -> dict[str, Any] | None:

@@ -120,11 +120,15 @@ def ranks(
 @router.get("/api/v1/runs/{run:path}/events")
 def events(live: LiveDep, store: StoreDep, run: str, host: str | None = None,
            rank: OptionalRank = None) -> list[dict[str, Any]]:
+    """The engines' events in time order (``ts``: the sample that raised it), each with its process
+    (``incarnation``) and ``attempt`` (1 for the rank's first process, 2 after one restart ...)."""
     out = []
     for s in find_run(live, run, store):
         if (host is None or s.host == host) and (rank is None or s.rank == rank):
-            out.extend({"run": s.run, "host": s.host, "rank": s.rank, **e} for e in s.events)
-    out.sort(key=lambda e: (e.get("step", 0), e["rank"]))
+            attempt = {rec.incarnation: i for i, rec in enumerate(s.life.records(), 1)}
+            out.extend({"run": s.run, "host": s.host, "rank": s.rank, **e,
+                        "attempt": attempt.get(e.get("incarnation", ""), len(attempt))} for e in s.events)
+    out.sort(key=lambda e: (e.get("ts") or 0.0, e.get("step", 0), e["rank"]))
     return out
 
 

@@ -122,7 +122,8 @@ def _advice(run: str, states: list[Any]) -> dict[str, Any]:
 
 def _evidence(db_path: str, run: str, store: Store, live: LiveState, story: RunStory) -> dict[str, Any]:
     """The run's snapshot list, leak suspects and named foreign processes, and its post-mortem
-    when a rank failed (``postmortem`` key absent otherwise), judged as ``story`` (the table's).
+    when a rank failed or something is still open at the end, a leak (``postmortem`` key absent
+    otherwise), judged as ``story`` (the table's).
     Cost: two sequential reads of the run's samples, the snapshot diffs of leaking ranks."""
     from vramwatch.collector.ingest.processes import foreign_only, rank_pids, report_doc
 
@@ -134,7 +135,7 @@ def _evidence(db_path: str, run: str, store: Store, live: LiveState, story: RunS
                            "suspects": [s.to_dict() for s in run_suspects(diffs, live, run, infos)],
                            "processes": [report_doc(foreign_only(r, pids)) for r in book.run(run)]}
     pm = postmortem.build(run, lambda: store.iter_samples(run), now=story.now, story=story)
-    if pm.first_failure is not None:
+    if pm.first_failure is not None or pm.incidents or pm.open_findings:
         enrich_postmortem(pm, snapshots=snapshots, diffs=diffs, processes=book, live=live)
         doc = pm.to_dict()
         for r in doc["ranks"]:

@@ -125,6 +125,7 @@ def enrich_postmortem(pm: Any, *, snapshots: SnapshotStore, diffs: DiffCache, pr
     infos = snapshots.list(pm.run)
     pm.snapshots = [i.to_dict() for i in infos]
     pm.suspects = run_suspects(diffs, live, pm.run, infos)
+    pm.refresh_next()
     pids: dict[str, set[int]] = {}
     for r in pm.ranks:
         if r.last_sample.get("pid") is not None:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vramwatch import verdicts
+from vramwatch import incidents, verdicts
 from vramwatch.runlife import RankLife, RunStory, judge
 from vramwatch.wire import Sample
 
@@ -266,6 +266,10 @@ class LiveState:
                 events = state.engine.update(s)
                 if events:
                     for event in events:
+                        # when and in which process: a step axis that runs twice after a restart
+                        # from a checkpoint is ordered by time and drawn as attempts
+                        event["ts"] = s["ts"]
+                        event["incarnation"] = s.get("incarnation", "")
                         state.add_event(event)
                         raised.append({"run": key[0], "host": key[1], "rank": key[2], **event})
             if accepted:
@@ -460,6 +464,7 @@ def story_row(story: RunStory) -> dict[str, Any]:
         "worst_state": None, "worst_rank": None, "min_headroom_bytes": None, "seconds_to_oom": None,
         "last_seen": 0.0 if story.last is None else story.last.ts, "ooms": tally.ooms, "restarts": tally.restarts,
         "deaths": tally.deaths, "silent_ranks": tally.silent, "dead_ranks": tally.dead, "tally": tally.as_dict(),
+        "incidents": incidents.count(story),
     }
 
 
