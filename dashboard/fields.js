@@ -1,6 +1,6 @@
 /* Generated from FIELD_TABLE in vramwatch/wire/fields.py; regenerate with
  * `python -c "from vramwatch import wire; print(wire.fields_js(), end='')" > dashboard/fields.js`
- * (tests/test_wire.py fails when this file is stale). */
+ * (tests/wire/test_wire.py fails when this file is stale). */
 
 /** Sample fields each chart fetches (besides ts), in the table's order. */
 export const CHART_FIELDS = {
