@@ -489,8 +489,9 @@ def _rank_story(life: RankLife, records: tuple[IncarnationRecord, ...], peers: _
 def _failures(story: RankStory) -> Iterator[Failure]:
     for inc in story.incarnations:
         first_oom = inc.record.first_oom
-        if first_oom is not None:
-            yield Failure(story.host, story.rank, first_oom.step, first_oom.ts, Outcome.OOM)
+        if first_oom is not None:  # its words, when they are the OOM's (the OOM killed it)
+            said = inc.record.last_words if inc.outcome == Outcome.OOM else None
+            yield Failure(story.host, story.rank, first_oom.step, first_oom.ts, Outcome.OOM, said)
         elif inc.outcome in DEATHS:
             yield Failure(story.host, story.rank, inc.end.step, inc.end.ts, inc.outcome, inc.record.last_words)
 

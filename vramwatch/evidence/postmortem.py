@@ -51,7 +51,7 @@ class Failure:
     #: what the failing process said ({type, message, phase}), None if it said nothing
     last_words: dict[str, str] | None = None
     #: the ranks that then died timing out in a collective: the culprit's victims, [{host, rank}]
-    victims: tuple[dict[str, Any], ...] = ()
+    victims: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -175,7 +175,7 @@ def build(
         detail = _detail(f, story, oom_samples.get((run, f.host, f.rank)), silent_after_s)
         first = Failure(f.rank, f.host, f.step, f.ts, str(f.cause), detail,
                         None if f.last_words is None else f.last_words.as_dict(),
-                        tuple({"host": h, "rank": r} for h, r in f.victims))
+                        [{"host": h, "rank": r} for h, r in f.victims])
     at_failure: dict[SeriesKey, Sample] = {}
     if first is not None:
         for s in samples():

@@ -138,7 +138,8 @@ def accepted(s: Any, now: float | None = None, max_future_s: float = 300.0) -> b
         _remember(_known_names, names)
     if s.extra is not UNSET and not _extra_ok(s.extra):
         return False
-    if s.last_words_type is not UNSET and not _last_words_ok(s):
+    if (s.last_words_type is not UNSET or s.last_words_message is not UNSET or s.last_words_phase is not UNSET) and (
+            not _last_words_ok(s)):
         return False
     if now is not None and s.ts > now + max_future_s:
         return False
