@@ -15,10 +15,11 @@ from typing import Any
 from vramwatch.causes import LastWords, last_words_of
 from vramwatch.collector.store.schema import FIELD_COLUMNS, TRAIN_PHASE_ID
 from vramwatch.runlife import IncarnationRecord, Moment
+from vramwatch.wire import FIELD_BY_NAME
 
 Row = tuple[Any, ...]
 #: the latest sample's columns a process's record needs besides its end markers
-_LAST_WORDS_COLUMNS = ", ".join(FIELD_COLUMNS[f] for f in (
+_LAST_WORDS_COLUMNS = ", ".join(FIELD_BY_NAME[f].column for f in (
     "last_words_type", "last_words_message", "last_words_phase", "host_available_bytes", "host_rss_bytes"))
 
 
