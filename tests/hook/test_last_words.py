@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_helpers import exposed_samples
 
 from vramwatch import runlife
 from vramwatch.delivery import spool_prefix
@@ -202,6 +203,7 @@ def test_two_ranks_one_runs_out_of_memory_the_other_times_out_in_the_collective(
         with httpx.Client(base_url=server.url, timeout=30) as client:
             rows = {r["rank"]: r for r in client.get("/api/v1/runs/job/ranks").json()}
             pm = client.get("/api/v1/runs/job/postmortem").json()
+            metrics = client.get("/metrics").text
     assert rows[1]["liveness"] == "dead" and rows[1]["died"]["cause"] == "oom"
     assert rows[1]["died"]["last_words"] == {
         "type": "torch.OutOfMemoryError", "phase": "train",
@@ -211,6 +213,10 @@ def test_two_ranks_one_runs_out_of_memory_the_other_times_out_in_the_collective(
     assert rows[0]["died"]["last_words"]["type"] == "torch.distributed.DistBackendError"
     assert rows[0]["died"]["culprit"] == {"host": rows[1]["host"], "rank": 1}
     assert (pm["first_failure"]["rank"], pm["first_failure"]["cause"]) == (1, "oom")
+    died = {labels["rank"]: labels for name, labels, _ in exposed_samples(metrics) if name == "vramwatch_rank_died"}
+    assert (died["1"]["cause"], died["1"]["phase"]) == ("oom", "train")
+    assert died["1"]["last_words"].startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB")
+    assert died["0"]["cause"] == "collective_timeout"
     assert pm["first_failure"]["victims"] == [{"host": rows[0]["host"], "rank": 0}]
     cli = subprocess.run([sys.executable, "-m", "vramwatch.cli", "postmortem", "job", "--db", str(db), "--json"],
                          capture_output=True, text=True, timeout=60)

@@ -71,6 +71,7 @@ class RankRow:
     ooms: int  # the model's count, every process of the rank
     restarts: int
     running: bool  # its latest process runs (live or silent)
+    died: Any = None  # runlife.Death of its latest process, None while it runs or after a clean close
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +175,21 @@ SERIES_FAMILIES: tuple[Family, ...] = (
 
 TREND_STATE_HELP = "1 for the rank's current trend-engine state, 0 for the others (while the rank runs)."
 
-#: one exposed sample: its row, extra label (name, value) or None, and the value
-_Point = tuple[RankRow, tuple[str, str] | None, Any]
+#: one exposed sample: its row, extra labels or None ((escaped text for the fast path, their values)),
+#: and the value
+_Point = tuple[RankRow, tuple[str, tuple[str, ...]] | None, Any]
+_STATE_LABELS = {state: (f',state="{state}"', (state,)) for state in TREND_STATES}
+DIED_HELP = ("When this rank's latest process died (unix seconds), while it is dead: `cause` as vramwatch.runlife "
+             "judged it, `last_words` the type and message the process said as it ended, `phase` where (empty "
+             "when it said nothing).")
+DIED_LABELS = ("cause", "last_words", "phase")
+
+
+def _died_labels(died: Any) -> tuple[str, tuple[str, ...]]:
+    said = died.last_words
+    values = (str(died.cause), "" if said is None else f"{said.type}: {said.message}" if said.message else said.type,
+              "" if said is None else said.phase)
+    return "".join(f',{k}="{_escape(v)}"' for k, v in zip(DIED_LABELS, values, strict=True)), values
 
 
 def _format_value(value: Any) -> str:
@@ -251,7 +265,7 @@ class SeriesCollector(Collector):
                 running = story is None or not story.ended
                 labels, values = self._label_strings(series)
                 rows.append(RankRow(labels, values, series, series.last, series.last_train, series.engine.summary(),
-                                    series.ooms, series.restarts, running))
+                                    series.ooms, series.restarts, running, None if story is None else story.died))
         rows.sort(key=lambda row: (row.series.run, row.series.host, row.series.rank))
         self.exported_series = len(rows)
         self.exported_keys = {(row.series.run, row.series.host, row.series.rank) for row in rows}
@@ -273,8 +287,10 @@ class SeriesCollector(Collector):
         for row in rows:
             if row.running:
                 current = row.summary.get("state") or row.series.engine.state
-                states.extend((row, ("state", state), int(state == current)) for state in TREND_STATES)
+                states.extend((row, _STATE_LABELS[state], int(state == current)) for state in TREND_STATES)
         yield "vramwatch_trend_state", "gauge", TREND_STATE_HELP, (*SERIES_LABELS, "state"), states
+        died = [(row, _died_labels(row.died), row.died.ts) for row in rows if row.died is not None]
+        yield "vramwatch_rank_died", "gauge", DIED_HELP, (*SERIES_LABELS, *DIED_LABELS), died
 
     # -------------------------------------------------------------- standard API
 
@@ -283,7 +299,7 @@ class SeriesCollector(Collector):
         for name, kind, doc, labels, points in self.families(rows):
             family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, doc, labels=labels)
             for row, extra, value in points:
-                values = list(row.label_values) if extra is None else [*row.label_values, extra[1]]
+                values = list(row.label_values) if extra is None else [*row.label_values, *extra[1]]
                 family.add_metric(values, float(value))
             yield family
         yield GaugeMetricFamily("vramwatch_series", "Rank series exported on /metrics.", value=len(rows))
@@ -300,7 +316,7 @@ class SeriesCollector(Collector):
             family_name = name if openmetrics or kind != "counter" else sample_name
             append(f"# HELP {family_name} {doc}\n# TYPE {family_name} {kind}\n")
             for row, extra, value in points:
-                labels = row.labels if extra is None else f'{row.labels},{extra[0]}="{extra[1]}"'
+                labels = row.labels if extra is None else row.labels + extra[0]
                 append(f"{sample_name}{{{labels}}} {_format_value(value)}\n")
         append("# HELP vramwatch_series Rank series exported on /metrics.\n# TYPE vramwatch_series gauge\n")
         append(f"vramwatch_series {len(rows)}\n")
