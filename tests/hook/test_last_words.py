@@ -225,3 +225,28 @@ def test_two_ranks_one_runs_out_of_memory_the_other_times_out_in_the_collective(
     assert (doc["first_failure"]["rank"], doc["first_failure"]["cause"]) == (1, "oom")
     assert doc["first_failure"]["last_words"]["type"] == "torch.OutOfMemoryError"
     assert {r["rank"]: r["died"]["cause"] for r in doc["ranks"]} == {0: "collective_timeout", 1: "oom"}
+
+
+def test_vramwatch_last_words_sends_what_a_dead_process_left_in_the_spool(tmp_path: Path) -> None:
+    from vramwatch.collector.server import BackgroundServer
+
+    spool = tmp_path / "spool"
+    with BackgroundServer(str(tmp_path / "vw.db")) as server:
+        dead = run_script("""
+            import signal
+            time.sleep(0.6)
+            os.kill(os.getpid(), signal.SIGSEGV)
+        """, run="crashed", out=spool, url=server.url)
+        assert dead.returncode == -signal.SIGSEGV
+        cli = [sys.executable, "-m", "vramwatch.cli", "last-words", "--spool-dir", str(spool), "--json"]
+        listed = json.loads(subprocess.run(cli, capture_output=True, text=True, timeout=60, check=True).stdout)
+        ((word,),) = [listed["last_words"]]
+        assert (word["run"], word["last_words_type"], listed["sent"]) == ("crashed", "SIGSEGV", False)
+        sent = subprocess.run([*cli, "--send", "--url", server.url], capture_output=True, text=True, timeout=60)
+        assert sent.returncode == 0, sent.stderr
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            (row,) = client.get("/api/v1/runs/crashed/ranks").json()
+    assert row["liveness"] == "dead" and row["died"]["cause"] == "crash"
+    assert row["died"]["last_words"] == {"type": "SIGSEGV", "message": "Fatal Python error: Segmentation fault",
+                                         "phase": "train"}
+    assert not [p for p in spool.iterdir() if p.suffix in (".state", ".crash", ".term")]

@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
@@ -250,6 +251,35 @@ def crash_records(directory: Path, prefix: str, *, run: str, rank: int, host: st
     return out
 
 
+#: state files a spool scan looks at (the oldest first): a folder of leftovers stays a bounded read
+MAX_SCANNED = 1024
+
+
+def dead_processes(directory: Path, prefix_of: Callable[[str, int], str], *, host: str) -> list[CrashRecord]:
+    """Every dead process's record in ``directory``, whatever its run and rank (what ``vramwatch
+    last-words`` reads): each state file must be named with its own run and rank's prefix."""
+    try:
+        states = sorted(directory.glob("*" + _STATE), key=lambda p: p.stat().st_mtime)[:MAX_SCANNED]
+    except OSError:
+        return []
+    seen: set[tuple[str, int]] = set()
+    out: list[CrashRecord] = []
+    for state_path in states:
+        try:
+            doc = json.loads(_read(state_path))
+            run, rank = doc["run"], doc["rank"]
+            prefix = prefix_of(run, rank)
+        except (OSError, ValueError, TypeError, KeyError):
+            out.append(CrashRecord([state_path], None, refused=True))
+            continue
+        if not state_path.name.startswith(prefix):
+            out.append(CrashRecord([state_path], None, refused=True))
+        elif (run, rank) not in seen:
+            seen.add((run, rank))
+            out.extend(crash_records(directory, prefix, run=run, rank=rank, host=host))
+    return out
+
+
 def _record(doc: dict[str, Any], paths: list[Path], *, run: str, rank: int, host: str,
             incarnation: str) -> CrashRecord | None:
     sample = doc["sample"]
@@ -421,5 +451,5 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-__all__ = ["MAX_FILE_BYTES", "CrashRecord", "LastWordsRecorder", "attach_last_words", "crash_records",
+__all__ = ["MAX_FILE_BYTES", "CrashRecord", "LastWordsRecorder", "attach_last_words", "crash_records", "dead_processes",
            "redact_text", "type_name"]
