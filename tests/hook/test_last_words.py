@@ -250,3 +250,29 @@ def test_vramwatch_last_words_sends_what_a_dead_process_left_in_the_spool(tmp_pa
     assert row["died"]["last_words"] == {"type": "SIGSEGV", "message": "Fatal Python error: Segmentation fault",
                                          "phase": "train"}
     assert not [p for p in spool.iterdir() if p.suffix in (".state", ".crash", ".term")]
+
+
+def test_the_excepthook_never_raises_and_always_chains_even_when_sending_fails(tmp_path: Path, capsys) -> None:
+    import warnings
+
+    from vramwatch import hook
+
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the trace folder should be")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an unwritable folder is counted, never warned into the loop
+        vw = hook.init(None, run="broken", probe="simulated", out_dir=blocked / "sub")
+    try:
+        vw.step(0)
+
+        def refuse(sample: dict[str, Any]) -> None:
+            raise RuntimeError("queue gone")
+
+        vw.sender.submit = refuse  # type: ignore[method-assign]
+        sys.excepthook(ValueError, ValueError("boom"), None)  # the installed, chained hook
+        stats = vw.stats()
+        assert stats["last_words_errors"] >= 1 and stats["last_words_sent"] == 0 and stats["crash_file"] is None
+        assert "ValueError: boom" in capsys.readouterr().err  # the previous hook still printed it
+    finally:
+        vw.sender.submit = lambda sample: None  # type: ignore[method-assign]
+        vw.close(1)

@@ -137,8 +137,13 @@ class LastWordsRecorder:
     # ---------------------------------------------------------------- crash records
 
     def start(self) -> None:
-        """Enable faulthandler into this process's crash file and start the state writer."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        """Enable faulthandler into this process's crash file and start the state writer. A folder
+        that cannot be written (a read-only home) leaves only the excepthooks: counted, not warned."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            self.errors += 1
+            return
         _arm(self)
         self._thread = threading.Thread(target=self._write_loop, name="vramwatch-last-words", daemon=True)
         self._thread.start()
