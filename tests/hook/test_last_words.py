@@ -276,3 +276,22 @@ def test_the_excepthook_never_raises_and_always_chains_even_when_sending_fails(t
     finally:
         vw.sender.submit = lambda sample: None  # type: ignore[method-assign]
         vw.close(1)
+
+
+def test_a_pid_reused_by_a_later_process_does_not_keep_a_dead_one_alive(tmp_path: Path) -> None:
+    from helpers import make_sample
+
+    from vramwatch.probe.processes import start_time
+
+    prefix = spool_prefix("reused", 0)
+    sample = make_sample(7, run="reused", rank=0, host="h", incarnation="old", ts=time.time() - 5)
+    doc = {"pid": os.getpid(), "start": "0", "run": "reused", "host": "h", "rank": 0, "incarnation": "old",
+           "phase": "checkpoint", "sample": sample}
+    (tmp_path / f"{prefix}old.state").write_text(json.dumps(doc))
+    (tmp_path / f"{prefix}old.crash").write_text("Fatal Python error: Bus error\n\nCurrent thread ...\n")
+    (record,) = crash_records(tmp_path, prefix, run="reused", rank=0, host="h")
+    assert (record.sample["last_words_type"], record.sample["last_words_phase"]) == ("SIGBUS", "checkpoint")
+    assert record.sample["incarnation"] == "old" and record.sample["step"] == 7
+    # the same pid with its own start time is this very process: alive, nothing said for it
+    (tmp_path / f"{prefix}old.state").write_text(json.dumps({**doc, "start": start_time(os.getpid())}))
+    assert crash_records(tmp_path, prefix, run="reused", rank=0, host="h") == []

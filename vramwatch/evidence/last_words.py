@@ -46,7 +46,7 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from vramwatch.causes import MAX_MESSAGE, MAX_TYPE, fatal_signal
-from vramwatch.probe.processes import redact
+from vramwatch.probe.processes import redact, start_time
 from vramwatch.wire import WireError, validate
 
 #: a state or crash file is small; never read more of one
@@ -89,6 +89,7 @@ class LastWordsRecorder:
         self.crash_file: str | None = None
         self._stop = threading.Event()
         self._written: tuple[int, str | None] | None = None
+        self._start = start_time(os.getpid())  # with the pid: this very process, not a later one given its pid
         self._thread: threading.Thread | None = None
 
     def path(self, incarnation: str, suffix: str) -> Path:
@@ -161,7 +162,7 @@ class LastWordsRecorder:
         if self._written == (id(sample), phase):
             return
         try:
-            doc = {"pid": os.getpid(), "run": self.run, "host": self.host, "rank": self.rank,
+            doc = {"pid": os.getpid(), "start": self._start, "run": self.run, "host": self.host, "rank": self.rank,
                    "incarnation": self.incarnation, "phase": phase, "sample": sample}
             tmp = self.path(self.incarnation, _STATE + ".tmp")
             tmp.write_text(json.dumps(doc), encoding="utf-8")
@@ -291,7 +292,7 @@ def _record(doc: dict[str, Any], paths: list[Path], *, run: str, rank: int, host
     if (doc.get("run"), doc.get("rank"), sample.get("run"), sample.get("rank"), sample.get("incarnation")) != (
             run, rank, run, rank, incarnation):
         return CrashRecord(paths, None, refused=True)  # not this rank's: never speak for another run
-    if doc.get("host") == host and _alive(doc.get("pid")):
+    if doc.get("host") == host and _alive(doc.get("pid"), doc.get("start")):
         return None  # still running (two monitors of one rank): not dead
     words = _words(paths[1], paths[2])
     if words is None:
@@ -326,7 +327,9 @@ def _read(path: Path) -> bytes:
         return fh.read(MAX_FILE_BYTES)
 
 
-def _alive(pid: Any) -> bool:
+def _alive(pid: Any, start: Any) -> bool:
+    """The process that wrote a state file still runs: its pid exists with the same start time (a
+    pid reused by a later process, e.g. a restarted container's, is not it)."""
     if type(pid) is not int or pid <= 0:
         return False
     try:
@@ -334,8 +337,8 @@ def _alive(pid: Any) -> bool:
     except ProcessLookupError:
         return False
     except OSError:
-        return True  # exists, another user's
-    return True
+        pass  # exists, another user's
+    return start is None or start_time(pid) == start
 
 
 # ---------------------------------------------------------------- process-wide hooks
