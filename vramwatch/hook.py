@@ -65,7 +65,7 @@ from vramwatch.config import Config
 from vramwatch.delivery import BatchSender, FileExporter, HttpExporter, leftover_spools, lifecycle, spool_prefix
 from vramwatch.evidence.capture import CaptureAgent, attach_capture
 from vramwatch.evidence.foreign import ForeignReporter, attach_foreign
-from vramwatch.evidence.last_words import LastWordsRecorder, attach_last_words
+from vramwatch.evidence.last_words import LastWordsRecorder, attach_last_words, note_phase
 from vramwatch.probe import BaseProbe, make_probe
 from vramwatch.probe.host import HostPoller
 from vramwatch.wire import MAX_INT, PHASE_RE, SCHEMA_VERSION
@@ -111,8 +111,8 @@ class _Phase:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> bool:
         self._monitor._open_phase = None
-        if exc is not None:  # the phase an uncaught exception left: its last words' phase (an id, no reference)
-            self._monitor._failed_phase = (id(exc), self._name)
+        if exc is not None:  # the phase an exception left: its last words' phase if nothing catches it
+            note_phase(exc, self._name)
         self._monitor._end_phase(self._name, self._t0, self._open)
         return False  # never swallow the user's exception
 
@@ -156,7 +156,6 @@ class Monitor:
         self.foreign: ForeignReporter | None = None
         self.last_words: LastWordsRecorder | None = None
         self._open_phase: str | None = None
-        self._failed_phase: tuple[int, str] | None = None
         lifecycle.on_fork_in_child(self, "_after_fork_in_child")
         if config.enabled and self._start_probe():
             self._base = self._base_sample()

@@ -295,3 +295,24 @@ def test_a_pid_reused_by_a_later_process_does_not_keep_a_dead_one_alive(tmp_path
     # the same pid with its own start time is this very process: alive, nothing said for it
     (tmp_path / f"{prefix}old.state").write_text(json.dumps({**doc, "start": start_time(os.getpid())}))
     assert crash_records(tmp_path, prefix, run="reused", rank=0, host="h") == []
+
+
+def test_an_exception_caught_inside_a_checkpoint_does_not_name_a_later_ones_phase(tmp_path: Path) -> None:
+    result = run_script("""
+        for attempt in range(50):  # many caught, forgotten checkpoint errors (their ids are reused)
+            try:
+                with vw.phase("checkpoint"):
+                    raise OSError(28, "No space left on device")
+            except OSError:
+                pass
+        try:
+            with vw.phase("eval"):
+                raise KeyError("labels")
+        except KeyError as exc:
+            raise RuntimeError("evaluation failed") from exc  # raised outside the phase, from one inside it
+    """, run="phases", out=tmp_path)
+    assert result.returncode == 1
+    (word,) = spoken(trace_samples(tmp_path, "phases"))
+    assert (word["last_words_type"], word["last_words_phase"]) == ("RuntimeError", "eval")
+    died = story_of(trace_samples(tmp_path, "phases"), "phases").rank(word["host"], 0).died
+    assert died.cause == Outcome.EXCEPTION

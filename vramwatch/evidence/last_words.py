@@ -113,7 +113,7 @@ class LastWordsRecorder:
             message = redact_text(str(exc), MAX_MESSAGE)
             if message:
                 sample["last_words_message"] = message
-            sample["last_words_phase"] = _phase_of(exc, monitor._failed_phase)
+            sample["last_words_phase"] = _phase_of(exc)
             monitor._last_sample = sample
             monitor.sender.submit(sample)
             monitor._samples += 1
@@ -202,16 +202,30 @@ class LastWordsRecorder:
                 "other_thread_exceptions": self.other_threads, "crash_file": self.crash_file}
 
 
-def _phase_of(exc: BaseException, failed: tuple[int, str] | None) -> str:
+#: the attribute ``with vw.phase(...)`` leaves on an exception that unwinds through it
+PHASE_ATTR = "_vramwatch_phase"
+
+
+def note_phase(exc: BaseException, phase: str) -> None:
+    """Mark ``exc`` with the innermost phase it left (kept on the exception itself: no reference
+    to it is held, and an exception caught and forgotten takes its mark with it). Never raises."""
+    try:
+        if getattr(exc, PHASE_ATTR, None) is None:
+            setattr(exc, PHASE_ATTR, phase)
+    except Exception:
+        pass
+
+
+def _phase_of(exc: BaseException) -> str:
     """The phase ``exc`` (or an exception it was raised from) left unwinding, else ``train``."""
-    if failed is not None:
-        seen: BaseException | None = exc
-        for _ in range(_CHAIN_DEPTH):
-            if seen is None:
-                break
-            if id(seen) == failed[0]:
-                return failed[1]
-            seen = seen.__cause__ or seen.__context__
+    seen: BaseException | None = exc
+    for _ in range(_CHAIN_DEPTH):
+        if seen is None:
+            break
+        phase = getattr(seen, PHASE_ATTR, None)
+        if type(phase) is str:
+            return phase
+        seen = seen.__cause__ or seen.__context__
     return "train"
 
 
@@ -460,4 +474,4 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 
 __all__ = ["MAX_FILE_BYTES", "CrashRecord", "LastWordsRecorder", "attach_last_words", "crash_records", "dead_processes",
-           "redact_text", "type_name"]
+           "note_phase", "redact_text", "type_name"]
