@@ -124,6 +124,9 @@ class Monitor:
     ``Monitor(Config.from_env(url=url, **fields))``.
     """
 
+    last_words: LastWordsRecorder | None = None  # how this process ends (None: monitoring is off)
+    _open_phase: str | None = None  # the phase a crash record names
+
     def __init__(self, config: Config | str | None = None, /, **overrides: Any) -> None:
         if not isinstance(config, Config):
             config = Config.from_env(url=config, **overrides)
@@ -154,8 +157,6 @@ class Monitor:
         self._close_hooks: tuple[Callable[[float], object], ...] = ()
         self.capture: CaptureAgent | None = None
         self.foreign: ForeignReporter | None = None
-        self.last_words: LastWordsRecorder | None = None
-        self._open_phase: str | None = None
         lifecycle.on_fork_in_child(self, "_after_fork_in_child")
         if config.enabled and self._start_probe():
             self._base = self._base_sample()
