@@ -237,6 +237,11 @@ def render_text(pm: PostMortem) -> str:
         lines.append(f"  rank {r.rank:>4} {r.host}: {r.end:<7} last step {r.last_step} ({when(r.last_ts)}), "
                      f"headroom {head}{held}" + (f", {r.ooms} OOM" if r.ooms else "")
                      + (f", {r.restarts} restart(s)" if r.restarts else ""))
+        said, culprit = (r.died or {}).get("last_words"), (r.died or {}).get("culprit")
+        if said:
+            message = f": {said['message']}" if said["message"] else ""
+            lines.append(f"    last words ({said['phase']}): {said['type']}{message}"
+                         + (f" (waiting for rank {culprit['rank']})" if culprit else ""))
         lines.extend(f"    {holds(p, r.foreign_device)}" for p in r.foreign_processes)
     for snap in pm.snapshots:
         lines.append(f"  snapshot: rank {snap.get('rank')} step {snap.get('step')} ({snap.get('trigger')}) "
