@@ -83,6 +83,9 @@ def test_the_culprit_lists_its_victims_and_no_victim_is_a_first_failure() -> Non
     assert doc["first_failure"]["victims"] == [{"host": "node-1", "rank": r} for r in (0, 2, 3)]
     assert doc["first_failure"]["last_words"]["type"] == "torch.OutOfMemoryError"
     assert "3 rank(s) then timed out waiting for it in a collective: 0, 2, 3" in doc["first_failure"]["detail"]
+    text = postmortem.render_text(postmortem.from_dict(doc))
+    assert "last words (train): torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in text
+    assert text.count("(waiting for rank 1)") == 3
 
 
 def test_a_timeout_with_no_failure_before_it_is_the_first_failure_and_has_no_culprit() -> None:
