@@ -71,6 +71,7 @@ def test_an_uncaught_cuda_error_is_the_last_word_and_the_programs_own_hook_still
     assert word["last_words_type"] == "RuntimeError"
     assert word["last_words_message"] == "CUDA error: an illegal memory access was encountered"  # the first line
     assert word["last_words_phase"] == "train" and word["step"] == 4 and word["seq"] == 1
+    assert "oom_marked" not in word
     assert not any(s.get("exit") for s in samples)  # not a clean close
     died = story_of(samples, "cuda").rank(word["host"], 0).died
     assert died.cause == Outcome.CUDA_ERROR and died.last_words.message == word["last_words_message"]
@@ -88,8 +89,9 @@ def test_a_real_torch_out_of_memory_error_is_an_oom_bounded_and_redacted(tmp_pat
     assert word["last_words_type"] == "torch.OutOfMemoryError"
     message = word["last_words_message"]
     assert len(message) == 128 and message.endswith("…") and "s3cr3t" not in message and "--api-token=***" in message
+    assert word["oom_marked"] is True  # the observer never fired: the words count the OOM
     story = story_of(trace_samples(tmp_path, "oom"), "oom")
-    assert story.rank(word["host"], 0).died.cause == Outcome.OOM  # the observer never fired: the words say it
+    assert story.rank(word["host"], 0).died.cause == Outcome.OOM and story.rank(word["host"], 0).ooms == 1
     assert (story.first_failure.cause, story.first_failure.last_words.type) == (Outcome.OOM, "torch.OutOfMemoryError")
 
 

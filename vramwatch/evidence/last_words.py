@@ -8,8 +8,10 @@ What it installs (once per process, whatever the number of monitors)
   last words: one marker sample (a copy of the latest sample, ``ts`` now, the next ``seq``) with
   ``last_words_type`` (the qualified type), ``last_words_message`` (the message's first line,
   redacted, at most 128 characters) and ``last_words_phase`` (the phase it was raised in: the
-  innermost ``with vw.phase(...)`` it left, else ``train``). It is queued at once; the exit
-  handler flushes it (bounded by the exit timeout) or spools it when the collector is away.
+  innermost ``with vw.phase(...)`` it left, else ``train``). Words that name an out-of-memory
+  error also carry ``oom_marked``, so the OOM counts where torch's observer did not fire. It is
+  queued at once; the exit handler flushes it (bounded by the exit timeout) or spools it when
+  the collector is away.
   Other threads' exceptions are counted in ``stats()``, not sent: the process goes on.
 * ``faulthandler`` writes into ``<spool prefix><incarnation>.crash`` beside the spool (or the
   trace files), so a fatal signal (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL) leaves a record; a
@@ -45,8 +47,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from vramwatch.causes import MAX_MESSAGE, MAX_TYPE, fatal_signal
+from vramwatch.causes import MAX_MESSAGE, MAX_TYPE, LastWords, classify, fatal_signal
 from vramwatch.probe.processes import redact, start_time
+from vramwatch.verdicts import Outcome
 from vramwatch.wire import WireError, validate
 
 #: a state or crash file is small; never read more of one
@@ -114,6 +117,9 @@ class LastWordsRecorder:
             if message:
                 sample["last_words_message"] = message
             sample["last_words_phase"] = _phase_of(exc)
+            words = LastWords(sample["last_words_type"], message, sample["last_words_phase"])
+            if classify(words) == Outcome.OOM:  # an OOM the allocator's observer did not mark: counted all the same
+                sample["oom_marked"] = True
             monitor._last_sample = sample
             monitor.sender.submit(sample)
             monitor._samples += 1
