@@ -15,6 +15,7 @@ BENCHMARKS = {
     "engine": "bench.engine_bench",
     "sparse": "bench.sparse_bench",
     "hook": "bench.hook_bench",
+    "last_words": "bench.last_words_bench",
     "metrics": "bench.metrics_bench",
     "dashboard": "bench.dashboard_bench",
     "dashboard_polling": "bench.dashboard_polling",

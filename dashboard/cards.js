@@ -21,7 +21,7 @@ export function worstRank(ranks) {
 }
 
 function deathText(death) {
-  return "died (" + death.how + ") at step " + intText(death.step) + " · " + clock(death.ts);
+  return "died (" + death.how + ") at step " + intText(death.step) + " · " + clock(death.ts) + (death.said ? " · " + death.said : "");
 }
 
 function worstCard(worst) {

@@ -11,7 +11,7 @@ import { MIB, clock, gib, intText, isNum, plural, timeZoneLabel } from "./format
 import { $, append, clear, el } from "./dom.js";
 import { ApiError, STATIC, getPostmortem, getSnapshots, getSuspects, requestCapture } from "./api.js";
 import { S, vocab } from "./state.js";
-import { isRunning } from "./verdict.js";
+import { isRunning, lastWordsText } from "./verdict.js";
 import { storyNodes } from "./incidents.js";
 
 const MEMORY_VIZ = "https://pytorch.org/memory_viz";
@@ -128,7 +128,8 @@ function postmortemReason() {
   return dead || deaths || ooms || ended ? [dead, deaths, ooms, ended].join("|") : "";
 }
 
-const END_STATE = { oom: "oom", killed: "dead", stopped: "dead", exited: "exited", ended: "ended", running: "plateau" };
+const END_STATE = { oom: "oom", killed: "dead", stopped: "dead", exited: "exited", ended: "ended", running: "plateau",
+  cuda_error: "dead", collective_timeout: "dead", crash: "dead", checkpoint_failed: "dead", exception: "dead" };
 
 function drawPostmortem(pm) {
   const box = $("postmortem");
@@ -156,7 +157,8 @@ function drawPostmortem(pm) {
       "Headroom at failure", "Snapshot"].map((t) => el("th", { text: t })))),
     el("tbody", null, (pm.ranks || []).map((r) => el("tr", { dataset: { rank: r.rank, end: r.end } },
       el("td", { text: r.rank }), el("td", { text: r.host }),
-      el("td", null, el("span", { class: "badge", dataset: { state: END_STATE[r.end] || "unknown" }, title: (vocab.outcomes || {})[r.end] || null,
+      el("td", null, el("span", { class: "badge", dataset: { state: END_STATE[r.end] || "unknown" },
+        title: [(vocab.outcomes || {})[r.end], r.died && lastWordsText(r.died.last_words)].filter(Boolean).join(" — ") || null,
         text: r.end + (r.ooms ? " · OOM ×" + r.ooms : "") + (r.restarts ? " · restart ×" + r.restarts : "") })),
       el("td", { text: intText(r.last_step) }), el("td", { text: clock(r.last_ts) }),
       el("td", { text: gib(r.headroom_bytes) }), el("td", { text: gib(r.held_at_failure_bytes) }),

@@ -177,7 +177,7 @@ function markers(r, v, events) {
     const same = out.find((m) => m.kind === "oom" && m.step === death.step);
     if (same) same.text = "died: OOM";
     else out.push({ step: death.step, ts: death.ts, kind: "oom", text: "died: " + death.how,
-      hover: "last sample at step " + intText(death.step) + " · " + clock(death.ts) });
+      hover: "last sample at step " + intText(death.step) + " · " + clock(death.ts) + (death.said ? " · " + death.said : "") });
   }
   return out;
 }
@@ -375,7 +375,7 @@ function writeNote(r, v, haveNvml, groups, projection) {
   }
   if (projection) notes.push("Leak projection: the device fills in " + intText(v.steps_to_oom) + " steps at " + slopeText(v.slope_bytes_per_step) + ".");
   const death = r.vw && r.vw.death;
-  if (death) notes.push("This rank's process died (" + death.how + ") at step " + intText(death.step) + ", " + clock(death.ts) + ".");
+  if (death) notes.push("This rank's process died (" + death.how + ") at step " + intText(death.step) + ", " + clock(death.ts) + "." + (death.said ? " Its last words: " + death.said + "." : ""));
   else if (r.vw && r.vw.liveness === "exited") notes.push("This rank's process closed cleanly.");
   const off = v.detectors_off && typeof v.detectors_off === "object" ? Object.keys(v.detectors_off) : [];
   if (off.length) notes.push("Not judged, the samples do not measure what they need: " + off.map((k) => k.replace(/_/g, " ") + " (" + v.detectors_off[k] + ")").join("; ") + ".");

@@ -70,7 +70,7 @@ function buildHead(table) {
 
 function oomText(r) {
   const v = verdictOf(r), d = r.vw.death;
-  if (d) return "died: " + d.how + " · step " + intText(d.step) + " · " + clock(d.ts);
+  if (d) return "died: " + d.how + " · step " + intText(d.step) + " · " + clock(d.ts) + (d.said ? " · " + d.said : "");
   if (isNum(v.seconds_to_oom)) return duration(v.seconds_to_oom) + " (" + intText(v.steps_to_oom) + " steps)";
   if (isNum(v.steps_to_oom)) return intText(v.steps_to_oom) + " steps";
   return "—";

@@ -24,8 +24,25 @@ function lastEvent(r, type) {
 /** A rank whose latest process still runs (live, or silent and not judged yet). */
 export function isRunning(r) { return r.liveness === "live" || r.liveness === "silent"; }
 
-/** How a death reads: "OOM", "killed alone", "stopped with the job". */
-export const DEATH_TEXT = { oom: "OOM", killed: "killed alone", stopped: "stopped with the job" };
+/** How a death reads: "OOM", "killed alone", "stopped with the job", and the causes a process's
+ * last words name (vramwatch/causes.py). */
+export const DEATH_TEXT = { oom: "OOM", killed: "killed alone", stopped: "stopped with the job",
+  cuda_error: "CUDA error", collective_timeout: "collective timeout", crash: "crash",
+  checkpoint_failed: "checkpoint failed", exception: "exception" };
+const KILLED_BY = { host_oom: "the host's OOM killer", launcher: "the launcher" };
+
+/** What a dead process said, as one line: "torch.OutOfMemoryError: CUDA out of memory… (in checkpoint)". */
+export function lastWordsText(words) {
+  if (!words || !words.type) return "";
+  return words.type + (words.message ? ": " + words.message : "") + (words.phase && words.phase !== "train" ? " (in " + words.phase + ")" : "");
+}
+
+function deathHow(d) {
+  let how = DEATH_TEXT[d.cause] || d.cause;
+  if (d.culprit) how += ", waiting for rank " + d.culprit.rank;
+  if (d.cause === "killed" && KILLED_BY[d.killed_by]) how += ", by " + KILLED_BY[d.killed_by];
+  return how;
+}
 
 /**
  * Everything the table, cards and charts say about a rank's life, kept on the row as ``r.vw``
@@ -38,7 +55,7 @@ export function annotate(rows) {
 
 function describe(r) {
   const d = r.died;
-  const death = d ? { cause: d.cause, how: DEATH_TEXT[d.cause] || d.cause, step: d.step, ts: d.ts } : null;
+  const death = d ? { cause: d.cause, how: deathHow(d), said: lastWordsText(d.last_words), step: d.step, ts: d.ts } : null;
   return { liveness: r.liveness, ooms: r.ooms || 0, restarts: r.restarts || 0, deaths: r.deaths || 0, death,
     severity: isNum(r.severity) ? r.severity : -1, ...shownState(r, verdictOf(r)) };
 }

@@ -112,4 +112,56 @@ def collector_restart(run: str = "restarted-collector", t0: float = T0) -> Endin
     return ending
 
 
-ENDINGS = (clean_exit, job_killed, one_killed, oom_restart_finish, oom_everywhere, collector_restart)
+#: what the NCCL watchdog raises on a rank left waiting (ProcessGroupNCCL.cpp), as the hook bounds it
+WATCHDOG = ("[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=301, OpType=ALLREDUCE, "
+            "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600010 milliseconds before timing out.")
+
+
+def _last_words(sample: dict[str, Any], ts: float, kind: str, message: str, phase: str = "train") -> dict[str, Any]:
+    """The hook's last-words marker: a copy of the latest sample, ``ts`` when it spoke, next ``seq``."""
+    message = message if len(message) <= 128 else message[:127] + "…"
+    return {**sample, "ts": ts, "seq": (sample.get("seq") or 0) + 1, "last_words_type": kind,
+            "last_words_message": message, "last_words_phase": phase}
+
+
+def culprit_and_victims(run: str = "culprit", t0: float = T0) -> Ending:
+    """Rank 1 runs out of memory at step 300 (the observer's marked sample, then its uncaught
+    torch.OutOfMemoryError); the other ranks hang in the next all-reduce and the NCCL watchdog
+    kills each 600 s later: their last words are collective timeouts, after the OOM."""
+    per_rank = {}
+    for r in range(RANKS):
+        samples = [_train(i, r, run, f"p{r}", t0) for i in range(301)]
+        if r == 1:
+            oom = {**_train(300, r, run, f"p{r}", t0, ooms=1), "ts": t0 + 300.2, "seq": 1, "oom_marked": True}
+            samples += [oom, _last_words(oom, t0 + 300.3, "torch.OutOfMemoryError",
+                                         "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity "
+                                         "of 79.15 GiB of which 1.06 GiB is free.")]
+        else:
+            samples.append(_last_words(samples[-1], t0 + 900.0 + r, "torch.distributed.DistBackendError",
+                                       WATCHDOG.format(rank=r)))
+        per_rank[r] = samples
+    died = dict.fromkeys(range(RANKS), "collective_timeout") | {1: "oom"}
+    return Ending("one rank out of memory, the others time out waiting for it", _interleave(per_rank), "crashed",
+                  dict.fromkeys(range(RANKS), "dead"), died, ooms=dict.fromkeys(range(RANKS), 0) | {1: 1},
+                  first_failure=(1, "oom"))
+
+
+def crash_then_restart(run: str = "segfault", t0: float = T0) -> Ending:
+    """Rank 2 dies of a SIGSEGV at step 200; its next process (restarted from the step-150
+    checkpoint) sends the dead one's crash record; every rank finishes cleanly."""
+    per_rank = {}
+    for r in range(RANKS):
+        first = [_train(i, r, run, f"a{r}", t0) for i in range(STEPS if r != 2 else 201)]
+        if r != 2:
+            per_rank[r] = [*first, _exit(first[-1])]
+            continue
+        second = [{**_train(i, r, run, f"b{r}", t0), "ts": t0 + 80 + i} for i in range(150, STEPS - 80)]
+        crash = _last_words(first[-1], t0 + 200.5, "SIGSEGV", "Fatal Python error: Segmentation fault")
+        per_rank[r] = [*first, *second[:1], crash, *second[1:], _exit(second[-1])]
+    return Ending("a segfault, the rank restarted, a clean finish", _interleave(per_rank), "recovered",
+                  dict.fromkeys(range(RANKS), "exited"), dict.fromkeys(range(RANKS)),
+                  restarts=dict.fromkeys(range(RANKS), 0) | {2: 1}, first_failure=(2, "crash"))
+
+
+ENDINGS = (clean_exit, job_killed, one_killed, oom_restart_finish, oom_everywhere, collector_restart,
+           culprit_and_victims, crash_then_restart)

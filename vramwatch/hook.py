@@ -37,7 +37,9 @@ End markers (for ``vramwatch postmortem``): a clean :meth:`Monitor.close` sends 
 sample, a copy of the last train sample (same step, next ``seq``, ``ts`` now) with ``exit:
 true`` -- not when the exit handler closes it after an unhandled exception, which is no clean
 end; :meth:`Monitor.mark_oom` (for torch's out-of-memory observer) sends a fresh reading with
-``oom_marked: true``. A rank that stops without either died silently.
+``oom_marked: true``. A rank that stops without either died silently -- unless it said
+something: an uncaught exception is sent as its last words, a fatal signal leaves a crash record
+that its next process sends (:mod:`vramwatch.evidence.last_words`).
 
 Configuration: one :class:`~vramwatch.config.Config` (every field, every ``VRAMWATCH_*``
 variable; arguments win over the environment). ``init(**kwargs)`` is
@@ -63,6 +65,7 @@ from vramwatch.config import Config
 from vramwatch.delivery import BatchSender, FileExporter, HttpExporter, leftover_spools, lifecycle, spool_prefix
 from vramwatch.evidence.capture import CaptureAgent, attach_capture
 from vramwatch.evidence.foreign import ForeignReporter, attach_foreign
+from vramwatch.evidence.last_words import LastWordsRecorder, attach_last_words, note_phase
 from vramwatch.notebook import live_view
 from vramwatch.probe import BaseProbe, make_probe
 from vramwatch.probe.host import HostPoller
@@ -108,10 +111,14 @@ class _Phase:
     def __enter__(self) -> _Phase:
         self._t0 = time.perf_counter()
         self._open = self._monitor._begin_phase(self._name)
+        self._monitor._open_phase = self._name  # a crash record's phase
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> bool:
+        self._monitor._open_phase = None
+        if exc is not None:  # the phase an exception left: its last words' phase if nothing catches it
+            note_phase(exc, self._name)
         self._monitor._end_phase(self._name, self._t0, self._open)
         return False  # never swallow the user's exception
 
@@ -125,6 +132,8 @@ class Monitor:
 
     memory: ModelMemory | None = None  # vw.watch(model, optimizer)
     _runtime_pending = True
+    last_words: LastWordsRecorder | None = None  # how this process ends (None: monitoring is off)
+    _open_phase: str | None = None  # the phase a crash record names
 
     def __init__(self, config: Config | str | None = None, /, **overrides: Any) -> None:
         if not isinstance(config, Config):
@@ -165,6 +174,7 @@ class Monitor:
             self._active = True
             self.capture = attach_capture(self)  # None unless CUDA, a collector URL and snapshots on
             self.foreign = attach_foreign(self)  # None unless NVML is polled and there is a collector
+            self.last_words = attach_last_words(self, *self._last_words_place())
         lifecycle.register(self)  # after its sender: the exit handler closes newest first, so this one first
 
     def _start_probe(self) -> bool:
@@ -212,6 +222,12 @@ class Monitor:
                            spool_path=root / f"{spool_prefix(ident['run'], ident['rank'])}{ident['incarnation']}.jsonl",
                            adopt_spools=leftover_spools(root, ident["run"], ident["rank"]),
                            max_spool_bytes=config.max_spool_bytes)
+
+    def _last_words_place(self) -> tuple[Path, str]:
+        """Where the crash record lives: beside the spool (or the trace files), named like the spool."""
+        ident = self.identity
+        where = self.trace_path.parent if self.trace_path is not None else self.config.spool_root()
+        return where, spool_prefix(ident["run"], ident["rank"])
 
     # ------------------------------------------------------------------ hot path
 
@@ -421,6 +437,8 @@ class Monitor:
                 self.probe.close()
         except Exception as exc:
             self._probe_error(exc)
+        if self.last_words is not None:
+            self.last_words.close()
         lifecycle.unregister(self)
         return delivered
 
@@ -512,6 +530,8 @@ class Monitor:
                 out.update(self.host.stats())
             if self.foreign is not None:
                 out.update({f"foreign_{k}": v for k, v in self.foreign.stats().items()})
+            if self.last_words is not None:
+                out.update(self.last_words.stats())
             if self.sender is not None:
                 sender_stats = self.sender.stats()
                 out["last_delivery_error"] = sender_stats.pop("last_error")

@@ -39,18 +39,24 @@ clocks within seconds of the collector's (NTP), as the post-mortem always assume
 Records are immutable: the per-rank ones are typed named tuples (a judgement builds a few per
 rank: ~1 µs each, against ~10 µs for a frozen dataclass), the per-run ones frozen dataclasses.
 
-Bottom layer: imports only :mod:`vramwatch.verdicts` and :mod:`vramwatch.wire`.
+A process whose latest sample carries last words died at once of what :mod:`vramwatch.causes`
+says they name. A rank that failed on its own at or before other ranks' collective timeouts is
+the culprit (:attr:`Failure.victims`); those ranks are its victims (``Death.culprit``).
+
+Low layer: imports only :mod:`vramwatch.causes`, :mod:`vramwatch.verdicts` and :mod:`vramwatch.wire`.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from vramwatch.causes import LastWords, classify, killed_by, last_words_of
 from vramwatch.verdicts import (
     DEATHS,
+    OWN_FAILURES,
     RUN_ACTIVE_S,
     SILENT_AFTER_S,
     Liveness,
@@ -98,6 +104,10 @@ class IncarnationRecord(NamedTuple):
     #: its longest marked phase (a phase sample's ``step_time_s``: checkpoint, eval): the silence
     #: such a phase makes
     longest_phase_s: float | None = None
+    #: what it said as it ended (its latest sample's); host memory then (:func:`~vramwatch.causes.killed_by`)
+    last_words: LastWords | None = None
+    host_available: int | None = None
+    host_rss: int | None = None
 
     @property
     def pace_s(self) -> float | None:
@@ -122,24 +132,9 @@ class _Process:
     """The fold's mutable state for one incarnation (see :class:`IncarnationRecord`). Moments are
     kept as flat fields, not key tuples: no allocation per sample, ~130 bytes per process."""
 
-    __slots__ = (
-        "exit",
-        "first_oom",
-        "first_seq",
-        "first_step",
-        "first_ts",
-        "incarnation",
-        "last_seq",
-        "last_step",
-        "last_ts",
-        "marked",
-        "oom_at",
-        "oom_marked",
-        "ooms",
-        "phase_s",
-        "step_key",
-        "step_s",
-    )
+    __slots__ = ("exit", "first_oom", "first_seq", "first_step", "first_ts", "host_available", "host_rss",
+                 "incarnation", "last_seq", "last_step", "last_ts", "last_words", "marked", "oom_at", "oom_marked",
+                 "ooms", "phase_s", "step_key", "step_s")
 
     def __init__(self, incarnation: str, ts: float, step: int, seq: int) -> None:
         self.incarnation = incarnation
@@ -154,6 +149,8 @@ class _Process:
         self.step_key: _Key | None = None  # the latest training sample that measured its step time
         self.step_s: float | None = None
         self.phase_s: float | None = None
+        self.last_words: LastWords | None = None
+        self.host_available = self.host_rss = None
 
     def feed(self, sample: Sample) -> None:
         step, ts, seq = sample["step"], sample["ts"], sample.get("seq") or 0
@@ -165,6 +162,8 @@ class _Process:
             self.last_step, self.last_ts, self.last_seq = step, ts, seq
             self.exit = bool(sample.get("exit"))
             self.oom_marked = bool(sample.get("oom_marked"))
+            self.last_words = last_words_of(sample)
+            self.host_available, self.host_rss = sample.get("host_available_bytes"), sample.get("host_rss_bytes")
         elif (ts, step, seq) < (self.first_ts, self.first_step, self.first_seq):
             self.first_step, self.first_ts, self.first_seq = step, ts, seq
         count = sample.get("ooms")
@@ -174,7 +173,7 @@ class _Process:
             self.marked = True
             if count:
                 self._oom(count, (ts, step, seq))
-        elif sample.get("exit"):
+        elif sample.get("exit") or sample.get("last_words_type"):
             self.marked = True
 
     def _timed(self, took: float, train: bool, key: _Key) -> None:
@@ -197,7 +196,8 @@ class _Process:
         return IncarnationRecord(
             self.incarnation, Moment(self.first_step, self.first_ts), Moment(self.last_step, self.last_ts), self.exit,
             self.oom_marked, self.ooms, None if self.oom_at is None else _moment(self.oom_at),
-            None if self.first_oom is None else _moment(self.first_oom), self.marked, self.step_s, self.phase_s)
+            None if self.first_oom is None else _moment(self.first_oom), self.marked, self.step_s, self.phase_s,
+            self.last_words, self.host_available, self.host_rss)
 
 
 def _moment(key: _Key) -> Moment:
@@ -270,6 +270,7 @@ class RankLife:
         proc = _Process(record.incarnation, record.first.ts, record.first.step, 0)
         proc.last_step, proc.last_ts = record.last.step, record.last.ts
         proc.exit, proc.oom_marked, proc.ooms, proc.marked = record.exit, record.oom_marked, record.ooms, record.marked
+        proc.last_words, proc.host_available, proc.host_rss = record.last_words, record.host_available, record.host_rss
         proc.oom_at = None if record.oom_at is None else (record.oom_at.ts, record.oom_at.step, 0)
         proc.first_oom = None if record.first_oom is None else (record.first_oom.ts, record.first_oom.step, 0)
         proc.step_key = None if record.interval_s is None else (record.last.ts, record.last.step, 0)
@@ -337,25 +338,36 @@ class Incarnation(NamedTuple):
 
 
 class Death(NamedTuple):
-    """How and when a rank's latest process died (``died`` in the API)."""
+    """How and when a rank's latest process died (``died`` in the API), and what it said."""
 
-    cause: Outcome  # oom | killed | stopped
+    cause: Outcome  # one of verdicts.DEATHS
     step: int
     ts: float
+    last_words: LastWords | None = None
+    #: for ``killed``: "host_oom" (the host's memory shows its OOM killer) or "launcher"; None: unknown
+    killed_by: str | None = None
+    #: for a victim (a collective timeout after another rank failed on its own): that rank
+    culprit: tuple[str, int] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"cause": str(self.cause), "step": self.step, "ts": self.ts}
+        return {"cause": str(self.cause), "step": self.step, "ts": self.ts,
+                "last_words": None if self.last_words is None else self.last_words.as_dict(),
+                "killed_by": self.killed_by,
+                "culprit": None if self.culprit is None else {"host": self.culprit[0], "rank": self.culprit[1]}}
 
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A process that failed: an OOM (fatal or not) or a death, at that moment."""
+    """A process that failed: an OOM (fatal or not) or a death, at that moment, with its last words.
+    As a run's first failure: ``victims`` are the ranks that then died timing out in a collective."""
 
     host: str
     rank: int
     step: int
     ts: float
     cause: Outcome
+    last_words: LastWords | None = None
+    victims: tuple[tuple[str, int], ...] = ()
 
 
 class RankStory(NamedTuple):
@@ -498,6 +510,8 @@ def _outcome(rec: IncarnationRecord, *, superseded: bool, peers: _Peers, run_qui
              ) -> Outcome:
     if rec.exit:
         return Outcome.EXITED
+    if rec.last_words is not None:
+        return classify(rec.last_words)  # it said how it ended: no need to wait for silence
     if rec.oom_is_last_word:
         return Outcome.OOM
     killed_alone = peers.latest_end_of_started_by(rec.last.ts) - rec.last.ts > window
@@ -508,8 +522,8 @@ def _outcome(rec: IncarnationRecord, *, superseded: bool, peers: _Peers, run_qui
     return Outcome.KILLED if killed_alone else Outcome.STOPPED
 
 
-_LIVENESS = {Outcome.EXITED: Liveness.EXITED, Outcome.ENDED: Liveness.ENDED, Outcome.OOM: Liveness.DEAD,
-             Outcome.KILLED: Liveness.DEAD, Outcome.STOPPED: Liveness.DEAD}
+_LIVENESS = {Outcome.EXITED: Liveness.EXITED, Outcome.ENDED: Liveness.ENDED,
+             **dict.fromkeys(DEATHS, Liveness.DEAD)}
 
 
 def rank_window(records: tuple[IncarnationRecord, ...], fixed: float | None = None) -> float:
@@ -536,8 +550,9 @@ def _rank_story(life: RankLife, records: tuple[IncarnationRecord, ...], peers: _
         liveness = _LIVENESS[current.outcome]
     died = None
     if current.outcome in DEATHS:
-        end = current.end
-        died = Death(current.outcome, end.step, end.ts)
+        end, rec = current.end, current.record
+        by = killed_by(rec.host_available, rec.host_rss) if current.outcome == Outcome.KILLED else None
+        died = Death(current.outcome, end.step, end.ts, rec.last_words, by)
     deaths = life.dropped_deaths + sum(1 for inc in judged if inc.outcome in DEATHS)
     return RankStory(life.host, life.rank, liveness, judged, died, life.ooms, life.restarts, deaths, window,
                      records[-1].cadence_s)
@@ -546,20 +561,37 @@ def _rank_story(life: RankLife, records: tuple[IncarnationRecord, ...], peers: _
 def _failures(story: RankStory) -> Iterator[Failure]:
     for inc in story.incarnations:
         first_oom = inc.record.first_oom
-        if first_oom is not None:
-            yield Failure(story.host, story.rank, first_oom.step, first_oom.ts, Outcome.OOM)
+        if first_oom is not None:  # its words, when they are the OOM's (the OOM killed it)
+            said = inc.record.last_words if inc.outcome == Outcome.OOM else None
+            yield Failure(story.host, story.rank, first_oom.step, first_oom.ts, Outcome.OOM, said)
         elif inc.outcome in DEATHS:
-            yield Failure(story.host, story.rank, inc.end.step, inc.end.ts, inc.outcome)
+            yield Failure(story.host, story.rank, inc.end.step, inc.end.ts, inc.outcome, inc.record.last_words)
 
 
 def first_failure(ranks: Iterable[RankStory]) -> Failure | None:
     """The earliest OOM or death of any process. A process stopped with the job is a victim, not a
     cause: its latest sample comes before the failure that stopped it (it hung in the next
-    collective), so it is named only when nothing else failed. An OOM wins a tie."""
+    collective), so it is named only when nothing else failed. A collective timeout at or after a
+    rank's own failure (:data:`~vramwatch.verdicts.OWN_FAILURES`) is that failure's victim, never
+    the first failure; the culprit lists its victims. An OOM wins a tie."""
     found = [f for story in ranks for f in _failures(story)]
-    if not found:
-        return None
-    return min(found, key=lambda f: (f.cause == Outcome.STOPPED, f.ts, f.cause != Outcome.OOM, f.rank, f.host))
+    own = min((f.ts for f in found if f.cause in OWN_FAILURES), default=float("inf"))
+    victims = {(f.rank, f.host) for f in found if f.cause == Outcome.COLLECTIVE_TIMEOUT and own <= f.ts}
+    first = min(found, default=None, key=lambda f: (f.cause == Outcome.STOPPED, (f.rank, f.host) in victims, f.ts,
+                                                    f.cause != Outcome.OOM, f.rank, f.host))
+    if first is None or first.cause not in OWN_FAILURES:
+        return first
+    return replace(first, victims=tuple((h, r) for r, h in sorted(victims) if (h, r) != (first.host, first.rank)))
+
+
+def _with_culprit(stories: tuple[RankStory, ...], first: Failure | None) -> tuple[RankStory, ...]:
+    """Mark the victims' deaths with their culprit (the first failure's rank)."""
+    if first is None or not first.victims:
+        return stories
+    victims, culprit = set(first.victims), (first.host, first.rank)
+    return tuple(s._replace(died=s.died._replace(culprit=culprit))
+                 if s.died is not None and s.died.cause == Outcome.COLLECTIVE_TIMEOUT and (s.host, s.rank) in victims
+                 else s for s in stories)
 
 
 def judge(run: str, ranks: Iterable[RankLife], now: float, *, silent_after_s: float | None = None,
@@ -584,7 +616,9 @@ def judge(run: str, ranks: Iterable[RankLife], now: float, *, silent_after_s: fl
         now = max(now, latest.ts + run_window + 1.0)
     stories = tuple(_rank_story(life, recs, peers, now=now, run_last=latest.ts, window=w, run_window=run_window)
                     for life, recs, w in zip(lives, per_rank, windows, strict=True))
-    return RunStory(run, now, stories, RunTally.of(stories), latest, first_failure(stories))
+    first = first_failure(stories)
+    stories = _with_culprit(stories, first)
+    return RunStory(run, now, stories, RunTally.of(stories), latest, first)
 
 
 class RunLife:

@@ -46,6 +46,12 @@ class Outcome(StrEnum):
     KILLED = "killed"
     STOPPED = "stopped"
     ENDED = "ended"
+    # from the process's last words (vramwatch.causes classifies them)
+    CUDA_ERROR = "cuda_error"
+    COLLECTIVE_TIMEOUT = "collective_timeout"
+    CRASH = "crash"
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    EXCEPTION = "exception"
 
 
 OUTCOME_MEANING: dict[Outcome, str] = {
@@ -57,9 +63,23 @@ OUTCOME_MEANING: dict[Outcome, str] = {
     Outcome.STOPPED: "stopped with the job: it and the other ranks stopped together with no clean close (a hang "
                      "then a kill of the whole job, or a launcher restarting every rank)",
     Outcome.ENDED: "stopped; its source (an import, dcgm) marks neither a clean close nor an OOM, so how is unknown",
+    Outcome.CUDA_ERROR: "died of a CUDA error (an illegal memory access, an ECC error, a device-side assert ...): its "
+                        "last words",
+    Outcome.COLLECTIVE_TIMEOUT: "died waiting in a collective (the NCCL watchdog's timeout): usually the victim of "
+                                "another rank that failed first",
+    Outcome.CRASH: "died of a fatal signal (SIGSEGV, SIGBUS, SIGABRT, SIGFPE): the crash record its next process "
+                   "or a vramwatch command found beside its spool",
+    Outcome.CHECKPOINT_FAILED: "died of an exception inside a checkpoint phase (a full disk, a lost mount ...)",
+    Outcome.EXCEPTION: "died of an uncaught exception (its type and message are its last words)",
 }
 #: outcomes that are a death (the process did not end on its own terms)
-DEATHS: frozenset[Outcome] = frozenset({Outcome.OOM, Outcome.KILLED, Outcome.STOPPED})
+DEATHS: frozenset[Outcome] = frozenset({
+    Outcome.OOM, Outcome.KILLED, Outcome.STOPPED, Outcome.CUDA_ERROR, Outcome.COLLECTIVE_TIMEOUT, Outcome.CRASH,
+    Outcome.CHECKPOINT_FAILED, Outcome.EXCEPTION})
+#: deaths a process brings on itself: one of these before others timed out in a collective makes
+#: its rank the culprit, the timed-out ranks its victims (vramwatch.runlife)
+OWN_FAILURES: frozenset[Outcome] = frozenset({
+    Outcome.OOM, Outcome.CUDA_ERROR, Outcome.CRASH, Outcome.CHECKPOINT_FAILED, Outcome.EXCEPTION})
 
 
 class Liveness(StrEnum):
@@ -76,7 +96,8 @@ LIVENESS_MEANING: dict[Liveness, str] = {
     Liveness.LIVE: "its process is running",
     Liveness.SILENT: "its process sent nothing for the silence window while its run goes on: not judged yet",
     Liveness.EXITED: "its process closed cleanly",
-    Liveness.DEAD: "its process died (out of memory, killed alone, or stopped with the job); `died` says how and when",
+    Liveness.DEAD: "its process died (out of memory, a CUDA error, a crash, an exception, a collective timeout, killed "
+                   "alone, or stopped with the job); `died` says how and when, and its last words",
     Liveness.ENDED: "its process stopped and its source cannot tell how",
 }
 #: Liveness of a rank, in the order the API lists it.

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from endings import STEPS, clean_exit, oom_restart_finish
+from endings import STEPS, clean_exit, culprit_and_victims, oom_restart_finish
 from test_dashboard import Page, browser, run_url
 from test_dashboard_operator import post
 
@@ -29,6 +29,7 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with BackgroundServer(str(tmp_path_factory.mktemp("runlife") / "vw.db")) as srv:
         post(srv.url, clean_exit("closed", t0=time.time() - STEPS - 40).samples)  # every rank exited 40 s ago
         post(srv.url, oom_restart_finish("recovered", t0=time.time() - STEPS - 100).samples)
+        post(srv.url, culprit_and_victims("victims", t0=time.time() - STEPS - 100).samples)
         yield srv.url
 
 
@@ -45,7 +46,7 @@ def test_runs_list_reads_the_models_statuses(collector: str, page: Page) -> None
     p.wait_for_selector("#runs-table tbody tr[data-run='recovered']")
     statuses = p.eval_on_selector_all("#runs-table tbody tr", "trs => trs.map(t => [t.dataset.run, "
                                       "t.querySelector('.pill').dataset.status])")
-    assert sorted(statuses) == [["closed", "finished"], ["recovered", "recovered"]]
+    assert sorted(statuses) == [["closed", "finished"], ["recovered", "recovered"], ["victims", "crashed"]]
     assert "every rank closed cleanly, after an OOM" in p.get_attribute("tr[data-run='recovered'] .pill", "title")
     # no run is running: the top bar does not say live
     p.wait_for_function("document.getElementById('live').dataset.state === 'ended'")
@@ -87,4 +88,25 @@ def test_an_oom_restart_and_finish_reads_recovered_with_the_oom_first(collector:
     assert row == "exited · OOM \u00d71 · restart \u00d71"
     flags = p.eval_on_selector("#verdict-strip tbody tr[data-rank='1'] td.state", "td => td.textContent")
     assert "OOM \u00d71" in flags and "restart \u00d71" in flags and "exited" in flags
+    assert page.errors == []
+
+
+def test_a_dead_ranks_last_words_and_its_culprit_are_shown(collector: str, page: Page) -> None:
+    p = page.page
+    p.goto(run_url(collector, "victims", rank=0))
+    page.ready()
+    p.wait_for_selector("#postmortem:not([hidden]) #pm-ranks tbody tr")
+    first = p.text_content("#pm-first")
+    assert "rank 1 on node-1" in first and "oom" in first, first
+    assert "3 rank(s) then timed out waiting for it in a collective: 0, 2, 3" in p.text_content("#pm-detail")
+    strip = p.eval_on_selector("#verdict-strip tbody tr[data-rank='0']", "tr => tr.textContent")
+    assert "collective timeout, waiting for rank 1" in strip, strip
+    assert "torch.distributed.DistBackendError: [Rank 0] Watchdog caught collective operation timeout" in strip
+    culprit = p.eval_on_selector("#verdict-strip tbody tr[data-rank='1']", "tr => tr.textContent")
+    assert "died: OOM" in culprit
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in culprit
+    p.wait_for_function("document.getElementById('rank-note').textContent.includes('Its last words')")
+    assert "Its last words: torch.distributed.DistBackendError" in p.text_content("#rank-note")
+    title = p.get_attribute("#pm-ranks tbody tr[data-rank='0'] .badge", "title")
+    assert "NCCL watchdog" in title and "Watchdog caught collective operation timeout" in title, title
     assert page.errors == []

@@ -45,6 +45,7 @@ from vramwatch.verdicts import LOW_HEADROOM_FRACTION, STATES
 REQUIRED_ALERTS = {
     "VramwatchOOM",
     "VramwatchOOMImminent",
+    "VramwatchRankDied",
     "VramwatchPlateauBreak",
     "VramwatchMemoryLeak",
     "VramwatchHeadroomLow",
@@ -82,6 +83,11 @@ def scrape_names(tmp_path_factory) -> set[str]:
             [dict(s, ooms=int(s["step"] >= 30))
              for s in simulate_trace("healthy", steps=50, run="names", host="node-c", rank=4, start_ts=now - 60)],
         ]
+        # a rank of another run that died saying why: the died family (its last words as labels)
+        died = list(simulate_trace("healthy", steps=20, run="names-dead", host="node-d", rank=0, start_ts=now - 30))
+        traces.append([*died, {**died[-1], "ts": died[-1]["ts"] + 0.5, "seq": 1, "last_words_type": "RuntimeError",
+                               "last_words_message": "CUDA error: an illegal memory access was encountered",
+                               "last_words_phase": "train"}])
         for trace in traces:
             post_samples(srv.url, trace)
         srv_names = exposed_names(scrape(srv.url).text)
@@ -129,7 +135,7 @@ def test_promql_name_extraction() -> None:
 def test_promtool_check_rules() -> None:
     result = run_promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 14 rules found" in result.stdout  # 11 + 2 evidence alerts + vramwatch-decisions
+    assert "SUCCESS: 15 rules found" in result.stdout  # 11 + 2 evidence alerts + vramwatch-decisions + rank died
 
 
 def test_promtool_unit_tests_for_every_alert_pass() -> None:

@@ -502,5 +502,7 @@ def test_the_exit_handler_marks_a_clean_end_but_not_a_death_by_exception(tmp_pat
     assert result.returncode == (1 if ending == "raises" else 0), result.stderr
     (trace,) = (tmp_path / f"atexit-{ending}").glob("*.jsonl")
     samples = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert [s["step"] for s in samples if not s.get("exit")] == [0, 1, 2]  # flushed either way
+    assert [s["step"] for s in samples if not s.get("exit") and not s.get("last_words_type")] == [0, 1, 2]
     assert sum(bool(s.get("exit")) for s in samples) == (1 if ending == "returns" else 0)
+    said = [(s["last_words_type"], s["last_words_message"]) for s in samples if s.get("last_words_type")]
+    assert said == ([("RuntimeError", "NaN loss")] if ending == "raises" else [])  # flushed by the exit handler

@@ -1,5 +1,5 @@
-"""``vramwatch capture``, ``vramwatch postmortem`` and ``vramwatch snapshots diff`` (registered by
-:mod:`vramwatch.cli`)."""
+"""``vramwatch capture``, ``vramwatch postmortem``, ``vramwatch last-words`` and ``vramwatch snapshots
+diff`` (registered by :mod:`vramwatch.cli`)."""
 
 from __future__ import annotations
 
@@ -87,6 +87,43 @@ def cmd_postmortem(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_last_words(args: argparse.Namespace) -> int:
+    """What dead processes left beside the spool: list it, or (``--send``) post each as its
+    process's last words and remove the files."""
+    from vramwatch import remote
+    from vramwatch.config import Config
+    from vramwatch.delivery import spool_prefix
+    from vramwatch.evidence.last_words import dead_processes
+    from vramwatch.identity import resolve
+
+    try:
+        folder = Path(args.spool_dir) if args.spool_dir else Config.from_env().spool_root()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    records = dead_processes(folder, spool_prefix, host=resolve()["host"])
+    said = [r.sample for r in records if r.sample is not None]
+    if args.send and said:
+        try:
+            cli_call("last-words", args.url, lambda url: remote.post_json(url, "/api/v1/samples", said),
+                     "ingest answer")
+        except Outage:
+            return 1
+    if args.send:
+        for record in records:
+            record.remove()
+    if args.json:
+        sys.stdout.write(json.dumps({"spool_dir": str(folder), "sent": bool(args.send), "last_words": said,
+                                     "refused": sum(r.refused for r in records)}) + "\n")
+        return 0
+    for s in said:
+        print(f"{s['run']} rank {s['rank']} ({s['host']}, process {s['incarnation']}) at step {s['step']}: "
+              f"{s['last_words_type']}: {s.get('last_words_message', '')} [phase {s['last_words_phase']}]"
+              + (" — sent" if args.send else ""))
+    if not said:
+        print(f"no dead process left last words in {folder}")
+    return 0
+
+
 def _plain(value: Any) -> Any:
     return str(value)
 
@@ -168,6 +205,14 @@ def register(sub: Any, add_db: Callable[[argparse.ArgumentParser], None], positi
                    help="one silence window for every rank (default: each rank's own, from its step time, "
                         "as every view and the HookSilent alert)")
     p.set_defaults(func=cmd_postmortem)
+
+    p = sub.add_parser("last-words", help="crash records dead processes left beside the spool; --send posts them")
+    p.add_argument("--spool-dir", help="the hooks' spool folder (default: $VRAMWATCH_SPOOL_DIR or the cache dir)")
+    p.add_argument("--send", action="store_true",
+                   help="post each as its process's last words to the collector, then remove the files")
+    p.add_argument("--url", help="collector URL for --send (default $VRAMWATCH_URL or http://127.0.0.1:8765)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_last_words)
 
     group = sub.add_parser("snapshots", help="allocator snapshots: what grew between two, by allocation site")
     ssub = group.add_subparsers(dest="snapshots_command", metavar="SUBCOMMAND", parser_class=type(group))

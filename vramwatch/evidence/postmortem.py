@@ -12,8 +12,11 @@ O(ranks); the cost is two sequential reads of the run.
 
 ``end`` of a rank is its latest process's outcome (:class:`vramwatch.verdicts.Outcome`):
 ``oom``, ``killed`` (killed alone: the others went on for longer than the silence window),
-``stopped`` (stopped with the job), ``exited`` (a clean ``close()``), ``ended`` (a source
-without end markers) or ``running``. A rank whose OOM was followed by a restart still counts
+``stopped`` (stopped with the job), a cause its last words name (``cuda_error``,
+``collective_timeout``, ``crash``, ``checkpoint_failed``, ``exception``: :mod:`vramwatch.causes`),
+``exited`` (a clean ``close()``), ``ended`` (a source without end markers) or ``running``.
+The first failure carries the failing process's last words and, for a culprit, its victims
+(the ranks that then timed out waiting for it in a collective). A rank whose OOM was followed by a restart still counts
 its OOM: the first failure is the earliest OOM or death of any process, whatever happened
 after (a rank stopped with the job is named only when nothing else failed: it is a victim).
 """
@@ -46,6 +49,10 @@ class Failure:
     ts: float
     cause: str
     detail: str
+    #: what the failing process said ({type, message, phase}), None if it said nothing
+    last_words: dict[str, str] | None = None
+    #: the ranks that then died timing out in a collective: the culprit's victims, [{host, rank}]
+    victims: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -131,6 +138,15 @@ def _read(samples: Iterable[Sample], tracker: _incidents.Tracker
 
 
 def _detail(f: runlife.Failure, story: runlife.RunStory, oom_sample: Sample | None) -> str:
+    said = f.last_words
+    named = ", ".join(str(r) for _, r in f.victims[:8]) + (" ..." if len(f.victims) > 8 else "")
+    victims = f"; {len(f.victims)} rank(s) then timed out waiting for it in a collective: {named}" if f.victims else ""
+    if said is not None and f.cause != Outcome.OOM:
+        return f"{said.type}: {said.message or '(no message)'} in phase {said.phase}{victims}"
+    return _silent_detail(f, story, oom_sample) + victims
+
+
+def _silent_detail(f: runlife.Failure, story: runlife.RunStory, oom_sample: Sample | None) -> str:
     if f.cause == Outcome.OOM:
         extra = oom_sample.get("extra") if oom_sample is not None else None
         free = extra.get("oom_device_free_bytes") if isinstance(extra, dict) else None
@@ -176,7 +192,9 @@ def build(
     first = None
     if f is not None:
         detail = _detail(f, story, oom_samples.get((run, f.host, f.rank)))
-        first = Failure(f.rank, f.host, f.step, f.ts, str(f.cause), detail)
+        first = Failure(f.rank, f.host, f.step, f.ts, str(f.cause), detail,
+                        None if f.last_words is None else f.last_words.as_dict(),
+                        [{"host": h, "rank": r} for h, r in f.victims])
     at_failure: dict[SeriesKey, Sample] = {}
     if first is not None:
         for s in samples():
@@ -214,7 +232,7 @@ def from_dict(doc: dict[str, Any]) -> PostMortem:
     fields = {f for f in RankEnd.__dataclass_fields__} - {"foreign_processes"}
     return PostMortem(
         run=doc.get("run", ""), status=doc.get("status") or "",
-        first_failure=Failure(**{k: first[k] for k in Failure.__dataclass_fields__}) if first else None,
+        first_failure=Failure(**{k: first[k] for k in Failure.__dataclass_fields__ if k in first}) if first else None,
         ranks=[RankEnd(**{k: v for k, v in r.items() if k in fields},
                        foreign_processes=tuple(ForeignProcess.from_dict(p) for p in r.get("foreign_processes", ())))
                for r in doc.get("ranks", [])],
@@ -247,6 +265,11 @@ def render_text(pm: PostMortem) -> str:
         lines.append(f"  rank {r.rank:>4} {r.host}: {r.end:<7} last step {r.last_step} ({when(r.last_ts)}), "
                      f"headroom {head}{held}" + (f", {r.ooms} OOM" if r.ooms else "")
                      + (f", {r.restarts} restart(s)" if r.restarts else ""))
+        said, culprit = (r.died or {}).get("last_words"), (r.died or {}).get("culprit")
+        if said:
+            message = f": {said['message']}" if said["message"] else ""
+            lines.append(f"    last words ({said['phase']}): {said['type']}{message}"
+                         + (f" (waiting for rank {culprit['rank']})" if culprit else ""))
         lines.extend(f"    {holds(p, r.foreign_device)}" for p in r.foreign_processes)
     for snap in pm.snapshots:
         lines.append(f"  snapshot: rank {snap.get('rank')} step {snap.get('step')} ({snap.get('trigger')}) "

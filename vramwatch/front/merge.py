@@ -186,8 +186,8 @@ def merge_postmortem(run: str, answers: Sequence[ShardAnswer]) -> dict[str, Any]
     statuses: list[Any] = []
     tallies: list[Any] = []
 
-    def order(f: dict[str, Any]) -> tuple[bool, float, bool]:  # runlife.first_failure's rule
-        return (f["cause"] == "stopped", f["ts"], f["cause"] != "oom")
+    def order(f: dict[str, Any]) -> tuple[bool, bool, float, bool]:  # runlife.first_failure's rule
+        return (f["cause"] == "stopped", f["cause"] == "collective_timeout", f["ts"], f["cause"] != "oom")
 
     for answer in answers:
         doc = answer.data

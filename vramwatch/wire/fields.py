@@ -233,6 +233,12 @@ FIELD_TABLE: tuple[Field, ...] = (
     Field("oom_marked", "flag", "", "true on the sample sent as the process hits an out-of-memory error.",
           group="marker"),
     Field("exit", "flag", "", "true on the last sample of a clean close().", column="exited", group="marker"),
+    Field("last_words_type", "s", "", "The process's last words: the uncaught exception's qualified type "
+          "(torch.OutOfMemoryError) or the fatal signal (SIGSEGV), on the sample sent as it ends.", group="marker"),
+    Field("last_words_message", "s", "", "The last words' message: its first line, redacted, at most 128 "
+          "characters.", group="marker"),
+    Field("last_words_phase", "s", "", "The training-loop phase the process was in as it ended.",
+          group="marker"),
 )
 
 FIELD_BY_NAME: dict[str, Field] = {f.name: f for f in FIELD_TABLE}

@@ -121,6 +121,12 @@ def _extra_ok(extra: dict[str, Any]) -> bool:
     return True
 
 
+def _last_words_ok(s: Any) -> bool:
+    """The last words' texts are visible characters (a marker is rare: checked each time)."""
+    texts = (s.last_words_type, s.last_words_message, s.last_words_phase)
+    return not any(type(t) is str and _CONTROL_RE.search(t) for t in texts)
+
+
 def accepted(s: Any, now: float | None = None, max_future_s: float = 300.0) -> bool | None:
     """What the Struct cannot say about one decoded sample: names, the extra object's keys,
     the clock, and the common cross-field check. None: a sparse, foreign-memory or
@@ -131,6 +137,9 @@ def accepted(s: Any, now: float | None = None, max_future_s: float = 300.0) -> b
             return False
         _remember(_known_names, names)
     if s.extra is not UNSET and not _extra_ok(s.extra):
+        return False
+    if (s.last_words_type is not UNSET or s.last_words_message is not UNSET or s.last_words_phase is not UNSET) and (
+            not _last_words_ok(s)):
         return False
     if now is not None and s.ts > now + max_future_s:
         return False

@@ -81,6 +81,7 @@ class RankRow:
     silence_window_s: float  # the run-life model's window for this rank (its cadence)
     last_oom_ts: float | None = None  # the model's latest OOM (rank's clock), any process
     process_start_ts: float | None = None  # its latest process's first sample (rank's clock)
+    died: Any = None  # runlife.Death of its latest process, None while it runs or after a clean close
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +202,21 @@ SERIES_FAMILIES: tuple[Family, ...] = (
 
 TREND_STATE_HELP = "1 for the rank's current trend-engine state, 0 for the others (while the rank runs)."
 
-#: one exposed sample: its row, extra label (name, value) or None, and the value
-_Point = tuple[RankRow, tuple[str, str] | None, Any]
+#: one exposed sample: its row, extra labels or None ((escaped text for the fast path, their values)),
+#: and the value
+_Point = tuple[RankRow, tuple[str, tuple[str, ...]] | None, Any]
+_STATE_LABELS = {state: (f',state="{state}"', (state,)) for state in TREND_STATES}
+DIED_HELP = ("When this rank's latest process died (unix seconds), while it is dead: `cause` as vramwatch.runlife "
+             "judged it, `last_words` the type and message the process said as it ended, `phase` where (empty "
+             "when it said nothing).")
+DIED_LABELS = ("cause", "last_words", "phase")
+
+
+def _died_labels(died: Any) -> tuple[str, tuple[str, ...]]:
+    said = died.last_words
+    values = (str(died.cause), "" if said is None else f"{said.type}: {said.message}" if said.message else said.type,
+              "" if said is None else said.phase)
+    return "".join(f',{k}="{_escape(v)}"' for k, v in zip(DIED_LABELS, values, strict=True)), values
 
 
 def _format_value(value: Any) -> str:
@@ -282,7 +296,7 @@ class SeriesCollector(Collector):
                 rows.append(RankRow(labels, values, rank_labels, series, series.last, series.last_train,
                                     series.engine.summary(), series.ooms, series.restarts, running,
                                     verdicts.SILENT_AFTER_S if story is None else story.window_s,
-                                    life.last_oom_ts, life.process_start_ts))
+                                    life.last_oom_ts, life.process_start_ts, None if story is None else story.died))
         rows.sort(key=lambda row: (row.series.run, row.series.host, row.series.rank))
         self.exported_series = len(rows)
         self.exported_keys = {(row.series.run, row.series.host, row.series.rank) for row in rows}
@@ -304,8 +318,10 @@ class SeriesCollector(Collector):
         for row in rows:
             if row.running:
                 current = row.summary.get("state") or row.series.engine.state
-                states.extend((row, ("state", state), int(state == current)) for state in TREND_STATES)
+                states.extend((row, _STATE_LABELS[state], int(state == current)) for state in TREND_STATES)
         yield "vramwatch_trend_state", "gauge", TREND_STATE_HELP, (*SERIES_LABELS, "state"), states
+        died = [(row, _died_labels(row.died), row.died.ts) for row in rows if row.died is not None]
+        yield "vramwatch_rank_died", "gauge", DIED_HELP, (*SERIES_LABELS, *DIED_LABELS), died
 
     # -------------------------------------------------------------- standard API
 
@@ -316,7 +332,7 @@ class SeriesCollector(Collector):
             per_rank = labels is RANK_LABELS
             for row, extra, value in points:
                 own = row.label_values[:3] if per_rank else row.label_values
-                values = list(own) if extra is None else [*own, extra[1]]
+                values = list(own) if extra is None else [*own, *extra[1]]
                 family.add_metric(values, float(value))
             yield family
         yield GaugeMetricFamily("vramwatch_series", "Rank series exported on /metrics.", value=len(rows))
@@ -335,7 +351,7 @@ class SeriesCollector(Collector):
             per_rank = label_names is RANK_LABELS
             for row, extra, value in points:
                 own = row.rank_labels if per_rank else row.labels
-                labels = own if extra is None else f'{own},{extra[0]}="{extra[1]}"'
+                labels = own if extra is None else own + extra[0]
                 append(f"{sample_name}{{{labels}}} {_format_value(value)}\n")
         append("# HELP vramwatch_series Rank series exported on /metrics.\n# TYPE vramwatch_series gauge\n")
         append(f"vramwatch_series {len(rows)}\n")

@@ -12,10 +12,15 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from vramwatch.causes import LastWords, last_words_of
 from vramwatch.collector.store.schema import FIELD_COLUMNS, TRAIN_PHASE_ID
 from vramwatch.runlife import IncarnationRecord, Moment
+from vramwatch.wire import FIELD_BY_NAME
 
 Row = tuple[Any, ...]
+#: the latest sample's columns a process's record needs besides its end markers
+_LAST_WORDS_COLUMNS = ", ".join(FIELD_BY_NAME[f].column for f in (
+    "last_words_type", "last_words_message", "last_words_phase", "host_available_bytes", "host_rss_bytes"))
 
 
 def _envelope_sql(fields: Sequence[str]) -> str:
@@ -26,6 +31,8 @@ def _envelope_sql(fields: Sequence[str]) -> str:
 
 class Aggregates:
     """Bucketed reads; ``Store`` provides ``_reader``."""
+
+    _phase_names: dict[int, str]  # provided by Store
 
     def _reader(self) -> sqlite3.Connection:  # pragma: no cover - provided by Store
         raise NotImplementedError
@@ -120,7 +127,8 @@ class Aggregates:
         where = f"FROM samples WHERE series IN ({','.join('?' * len(ident))}) GROUP BY series"
         ids = tuple(ident)
         first = {r[0]: r[1:] for r in conn.execute(f"SELECT series, MIN(ts), step {where}", ids)}
-        last = {r[0]: r[1:] for r in conn.execute(f"SELECT series, MAX(ts), step, exited, oom_marked {where}", ids)}
+        last = {r[0]: r[1:] for r in conn.execute(
+            f"SELECT series, MAX(ts), step, exited, oom_marked, phase, {_LAST_WORDS_COLUMNS} {where}", ids)}
         timed = where.replace("GROUP BY", "AND step_time IS NOT NULL AND phase {} ? GROUP BY")
         step_s = {r[0]: r[2] for r in conn.execute(f"SELECT series, MAX(ts), step_time {timed.format('=')}",
                                                       (*ids, TRAIN_PHASE_ID))}
@@ -129,14 +137,22 @@ class Aggregates:
         out: list[tuple[str, int, IncarnationRecord]] = []
         for sid, max_ooms, counted, marked, exited in counts:
             host, rank, incarnation = ident[sid]
-            (first_ts, first_step), (last_ts, last_step, last_exit, last_oom) = first[sid], last[sid]
+            (first_ts, first_step), (last_ts, last_step, last_exit, last_oom, *said) = first[sid], last[sid]
             ooms = max(max_ooms or 0, 1 if marked else 0)  # a marked OOM counts where no counter was sent
             out.append((host, rank, IncarnationRecord(
                 incarnation, Moment(first_step, first_ts), Moment(last_step, last_ts), bool(last_exit),
                 bool(last_oom), ooms, self._first_reaching(conn, sid, ooms) if ooms else None,
-                self._first_reaching(conn, sid, 1) if ooms else None, bool(counted or marked or exited),
-                step_s.get(sid), phase_s.get(sid))))
+                self._first_reaching(conn, sid, 1) if ooms else None, bool(counted or marked or exited or said[1]),
+                step_s.get(sid), phase_s.get(sid), *self._last_words(said))))
         return out, max((r[0] for r in last.values()), default=None)
+
+    def _last_words(self, said: list[Any]) -> tuple[LastWords | None, int | None, int | None]:
+        """The latest sample's last words and host memory, from its phase id and the columns of
+        :data:`_LAST_WORDS_COLUMNS`."""
+        phase_id, kind, message, phase, available, rss = said
+        sample = {"phase": self._phase_names.get(phase_id, "train"), "last_words_type": kind,
+                  "last_words_message": message, "last_words_phase": phase}
+        return last_words_of(sample), available, rss
 
     @staticmethod
     def _first_reaching(conn: sqlite3.Connection, sid: int, count: int) -> Moment | None:
