@@ -48,10 +48,7 @@ variable; arguments win over the environment). ``init(**kwargs)`` is
 
 from __future__ import annotations
 
-import math
-import numbers as _numbers
 import os
-import re
 import threading
 import time
 import warnings
@@ -70,13 +67,8 @@ from vramwatch.notebook import live_view
 from vramwatch.probe import BaseProbe, make_probe
 from vramwatch.probe.host import HostPoller
 from vramwatch.probe.model_memory import ModelMemory, runtime_settings
-from vramwatch.wire import MAX_INT, PHASE_RE, SCHEMA_VERSION
-
-#: ``seq`` range of one pass of the training loop (phases and markers at one step stay far below it)
-_LAP_SEQ = 1 << 20
-_EXTRA_KEY_RE = re.compile(r"[^\x00-\x1f\x7f]{1,64}\Z")
-#: step() keywords that are wire fields (the rest go to extra): the batch's tokens, its longest sequence
-_STEP_FIELDS = ("tokens", "seq_len")
+from vramwatch.stepseq import SeqCounter, add_numbers
+from vramwatch.wire import PHASE_RE, SCHEMA_VERSION
 
 
 class HookWarning(UserWarning):
@@ -153,9 +145,7 @@ class Monitor:
         self._warned: set[str] = set()
         self._last_step = 0
         self._last_t: float | None = None
-        self._seq_step = -1
-        self._seq_counts: dict[str, int] = {}
-        self._lap_seq = 0  # seq base of this pass of the loop: a loop run again from step 0 stays distinct
+        self._seq = SeqCounter()  # seq per (step, phase), a range per pass of the loop
         self._last_sample: dict[str, Any] | None = None
         self._last_train: dict[str, Any] | None = None
         self.probe: BaseProbe | None = None
@@ -254,8 +244,8 @@ class Monitor:
             now = time.perf_counter()
             last, self._last_t = self._last_t, now
             if step < self._last_step and self._last_train is not None:
-                self._new_lap()
-            self._emit(reading, step, "train", None if last is None else now - last, numbers, seq=self._lap_seq)
+                self._seq.new_lap()  # the loop started over in this process (a notebook cell run again)
+            self._emit(reading, step, "train", None if last is None else now - last, numbers, seq=self._seq.lap)
             self._last_step = step
             for hook in self._step_hooks:  # empty unless a feature (snapshot capture) asked
                 hook(step)
@@ -309,25 +299,11 @@ class Monitor:
         self._samples += 1
 
     def _add_numbers(self, sample: dict[str, Any], numbers: dict[str, Any]) -> None:
-        extra: dict[str, float] = {}
-        for key, value in numbers.items():
-            if type(value) not in (int, float):
-                if isinstance(value, _numbers.Real):
-                    value = float(value)  # numpy scalars; never a tensor (.item() would sync the GPU)
-                else:
-                    self._ignored_numbers += 1
-                    self._warn("numbers", f"vramwatch: step({key}=...) must be a Python number, got "
-                                          f"{type(value).__name__}; ignored (use .item() yourself if you mean it)")
-                    continue
-            if not math.isfinite(value) or abs(value) > MAX_INT:
-                self._ignored_numbers += 1
-                continue
-            if key in _STEP_FIELDS and value >= 0:
-                sample[key] = int(value)
-            elif _EXTRA_KEY_RE.match(key):
-                extra[key] = value
-        if extra:
-            sample["extra"] = extra
+        ignored, not_number = add_numbers(sample, numbers)
+        self._ignored_numbers += ignored
+        if not_number is not None:
+            self._warn("numbers", f"vramwatch: step({not_number}) must be a Python number; ignored (use "
+                                  ".item() yourself if you mean it)")
 
     # ------------------------------------------------------------------ phases
 
@@ -377,21 +353,8 @@ class Monitor:
         except Exception as exc:
             self._hook_error(exc)
 
-    def _new_lap(self) -> None:
-        """The loop went back in steps within this process (a notebook cell run again): the same
-        process goes on (same incarnation, no restart); its samples take the next ``seq`` range so
-        none is a duplicate of the earlier pass's."""
-        self._lap_seq += _LAP_SEQ
-        self._seq_step, self._seq_counts = -1, {}
-
     def _phase_seq(self, step: int, name: str) -> int:
-        """0 for the first phase of this name after ``step``, 1 for a second one (two checkpoint
-        callbacks at one step), ...: part of the idempotency key, so neither is a duplicate."""
-        if step != self._seq_step:
-            self._seq_step, self._seq_counts = step, {}
-        n = self._seq_counts.get(name, 0)
-        self._seq_counts[name] = n + 1
-        return self._lap_seq + n
+        return self._seq.phase(step, name)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -476,10 +439,8 @@ class Monitor:
             self._hook_error(exc)
 
     def _next_seq(self, step: int, phase: str) -> int:
-        """The next free ``seq`` of ``phase`` at ``step`` (train samples hold 0; markers follow)."""
-        if phase == "train" and (step != self._seq_step or "train" not in self._seq_counts):
-            self._phase_seq(step, "train")  # the train sample itself holds seq 0
-        return self._phase_seq(step, phase)
+        """The next free ``seq`` of ``phase`` at ``step`` (:class:`vramwatch.stepseq.SeqCounter`)."""
+        return self._seq.next(step, phase)
 
     def __enter__(self) -> Monitor:
         return self

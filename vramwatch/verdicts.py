@@ -34,7 +34,7 @@ SEVERITY: dict[str, int] = {state: i for i, state in enumerate(STATES)}
 
 # ---------------------------------------------------------------- a run's life
 # The names of vramwatch.runlife's model, with what each means and how bad it is; the model
-# (vramwatch/runlife.py) decides which applies, every view shows these names.
+# (vramwatch/runlife/) decides which applies, every view shows these names.
 
 
 class Outcome(StrEnum):

@@ -1,4 +1,4 @@
-"""The model of a run's life (vramwatch/runlife.py): each ending judged as the issue names it,
+"""The model of a run's life (vramwatch/runlife/): each ending judged as the issue names it,
 the fold independent of arrival order and duplicates, deaths that stay judged, bounded memory."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from endings import ENDINGS, KILL_STEP, RANKS, T0, job_killed, one_killed, oom_r
 from helpers import make_sample
 
 from vramwatch import runlife, verdicts
-from vramwatch.runlife import Outcome, RunLife, RunTally, fold, judge
-from vramwatch.verdicts import Liveness, RunStatus, silence_window
+from vramwatch.runlife import RunLife, RunTally, fold, judge
+from vramwatch.verdicts import Liveness, Outcome, RunStatus, silence_window
 
 #: the silence window of these ranks: one sample a second
 WINDOW = silence_window(1.0)
