@@ -272,8 +272,8 @@ def walk(data: bytes | memoryview, budget: Budget) -> None:
     raise _refuse("bytes", "not a pickle: it ends without STOP")
 
 
-#: GLOBAL, STACK_GLOBAL, INST, EXT1, EXT2, EXT4: opcodes that name a callable
-_GLOBALS = {ord("c"), 0x93, ord("i"), 0x82, 0x83, 0x84}
+#: GLOBAL, STACK_GLOBAL, INST: opcodes that name a callable (refused with its name)
+_GLOBALS = {ord("c"), 0x93, ord("i")}
 
 
 def _global_name(w: _Walk, data: bytes | memoryview, pos: int, op: int) -> str:
@@ -365,7 +365,7 @@ def _other(w: _Walk, data: bytes | memoryview, pos: int, op: int) -> int:
         stack.append(_MUTABLE_NEW)
         w.fill(items, op == 0x64)
     else:
-        if op in _GLOBALS and op < 0x82:
+        if op in _GLOBALS:
             raise _refuse("opcodes", f"the pickle names {_global_name(w, data, pos, op)} (a snapshot names no "
                           "class or function; loading it could run code)")
         known = pickletools.code2op.get(chr(op))
