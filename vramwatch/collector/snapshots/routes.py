@@ -275,7 +275,7 @@ def _add_diff_routes(router: APIRouter, read: list[Any]) -> None:
 
 
 def _add_process_routes(router: APIRouter, write: list[Any], read: list[Any]) -> None:
-    @router.post("/api/v1/processes", dependencies=write)
+    @router.post("/api/v1/processes", dependencies=[*write, Depends(require_json)])
     async def report_processes(request: Request) -> dict[str, Any]:
         """A rank's report of the other processes on its GPU (the hook's side channel)."""
         try:
