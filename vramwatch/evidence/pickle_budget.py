@@ -64,7 +64,8 @@ class Budget:
     """What one pickle may build; :meth:`for_size` derives the proportional parts."""
 
     refs: int = 50_000_000
-    dups: int = 1_000_000
+    #: ``pickle.dumps`` never writes DUP: a few for hand-made pickles
+    dups: int = 1024
     objects: int = 20_000_000
     memo: int = 10_000_000
     length: int = 4_000_000
@@ -78,9 +79,9 @@ class Budget:
     def for_size(cls, size: int, *, deadline: float | None = None) -> Budget:
         """The budget for a pickle of ``size`` bytes: references and objects at most one per two
         bytes and memo entries one per four (a real snapshot uses about a third of each), with a
-        floor for small files."""
+        floor for small files; DUPs at most :attr:`dups` whatever the size."""
         floor = 1 << 16
-        return cls(refs=max(floor, size // 2), dups=max(floor, size // 64), objects=max(floor, size // 2),
+        return cls(refs=max(floor, size // 2), objects=max(floor, size // 2),
                    memo=max(floor, size // 4), deadline=deadline)
 
 
@@ -329,6 +330,8 @@ def _other(w: _Walk, data: bytes | memoryview, pos: int, op: int) -> int:
         stack.append(stack[-1])
         w.dups += 1
         w.refs += 1
+        if w.dups > w.b.dups:
+            raise _refuse("dups", f"more than {w.b.dups:,} DUP opcodes")
     elif op == 0x30:  # POP
         if w.marks and w.marks[-1] == len(stack):
             w.marks.pop()

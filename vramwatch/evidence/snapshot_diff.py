@@ -250,8 +250,12 @@ class Work:
             raise SnapshotFormatError("segments: the diff took longer than its deadline (snapshot budget: deadline)")
 
 
-def _site_of(frames: Any, rule: SiteRule, path: str, work: Work) -> SiteKey | None:
+_NO_FRAMES: list[Any] = []
+
+
+def _site_of(frames: Any, rule: SiteRule, where: tuple[int, int], work: Work) -> SiteKey | None:
     """(file, line, function) of the block's site; None when it has no frames."""
+    path = "segments[{}].blocks[{}].frames".format(*where)
     if type(frames) is not list:
         raise _where("frames is not a list", path)
     last = None
@@ -275,16 +279,14 @@ def _site_of(frames: Any, rule: SiteRule, path: str, work: Work) -> SiteKey | No
     return last  # every frame read is torch's or vramwatch's: the one nearest the user (None: no frames)
 
 
-def _block(block: Any, path: str) -> tuple[int, str]:
-    """The block's size and state, checked (a size is an integer below :data:`MAX_BLOCK_BYTES`)."""
+def _bad_block(block: Any, path: str) -> SnapshotFormatError:
+    """What is wrong with a block that failed the census's inline check."""
     if type(block) is not dict:
-        raise _where("a block is not a dict", path)
-    size, state = block.get("size"), block.get("state")
-    if type(size) is not int or type(state) is not str:
-        raise _where("a block without an integer size and a state", path)
-    if not 0 <= size <= MAX_BLOCK_BYTES:
-        raise _where(f"a block size outside 0..2^64 ({str(size)[:40]}...)", f"{path}.size")
-    return size, state
+        return _where("a block is not a dict", path)
+    size = block.get("size")
+    if type(size) is int and type(block.get("state")) is str:
+        return _where(f"a block size outside 0..2^64 ({str(size)[:40]})", f"{path}.size")
+    return _where("a block without an integer size and a state", path)
 
 
 def census(snapshot: dict[str, Any], rule: SiteRule, work: Work | None = None) -> _Census:
@@ -308,7 +310,13 @@ def census(snapshot: dict[str, Any], rule: SiteRule, work: Work | None = None) -
         for bi, block in enumerate(blocks):
             if not bi & 4095:
                 work.check_time()
-            size, state = _block(block, f"segments[{si}].blocks[{bi}]")
+            try:
+                size, state = block["size"], block["state"]
+            except (TypeError, KeyError):
+                raise _bad_block(block, f"segments[{si}].blocks[{bi}]") from None
+            if type(block) is not dict or type(size) is not int or type(state) is not str or \
+                    not 0 <= size <= MAX_BLOCK_BYTES:
+                raise _bad_block(block, f"segments[{si}].blocks[{bi}]")
             if state not in LIVE_STATES:
                 if state == CACHED_STATE:
                     out.cached[0] += size
@@ -316,10 +324,10 @@ def census(snapshot: dict[str, Any], rule: SiteRule, work: Work | None = None) -
                 continue
             out.live[0] += size
             out.live[1] += 1
-            frames = block.get("frames", [])
+            frames = block.get("frames", _NO_FRAMES)
             site = shared.get(id(frames), False)
             if site is False:
-                site = shared[id(frames)] = _site_of(frames, rule, f"segments[{si}].blocks[{bi}].frames", work)
+                site = shared[id(frames)] = _site_of(frames, rule, (si, bi), work)
             if site is None:
                 out.untraced[0] += size
                 out.untraced[1] += 1
