@@ -378,3 +378,28 @@ def test_a_rolled_back_batch_leaves_no_trace_in_the_caches(tmp_path) -> None:
     xs, cols = store.query_columns("run-a", None, 0, [sparse_field])
     assert xs == [0, 1, 2, 3] and cols[sparse_field] == [None, None, None, 7 * GiB]
     store.close()
+
+
+def test_incarnations_are_bounded_per_rank_and_no_statement_grows_with_them(tmp_path) -> None:
+    from vramwatch.collector.store.core import OVERFLOW_INCARNATION
+    from vramwatch.runlife import MAX_INCARNATIONS
+
+    store = Store(tmp_path / "a.db")
+    n = MAX_INCARNATIONS + 400
+    store.insert([make_sample(i, incarnation=f"p{i}", ts=1000.0 + i) for i in range(n)])
+    store.insert([make_sample(0, rank=1, incarnation="x", ts=1000.0)])  # another rank: its own count
+    rows = store.series("run-a")
+    assert sum(1 for r in rows if r.rank == 0) == MAX_INCARNATIONS + 1
+    assert [r.incarnation for r in rows if r.rank == 0][-1] == OVERFLOW_INCARNATION
+    assert store.count("run-a") == n + 1  # nothing lost: the later processes' samples share one series
+    assert len(store._series_ids) <= MAX_INCARNATIONS + 2 and store.incarnations_folded == 400
+    records, _ = store.life_records("run-a")  # one statement for the run, whatever its series
+    assert len(records) == MAX_INCARNATIONS + 2
+    assert store.phase_samples("run-a") == []  # one JSON parameter for any number of series
+    x, _ = store.query_columns("run-a", None, 0, ["allocated_bytes"])
+    assert len(x) == n
+    store.close()
+    store = Store(tmp_path / "a.db")  # the count is read back after a restart
+    store.insert([make_sample(5000, incarnation="again", ts=9000.0)])
+    assert sum(1 for r in store.series("run-a") if r.rank == 0) == MAX_INCARNATIONS + 1
+    store.close()
