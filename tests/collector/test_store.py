@@ -403,3 +403,30 @@ def test_incarnations_are_bounded_per_rank_and_no_statement_grows_with_them(tmp_
     store.insert([make_sample(5000, incarnation="again", ts=9000.0)])
     assert sum(1 for r in store.series("run-a") if r.rank == 0) == MAX_INCARNATIONS + 1
     store.close()
+
+
+@pytest.mark.parametrize(("sql", "column"), [
+    ("UPDATE samples SET ts = 'yesterday' WHERE step = 3", "ts"),
+    ("UPDATE samples SET allocated = 2.5 WHERE step = 3", "allocated"),
+    ("UPDATE series SET host = zeroblob(64 * 1024 * 1024)", "host"),
+    ("UPDATE series SET rank = 'zero'", "rank"),
+    ("UPDATE samples SET extra = zeroblob(8 * 1024 * 1024) WHERE step = 1", "extra"),
+    ("UPDATE phases SET name = zeroblob(10) WHERE id = 0", "name"),
+])
+def test_a_database_with_wrong_values_is_one_line_and_exit_2(tmp_path, sql: str, column: str) -> None:
+    path = tmp_path / "bad.db"
+    store = Store(path)
+    store.insert([make_sample(i) for i in range(5)])
+    store.close()
+    with closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute(sql)
+    with pytest.raises(StoreError, match=rf"hold a {column} of the wrong type or size"):
+        Store(path, readonly=True)
+    for command in (["advise", "run-a", "--db", str(path)], ["export", "run-a", "--db", str(path)],
+                    ["postmortem", "run-a", "--db", str(path)], ["gate", "run-a", "run-a", "--db", str(path)],
+                    ["compare", "run-a", "run-a", "--db", str(path)],
+                    ["report", "run-a", "--db", str(path), "--out", str(tmp_path / "r.html")]):
+        proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", *command], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (command, proc.stderr)
+        assert f"a {column} of the wrong type" in proc.stderr, (command, proc.stderr)

@@ -134,11 +134,14 @@ class Store(Reads, Aggregates):
 
     def __init__(
         self, path: str | os.PathLike[str], *, readonly: bool = False, busy_timeout_s: float = 10.0,
-        exclusive: bool = False,
+        exclusive: bool = False, check_contents: bool = True,
     ) -> None:
         """``busy_timeout_s``: how long a write waits for another process's lock before failing.
-        ``exclusive``: refuse (:class:`StoreLockedError`) when another exclusive store has the file."""
+        ``exclusive``: refuse (:class:`StoreLockedError`) when another exclusive store has the file.
+        ``check_contents``: refuse a file whose rows hold values of the wrong type or size
+        (:mod:`~vramwatch.collector.store.contents`: one scan of each table)."""
         self.path = str(path)
+        self.check_contents = check_contents
         self.readonly = readonly
         self._lock_file: IO[str] | None = None
         if not readonly:
@@ -205,6 +208,10 @@ class Store(Reads, Aggregates):
                 self._conn.execute("CREATE TABLE _vramwatch_write_probe (x)")
             finally:
                 self._conn.execute("ROLLBACK")
+        if self.check_contents:
+            from vramwatch.collector.store import contents
+
+            contents.check(self._conn, self.path)
         for pid, name in self._conn.execute("SELECT id, name FROM phases"):
             self._phase_ids[name] = pid
             self._phase_names[pid] = name
