@@ -430,3 +430,11 @@ def test_a_database_with_wrong_values_is_one_line_and_exit_2(tmp_path, sql: str,
                               timeout=120)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (command, proc.stderr)
         assert f"a {column} of the wrong type" in proc.stderr, (command, proc.stderr)
+
+
+def test_demo_opens_its_database_through_the_store(tmp_path) -> None:
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"not a database " * 100)
+    proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", "demo", "--db", str(bad), "--duration", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "not a database" in proc.stderr, proc.stderr

@@ -133,6 +133,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         check_arguments(args.ranks, args.steps_per_s, args.duration, name)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.db:  # opened as the collector will open it (its checks, its contents'): one line, not a traceback
+        from vramwatch.collector.store import Store, StoreError
+
+        try:
+            Store(args.db).close()
+        except StoreError as exc:
+            raise UsageError(str(exc)) from None
     run_demo(ranks=args.ranks, duration=args.duration, port=args.port, db=args.db,
              steps_per_s=args.steps_per_s, host=args.host, scenario_name=name)
     return 0
