@@ -183,3 +183,16 @@ def test_the_cli_refuses_a_hostile_file_with_one_line(tmp_path: Path) -> None:
                           capture_output=True, text=True, env=dict(os.environ), timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "snapshot budget: depth" in proc.stderr, \
         proc.stderr
+
+
+def test_a_snapshot_evicted_by_the_caps_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from vramwatch.collector.snapshots.directives import SnapshotStore
+
+    store = SnapshotStore(tmp_path / "snaps", max_snapshots=1)
+    first = store.save(run="r", host="h", rank=0, step=1, trigger="manual", directive=None, gz=_snapshot_body(2))
+    with caplog.at_level(logging.INFO, logger="vramwatch.collector"):
+        store.save(run="r", host="h", rank=0, step=2, trigger="manual", directive=None, gz=_snapshot_body(2))
+    assert store.evicted == 1 and any(first.id in r.getMessage() and "evicted" in r.getMessage()
+                                      for r in caplog.records), caplog.text
