@@ -297,6 +297,23 @@ def _text_at(data: bytes | memoryview, at: int) -> str:
     return bytes(data[at + 1 + width:at + 1 + width + min(size, 200)]).decode("utf-8", "replace")
 
 
+def _memo_op(w: _Walk, data: bytes | memoryview, pos: int, op: int) -> int:
+    """BINPUT, LONG_BINPUT, PUT and GET (text index): the position after the argument."""
+    if op == 0x71:  # BINPUT
+        w.put(data[pos])
+        return pos + 1
+    if op == 0x72:  # LONG_BINPUT
+        w.put(_U32.unpack_from(data, pos)[0])
+        return pos + 4
+    end = _line(data, pos, 20, "integer")
+    try:
+        index = int(bytes(data[pos:end]))
+    except ValueError:
+        raise _refuse("opcodes", "a memo index that is not a number") from None
+    w.put(max(index, 0)) if op == 0x70 else w.get(max(index, 0))
+    return end + 1
+
+
 def _other(w: _Walk, data: bytes | memoryview, pos: int, op: int) -> int:
     """The rarer opcodes; the position after the argument, -1 at STOP."""
     stack = w.stack
@@ -313,20 +330,8 @@ def _other(w: _Walk, data: bytes | memoryview, pos: int, op: int) -> int:
         items = stack[-k:]
         del stack[-k:]
         w.fill(items, op == 0x73)
-    elif op == 0x71:  # BINPUT
-        w.put(data[pos])
-        return pos + 1
-    elif op == 0x72:  # LONG_BINPUT
-        w.put(_U32.unpack_from(data, pos)[0])
-        return pos + 4
-    elif op == 0x70 or op == 0x67:  # PUT / GET (text index)
-        end = _line(data, pos, 20, "integer")
-        try:
-            index = int(bytes(data[pos:end]))
-        except ValueError:
-            raise _refuse("opcodes", "a memo index that is not a number") from None
-        w.put(index) if op == 0x70 else w.get(max(index, 0))
-        return end + 1
+    elif op in (0x71, 0x72, 0x70, 0x67):
+        return _memo_op(w, data, pos, op)
     elif op == 0x32:  # DUP
         if not stack:
             raise _refuse("opcodes", "DUP with nothing on the stack")
