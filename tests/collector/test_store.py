@@ -331,7 +331,7 @@ def test_a_read_only_open_of_an_old_database_says_how_to_migrate(tmp_path) -> No
     path = tmp_path / "old.db"
     _v1_database(path)
     with pytest.raises(StoreError, match=r"older vramwatch.*open it once for writing"):
-        Store(path, readonly=True)
+        Store(path, readonly=True).series("run-a")  # series and phases at open; samples when a run is read
     Store(path).close()
     assert [s["step"] for s in Store(path, readonly=True).iter_samples("old")] == [7]
 
@@ -421,7 +421,7 @@ def test_a_database_with_wrong_values_is_one_line_and_exit_2(tmp_path, sql: str,
     with closing(sqlite3.connect(path)) as conn, conn:
         conn.execute(sql)
     with pytest.raises(StoreError, match=rf"hold a {column} of the wrong type or size"):
-        Store(path, readonly=True)
+        Store(path, readonly=True).series("run-a")  # series and phases at open; samples when a run is read
     for command in (["advise", "run-a", "--db", str(path)], ["export", "run-a", "--db", str(path)],
                     ["postmortem", "run-a", "--db", str(path)], ["gate", "run-a", "run-a", "--db", str(path)],
                     ["compare", "run-a", "run-a", "--db", str(path)],

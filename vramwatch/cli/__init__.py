@@ -428,6 +428,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, LimitExceeded) as exc:  # LimitExceeded names the input and the flag to raise
         print(f"vramwatch {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except RuntimeError as exc:  # the store's refusals (StoreError: a bad database's contents) are one line
+        if type(exc).__module__ != "vramwatch.collector.store.errors":
+            raise
+        print(f"vramwatch {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except sqlite3.DatabaseError as exc:
         # a damaged file opens fine and fails where a command first reads a bad page, deep
         # inside it; any output file is not left behind (output), so this is the whole story

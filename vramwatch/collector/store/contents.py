@@ -4,14 +4,17 @@ A database file comes from anywhere (copied from a cluster, written by another v
 by hand, damaged), and SQLite stores any value in any column: a ``ts`` of ``'x'``, a ``rank``
 of 2.5, a 64 MiB ``host``. Every reader (advise, gate, export, postmortem, compare, report,
 serve's restore, demo) goes through :class:`~vramwatch.collector.store.Store`, which runs
-:func:`check` when it opens: one C-level scan per table comparing each column's ``typeof()``
+:func:`check` on its small tables when it opens and on a run's samples when a run is first read
+(``series``, ``series_ids``: every sample read goes through one of them): one C-level scan
+comparing each column's ``typeof()``
 and ``length()`` with the field table (:data:`vramwatch.wire.FIELD_TABLE`: integers where
 integers belong, numbers, text of at most :data:`MAX_TEXT` characters, ``extra`` of at most
 :data:`MAX_EXTRA` bytes), and refuses a file with any bad row, in one line that names the
 table, the column, the count and the first offending key
 (:class:`~vramwatch.collector.store.errors.StoreError`: the CLI's exit 2). Nothing is read into
-Python but the count and one key, so a 64 MiB value costs nothing. Cost: one scan of each
-table (about a second per ten million samples).
+Python but the count, so a 64 MiB value costs nothing. Cost: one scan of a run's samples the
+first time a store reads it (a fraction of what reading them into Python costs), one of the
+series and phases tables at open.
 """
 
 from __future__ import annotations
@@ -50,19 +53,24 @@ def rules() -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def check(conn: sqlite3.Connection, path: str) -> None:
-    """:class:`StoreError` naming the first column of a table that holds a value of the wrong
-    type or size (see the module docstring); nothing when every row is well formed."""
+def check(conn: sqlite3.Connection, path: str, tables: tuple[str, ...] = ("series", "phases"),
+          run: str | None = None) -> None:
+    """:class:`StoreError` naming the first column of one of ``tables`` that holds a value of the
+    wrong type or size (see the module docstring); nothing when every row is well formed.
+    ``run``: only the samples of that run's series (the primary key's range: a run's check costs
+    a scan of that run only)."""
     present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     for table, columns in rules().items():
-        if table not in present:
+        if table not in present or table not in tables:
             continue
         have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
         columns = [(c, rule.format(c=c)) for c, rule in columns if c in have]
         if not columns:
             continue
         flags = ", ".join(f"SUM({pred})" for _, pred in columns)
-        counts = conn.execute(f"SELECT {flags} FROM {table}").fetchone()
+        where, params = ("", ()) if run is None or table != "samples" else \
+            (" WHERE series IN (SELECT id FROM series WHERE run = ?)", (run,))
+        counts = conn.execute(f"SELECT {flags} FROM {table}{where}", params).fetchone()
         for (column, pred), bad in zip(columns, counts, strict=True):
             if bad:
                 raise StoreError(f"database {path}: {bad:,} rows of {table} hold a {column} of the wrong type or "

@@ -91,8 +91,21 @@ class Reads:
         raise NotImplementedError
 
     # ------------------------------------------------------------ series and runs
+    def _check_run(self, run: str | None) -> None:
+        """The run's samples (all samples for None) checked once per store against the field
+        table (:mod:`~vramwatch.collector.store.contents`); StoreError naming a bad column."""
+        checked: set[str | None] = self.__dict__.setdefault("_checked_runs", set())
+        if not getattr(self, "check_contents", False) or run in checked or None in checked:
+            return
+        from vramwatch.collector.store import contents
+
+        contents.check(self._reader(), self.path, ("samples",), run)
+        checked.add(run)
+
     def series(self, run: str | None = None) -> list[SeriesRow]:
-        """Every series (of ``run``), in creation order. Cost: one index range scan."""
+        """Every series (of ``run``), in creation order, its samples checked on the first read
+        (:meth:`_check_run`). Cost: one index range scan."""
+        self._check_run(run)
         conn = self._reader()
         sql = ("SELECT id, run, host, rank, incarnation, local_rank, world_size, uuid, gpu, pid, allocator, fields"
                " FROM series")
@@ -129,6 +142,7 @@ class Reads:
 
     def series_ids(self, run: str, host: str | None = None, rank: int | None = None) -> list[int]:
         """Ids of the series of ``run`` (one rank's incarnations when ``rank`` is given)."""
+        self._check_run(run)
         clauses, params = ["run = ?"], [run]
         if host is not None:
             clauses.append("host = ?")
