@@ -35,9 +35,10 @@ MAX_QUEUED = 2
 #: the reply to an upload is a small JSON record; never read more
 MAX_REPLY_BYTES = 64 * 1024
 MAX_STEPS = 1000
-#: seconds the agent keeps between two snapshots taken for directives, and between two OOM
-#: snapshots, whatever it is asked (a collector that hands out a directive with every reply,
-#: an OOM caught and retried in a loop): a snapshot stalls the training thread and costs an upload
+#: seconds the agent keeps between two snapshots taken for directives (a later directive waits
+#: in the inbox, which holds 8: a collector that hands out one with every reply gets one
+#: snapshot per interval), and between two OOM snapshots (one too soon is not taken: an OOM
+#: caught and retried in a loop): a snapshot stalls the training thread and costs an upload
 MIN_INTERVAL_S = 5.0
 
 
@@ -147,9 +148,9 @@ class CaptureAgent:
     def _advance(self, step: int) -> None:
         active = self._active
         if active is None:
-            d = self._inbox.popleft()
             if not self._due("directive"):
-                return
+                return  # waits in the (bounded) inbox until the interval has passed
+            d = self._inbox.popleft()
             steps = d.get("steps")
             steps = steps if isinstance(steps, int) and 1 <= steps <= MAX_STEPS else 5
             self.history.start()
@@ -177,10 +178,12 @@ class CaptureAgent:
             self._fail("oom snapshot", exc)
 
     def _due(self, kind: str) -> bool:
-        """Whether :attr:`min_interval_s` has passed since the latest snapshot of ``kind`` (else counted)."""
+        """Whether :attr:`min_interval_s` has passed since the latest snapshot of ``kind`` (an OOM
+        snapshot too soon is counted and not taken; a directive waits)."""
         if time.monotonic() - self._last[kind] >= self.min_interval_s:
             return True
-        self.counts["too_soon"] += 1
+        if kind == "oom":
+            self.counts["too_soon"] += 1
         return False
 
     # ---- upload thread
