@@ -331,7 +331,7 @@ def test_a_read_only_open_of_an_old_database_says_how_to_migrate(tmp_path) -> No
     path = tmp_path / "old.db"
     _v1_database(path)
     with pytest.raises(StoreError, match=r"older vramwatch.*open it once for writing"):
-        Store(path, readonly=True)
+        Store(path, readonly=True).series("run-a")  # series and phases at open; samples when a run is read
     Store(path).close()
     assert [s["step"] for s in Store(path, readonly=True).iter_samples("old")] == [7]
 
@@ -378,3 +378,63 @@ def test_a_rolled_back_batch_leaves_no_trace_in_the_caches(tmp_path) -> None:
     xs, cols = store.query_columns("run-a", None, 0, [sparse_field])
     assert xs == [0, 1, 2, 3] and cols[sparse_field] == [None, None, None, 7 * GiB]
     store.close()
+
+
+def test_incarnations_are_bounded_per_rank_and_no_statement_grows_with_them(tmp_path) -> None:
+    from vramwatch.collector.store.core import OVERFLOW_INCARNATION
+    from vramwatch.runlife import MAX_INCARNATIONS
+
+    store = Store(tmp_path / "a.db")
+    n = MAX_INCARNATIONS + 400
+    store.insert([make_sample(i, incarnation=f"p{i}", ts=1000.0 + i) for i in range(n)])
+    store.insert([make_sample(0, rank=1, incarnation="x", ts=1000.0)])  # another rank: its own count
+    rows = store.series("run-a")
+    assert sum(1 for r in rows if r.rank == 0) == MAX_INCARNATIONS + 1
+    assert [r.incarnation for r in rows if r.rank == 0][-1] == OVERFLOW_INCARNATION
+    assert store.count("run-a") == n + 1  # nothing lost: the later processes' samples share one series
+    assert len(store._series_ids) <= MAX_INCARNATIONS + 2 and store.incarnations_folded == 400
+    records, _ = store.life_records("run-a")  # one statement for the run, whatever its series
+    assert len(records) == MAX_INCARNATIONS + 2
+    assert store.phase_samples("run-a") == []  # one JSON parameter for any number of series
+    x, _ = store.query_columns("run-a", None, 0, ["allocated_bytes"])
+    assert len(x) == n
+    store.close()
+    store = Store(tmp_path / "a.db")  # the count is read back after a restart
+    store.insert([make_sample(5000, incarnation="again", ts=9000.0)])
+    assert sum(1 for r in store.series("run-a") if r.rank == 0) == MAX_INCARNATIONS + 1
+    store.close()
+
+
+@pytest.mark.parametrize(("sql", "column"), [
+    ("UPDATE samples SET ts = 'yesterday' WHERE step = 3", "ts"),
+    ("UPDATE samples SET allocated = 2.5 WHERE step = 3", "allocated"),
+    ("UPDATE series SET host = zeroblob(64 * 1024 * 1024)", "host"),
+    ("UPDATE series SET rank = 'zero'", "rank"),
+    ("UPDATE samples SET extra = zeroblob(8 * 1024 * 1024) WHERE step = 1", "extra"),
+    ("UPDATE phases SET name = zeroblob(10) WHERE id = 0", "name"),
+])
+def test_a_database_with_wrong_values_is_one_line_and_exit_2(tmp_path, sql: str, column: str) -> None:
+    path = tmp_path / "bad.db"
+    store = Store(path)
+    store.insert([make_sample(i) for i in range(5)])
+    store.close()
+    with closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute(sql)
+    with pytest.raises(StoreError, match=rf"hold a {column} of the wrong type or size"):
+        Store(path, readonly=True).series("run-a")  # series and phases at open; samples when a run is read
+    for command in (["advise", "run-a", "--db", str(path)], ["export", "run-a", "--db", str(path)],
+                    ["postmortem", "run-a", "--db", str(path)], ["gate", "run-a", "run-a", "--db", str(path)],
+                    ["compare", "run-a", "run-a", "--db", str(path)],
+                    ["report", "run-a", "--db", str(path), "--out", str(tmp_path / "r.html")]):
+        proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", *command], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (command, proc.stderr)
+        assert f"a {column} of the wrong type" in proc.stderr, (command, proc.stderr)
+
+
+def test_demo_opens_its_database_through_the_store(tmp_path) -> None:
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"not a database " * 100)
+    proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", "demo", "--db", str(bad), "--duration", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "not a database" in proc.stderr, proc.stderr

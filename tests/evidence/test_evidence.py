@@ -360,3 +360,22 @@ def test_capture_takes_the_dashboards_read_credentials_and_only_json(tmp_path: P
             httpx.Client(base_url=srv.url, timeout=10, headers={"authorization": f"Bearer {token}"}) as cli:
         assert cli.post(url, json={"rank": 0}).status_code == 200  # the CLI's bearer token still works
         assert cli.post(url, content=b'{"rank": 0}').status_code == 415
+
+
+def test_the_capture_agent_keeps_its_own_interval(monkeypatch):
+    from vramwatch.evidence import capture as capture_mod
+    with fake_allocator_history(monkeypatch) as fake:
+        agent = CaptureAgent(AllocatorHistory(max_entries=10), None, min_interval_s=3600)
+        agent.offer([{"type": "capture", "steps": 1, "trigger": "manual"}] * 6)  # a collector asking every reply
+        for step in range(20):
+            fake.alloc(MiB)
+            agent.on_step(step)
+        assert agent.stats()["captured"] == 1 and len(agent._inbox) == 5  # the others wait their turn
+        for _ in range(3):  # an OOM caught and retried in a loop: one snapshot
+            agent.on_oom(0, GiB, 0, 0, step=20)
+        assert agent.stats()["captured"] == 2 and agent.stats()["too_soon"] == 2
+        agent.min_interval_s = 0  # once the interval has passed, the next directive runs
+        for step in range(20, 24):
+            agent.on_step(step)
+        assert agent.stats()["captured"] >= 3
+        assert capture_mod.MIN_INTERVAL_S > 0

@@ -16,8 +16,8 @@ import pytest
 from fakes.fake_cuda import FakeCuda, GiB
 from fakes.fake_pynvml import FakeGpu, make_pynvml
 from helpers import make_sample, ndjson
+from hook.test_probes import UUID0, UUID1, UUID2, probe_with
 from prometheus_helpers import exposed_samples
-from test_probes import UUID0, UUID1, UUID2, probe_with
 
 from vramwatch.collector.ingest.processes import ProcessBook, foreign_only
 from vramwatch.collector.server import BackgroundServer
@@ -292,3 +292,18 @@ def test_the_prometheus_family_on_both_exposition_paths():
     assert value == 38 * GiB and labels["pid"] == "4242" and labels["process"] == 'py"th\\on'
     assert labels["description"] == 'a Python process (pid 4242, "my)' and labels["device"] == "GPU 3"
     assert (labels["UUID"], labels["gpu"], labels["rank"]) == ("GPU-0", "0", "0")
+
+
+def test_the_side_channel_takes_json_only_and_redacts_on_receipt(tmp_path: Path):
+    with BackgroundServer(str(tmp_path / "vw.db")) as srv, httpx.Client(base_url=srv.url, timeout=10) as client:
+        _post(client, [make_sample(0, run="job", host="node-a", rank=0, ts=time.time(), pid=100)])
+        leaky = {"pid": 4242, "used_bytes": GiB, "name": "python3", "container": "",
+                 "cmdline": "psql postgres://app:hunter2@db/m --password hunter2 Authorization: Bearer hunter2"}
+        import json as _json
+        form = client.post("/api/v1/processes", content=_json.dumps(_report(0, leaky)),  # a cross-site form's type
+                           headers={"Content-Type": "text/plain"})
+        assert form.status_code == 415 and client.get("/api/v1/runs/job/processes").json() == []
+        assert client.post("/api/v1/processes", json=_report(0, leaky)).status_code == 200
+        served = client.get("/api/v1/runs/job/processes").json()[0]["processes"][0]["cmdline"]
+        assert "hunter2" not in served and served.startswith("psql postgres://app:***@db/m --password ***"), served
+        assert "hunter2" not in client.get("/api/v1/runs/job/postmortem").text

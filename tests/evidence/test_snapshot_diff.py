@@ -114,7 +114,7 @@ def test_framework_frames_are_skipped_on_request_and_own_frames_always():
               frame(TRAIN, 95, "train_step")]
     assert diff(old, build_snapshot([Alloc(MiB, native)])).sites[0].site == Site(*LEAK)
     with pytest.raises(ValueError, match="skip"):
-        diff(old, new, skip=["(unclosed"])
+        diff(old, new, skip=["[unclosed"])
 
 
 @pytest.mark.parametrize(("mutate", "where"), [

@@ -205,3 +205,15 @@ def test_the_readers_import_without_the_server_extras() -> None:
             "import vramwatch.bounded, vramwatch.engine.analyze, vramwatch.importers, vramwatch.remote\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_an_importer_error_line_echoes_a_bounded_excerpt(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    header = "timestamp, name, index, memory.used [MiB], memory.total [MiB]\n"
+    path = tmp_path / "smi.csv"
+    path.write_text(header + "2026/01/01 00:00:00.000, H200, 0, " + "9" * 200_000 + "x MiB, 143771 MiB\n")
+    proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", "analyze", "--from", "nvidia-smi", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert len(proc.stderr) < 2000 and "characters)" in proc.stderr, (proc.returncode, proc.stderr[:500])

@@ -141,6 +141,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.db:
         db_parent_exists(args.db, args.create_db_dir)
     port_is_free(args.host, args.port)
+    if args.db:  # opened as the collector will open it (its checks, its contents'): one line, not a traceback
+        from vramwatch.collector.store import Store, StoreError
+
+        try:
+            Store(args.db).close()
+        except StoreError as exc:
+            raise UsageError(str(exc)) from None
     run_demo(ranks=args.ranks, duration=args.duration, port=args.port, db=args.db,
              steps_per_s=args.steps_per_s, host=args.host, scenario_name=name)
     return 0
@@ -434,6 +441,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except (UsageError, LimitExceeded) as exc:  # LimitExceeded names the input and the flag to raise
+        print(f"vramwatch {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RuntimeError as exc:  # the store's refusals (StoreError: a bad database's contents) are one line
+        if type(exc).__module__ != "vramwatch.collector.store.errors":
+            raise
         print(f"vramwatch {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except sqlite3.DatabaseError as exc:

@@ -223,7 +223,7 @@ def register(sub: Any, add_db: Callable[[argparse.ArgumentParser], None], positi
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument("--top", type=positive(int), default=None, metavar="N", help="only the N largest changes")
     p.add_argument("--skip", action="append", default=[], metavar="PATTERN",
-                   help="frames whose file matches this regular expression are not a site (repeatable; "
+                   help="frames whose file name matches this glob anywhere (* and ?) are not a site (repeatable; "
                         "e.g. your framework: --skip site-packages/lightning/)")
     add_db(p)
     p.add_argument("--url", help="read snapshot ids from a collector or a federating front")

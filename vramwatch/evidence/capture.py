@@ -35,6 +35,11 @@ MAX_QUEUED = 2
 #: the reply to an upload is a small JSON record; never read more
 MAX_REPLY_BYTES = 64 * 1024
 MAX_STEPS = 1000
+#: seconds the agent keeps between two snapshots taken for directives (a later directive waits
+#: in the inbox, which holds 8: a collector that hands out one with every reply gets one
+#: snapshot per interval), and between two OOM snapshots (one too soon is not taken: an OOM
+#: caught and retried in a loop): a snapshot stalls the training thread and costs an upload
+MIN_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -99,9 +104,14 @@ class SnapshotUploader:
 class CaptureAgent:
     """Runs captures the collector asks for, and the OOM snapshot. See the module docstring."""
 
-    def __init__(self, history: AllocatorHistory, uploader: SnapshotUploader | None) -> None:
+    def __init__(self, history: AllocatorHistory, uploader: SnapshotUploader | None, *,
+                 min_interval_s: float = MIN_INTERVAL_S) -> None:
         self.history = history
         self.uploader = uploader
+        self.min_interval_s = min_interval_s
+        #: monotonic time of the latest snapshot taken for a directive, and on an OOM (apart: an
+        #: OOM right after a requested capture is still the process's last word)
+        self._last = {"directive": -float("inf"), "oom": -float("inf")}
         self._inbox: deque[dict[str, Any]] = deque(maxlen=8)
         self._active: _Active | None = None
         self._jobs: deque[CaptureJob] = deque()
@@ -110,7 +120,7 @@ class CaptureAgent:
         self._thread: threading.Thread | None = None
         self._warned: set[str] = set()
         self.closed = False
-        self.counts = {"directives": 0, "captured": 0, "uploaded": 0, "dropped": 0, "failed": 0}
+        self.counts = {"directives": 0, "captured": 0, "uploaded": 0, "dropped": 0, "failed": 0, "too_soon": 0}
 
     # ---- delivery worker thread
     def offer(self, directives: list[Any]) -> None:
@@ -138,6 +148,8 @@ class CaptureAgent:
     def _advance(self, step: int) -> None:
         active = self._active
         if active is None:
+            if not self._due("directive"):
+                return  # waits in the (bounded) inbox until the interval has passed
             d = self._inbox.popleft()
             steps = d.get("steps")
             steps = steps if isinstance(steps, int) and 1 <= steps <= MAX_STEPS else 5
@@ -146,6 +158,7 @@ class CaptureAgent:
                                    str(d.get("trigger") or "manual")[:64], step + steps)
             return
         if step >= active.until_step:
+            self._last["directive"] = time.monotonic()
             snapshot = self.history.snapshot()
             self.history.stop()
             self._active = None
@@ -153,15 +166,25 @@ class CaptureAgent:
 
     def on_oom(self, device: int, alloc: int, device_allocated: int, device_free: int, step: int = -1) -> None:
         """OOM observer body: snapshot now (the history so far included), upload later."""
-        if self.closed:
+        if self.closed or not self._due("oom"):
             return
         try:
+            self._last["oom"] = time.monotonic()
             snapshot = self.history.snapshot()
             snapshot.setdefault("vramwatch_oom", {"device": device, "alloc": alloc,
                                                   "device_allocated": device_allocated, "device_free": device_free})
             self._queue(CaptureJob(max(step, 0), "oom", None, snapshot))
         except Exception as exc:
             self._fail("oom snapshot", exc)
+
+    def _due(self, kind: str) -> bool:
+        """Whether :attr:`min_interval_s` has passed since the latest snapshot of ``kind`` (an OOM
+        snapshot too soon is counted and not taken; a directive waits)."""
+        if time.monotonic() - self._last[kind] >= self.min_interval_s:
+            return True
+        if kind == "oom":
+            self.counts["too_soon"] += 1
+        return False
 
     # ---- upload thread
     def _queue(self, job: CaptureJob) -> None:

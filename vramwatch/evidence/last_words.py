@@ -48,7 +48,8 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from vramwatch.causes import MAX_MESSAGE, MAX_TYPE, LastWords, classify, fatal_signal
-from vramwatch.probe.processes import redact, start_time
+from vramwatch.probe.processes import start_time
+from vramwatch.redact import redact_text as redact_everywhere
 from vramwatch.verdicts import Outcome
 from vramwatch.wire import WireError, validate
 
@@ -62,11 +63,12 @@ _STATE, _CRASH, _TERM = ".state", ".crash", ".term"
 
 def redact_text(text: str, limit: int) -> str:
     """The one place outside text is made safe to send: its first line, control characters as
-    spaces, secret-looking ``--token=...`` values hidden (:func:`vramwatch.probe.processes.redact`),
+    spaces, secrets hidden by the one redaction (:func:`vramwatch.redact.redact_text`: URL userinfo,
+    secret-named options and variables, headers),
     at most ``limit`` characters ("…" marks a cut)."""
     line = next(iter(str(text).splitlines()), "")
     line = "".join(c if c.isprintable() else " " for c in line).strip()
-    line = " ".join(redact(line.split()))
+    line = redact_everywhere(line)
     return line if len(line) <= limit else line[:limit - 1] + "…"
 
 

@@ -12,46 +12,53 @@ unpickle. So the unpickler here refuses *every* global:
   cannot call anything;
 * ``persistent_load`` raises (no ``PERSID``/``BINPERSID`` object ids);
 * out-of-band buffers (protocol 5) are refused by the C unpickler without a ``buffers`` list;
-* a process-wide extension registry (``copyreg.add_extension``) caches resolved objects
-  where ``find_class`` no longer sees them: when one is present the bytes are first walked
-  opcode by opcode (:func:`pickletools.genops`, pure Python, slower) and any opcode outside
-  :data:`_DATA_OPCODES` is refused before anything is built.
+* before the C unpickler builds anything, the bytes are walked opcode by opcode against a
+  budget (:mod:`vramwatch.evidence.pickle_budget`: data opcodes only, memo, references, DUPs,
+  objects, container lengths and depth, flat-atom keys, integer sizes, a deadline), so the
+  extension opcodes, a memo index of 2^26 or a tuple a million deep as a key are refused,
+  naming the budget, before they cost anything.
 
-Bounds: at most ``max_bytes`` of pickle (after gzip inflation, read incrementally, so a gzip
-bomb stops at the bound); :func:`check_shape` afterwards refuses a top level that is not a
-snapshot. Cost: the C unpickler's speed (about 0.1-0.3 s per 100 MB of pickle); memory is
-what the snapshot's objects take (a few times the pickle's size).
+Bounds: at most ``max_bytes`` of pickle (after gzip inflation, read incrementally into one
+buffer, so a gzip bomb stops at the bound and the input is never held twice); the walk's
+budget (proportional to the size, :meth:`~vramwatch.evidence.pickle_budget.Budget.for_size`)
+and its deadline (:data:`DEADLINE_S`); :func:`check_shape` afterwards refuses a top level that
+is not a snapshot. Cost: the walk (Python, once per stored file and process: files walked are
+remembered) plus the C unpickler's speed; memory: the inflated bytes once plus what the
+snapshot's objects take (about 6x the pickle's size for torch's output).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copyreg
 import gc
 import gzip
 import io
+import os
 import pickle
-import pickletools
+import struct
+import threading
+import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from vramwatch.evidence import pickle_budget
 
 #: Largest pickle (inflated) accepted: a 20,000-entry history with Python stacks is tens of MB.
 MAX_PICKLE_BYTES = 512 * 2**20
 _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 20
 
-#: Opcodes that build only builtin data (no global, no call, no persistent id, no extension).
-_DATA_OPCODES = frozenset({
-    "PROTO", "FRAME", "STOP", "MARK", "POP", "POP_MARK", "DUP",
-    "NONE", "NEWTRUE", "NEWFALSE", "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4",
-    "FLOAT", "BINFLOAT", "STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "SHORT_BINUNICODE",
-    "BINUNICODE", "BINUNICODE8", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8",
-    "EMPTY_LIST", "APPEND", "APPENDS", "LIST", "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3",
-    "EMPTY_DICT", "DICT", "SETITEM", "SETITEMS", "EMPTY_SET", "ADDITEMS", "FROZENSET",
-    "GET", "BINGET", "LONG_BINGET", "PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE",
-})
+#: Seconds one snapshot's budget walk may take (a real 20,000-block snapshot: well under one).
+DEADLINE_S = 20.0
+#: Files walked within their budget, remembered by (device, inode, size, mtime): a stored
+#: snapshot never changes, so a second read of it (another diff, the suspects, the post-mortem)
+#: costs only the C unpickler.
+_VERIFIED: OrderedDict[tuple[int, int, int, int], None] = OrderedDict()
+_VERIFIED_MAX = 4096
+_verified_lock = threading.Lock()
 
 
 class UnsafePickle(ValueError):
@@ -67,33 +74,66 @@ class _DataOnlyUnpickler(pickle.Unpickler):
         raise UnsafePickle("refused: the pickle holds a persistent id (not a snapshot)")
 
 
-def _scan_opcodes(data: bytes) -> None:
-    """Refuse any opcode outside :data:`_DATA_OPCODES` before anything is built."""
-    try:
-        for opcode, _arg, pos in pickletools.genops(data):
-            if opcode.name not in _DATA_OPCODES:
-                raise UnsafePickle(f"refused: opcode {opcode.name} at byte {pos} (a snapshot needs only data)")
-    except UnsafePickle:
-        raise
-    except Exception as exc:  # truncated or garbage bytes
-        raise UnsafePickle(f"not a pickle ({type(exc).__name__}: {exc})") from None
-
-
-def loads(data: bytes, *, max_bytes: int = MAX_PICKLE_BYTES) -> Any:
-    """Unpickle builtin data only; :class:`UnsafePickle` for anything else (never executes code)."""
+def loads(data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_PICKLE_BYTES,
+          deadline_s: float | None = DEADLINE_S, verified: bool = False) -> Any:
+    """Unpickle builtin data only, within a budget; :class:`UnsafePickle` for anything else
+    (never executes code). The bytes are first walked against
+    :meth:`~vramwatch.evidence.pickle_budget.Budget.for_size` (the refusal names the budget),
+    then built by the C unpickler, read in place (no copy of the input). ``verified``: these
+    exact bytes passed the walk before (:func:`read_snapshot` remembers files it walked)."""
     if len(data) > max_bytes:
         raise UnsafePickle(f"larger than {max_bytes} bytes")
-    if copyreg._inverted_registry:  # extension codes in use in this process: walk the opcodes first
-        _scan_opcodes(data)
+    if not verified:
+        walk(data, deadline_s)
     try:
         with paused_gc():
-            return _DataOnlyUnpickler(io.BytesIO(data)).load()
+            return _DataOnlyUnpickler(_View(data)).load()
     except UnsafePickle:
         raise
     except RecursionError:
         raise UnsafePickle("not a snapshot: nested too deeply") from None
-    except Exception as exc:  # truncated stream, bad opcode, an EXT code nobody registered
+    except Exception as exc:  # truncated stream, bad opcode
         raise UnsafePickle(f"not a pickle ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def walk(data: bytes | bytearray | memoryview, deadline_s: float | None = DEADLINE_S) -> None:
+    """The budget walk of ``data`` (:mod:`~vramwatch.evidence.pickle_budget`); :class:`UnsafePickle`
+    naming the budget passed."""
+    deadline = None if deadline_s is None else time.monotonic() + deadline_s
+    try:
+        pickle_budget.walk(data, pickle_budget.Budget.for_size(len(data), deadline=deadline))
+    except pickle_budget.BudgetExceeded as exc:
+        raise UnsafePickle(str(exc)) from None
+    except (IndexError, struct.error):
+        raise UnsafePickle("not a pickle (truncated, or a memo get of an index never put)") from None
+
+
+class _View(io.RawIOBase):
+    """The bytes as the file the C unpickler reads (``peek`` lets it prefetch), never copied whole."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self._mv, self._pos = memoryview(data).cast("B"), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self._mv) if n is None or n < 0 else min(len(self._mv), self._pos + n)
+        out = bytes(self._mv[self._pos:end])
+        self._pos = end
+        return out
+
+    def peek(self, n: int = 0) -> bytes:
+        return bytes(self._mv[self._pos:self._pos + max(n, 1)])
+
+    def readinto(self, buffer: Any) -> int:
+        chunk = self.read(len(buffer))
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        end = bytes(self._mv[self._pos:self._pos + _CHUNK]).find(b"\n")
+        return self.read(_CHUNK if end < 0 else end + 1)
 
 
 @contextlib.contextmanager
@@ -112,7 +152,7 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-def inflate(raw: bytes | BinaryIO, *, max_bytes: int = MAX_PICKLE_BYTES) -> bytes:
+def inflate(raw: bytes | BinaryIO, *, max_bytes: int = MAX_PICKLE_BYTES) -> bytearray:
     """``raw`` as plain pickle bytes: gunzipped when it starts with the gzip magic, at most
     ``max_bytes`` after inflation (read in 1 MiB pieces: a gzip bomb stops at the bound)."""
     stream = io.BytesIO(raw) if isinstance(raw, (bytes, bytearray, memoryview)) else raw
@@ -128,14 +168,14 @@ def inflate(raw: bytes | BinaryIO, *, max_bytes: int = MAX_PICKLE_BYTES) -> byte
     return data
 
 
-def _read_bounded(source: BinaryIO, max_bytes: int) -> bytes | None:
-    parts, size = [], 0
-    while chunk := source.read(min(_CHUNK, max_bytes + 1 - size)):
-        parts.append(chunk)
-        size += len(chunk)
-        if size > max_bytes:
+def _read_bounded(source: BinaryIO, max_bytes: int) -> bytearray | None:
+    """Appended in place (large buffers grow by remapping, not copying): never two copies."""
+    data = bytearray()
+    while chunk := source.read(min(_CHUNK, max_bytes + 1 - len(data))):
+        data += chunk
+        if len(data) > max_bytes:
             return None
-    return b"".join(parts)
+    return data
 
 
 class _Prefixed(io.RawIOBase):
@@ -166,16 +206,46 @@ def check_shape(obj: Any) -> dict[str, Any]:
     return obj
 
 
-def load_snapshot(raw: bytes | BinaryIO, *, max_bytes: int = MAX_PICKLE_BYTES) -> dict[str, Any]:
+def load_snapshot(raw: bytes | BinaryIO, *, max_bytes: int = MAX_PICKLE_BYTES, verified: bool = False
+                  ) -> dict[str, Any]:
     """A snapshot from plain or gzip pickle bytes (or a binary stream), safely and within bounds."""
-    return check_shape(loads(inflate(raw, max_bytes=max_bytes), max_bytes=max_bytes))
+    return check_shape(loads(inflate(raw, max_bytes=max_bytes), max_bytes=max_bytes, verified=verified))
+
+
+def _file_key(fh: BinaryIO) -> tuple[int, int, int, int]:
+    st = os.fstat(fh.fileno())
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def read_snapshot(path: str | Path, *, max_bytes: int = MAX_PICKLE_BYTES) -> dict[str, Any]:
-    """:func:`load_snapshot` of a file (plain or gzip); OSError when it cannot be read."""
+    """:func:`load_snapshot` of a file (plain or gzip); OSError when it cannot be read. A file
+    already walked within its budget by this process (unchanged since) is not walked again."""
     with open(path, "rb") as fh:
-        return load_snapshot(fh, max_bytes=max_bytes)
+        key = _file_key(fh)
+        with _verified_lock:
+            seen = key in _VERIFIED
+        snapshot = load_snapshot(fh, max_bytes=max_bytes, verified=seen)
+    if not seen:
+        remember(key)
+    return snapshot
 
 
-__all__ = ["MAX_PICKLE_BYTES", "UnsafePickle", "check_shape", "inflate", "load_snapshot", "loads", "paused_gc",
-           "read_snapshot"]
+def verify_file(path: str | Path, *, max_bytes: int = MAX_PICKLE_BYTES) -> None:
+    """Walk a stored file against its budget now (the collector, when a snapshot arrives), so
+    later reads skip the walk; :class:`UnsafePickle` naming the budget it passes."""
+    with open(path, "rb") as fh:
+        key = _file_key(fh)
+        data = inflate(fh, max_bytes=max_bytes)
+    walk(data, DEADLINE_S)
+    remember(key)
+
+
+def remember(key: tuple[int, int, int, int]) -> None:
+    with _verified_lock:
+        _VERIFIED[key] = None
+        while len(_VERIFIED) > _VERIFIED_MAX:
+            _VERIFIED.popitem(last=False)
+
+
+__all__ = ["DEADLINE_S", "MAX_PICKLE_BYTES", "UnsafePickle", "check_shape", "inflate", "load_snapshot", "loads",
+           "paused_gc", "read_snapshot", "verify_file"]

@@ -30,15 +30,29 @@ snapshot and :data:`MAX_FRAMES` frames read per block; a snapshot of the wrong s
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramwatch.evidence.patterns import PatternError, compile_glob
+
 LIVE_STATES = frozenset({"active_allocated", "active_awaiting_free", "active_pending_free"})
 CACHED_STATE = "inactive"
 MAX_BLOCKS = 2_000_000
 MAX_FRAMES = 256
+#: work units (blocks read + frames read) one diff may spend on both snapshots: memo-shared
+#: frame lists make a small pickle describe far more frames than it holds (a real 20,000-block
+#: pair spends about 0.3 M)
+MAX_WORK = 40_000_000
+#: seconds one diff may take (checked every few thousand blocks)
+DEADLINE_S = 20.0
+#: characters of a file or function name kept (a longer name is cut: the site and its stack)
+MAX_NAME_CHARS = 4096
+#: largest block size and line number read (a larger one is a format error, never arithmetic)
+MAX_BLOCK_BYTES = 2**64
+MAX_LINE = 2**31
 #: frames kept per site for the report (innermost first)
 STACK_FRAMES = 24
 
@@ -166,23 +180,27 @@ class SnapshotDiff:
 
 
 class SiteRule:
-    """Which frames are skipped: :data:`DEFAULT_SKIP` plus ``extra`` patterns (regular
-    expressions; a bad one is a ValueError naming it). File names are classified once each."""
+    """Which frames are skipped: :data:`DEFAULT_SKIP` (fixed regular expressions, linear on any
+    name) plus ``extra`` reader patterns, which are globs matched in linear time
+    (:mod:`vramwatch.evidence.patterns`; a bad one is a ValueError naming ``skip``). File names
+    are classified once each (names longer than :data:`MAX_NAME_CHARS` are classified by their
+    first characters)."""
 
     def __init__(self, extra: Iterable[str] = ()) -> None:
         self.extra = tuple(extra)
-        for pattern in self.extra:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"skip: not a regular expression: {pattern!r} ({exc})") from None
-        self._re = re.compile("|".join(f"(?:{p})" for p in (*DEFAULT_SKIP, *self.extra)))
+        try:
+            self._globs = tuple(compile_glob(p, what="skip") for p in self.extra)
+        except PatternError as exc:
+            raise ValueError(str(exc)) from None
+        self._re = re.compile("|".join(f"(?:{p})" for p in DEFAULT_SKIP))
         self._cache: dict[str, bool] = {}
 
     def skipped(self, filename: str) -> bool:
         hit = self._cache.get(filename)
         if hit is None:
-            hit = self._cache[filename] = self._re.search(filename.replace("\\", "/")) is not None
+            name = filename[:MAX_NAME_CHARS].replace("\\", "/")
+            hit = self._re.search(name) is not None or any(g.search(name) for g in self._globs)
+            self._cache[filename] = hit
             if len(self._cache) > 1_000_000:  # bounded: a hostile snapshot's million names
                 self._cache.clear()
         return hit
@@ -213,8 +231,31 @@ def _where(what: str, path: str) -> SnapshotFormatError:
 SiteKey = tuple[str, int, str]
 
 
-def _site_of(frames: Any, rule: SiteRule, path: str) -> SiteKey | None:
+class Work:
+    """What one diff may still spend: :data:`MAX_WORK` units (a block read, a frame read) and a
+    monotonic deadline; :class:`SnapshotFormatError` naming the bound when either is passed."""
+
+    def __init__(self, units: int = MAX_WORK, deadline_s: float | None = DEADLINE_S) -> None:
+        self.left = units
+        self.deadline = None if deadline_s is None else time.monotonic() + deadline_s
+
+    def spend(self, units: int) -> None:
+        self.left -= units
+        if self.left < 0:
+            raise SnapshotFormatError(f"segments: reading the blocks' frames needs more than {MAX_WORK:,} "
+                                      "work units (snapshot budget: work)")
+
+    def check_time(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise SnapshotFormatError("segments: the diff took longer than its deadline (snapshot budget: deadline)")
+
+
+_NO_FRAMES: list[Any] = []
+
+
+def _site_of(frames: Any, rule: SiteRule, where: tuple[int, int], work: Work) -> SiteKey | None:
     """(file, line, function) of the block's site; None when it has no frames."""
+    path = "segments[{}].blocks[{}].frames".format(*where)
     if type(frames) is not list:
         raise _where("frames is not a list", path)
     last = None
@@ -225,21 +266,39 @@ def _site_of(frames: Any, rule: SiteRule, path: str) -> SiteKey | None:
             key = (frame["filename"], frame["line"], frame["name"])
         except (TypeError, KeyError):
             raise _where("a frame without filename, line and name", f"{path}[{i}]") from None
-        if type(key[0]) is not str or type(key[1]) is not int or type(key[2]) is not str:
-            raise _where("a frame's filename/name is not text or its line not an integer", f"{path}[{i}]")
+        if type(key[0]) is not str or type(key[1]) is not int or type(key[2]) is not str or \
+                not 0 <= key[1] <= MAX_LINE:
+            raise _where("a frame's filename/name is not text or its line not a line number", f"{path}[{i}]")
+        if len(key[0]) > MAX_NAME_CHARS or len(key[2]) > MAX_NAME_CHARS:
+            key = (key[0][:MAX_NAME_CHARS], key[1], key[2][:MAX_NAME_CHARS])
         if not rule.skipped(key[0]):
+            work.spend(i + 1)
             return key
         last = key
+    work.spend(min(len(frames), MAX_FRAMES) + 1)
     return last  # every frame read is torch's or vramwatch's: the one nearest the user (None: no frames)
 
 
-def census(snapshot: dict[str, Any], rule: SiteRule) -> _Census:
-    """Live bytes and blocks per allocation site, and the cached and untraced totals."""
+def _bad_block(block: Any, path: str) -> SnapshotFormatError:
+    """What is wrong with a block that failed the census's inline check."""
+    if type(block) is not dict:
+        return _where("a block is not a dict", path)
+    size = block.get("size")
+    if type(size) is int and type(block.get("state")) is str:
+        return _where(f"a block size outside 0..2^64 ({str(size)[:40]})", f"{path}.size")
+    return _where("a block without an integer size and a state", path)
+
+
+def census(snapshot: dict[str, Any], rule: SiteRule, work: Work | None = None) -> _Census:
+    """Live bytes and blocks per allocation site, and the cached and untraced totals, within
+    ``work`` (a frame list shared by many blocks is read once)."""
+    work = work or Work()
     segments = snapshot.get("segments") if isinstance(snapshot, dict) else None
     if type(segments) is not list:
         raise _where("no segments list", "segments")
     out = _Census()
     seen = 0
+    shared: dict[int, SiteKey | None] = {}  # id(frames) -> site, while the snapshot holds the lists
     for si, segment in enumerate(segments):
         blocks = segment.get("blocks") if type(segment) is dict else None
         if type(blocks) is not list:
@@ -247,12 +306,17 @@ def census(snapshot: dict[str, Any], rule: SiteRule) -> _Census:
         seen += len(blocks)
         if seen > MAX_BLOCKS:
             raise SnapshotFormatError(f"segments: more than {MAX_BLOCKS} blocks")
+        work.check_time()
         for bi, block in enumerate(blocks):
-            if type(block) is not dict:
-                raise _where("a block is not a dict", f"segments[{si}].blocks[{bi}]")
-            size, state = block.get("size"), block.get("state")
-            if type(size) is not int or size < 0 or type(state) is not str:
-                raise _where("a block without an integer size and a state", f"segments[{si}].blocks[{bi}]")
+            if not bi & 4095:
+                work.check_time()
+            try:
+                size, state = block["size"], block["state"]
+            except (TypeError, KeyError):
+                raise _bad_block(block, f"segments[{si}].blocks[{bi}]") from None
+            if type(block) is not dict or type(size) is not int or type(state) is not str or \
+                    not 0 <= size <= MAX_BLOCK_BYTES:
+                raise _bad_block(block, f"segments[{si}].blocks[{bi}]")
             if state not in LIVE_STATES:
                 if state == CACHED_STATE:
                     out.cached[0] += size
@@ -260,8 +324,10 @@ def census(snapshot: dict[str, Any], rule: SiteRule) -> _Census:
                 continue
             out.live[0] += size
             out.live[1] += 1
-            frames = block.get("frames", [])
-            site = _site_of(frames, rule, f"segments[{si}].blocks[{bi}].frames")
+            frames = block.get("frames", _NO_FRAMES)
+            site = shared.get(id(frames), False)
+            if site is False:
+                site = shared[id(frames)] = _site_of(frames, rule, (si, bi), work)
             if site is None:
                 out.untraced[0] += size
                 out.untraced[1] += 1
@@ -279,19 +345,22 @@ def census(snapshot: dict[str, Any], rule: SiteRule) -> _Census:
 def _stack(frames: Any) -> tuple[str, ...]:
     if not frames:
         return ()
-    return tuple(f"{f['filename']}:{f['line']}:{f['name']}" for f in frames[:STACK_FRAMES])
+    return tuple(f"{str(f['filename'])[:MAX_NAME_CHARS]}:{f['line']}:{str(f['name'])[:MAX_NAME_CHARS]}"
+                 for f in frames[:STACK_FRAMES])
 
 
 def _amount(old: list[int], new: list[int]) -> Amount:
     return Amount(old[0], new[0], old[1], new[1])
 
 
-def diff(old: dict[str, Any], new: dict[str, Any], *, skip: Sequence[str] = (), top: int | None = None
-         ) -> SnapshotDiff:
+def diff(old: dict[str, Any], new: dict[str, Any], *, skip: Sequence[str] = (), top: int | None = None,
+         deadline_s: float | None = DEADLINE_S) -> SnapshotDiff:
     """The per-site change from ``old`` to ``new`` (see the module docstring); ``top`` cuts the
-    site list after sorting (``sites_total`` keeps the count before the cut)."""
+    site list after sorting (``sites_total`` keeps the count before the cut). Both snapshots
+    share one :class:`Work` budget (:data:`MAX_WORK` units, ``deadline_s``)."""
     rule = SiteRule(skip)
-    a, b = census(old, rule), census(new, rule)
+    work = Work(MAX_WORK, deadline_s)
+    a, b = census(old, rule, work), census(new, rule, work)
     changes = []
     for site in a.sites.keys() | b.sites.keys():
         was, now = a.sites.get(site, _Tally()), b.sites.get(site, _Tally())
@@ -330,4 +399,4 @@ def render_text(result: SnapshotDiff, *, old_name: str = "old", new_name: str = 
 
 
 __all__ = ["CACHED_STATE", "DEFAULT_SKIP", "LIVE_STATES", "Amount", "Site", "SiteChange", "SiteRule",
-           "SnapshotDiff", "SnapshotFormatError", "census", "diff", "render_text"]
+           "SnapshotDiff", "SnapshotFormatError", "Work", "census", "diff", "render_text"]

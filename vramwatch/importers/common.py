@@ -69,10 +69,22 @@ class ImportOptions:
     max_record_bytes: int = MAX_RECORD_BYTES
 
 
+#: characters of a column name and of a message an error line keeps (a field echoed in a
+#: message can be the whole line: 200 KB of one cell)
+MAX_EXCERPT = 200
+
+
+def excerpt(text: str, limit: int = MAX_EXCERPT) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
 class RowError(WireError):
-    """A row that cannot be read: names the file, the line (or record) and the column."""
+    """A row that cannot be read: names the file, the line (or record) and the column; the
+    column and the message are bounded excerpts (:func:`excerpt`), whatever they echo."""
 
     def __init__(self, path: str, line: int | str, column: str, message: str) -> None:
+        column, message = excerpt(str(column)), excerpt(str(message), 2 * MAX_EXCERPT)
         super().__init__(f"{path}:{line}: {column}", message)
         self.path, self.line, self.column = path, line, column
 

@@ -12,9 +12,9 @@ Reads are bounded (``comm`` 64 bytes, ``cmdline`` 4 KiB, ``cgroup`` 8 KiB) and c
 thread. A process that is gone, or whose ``/proc`` files this user may not read, keeps what was
 readable (often just the PID: "when visible from the host").
 
-Command lines leave the host (to the collector), and people put secrets in them: the value of
-any argument whose name says key, token, secret, password, auth or credential
-(``--api-key=…``, ``--token …``, ``HF_TOKEN=…``) is replaced by ``***`` before anything is kept.
+Command lines leave the host (to the collector), and people put secrets in them: every secret
+(URL userinfo, secret-named options and variables, headers, ``curl -u``: the forms
+:mod:`vramwatch.redact` lists) is replaced by ``***`` before anything is kept.
 
 :class:`ForeignProcess` is the record every consumer shares (the hook's report, the
 collector's API and metrics, the post-mortem); :meth:`ForeignProcess.describe` is the one
@@ -29,13 +29,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vramwatch.redact import redact_args
+
 MAX_COMM = 64
 MAX_CMDLINE = 512  # kept (and sent); 4 KiB are read
 _READ_CMDLINE = 4096
 _READ_CGROUP = 8192
 #: container ids as cgroup paths spell them (docker, containerd/CRI, CRI-O, podman): 64 hex digits
-_SECRET_RE = re.compile(r"(?i)(key|token|secret|passw|auth|credential)")
-_REDACTED = "***"
 _CONTAINER_RE = re.compile(r"(?:docker|cri-containerd|crio|libpod)?[-/:]?([0-9a-f]{64})(?:\.scope)?(?:/|$)")
 
 #: (kind, words): the first whose word appears in the program or the command line names the kind
@@ -108,24 +108,9 @@ def _text(raw: bytes | None) -> str:
 
 
 def redact(args: list[str]) -> list[str]:
-    """Arguments with the values of secret-looking options replaced (see the module docstring)."""
-    out: list[str] = []
-    hide_next = False
-    for arg in args:
-        if hide_next and not arg.startswith("-"):
-            out.append(_REDACTED)
-            hide_next = False
-            continue
-        hide_next = False
-        name, eq, _value = arg.partition("=")
-        if eq and _SECRET_RE.search(name):
-            out.append(f"{name}={_REDACTED}")
-        elif arg.startswith("-") and _SECRET_RE.search(arg):
-            out.append(arg)
-            hide_next = True
-        else:
-            out.append(arg)
-    return out
+    """Arguments with their secrets replaced: :func:`vramwatch.redact.redact_args`, the one
+    redaction the collector applies again on receipt."""
+    return redact_args(args)
 
 
 def _printable(text: str, limit: int) -> str:

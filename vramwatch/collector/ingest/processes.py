@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vramwatch.evidence.foreign import ProcessReport, holds
 from vramwatch.probe.nvml import MAX_FOREIGN
 from vramwatch.probe.processes import MAX_CMDLINE, MAX_COMM, ForeignProcess
+from vramwatch.redact import redact_text
 from vramwatch.wire import MAX_INT, MAX_NAME, MIN_TS
 
 #: the body of POST /api/v1/processes, at most
@@ -69,7 +70,8 @@ class ReportBody(BaseModel):
     processes: list[ProcessBody] = Field(max_length=MAX_FOREIGN)
 
     def report(self) -> ProcessReport:
-        procs = tuple(ForeignProcess(p.pid, p.used_bytes, p.name, p.cmdline, p.container) for p in self.processes)
+        procs = tuple(ForeignProcess(p.pid, p.used_bytes, redact_text(p.name), redact_text(p.cmdline), p.container)
+                      for p in self.processes)  # redacted again on receipt: a hook of any version, or none
         return ProcessReport(self.run, self.host, self.rank, self.ts, self.gpu, self.uuid, procs)
 
 

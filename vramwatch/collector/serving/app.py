@@ -29,6 +29,7 @@ from vramwatch import __about__
 from vramwatch.collector.ingest import routes as ingest
 from vramwatch.collector.ingest.processes import ProcessBook
 from vramwatch.collector.reads import api
+from vramwatch.collector.reads.heavy import HeavyReads
 from vramwatch.collector.serving import pages
 from vramwatch.collector.serving.deps import RateLimitedLog, require_ingest_auth, require_read_auth
 from vramwatch.collector.serving.door import FrontDoor
@@ -167,6 +168,7 @@ def open_state(app: Any, settings: Settings) -> None:
         max_total_bytes=settings.max_snapshots_bytes, max_concurrent_uploads=settings.max_concurrent_uploads,
         owner=True)
     app.state.diffs = DiffCache(app.state.snapshots)
+    app.state.heavy = HeavyReads()
     app.state.directives = DirectiveBoard(manual_interval_s=settings.capture_interval_s)
     views = _views()
     if views is not None:

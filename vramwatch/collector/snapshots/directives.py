@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import threading
@@ -31,6 +32,7 @@ from vramwatch.bounded import Inflater, LimitExceeded
 from vramwatch.evidence.suspects import FOLLOWUP_STEPS, FOLLOWUP_TRIGGER, LEAK_TRIGGER
 
 SeriesKey = tuple[str, str, int]
+_log = logging.getLogger("vramwatch.collector")
 
 #: Engine events that ask for a snapshot on their own (configurable per collector).
 DEFAULT_AUTO_TRIGGERS = frozenset({"leak", "outside_allocator_leak", "fragmentation", "plateau_break", "oom"})
@@ -271,6 +273,7 @@ class SnapshotStore:
         self._lock = threading.Lock()
         self._index: dict[str, SnapshotInfo] = {}
         self._stored = 0
+        self.evicted = 0  # snapshots removed to fit the caps (each logged)
         self._uploading: dict[str, int] = {}  # upload id -> bytes written so far
         self._load(clean=owner)
 
@@ -362,6 +365,10 @@ class SnapshotStore:
             oldest = next(iter(self._index.values()))
             self._forget(oldest.id)
             total -= oldest.bytes
+            _log.info("snapshot %s (run %r rank %d step %d, %d bytes) evicted to fit the snapshot caps "
+                      "(max_snapshots %d, max_snapshots_bytes %d)", oldest.id, oldest.run, oldest.rank,
+                      oldest.step, oldest.bytes, self.max_snapshots, self.max_total_bytes)
+            self.evicted += 1
 
     def _forget(self, snapshot_id: str) -> None:
         """Drop a snapshot from the index and remove its files (called with the lock held)."""

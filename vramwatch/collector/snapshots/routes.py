@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
 from vramwatch.collector.ingest import processes as _processes
+from vramwatch.collector.reads.heavy import heavy
 from vramwatch.collector.snapshots.diffs import check_skip, enrich_postmortem, run_suspects
 from vramwatch.collector.snapshots.directives import DEFAULT_STEPS, MAX_STEPS, SnapshotError, SnapshotStore
 from vramwatch.evidence import postmortem as _postmortem
@@ -107,7 +108,8 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
     @router.get("/api/v1/runs/{run:path}/postmortem", dependencies=read)
     def postmortem(request: Request, run: str,
                    silent_after_s: Annotated[float | None, Query(gt=0, le=86400)] = None) -> dict[str, Any]:
-        return postmortem_doc(request.app.state, run, silent_after_s)
+        with heavy(request.app.state).slot("postmortem"):
+            return postmortem_doc(request.app.state, run, silent_after_s)
 
     _add_diff_routes(router, read)
     _add_process_routes(router, write, read)
@@ -254,7 +256,8 @@ def _add_diff_routes(router: APIRouter, read: list[Any]) -> None:
             for name, info in infos.items():
                 if info.run != run:
                     raise SnapshotError(name, f"snapshot {info.id} is not of run {run!r}", 404)
-            result = state.diffs.diff(old, new, patterns)
+            with heavy(state).slot("diff"):
+                result = state.diffs.diff(old, new, patterns)
         except SnapshotError as exc:
             return _error(exc)
         doc = {"run": run, "old": infos["old"].to_dict(), "new": infos["new"].to_dict(),
@@ -267,11 +270,12 @@ def _add_diff_routes(router: APIRouter, read: list[Any]) -> None:
         """Each leaking rank's growing allocation sites between two of its snapshots."""
         state = request.app.state
         infos = state.snapshots.list(run)
-        return [s.to_dict() for s in run_suspects(state.diffs, state.live, run, infos)]
+        with heavy(state).slot("suspects"):
+            return [s.to_dict() for s in run_suspects(state.diffs, state.live, run, infos)]
 
 
 def _add_process_routes(router: APIRouter, write: list[Any], read: list[Any]) -> None:
-    @router.post("/api/v1/processes", dependencies=write)
+    @router.post("/api/v1/processes", dependencies=[*write, Depends(require_json)])
     async def report_processes(request: Request) -> dict[str, Any]:
         """A rank's report of the other processes on its GPU (the hook's side channel)."""
         try:

@@ -124,8 +124,8 @@ class Aggregates:
         if not series:
             return [], None
         ident = {sid: (host, rank, inc) for sid, host, rank, inc in series}
-        where = f"FROM samples WHERE series IN ({','.join('?' * len(ident))}) GROUP BY series"
-        ids = tuple(ident)
+        where = "FROM samples WHERE series IN (SELECT id FROM series WHERE run = ?) GROUP BY series"
+        ids = (run,)  # one variable, however many incarnations the run has
         first = {r[0]: r[1:] for r in conn.execute(f"SELECT series, MIN(ts), step {where}", ids)}
         last = {r[0]: r[1:] for r in conn.execute(
             f"SELECT series, MAX(ts), step, exited, oom_marked, phase, {_LAST_WORDS_COLUMNS} {where}", ids)}

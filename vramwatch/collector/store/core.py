@@ -32,6 +32,7 @@ from vramwatch.collector.store.errors import (
 )
 from vramwatch.collector.store.reads import Reads, SeriesRow
 from vramwatch.collector.store.schema import VALUE_NAMES, insert_sql, migrate
+from vramwatch.runlife import MAX_INCARNATIONS
 from vramwatch.wire import Sample
 
 try:
@@ -41,6 +42,9 @@ except ImportError:  # pragma: no cover - Windows: no advisory lock
 
 SeriesKey = tuple[str, str, int]
 _VALUE_SET = frozenset(VALUE_NAMES)
+#: the incarnation a rank's samples are stored under past MAX_INCARNATIONS series of it
+OVERFLOW_INCARNATION = "(later incarnations)"
+_RANK_COUNTS_KEPT = 65_536
 
 
 #: WAL policy. The collector checkpoints (PASSIVE) every few seconds from a background
@@ -130,11 +134,14 @@ class Store(Reads, Aggregates):
 
     def __init__(
         self, path: str | os.PathLike[str], *, readonly: bool = False, busy_timeout_s: float = 10.0,
-        exclusive: bool = False,
+        exclusive: bool = False, check_contents: bool = True,
     ) -> None:
         """``busy_timeout_s``: how long a write waits for another process's lock before failing.
-        ``exclusive``: refuse (:class:`StoreLockedError`) when another exclusive store has the file."""
+        ``exclusive``: refuse (:class:`StoreLockedError`) when another exclusive store has the file.
+        ``check_contents``: refuse a file whose rows hold values of the wrong type or size
+        (:mod:`~vramwatch.collector.store.contents`: one scan of each table)."""
         self.path = str(path)
+        self.check_contents = check_contents
         self.readonly = readonly
         self._lock_file: IO[str] | None = None
         if not readonly:
@@ -157,6 +164,8 @@ class Store(Reads, Aggregates):
         self._busy_timeout_s = busy_timeout_s
         self._busy_ms = int(1000 * busy_timeout_s)
         self._series_ids: dict[tuple[str, str, int, str], int] = {}
+        self._rank_incarnations: dict[tuple[str, str, int], int] = {}  # series rows per rank (a cache)
+        self.incarnations_folded = 0  # samples stored in a rank's overflow series
         self._series_fields: dict[int, frozenset[str]] = {}  # series id -> value fields its samples carry
         self._phase_ids: dict[str, int] = {}
         self._phase_names: dict[int, str] = {}
@@ -199,6 +208,10 @@ class Store(Reads, Aggregates):
                 self._conn.execute("CREATE TABLE _vramwatch_write_probe (x)")
             finally:
                 self._conn.execute("ROLLBACK")
+        if self.check_contents:
+            from vramwatch.collector.store import contents
+
+            contents.check(self._conn, self.path)
         for pid, name in self._conn.execute("SELECT id, name FROM phases"):
             self._phase_ids[name] = pid
             self._phase_names[pid] = name
@@ -226,9 +239,12 @@ class Store(Reads, Aggregates):
             if row is not None:
                 sid = row[0]
                 self._series_fields[sid] = frozenset(row[1].split(",")) if row[1] else frozenset()
+            elif (bounded := self._bounded_incarnation(key)) != key:
+                return self._series_id({**s, "incarnation": bounded[3]})  # type: ignore[typeddict-item]
             else:
                 from vramwatch.collector.store.schema import SERIES_OPTIONAL
 
+                self._rank_incarnations[key[:3]] = self._rank_incarnations.get(key[:3], 0) + 1
                 cur = self._conn.execute(
                     "INSERT INTO series (run, host, rank, incarnation, local_rank, world_size, uuid, gpu, pid,"
                     " allocator) VALUES (?,?,?,?,?,?,?,?,?,?)", (*key, *(s.get(name) for name in SERIES_OPTIONAL)),
@@ -238,6 +254,26 @@ class Store(Reads, Aggregates):
             assert sid is not None
             self._series_ids[key] = sid
         return sid
+
+    def _bounded_incarnation(self, key: tuple[str, str, int, str]) -> tuple[str, str, int, str]:
+        """``key``, or past :data:`~vramwatch.runlife.MAX_INCARNATIONS` series of one rank the
+        rank's overflow series (incarnation :data:`OVERFLOW_INCARNATION`): a rank that restarts
+        (or claims a new incarnation with every sample) keeps at most that many series rows and
+        cached ids; the later processes' samples are stored together, and one at a step already
+        stored there counts as a duplicate. Called only for an incarnation not stored yet. Cost:
+        one COUNT per rank per process, then O(1)."""
+        rank_key = key[:3]
+        count = self._rank_incarnations.get(rank_key)
+        if count is None:
+            count = self._conn.execute("SELECT COUNT(*) FROM series WHERE run = ? AND host = ? AND rank = ?",
+                                       rank_key).fetchone()[0]
+            if len(self._rank_incarnations) >= _RANK_COUNTS_KEPT:
+                self._rank_incarnations.clear()
+        self._rank_incarnations[rank_key] = count
+        if count >= MAX_INCARNATIONS and key[3] != OVERFLOW_INCARNATION:
+            self.incarnations_folded += 1
+            return (*rank_key, OVERFLOW_INCARNATION)
+        return key
 
     def _phase_id(self, name: str) -> int:
         pid = self._phase_ids.get(name)

@@ -8,6 +8,7 @@ range scan of the ``samples`` table, which is clustered on ``(series, step, phas
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -67,7 +68,15 @@ class SeriesWindow:
 
 
 def _in(ids: Sequence[int]) -> str:
-    return f"series IN ({','.join('?' * len(ids))})"
+    """``series IN`` the ids, passed as ONE parameter (:func:`in_param`, a JSON array read by
+    SQLite's ``json_each``): a statement's variable count never grows with the data (past
+    32,766 variables SQLite refuses the statement)."""
+    return "series IN (SELECT value FROM json_each(?))"
+
+
+def in_param(ids: Sequence[int]) -> str:
+    """The one parameter :func:`_in` reads."""
+    return json.dumps(list(ids))
 
 
 class Reads:
@@ -82,8 +91,21 @@ class Reads:
         raise NotImplementedError
 
     # ------------------------------------------------------------ series and runs
+    def _check_run(self, run: str | None) -> None:
+        """The run's samples (all samples for None) checked once per store against the field
+        table (:mod:`~vramwatch.collector.store.contents`); StoreError naming a bad column."""
+        checked: set[str | None] = self.__dict__.setdefault("_checked_runs", set())
+        if not getattr(self, "check_contents", False) or run in checked or None in checked:
+            return
+        from vramwatch.collector.store import contents
+
+        contents.check(self._reader(), self.path, ("samples",), run)
+        checked.add(run)
+
     def series(self, run: str | None = None) -> list[SeriesRow]:
-        """Every series (of ``run``), in creation order. Cost: one index range scan."""
+        """Every series (of ``run``), in creation order, its samples checked on the first read
+        (:meth:`_check_run`). Cost: one index range scan."""
+        self._check_run(run)
         conn = self._reader()
         sql = ("SELECT id, run, host, rank, incarnation, local_rank, world_size, uuid, gpu, pid, allocator, fields"
                " FROM series")
@@ -120,6 +142,7 @@ class Reads:
 
     def series_ids(self, run: str, host: str | None = None, rank: int | None = None) -> list[int]:
         """Ids of the series of ``run`` (one rank's incarnations when ``rank`` is given)."""
+        self._check_run(run)
         clauses, params = ["run = ?"], [run]
         if host is not None:
             clauses.append("host = ?")
@@ -198,7 +221,7 @@ class Reads:
         cols = ", ".join(FIELD_COLUMNS[f] for f in _PHASE_FIELDS)
         cur = self._reader().execute(
             f"SELECT series, step, phase, seq, {cols} FROM samples WHERE {_in(ids)} AND phase != ? ORDER BY ts",
-            [*ids, TRAIN_PHASE_ID],
+            [in_param(ids), TRAIN_PHASE_ID],
         )
         out = []
         for sid, step, phase, seq, *values in cur:
@@ -219,7 +242,7 @@ class Reads:
         if not ids:
             return None
         xcol = "step" if x == "step" else "ts"
-        clauses, params = [_in(ids)], list(ids)
+        clauses, params = [_in(ids)], [in_param(ids)]
         if phase is not None:
             pid = self.phase_id(phase)
             if pid is None:
