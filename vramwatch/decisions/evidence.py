@@ -24,7 +24,6 @@ MAX_GRANULE = 4096
 #: settable: the granularity is then the largest power of two within this share of the batch.
 VARYING_GRANULE_SHARE = 0.02
 #: A rank's death (vramwatch.runlife): killed alone while the job went on.
-KILLED = str(Outcome.KILLED)
 #: Two OOMs at settings within this share of each other are OOMs at the same setting.
 SAME_SETTING = 0.01
 
@@ -180,7 +179,7 @@ def gather(run: str, ranks: list[RankTrials], world_size: int, references: list[
                 epochs.setdefault((r.run, t.ordinal), []).append(t)
                 if t.oom is not None:
                     ooms.append(OomAt(r.run, r.host, r.rank, t.ordinal, t.oom))
-                elif t.outcome == KILLED:
+                elif t.outcome == Outcome.KILLED:
                     deaths.append(Death(r.run, r.host, r.rank, t.ordinal, t.last_step, t.last_ts))
         for (name, ordinal), trials in epochs.items():
             tokens = max((t.tokens or 0 for t in trials), default=0)

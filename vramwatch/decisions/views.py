@@ -25,7 +25,6 @@ from vramwatch.runlife import RankLife
 from vramwatch.verdicts import Outcome
 
 #: A rank's death, for the decisions: killed alone while the job went on (vramwatch.runlife).
-KILLED = str(Outcome.KILLED)
 
 #: The placeholder fit of a raw view (replaced by :func:`fitted`).
 UNFITTED = TransientFit("none", 0.0, 0.0, 0, None, None, None, None, 1.0)
@@ -105,7 +104,7 @@ def judge(run: str, views: list[RankView], samples: int, lives: list[RankLife] |
     for view, trials in zip(views, judged, strict=True):
         readiness = view.readiness
         now = trials[-1] if trials else None
-        if now is not None and now.outcome == KILLED:
+        if now is not None and now.outcome == Outcome.KILLED:
             readiness = with_death(readiness, f"rank {view.rank}: killed at step {now.last_step:,} (no clean exit, "
                                               "no OOM) while the job went on")
         out.append(replace(view, trials=trials, readiness=readiness))

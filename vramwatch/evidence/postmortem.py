@@ -7,8 +7,9 @@ held at the moment of the first failure.
 
 Input is the run's samples in any order of series (the store's ``iter_samples(run)`` or a
 trace file), read in two passes: the first folds them into the model and keeps each rank's
-latest sample, the second finds what every other rank held at the first failure. Memory is
-O(ranks); the cost is two sequential reads of the run.
+latest sample, the second finds what every other rank held at the first failure. A caller that
+has the run judged already (a collector's live state, the report) passes its story: one read, no
+fold. Memory is O(ranks).
 
 ``end`` of a rank is its latest process's outcome (:class:`vramwatch.verdicts.Outcome`):
 ``oom``, ``killed`` (killed alone: the others went on for longer than the silence window),
@@ -93,24 +94,33 @@ class PostMortem:
                 "suspects": [s.to_dict() for s in self.suspects], "tally": dict(self.tally)}
 
 
-def _read(samples: Iterable[Sample]) -> tuple[dict[str, runlife.RunLife], dict[SeriesKey, Sample],
-                                               dict[SeriesKey, Sample]]:
-    """Pass 1: the model's fold, each rank's latest sample (by time) and its first OOM sample."""
+def _read(samples: Iterable[Sample], *, fold: bool = True, failed_at: float | None = None
+          ) -> tuple[dict[str, runlife.RunLife], dict[SeriesKey, Sample], dict[SeriesKey, Sample],
+                     dict[SeriesKey, Sample]]:
+    """One pass: the model's fold (unless ``fold`` is off: the caller has the judgement), each
+    rank's latest sample (by time), its first OOM sample and, when the first failure's time is
+    known (``failed_at``), its latest sample at or before it."""
     last: dict[SeriesKey, Sample] = {}
     first_oom: dict[SeriesKey, Sample] = {}
+    at_failure: dict[SeriesKey, Sample] = {}
     lives: dict[str, runlife.RunLife] = {}
     for s in samples:
-        life = lives.get(s["run"])
-        if life is None:
-            life = lives[s["run"]] = runlife.RunLife(s["run"])
-        life.feed(s)
+        if fold:
+            life = lives.get(s["run"])
+            if life is None:
+                life = lives[s["run"]] = runlife.RunLife(s["run"])
+            life.feed(s)
         key = series_key(s)
         prev = last.get(key)
         if prev is None or (s["ts"], s["step"]) >= (prev["ts"], prev["step"]):
             last[key] = s
         if (s.get("ooms") or s.get("oom_marked")) and (key not in first_oom or s["ts"] < first_oom[key]["ts"]):
             first_oom[key] = s
-    return lives, last, first_oom
+        if failed_at is not None and s["ts"] <= failed_at:
+            prev = at_failure.get(key)
+            if prev is None or s["ts"] >= prev["ts"]:
+                at_failure[key] = s
+    return lives, last, first_oom, at_failure
 
 
 def _detail(f: runlife.Failure, story: runlife.RunStory, oom_sample: Sample | None, silent_after_s: float) -> str:
@@ -142,13 +152,15 @@ def build(
     silent_after_s: float = SILENT_AFTER_S,
     story: runlife.RunStory | None = None,
 ) -> PostMortem:
-    """The post-mortem of ``run``; ``samples`` is called twice (two streaming passes).
+    """The post-mortem of ``run``; ``samples`` is called once or twice (streaming passes).
 
-    ``story``: the run as a collector's live state judged it (the route passes it, so the
-    post-mortem and ``/runs`` read one judgement); without it the samples are folded and judged
-    at ``now``."""
-    lives, last, oom_samples = _read(samples())
-    if run not in lives:
+    ``story``: the run as a collector's live state judged it (the route and the report pass it, so
+    the post-mortem and ``/runs`` read one judgement): the samples are read once and not folded.
+    Without it the first pass folds and judges them at ``now``, a second finds what each rank held
+    at the first failure."""
+    failed_at = None if story is None or story.first_failure is None else story.first_failure.ts
+    lives, last, oom_samples, at_failure = _read(samples(), fold=story is None, failed_at=failed_at)
+    if not last or (story is None and run not in lives):
         return PostMortem(run=run, status=str(runlife.RunTally().status), first_failure=None, ranks=[])
     if story is None:
         story = runlife.judge(run, lives[run].ranks(), now, silent_after_s=silent_after_s)
@@ -157,14 +169,8 @@ def build(
     if f is not None:
         detail = _detail(f, story, oom_samples.get((run, f.host, f.rank)), silent_after_s)
         first = Failure(f.rank, f.host, f.step, f.ts, str(f.cause), detail)
-    at_failure: dict[SeriesKey, Sample] = {}
-    if first is not None:
-        for s in samples():
-            if s["ts"] <= first.ts:
-                key = series_key(s)
-                prev = at_failure.get(key)
-                if prev is None or s["ts"] >= prev["ts"]:
-                    at_failure[key] = s
+        if failed_at is None:
+            at_failure = _read(samples(), fold=False, failed_at=first.ts)[3]
     ranks = []
     for r in story.ranks:
         key = (run, r.host, r.rank)

@@ -1,7 +1,8 @@
 """Prometheus exposition of the collector's live state.
 
-A scrape reads only in-memory state (``LiveState.snapshot()``, each series' engine summary and
-the run-life model's judgement, :mod:`vramwatch.runlife`): no database I/O. One custom collector
+A scrape reads only in-memory state: each live run frozen (``LiveState.freeze_live``, the
+ranks' engine summaries with the run-life model's judgement, :mod:`vramwatch.collector.state.snapshot`,
+the same snapshot the OTLP push and the ``/ranks`` rows read): no database I/O. One custom collector
 yields the per-rank families; ingest counters, the latency histogram and
 ``vramwatch_build_info`` are ordinary prometheus_client metrics in a side registry.
 
@@ -43,15 +44,14 @@ from prometheus_client.registry import Collector
 
 from vramwatch import verdicts
 from vramwatch.__about__ import __version__
+from vramwatch.collector.state.live import LiveState
+from vramwatch.collector.state.snapshot import RankSnapshot
 from vramwatch.decisions.readiness import VERDICTS as READINESS_VERDICTS
-from vramwatch.wire import FIELD_TABLE
+from vramwatch.wire import FIELD_TABLE, Sample
 
 #: Label names of every per-rank family, in exposition order. ``Hostname``/``UUID``/``gpu``
 #: are spelled as dcgm-exporter spells them.
 SERIES_LABELS = ("run", "rank", "Hostname", "UUID", "gpu")
-
-#: Engine states; ``vramwatch_trend_state`` has one series per state per rank.
-TREND_STATES = ("warmup", "plateau", "rising", "leak", "fragmentation")
 
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text"
 
@@ -60,17 +60,35 @@ _READINESS = {verdict: i for i, verdict in enumerate(READINESS_VERDICTS)}  # 0 r
 
 @dataclass(frozen=True, slots=True)
 class RankRow:
-    """One rank as a scrape sees it: what every family reads."""
+    """One frozen rank as a scrape sees it: its labels beside the snapshot every family reads."""
 
     labels: str  # the label string, escaped (fast path)
     label_values: tuple[str, str, str, str, str]  # SERIES_LABELS' values (standard API)
-    series: Any  # the live SeriesState
-    last: dict[str, Any]  # latest sample
-    last_train: dict[str, Any] | None  # latest training-step sample
-    summary: dict[str, Any]  # engine summary
-    ooms: int  # the model's count, every process of the rank
-    restarts: int
-    running: bool  # its latest process runs (live or silent)
+    series: RankSnapshot
+
+    @property
+    def last(self) -> Sample:
+        return self.series.last or {}  # type: ignore[return-value]
+
+    @property
+    def last_train(self) -> Sample | None:
+        return self.series.last_train
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.series.summary
+
+    @property
+    def ooms(self) -> int:
+        return self.series.ooms
+
+    @property
+    def restarts(self) -> int:
+        return self.series.restarts
+
+    @property
+    def running(self) -> bool:
+        return self.series.running
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +220,8 @@ class SeriesCollector(Collector):
     went silent inside a live run stays visible and the hook-silent alert can see it.
     """
 
-    def __init__(self, live: Any, *, finished_after_s: float = 3600.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, live: LiveState, *, finished_after_s: float = 3600.0,
+                 clock: Callable[[], float] = time.time) -> None:
         if not finished_after_s > 0:
             raise ValueError(f"finished_after_s: must be > 0, got {finished_after_s!r}")
         self.live = live
@@ -216,7 +235,7 @@ class SeriesCollector(Collector):
 
     # -------------------------------------------------------------- rows
 
-    def _label_strings(self, series: Any) -> tuple[str, tuple[str, str, str, str, str]]:
+    def _label_strings(self, series: RankSnapshot) -> tuple[str, tuple[str, str, str, str, str]]:
         key = (series.run, series.rank, series.host, series.uuid, series.gpu)
         found = self._labels.get(key)
         if found is None:
@@ -234,28 +253,18 @@ class SeriesCollector(Collector):
         return found
 
     def rows(self) -> list[RankRow]:
-        """Live ranks, finished runs dropped, each with its story (one judgement per run)."""
-        snapshot = [s for s in self.live.snapshot() if s.last is not None]
-        by_run: dict[str, list[Any]] = {}
-        for series in snapshot:
-            by_run.setdefault(series.run, []).append(series)
+        """Live ranks frozen (one judgement per run), runs silent for ``finished_after_s`` dropped."""
         now = self.clock()
-        cutoff = now - self.finished_after_s
+        frozen = self.live.freeze_live(now, since=now - self.finished_after_s)
         rows: list[RankRow] = []
-        for run, states in by_run.items():
-            if max(s.last_seen for s in states) < cutoff:
-                continue
-            index = self.live.story(run, states, now).index()
-            for series in states:
-                story = index.get((series.host, series.rank))
-                running = story is None or not story.ended
+        for run in frozen:
+            for series in run.ranks:
                 labels, values = self._label_strings(series)
-                rows.append(RankRow(labels, values, series, series.last, series.last_train, series.engine.summary(),
-                                    series.ooms, series.restarts, running))
+                rows.append(RankRow(labels, values, series))
         rows.sort(key=lambda row: (row.series.run, row.series.host, row.series.rank))
         self.exported_series = len(rows)
-        self.exported_keys = {(row.series.run, row.series.host, row.series.rank) for row in rows}
-        self.aged_out_series = len(snapshot) - len(rows)
+        self.exported_keys = {row.series.key for row in rows}
+        self.aged_out_series = len(self.live) - len(rows)
         return rows
 
     def families(self, rows: list[RankRow]) -> Iterator[tuple[str, str, str, tuple[str, ...], list[_Point]]]:
@@ -272,8 +281,8 @@ class SeriesCollector(Collector):
         states: list[_Point] = []
         for row in rows:
             if row.running:
-                current = row.summary.get("state") or row.series.engine.state
-                states.extend((row, ("state", state), int(state == current)) for state in TREND_STATES)
+                current = row.summary.get("state")
+                states.extend((row, ("state", state), int(state == current)) for state in verdicts.STATES)
         yield "vramwatch_trend_state", "gauge", TREND_STATE_HELP, (*SERIES_LABELS, "state"), states
 
     # -------------------------------------------------------------- standard API
@@ -357,7 +366,7 @@ class _RegistryView(Collector):
 class VramwatchRegistry(CollectorRegistry):
     """A registry whose ``collect()`` yields everything; ``render`` uses its fast path."""
 
-    def __init__(self, live: Any, *, finished_after_s: float, processes: Any = None,
+    def __init__(self, live: LiveState, *, finished_after_s: float, processes: Any = None,
                  clock: Callable[[], float] = time.time) -> None:
         super().__init__(auto_describe=False)
         self.process = CollectorRegistry(auto_describe=False)
@@ -374,7 +383,7 @@ class VramwatchRegistry(CollectorRegistry):
             self.register(self.foreign)
 
 
-def build_registry(live: Any, *, finished_after_s: float = 3600.0, processes: Any = None,
+def build_registry(live: LiveState, *, finished_after_s: float = 3600.0, processes: Any = None,
                    clock: Callable[[], float] = time.time
                    ) -> tuple[CollectorRegistry, IngestMetrics]:
     """The registry that ``GET /metrics`` renders, and the ingest metrics each POST updates.
@@ -406,7 +415,6 @@ def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]
 
 __all__ = [
     "SERIES_LABELS",
-    "TREND_STATES",
     "IngestMetrics",
     "SeriesCollector",
     "VramwatchRegistry",

@@ -227,7 +227,7 @@ def _gunzipped(path: Any, snapshot_id: str) -> tuple[Any, bytes] | None:
 def postmortem_doc(state: Any, run: str, silent_after_s: float) -> dict[str, Any]:
     """The post-mortem of ``run`` (404 when the store has none): judged by the live state, so this
     answer and /runs, /ranks, /metrics tell one story; another silence window is a judgement of
-    its own. Cost: two sequential reads of the run's samples."""
+    its own. Cost: one sequential read of the run's samples (two for another silence window)."""
     store = state.store
     if run not in store.runs():
         raise HTTPException(404, f"run: no run {run!r}")
