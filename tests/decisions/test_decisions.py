@@ -255,7 +255,7 @@ def test_an_oom_the_batch_does_not_explain_is_not_answered_by_lowering() -> None
 
 def test_decision_engine_is_a_drop_in_trend_engine_with_the_figures() -> None:
     from vramwatch.collector.state.live import LiveState
-    from vramwatch.decisions.live import RECHECK_EVERY, REFIT_EVERY, DecisionEngine
+    from vramwatch.decisions.online import RECHECK_EVERY, REFIT_EVERY, DecisionEngine
     from vramwatch.engine import TrendEngine
 
     samples = token_trace("varlen", steps=3200, run="live", seed=1)
@@ -475,7 +475,7 @@ def test_a_live_view_is_the_state_between_two_samples_while_the_writer_goes_on()
     sample landed meanwhile, so every copy is whole (its process and its model at the same step)."""
     import threading
 
-    from vramwatch.decisions.live import DecisionEngine
+    from vramwatch.decisions.online import DecisionEngine
 
     samples = token_trace("varlen", steps=6000, run="busy", seed=3)
     engine = DecisionEngine()

@@ -16,8 +16,8 @@ import pytest
 from fakes.fake_cuda import FakeCuda, GiB
 from fakes.fake_pynvml import FakeGpu, make_pynvml
 from helpers import make_sample, ndjson
+from hook.test_probes import UUID0, UUID1, UUID2, probe_with
 from prometheus_helpers import exposed_samples
-from test_probes import UUID0, UUID1, UUID2, probe_with
 
 from vramwatch.collector.ingest.processes import ProcessBook, foreign_only
 from vramwatch.collector.server import BackgroundServer

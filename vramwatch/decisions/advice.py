@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from vramwatch.decisions.evidence import Evidence, RankTrials, gather, judged_trials
 from vramwatch.decisions.model import RankModel
 from vramwatch.decisions.nextstep import NextStep, Proven, next_step
 from vramwatch.decisions.observe import RunObservation
+from vramwatch.decisions.proven import Evidence, RankTrials, gather, judged_trials
 from vramwatch.decisions.readiness import RankReadiness, Readiness, ReadinessConfig
 from vramwatch.decisions.reasons import Reason
 from vramwatch.decisions.trials import Trial

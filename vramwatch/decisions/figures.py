@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vramwatch.decisions.evidence import RankTrials, judged_trials
 from vramwatch.decisions.observe import RunObservation
+from vramwatch.decisions.proven import RankTrials, judged_trials
 from vramwatch.decisions.readiness import UNSAFE_CAUSES, ReadinessConfig
 from vramwatch.decisions.reasons import Reason
 from vramwatch.decisions.trials import Trial, leak_text

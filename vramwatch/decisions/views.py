@@ -1,7 +1,7 @@
 """A run as the decisions read it: per rank a frozen :class:`RankView` (readiness, memory model,
 trials, compare figures), the same whether the ranks were replayed from samples
 (:class:`~vramwatch.decisions.observe.RunObservation`) or read from the collector's live engines
-(:meth:`vramwatch.decisions.live.DecisionEngine.view`).
+(:meth:`vramwatch.decisions.online.DecisionEngine.view`).
 
 A view is taken in two parts so that a live engine is held only for the cheap one:
 :func:`raw_view` copies what the track knows (O(buckets + trials + phases), under the engine's
@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from vramwatch.decisions.evidence import RankTrials
 from vramwatch.decisions.model import Bucket, RankModel, TransientFit, fit_transient, fold_points
 from vramwatch.decisions.observe import RankTrack, RunObservation
+from vramwatch.decisions.proven import RankTrials
 from vramwatch.decisions.readiness import RankReadiness, Readiness, ReadinessConfig, combine, rank_readiness, with_death
 from vramwatch.decisions.trials import Trial, with_outcomes
 from vramwatch.runlife import RankLife

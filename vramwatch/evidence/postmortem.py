@@ -39,7 +39,7 @@ SeriesKey = tuple[str, str, int]
 
 
 @dataclass(frozen=True)
-class Failure:
+class FailureReport:
     rank: int
     host: str
     step: int
@@ -80,7 +80,7 @@ class RankEnd:
 class PostMortem:
     run: str
     status: str  # vramwatch.verdicts.RunStatus
-    first_failure: Failure | None
+    first_failure: FailureReport | None
     ranks: list[RankEnd]
     snapshots: list[dict[str, Any]] = field(default_factory=list)
     tally: dict[str, int] = field(default_factory=dict)  # runlife.RunTally: a front adds shards' up
@@ -168,7 +168,7 @@ def build(
     first = None
     if f is not None:
         detail = _detail(f, story, oom_samples.get((run, f.host, f.rank)), silent_after_s)
-        first = Failure(f.rank, f.host, f.step, f.ts, str(f.cause), detail)
+        first = FailureReport(f.rank, f.host, f.step, f.ts, str(f.cause), detail)
         if failed_at is None:
             at_failure = _read(samples(), fold=False, failed_at=first.ts)[3]
     ranks = []
@@ -193,7 +193,7 @@ def from_dict(doc: dict[str, Any]) -> PostMortem:
     fields = {f for f in RankEnd.__dataclass_fields__} - {"foreign_processes"}
     return PostMortem(
         run=doc.get("run", ""), status=doc.get("status") or "",
-        first_failure=Failure(**{k: first[k] for k in Failure.__dataclass_fields__}) if first else None,
+        first_failure=FailureReport(**{k: first[k] for k in FailureReport.__dataclass_fields__}) if first else None,
         ranks=[RankEnd(**{k: v for k, v in r.items() if k in fields},
                        foreign_processes=tuple(ForeignProcess.from_dict(p) for p in r.get("foreign_processes", ())))
                for r in doc.get("ranks", [])],

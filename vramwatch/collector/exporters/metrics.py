@@ -176,7 +176,7 @@ SERIES_FAMILIES: tuple[Family, ...] = (
            "Peak allocated bytes of the latest checkpoint phase.", _summary("checkpoint_peak_bytes")),
     Family("vramwatch_checkpoint_headroom_bytes", "gauge",
            "Headroom left at the peak of the latest checkpoint phase.", _summary("checkpoint_headroom_bytes")),
-    # decisions (vramwatch.decisions.live.DecisionEngine adds these summary keys)
+    # decisions (vramwatch.decisions.online.DecisionEngine adds these summary keys)
     Family("vramwatch_max_tokens_per_step", "gauge",
            "Largest tokens per step this rank can take keeping 5% of the device free at its worst phase.",
            _summary("max_tokens_per_step")),
@@ -342,7 +342,7 @@ class IngestMetrics:
         self._rejected = self.samples.labels(result="rejected")
 
     def observe(self, *, accepted: int, duplicates: int, rejected: int, seconds: float, status: int = 200) -> None:
-        """One call per request, whatever its outcome (ingest.Outcome)."""
+        """One call per request, whatever its outcome (ingest.IngestAnswer)."""
         if accepted:
             self._accepted.inc(accepted)
         if duplicates:

@@ -2,7 +2,7 @@
 ``GET /api/v1/compare?a=&b=``.
 
 The advice reads the tracks the collector already holds: every live series' engine is a
-:class:`~vramwatch.decisions.live.DecisionEngine` that has folded the run in as it arrived, so an
+:class:`~vramwatch.decisions.online.DecisionEngine` that has folded the run in as it arrived, so an
 answer costs a copy of each rank (:meth:`LiveState.views`, under the collector's lock) and a fit per
 rank (O(ranks x buckets²)), not a replay. An evicted run is revived by the live state (from the
 store, kept for the next request). Figures and compare replay the run

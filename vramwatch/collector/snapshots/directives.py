@@ -51,7 +51,7 @@ class SnapshotError(ValueError):
 
 
 @dataclass(frozen=True)
-class Directive:
+class CaptureDirective:
     """One instruction to one rank, as it travels in an ingest reply."""
 
     id: str
@@ -83,7 +83,7 @@ class SnapshotInfo:
 
 @dataclass
 class _Pending:
-    directive: Directive
+    directive: CaptureDirective
     created: float
 
 
@@ -117,7 +117,7 @@ class DirectiveBoard:
                 queue = self._pending.setdefault(key, [])
                 if any(p.directive.trigger == trigger for p in queue):
                     continue  # one pending capture per trigger is enough
-                directive = Directive(_uuid.uuid4().hex, "capture", steps, trigger)
+                directive = CaptureDirective(_uuid.uuid4().hex, "capture", steps, trigger)
                 queue.append(_Pending(directive, now))
                 ids.append(directive.id)
         return ids
@@ -148,10 +148,10 @@ class DirectiveBoard:
                 self._last_manual[key] = now
         return ids, wait
 
-    def take(self, keys: Iterable[SeriesKey], now: float | None = None) -> list[Directive]:
+    def take(self, keys: Iterable[SeriesKey], now: float | None = None) -> list[CaptureDirective]:
         """Hand out (and forget) the directives waiting for these series."""
         now = time.time() if now is None else now
-        out: list[Directive] = []
+        out: list[CaptureDirective] = []
         with self._lock:
             for key in set(keys):
                 queue = self._pending.pop(key, None)

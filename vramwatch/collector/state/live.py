@@ -27,7 +27,7 @@ from typing import Any
 
 from vramwatch import verdicts
 from vramwatch.collector.state.snapshot import RankEngine, RankSnapshot, RunSnapshot, SeriesKey
-from vramwatch.decisions.live import DecisionEngine
+from vramwatch.decisions.online import DecisionEngine
 from vramwatch.decisions.readiness import ReadinessConfig
 from vramwatch.decisions.views import RankView
 from vramwatch.runlife import RankLife, RankStory, RunStory, judge
@@ -167,7 +167,7 @@ class RetiredRun:
 
 def collector_engine() -> RankEngine:
     """The collector's per-series engine: the trend engine plus the decision figures
-    (largest tokens per step, readiness; vramwatch.decisions.live)."""
+    (largest tokens per step, readiness; vramwatch.decisions.online)."""
     return DecisionEngine()
 
 

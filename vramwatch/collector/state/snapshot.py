@@ -9,7 +9,7 @@ post-mortem read these, so they cannot disagree on whether a rank runs, how many
 restarts it had or what its engine says.
 
 Cost of a freeze: per rank, one engine summary (cached figures, see
-:mod:`vramwatch.decisions.live`) and a few attribute reads; the run's judgement is cached per run
+:mod:`vramwatch.decisions.online`) and a few attribute reads; the run's judgement is cached per run
 and second (:meth:`LiveState.story`). A freeze holds the lock per rank, never across a whole run,
 so ingest waits at most for one rank's copy.
 """
@@ -29,7 +29,7 @@ SeriesKey = tuple[str, str, int]
 
 
 class RankEngine(Protocol):
-    """What the live state needs of a rank's engine (:class:`vramwatch.decisions.live.DecisionEngine`;
+    """What the live state needs of a rank's engine (:class:`vramwatch.decisions.online.DecisionEngine`;
     tests of bounds and benches pass lighter ones)."""
 
     def update(self, sample: Sample) -> list[dict[str, Any]]: ...

@@ -67,7 +67,7 @@ class OomAt:
 
 
 @dataclass(frozen=True)
-class Death:
+class RankDeath:
     run: str
     host: str
     rank: int
@@ -103,7 +103,7 @@ class Evidence:
     run: str
     settings: tuple[Setting, ...]
     ooms: tuple[OomAt, ...]
-    deaths: tuple[Death, ...]
+    deaths: tuple[RankDeath, ...]
     granularity: int
     granularity_inferred: bool
     current_ordinal: int | None = None  # the run's latest process (its largest ordinal)
@@ -169,7 +169,7 @@ def gather(run: str, ranks: list[RankTrials], world_size: int, references: list[
     settable step in tokens per rank (None: inferred from every process's tokens)."""
     settings: list[Setting] = []
     ooms: list[OomAt] = []
-    deaths: list[Death] = []
+    deaths: list[RankDeath] = []
     every: list[Trial] = []
     for ranks_of, world in ((ranks, world_size), *references):
         epochs: dict[tuple[str, int], list[Trial]] = {}
@@ -180,7 +180,7 @@ def gather(run: str, ranks: list[RankTrials], world_size: int, references: list[
                 if t.oom is not None:
                     ooms.append(OomAt(r.run, r.host, r.rank, t.ordinal, t.oom))
                 elif t.outcome == Outcome.KILLED:
-                    deaths.append(Death(r.run, r.host, r.rank, t.ordinal, t.last_step, t.last_ts))
+                    deaths.append(RankDeath(r.run, r.host, r.rank, t.ordinal, t.last_step, t.last_ts))
         for (name, ordinal), trials in epochs.items():
             tokens = max((t.tokens or 0 for t in trials), default=0)
             if not tokens:
@@ -214,5 +214,15 @@ def _ranks_in(ranks: list[RankTrials]) -> int:
     return len({(r.host, r.rank) for r in ranks})
 
 
-__all__ = ["MAX_GRANULE", "Death", "Evidence", "OomAt", "RankTrials", "Setting", "gather", "infer_granularity",
-           "judged_trials", "proven"]
+__all__ = [
+    "MAX_GRANULE",
+    "Evidence",
+    "OomAt",
+    "RankDeath",
+    "RankTrials",
+    "Setting",
+    "gather",
+    "infer_granularity",
+    "judged_trials",
+    "proven",
+]
