@@ -164,3 +164,13 @@ def test_the_checks_see_a_repeated_class_name(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert _classes() == {"Outcome": ["a.py", "b.py"]}
+
+
+def test_byte_counts_are_formatted_by_units_only() -> None:
+    """GiB text comes from vramwatch.units (one rule for every number a person reads)."""
+    import re
+
+    by_hand = re.compile(r"/\s*(?:2\s*\*\*\s*30|GIB|gib|1024\s*\*\*\s*3)\b[^\n]*GiB")
+    found = [f"{p.relative_to(ROOT)}:{i}" for p in PACKAGE.rglob("*.py") if p.name != "units.py"
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if by_hand.search(line)]
+    assert found == []

@@ -471,21 +471,21 @@ def test_the_docs_list_every_cause_with_its_meaning() -> None:
 
 
 def test_a_live_view_is_the_state_between_two_samples_while_the_writer_goes_on() -> None:
-    """The collector's writer never waits for /advice: the reader's copy is taken again when a
-    sample landed meanwhile, so every copy is whole (its process and its model at the same step)."""
+    """The collector's live state copies a rank for /advice under its one lock, between two of the
+    writer's batches: every copy is whole (its process and its model at the same step) while the
+    writer goes on."""
     import threading
 
-    from vramwatch.decisions.online import DecisionEngine
+    from vramwatch.collector.state.live import LiveState
 
     samples = token_trace("varlen", steps=6000, run="busy", seed=3)
-    engine = DecisionEngine()
-    for s in samples[:200]:
-        engine.update(s)
+    live = LiveState()
+    live.ingest(samples[:200])
     done = threading.Event()
 
     def write() -> None:
-        for s in samples[200:]:
-            engine.update(s)
+        for i in range(200, len(samples), 7):
+            live.ingest(samples[i:i + 7])
         done.set()
 
     writer = threading.Thread(target=write)
@@ -493,9 +493,10 @@ def test_a_live_view_is_the_state_between_two_samples_while_the_writer_goes_on()
     views = 0
     config = ReadinessConfig()
     while not done.is_set() or views == 0:
-        view = engine.view(config)
+        (view,), _lives, _samples = live.views("busy", config)
         assert view.trials[-1].last_step == view.model.step and len(view.points) >= 1
         views += 1
     writer.join()
-    final = engine.view(config)
+    (final,), _lives, count = live.views("busy", config)
     assert views > 1 and final.model.step == final.trials[-1].last_step == samples[-1]["step"]
+    assert count == len(samples)

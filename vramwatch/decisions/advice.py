@@ -23,7 +23,7 @@ from vramwatch.decisions.reasons import Reason
 from vramwatch.decisions.trials import Trial
 from vramwatch.decisions.views import RankView, RunView, judge, refit, run_view
 from vramwatch.units import gib
-from vramwatch.verdicts import LOW_HEADROOM_FRACTION
+from vramwatch.verdicts import LOW_HEADROOM_FRACTION, is_low_headroom
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def project(models: list[RankModel], tokens: int, margin: float) -> Projection |
         return None
     need, m, phase = worst
     headroom = int(m.total_bytes - need)
-    return Projection(int(need), headroom, headroom >= margin * m.total_bytes, m.rank, phase)
+    return Projection(int(need), headroom, not is_low_headroom(headroom, m.total_bytes, margin), m.rank, phase)
 
 
 def judge_target(tokens: int, models: list[RankModel], ev: Evidence, margin: float, world: int) -> Target:

@@ -70,6 +70,10 @@ class DecisionEngine:
         return self._track.engine.state
 
     @property
+    def events(self) -> Any:
+        return self._track.engine.events
+
+    @property
     def samples(self) -> int:
         return self._track.engine.samples
 

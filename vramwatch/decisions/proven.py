@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from vramwatch.decisions.reasons import BATCH_CAUSES
 from vramwatch.decisions.trials import OomRecord, Trial, with_outcomes
-from vramwatch.verdicts import Outcome
+from vramwatch.verdicts import Outcome, is_low_headroom
 
 #: Inferred granularity never exceeds this (a context length: settable batches are multiples of it).
 MAX_GRANULE = 4096
@@ -93,7 +93,7 @@ def proven(trial: Trial, *, plateau_steps: int, checkpoints: int, margin: float)
     if trial.plateau_steps < plateau_steps or trial.checkpoints_passed < checkpoints:
         return False
     head, total = trial.min_headroom_bytes, trial.total_bytes
-    return head is None or not total or head >= margin * total
+    return not is_low_headroom(head, total, margin)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from vramwatch import runlife
 from vramwatch.evidence.foreign import holds
 from vramwatch.evidence.suspects import LeakSuspects, render_lines
 from vramwatch.probe.processes import ForeignProcess
+from vramwatch.units import gib
 from vramwatch.verdicts import SILENT_AFTER_S, Outcome, device_need_bytes, sample_headroom
 from vramwatch.wire import Sample, series_key
 
@@ -127,7 +128,7 @@ def _detail(f: runlife.Failure, story: runlife.RunStory, oom_sample: Sample | No
     if f.cause == Outcome.OOM:
         extra = oom_sample.get("extra") if oom_sample is not None else None
         free = extra.get("oom_device_free_bytes") if isinstance(extra, dict) else None
-        return "CUDA out of memory" + (f" with {free / 2**30:.2f} GiB free on the device" if free else "")
+        return "CUDA out of memory" + (f" with {gib(free, 2)} free on the device" if free else "")
     if f.cause == Outcome.KILLED:
         went_on = (story.last.ts if story.last is not None else f.ts) - f.ts
         return (f"stopped sending while the other ranks went on for {went_on:.0f} s: "
@@ -209,7 +210,6 @@ def when(ts: float) -> str:
 
 def render_text(pm: PostMortem) -> str:
     """The human summary printed by ``vramwatch postmortem``."""
-    gib = 2**30
     lines = [f"run {pm.run}: {pm.status}"]
     f = pm.first_failure
     if f is None:
@@ -218,9 +218,8 @@ def render_text(pm: PostMortem) -> str:
         lines.append(f"first failure: rank {f.rank} on {f.host} at step {f.step} ({when(f.ts)}): "
                      f"{f.cause} — {f.detail}")
     for r in pm.ranks:
-        head = "—" if r.headroom_bytes is None else f"{r.headroom_bytes / gib:.2f} GiB"
-        held = ("" if r.held_at_failure_bytes is None
-                else f", held {r.held_at_failure_bytes / gib:.2f} GiB at the failure")
+        head = gib(r.headroom_bytes, 2, none="—")
+        held = "" if r.held_at_failure_bytes is None else f", held {gib(r.held_at_failure_bytes, 2)} at the failure"
         lines.append(f"  rank {r.rank:>4} {r.host}: {r.end:<7} last step {r.last_step} ({when(r.last_ts)}), "
                      f"headroom {head}{held}" + (f", {r.ooms} OOM" if r.ooms else "")
                      + (f", {r.restarts} restart(s)" if r.restarts else ""))

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramwatch.errors import VramwatchError
+
 LIVE_STATES = frozenset({"active_allocated", "active_awaiting_free", "active_pending_free"})
 CACHED_STATE = "inactive"
 MAX_BLOCKS = 2_000_000
@@ -67,8 +69,10 @@ DEFAULT_SKIP: tuple[str, ...] = (
 )
 
 
-class SnapshotFormatError(ValueError):
+class SnapshotFormatError(VramwatchError, ValueError):
     """A snapshot that does not have torch's documented shape; the message names where."""
+
+    status = 422
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from vramwatch.collector.snapshots.directives import SnapshotStore
 from vramwatch.collector.state.live import EVENTS_KEPT, LiveState, summary_row
 from vramwatch.collector.state.rows import MAX_RANK_ROWS, rank_rows
 from vramwatch.collector.store import Store
+from vramwatch.errors import VramwatchError
 from vramwatch.evidence import postmortem
 from vramwatch.runlife import RunStory
 from vramwatch.wire import FIELD_TABLE
@@ -36,8 +37,10 @@ MAX_SERIES_RANKS = 64
 HEATMAP_COLS = 240
 
 
-class ReportError(ValueError):
+class ReportError(VramwatchError, ValueError):
     """The report cannot be built (unknown run, missing database or front-end files)."""
+
+    status = 404
 
 
 def points_per_rank(ranks: int, budget: int = REPORT_POINTS) -> int:

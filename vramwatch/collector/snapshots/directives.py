@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from vramwatch.bounded import Inflater, LimitExceeded
+from vramwatch.errors import VramwatchError
 from vramwatch.evidence.suspects import FOLLOWUP_STEPS, FOLLOWUP_TRIGGER, LEAK_TRIGGER
 
 SeriesKey = tuple[str, str, int]
@@ -41,7 +42,7 @@ DEFAULT_STEPS = 5
 MAX_STEPS = 1000
 
 
-class SnapshotError(ValueError):
+class SnapshotError(VramwatchError, ValueError):
     """A snapshot upload or directive request that cannot be accepted; ``field`` names why."""
 
     def __init__(self, field_name: str, message: str, status: int = 400) -> None:

@@ -30,6 +30,7 @@ from vramwatch.collector.state.snapshot import RankEngine, RankSnapshot, RunSnap
 from vramwatch.decisions.online import DecisionEngine
 from vramwatch.decisions.readiness import ReadinessConfig
 from vramwatch.decisions.views import RankView
+from vramwatch.errors import VramwatchError
 from vramwatch.runlife import RankLife, RankStory, RunStory, judge
 from vramwatch.wire import Sample
 
@@ -57,8 +58,10 @@ def tune_gc_for_serving() -> None:
         gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
-class SeriesLimitError(Exception):
+class SeriesLimitError(VramwatchError):
     """A batch would take live state past ``max_series`` or a run past ``max_ranks_per_run``."""
+
+    status = 422
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
