@@ -118,9 +118,9 @@ SHARED_CLASS_NAMES = {"VramwatchCallback"}
 #: module names one layer each may use for its part of one role (an app, its server, a store's and an
 #: engine's core, settings, schemas, routes, helpers shared by one package, the advice decided and served,
 #: the foreign processes named and received, the store's and the API's reads, the hook's and the
-#: collector's exporters); every other name means one thing in the package
+#: collector's exporters, the errors root and the store's kinds of it); every other name means one thing
 ROLE_MODULE_NAMES = {"__init__", "__main__", "app", "server", "core", "config", "schema", "routes", "common",
-                     "advice", "processes", "reads", "exporters"}
+                     "advice", "processes", "reads", "exporters", "errors"}
 
 
 def test_the_collector_keeps_its_modules_in_sub_packages() -> None:

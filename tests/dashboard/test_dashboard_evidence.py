@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+from evidence.test_snapshot_diff import LEAK, leaking_pair
 from test_dashboard import Page, browser, run_url
 from test_dashboard_operator import post
-from test_snapshot_diff import LEAK, leaking_pair
 
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.probe.simulated import simulate_trace
