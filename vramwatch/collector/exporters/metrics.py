@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -58,9 +58,9 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text"
 _READINESS = {verdict: i for i, verdict in enumerate(READINESS_VERDICTS)}  # 0 ready, 1 not_ready, 2 unsafe
 
 
-@dataclass(frozen=True, slots=True)
-class RankRow:
-    """One frozen rank as a scrape sees it: its labels beside the snapshot every family reads."""
+class RankRow(NamedTuple):
+    """One frozen rank as a scrape sees it: its labels beside the snapshot every family reads
+    (a tuple: one per rank per scrape)."""
 
     labels: str  # the label string, escaped (fast path)
     label_values: tuple[str, str, str, str, str]  # SERIES_LABELS' values (standard API)

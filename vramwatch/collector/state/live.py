@@ -1,4 +1,4 @@
-"""In-memory live state: one TrendEngine and the latest samples per series.
+"""In-memory live state: each rank's engine, its run-life fold and its latest samples, under one lock.
 
 Everything a scrape or a dashboard poll needs is here, so neither touches the database.
 After a restart the state is rebuilt by replaying the store through the same engines,
@@ -69,7 +69,9 @@ class SeriesLimitError(VramwatchError):
 
 
 class SeriesState:
-    """One (run, host, rank): its engine, latest samples and what sticks (OOMs, restarts, exit).
+    """One (run, host, rank), mutable, owned by :class:`LiveState`: its engine track, its part of the
+    run's life (the fold: OOMs, restarts, how each process ended) and its latest samples. Readers
+    take a :class:`~vramwatch.collector.state.snapshot.RankSnapshot` (:meth:`LiveState.freeze`).
 
     ``__slots__`` and a lazily created event deque: a series that has raised no event
     costs a few hundred bytes here (the engine is the rest, see docs/reliability.md).
@@ -126,15 +128,6 @@ class SeriesState:
     @property
     def events(self) -> deque[dict[str, Any]] | tuple[()]:
         return self._events if self._events is not None else ()
-
-    @property
-    def ooms(self) -> int:
-        """OOMs of every process of this rank (the model's monotonic count)."""
-        return self.life.ooms
-
-    @property
-    def restarts(self) -> int:
-        return self.life.restarts
 
     def add_event(self, event: dict[str, Any]) -> None:
         if self._events is None:

@@ -17,7 +17,7 @@ so ingest waits at most for one rank's copy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from vramwatch import verdicts
 from vramwatch.decisions.readiness import ReadinessConfig
@@ -39,9 +39,9 @@ class RankEngine(Protocol):
     def view(self, config: ReadinessConfig) -> RankView: ...
 
 
-@dataclass(frozen=True, slots=True)
-class RankSnapshot:
-    """One rank at one instant: identity, latest samples, engine summary and its life's judgement."""
+class RankSnapshot(NamedTuple):
+    """One rank at one instant: identity, latest samples, engine summary and its life's judgement.
+    Immutable (a tuple: built per rank per read, ~5x cheaper than a frozen dataclass)."""
 
     run: str
     host: str
