@@ -76,9 +76,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ingest-samples", type=int, default=64_000)
     parser.add_argument("--metrics-ranks", type=int, default=4096)
     parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument("--metrics-only", action="store_true")
     args = parser.parse_args(argv)
     from bench.ingest_bench import stage_costs
 
+    if args.metrics_only:
+        out = {"metrics": metrics_cost(args.metrics_ranks, 60, args.repeat)}
+        print("RESULT " + json.dumps(out))
+        return out
     out = {"live_us_per_sample": live_cost(args.ranks, args.steps),
            "stages": stage_costs(args.ingest_samples, args.ranks, 1000),
            "metrics": metrics_cost(args.metrics_ranks, 60, args.repeat)}

@@ -59,36 +59,23 @@ _READINESS = {verdict: i for i, verdict in enumerate(READINESS_VERDICTS)}  # 0 r
 
 
 class RankRow(NamedTuple):
-    """One frozen rank as a scrape sees it: its labels beside the snapshot every family reads
-    (a tuple: one per rank per scrape)."""
+    """One frozen rank as a scrape sees it: its labels, the snapshot (``series``) and, read once from
+    it, what the families read (a tuple of plain fields: ~30 families x every rank read them)."""
 
     labels: str  # the label string, escaped (fast path)
     label_values: tuple[str, str, str, str, str]  # SERIES_LABELS' values (standard API)
     series: RankSnapshot
+    last: Sample  # latest sample
+    last_train: Sample | None  # latest training-step sample
+    summary: dict[str, Any]  # engine summary
+    ooms: int  # the run-life model's count, every process of the rank
+    restarts: int
+    running: bool  # its latest process runs (live or silent)
 
-    @property
-    def last(self) -> Sample:
-        return self.series.last or {}  # type: ignore[return-value]
-
-    @property
-    def last_train(self) -> Sample | None:
-        return self.series.last_train
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        return self.series.summary
-
-    @property
-    def ooms(self) -> int:
-        return self.series.ooms
-
-    @property
-    def restarts(self) -> int:
-        return self.series.restarts
-
-    @property
-    def running(self) -> bool:
-        return self.series.running
+    @classmethod
+    def of(cls, labels: str, values: tuple[str, str, str, str, str], rank: RankSnapshot) -> RankRow:
+        return cls(labels, values, rank, rank.last or {}, rank.last_train, rank.summary,  # type: ignore[arg-type]
+                   rank.ooms, rank.restarts, rank.running)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +247,7 @@ class SeriesCollector(Collector):
         for run in frozen:
             for series in run.ranks:
                 labels, values = self._label_strings(series)
-                rows.append(RankRow(labels, values, series))
+                rows.append(RankRow.of(labels, values, series))
         rows.sort(key=lambda row: (row.series.run, row.series.host, row.series.rank))
         self.exported_series = len(rows)
         self.exported_keys = {row.series.key for row in rows}
