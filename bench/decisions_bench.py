@@ -23,9 +23,9 @@ from vramwatch import wire
 from vramwatch.decisions.advice import advise, decide, project
 from vramwatch.decisions.compare import WorldSizeMismatch
 from vramwatch.decisions.gate import gate
-from vramwatch.decisions.live import DecisionEngine
 from vramwatch.decisions.model import fit_transient
 from vramwatch.decisions.observe import RunObservation, observe
+from vramwatch.decisions.online import DecisionEngine
 from vramwatch.decisions.readiness import ReadinessConfig
 from vramwatch.decisions.views import run_readiness
 from vramwatch.engine import TrendEngine

@@ -165,7 +165,7 @@ def stage_costs(total: int, ranks: int, batch: int) -> list[tuple[str, float]]:
     the collector's decision engine. Rows named ``(alternative) ...`` are not on the route
     and not summed."""
     from vramwatch.collector.ingest.body import parse_body
-    from vramwatch.decisions.live import DecisionEngine
+    from vramwatch.decisions.online import DecisionEngine
     from vramwatch.engine import TrendEngine
     from vramwatch.wire import validate
 

@@ -14,12 +14,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from types import SimpleNamespace
 
 from prometheus_client import generate_latest
 
 from vramwatch.collector.exporters.metrics import build_registry, render
-from vramwatch.runlife import RankLife, judge
 
 GIB = 1024**3
 
@@ -39,25 +37,29 @@ class _StaticEngine:
     def summary(self) -> dict:
         return dict(self._summary)
 
+    def update(self, sample: dict) -> list:
+        return []
 
-def standin_live(ranks: int, now: float) -> SimpleNamespace:
-    series = []
+
+def standin_live(ranks: int, now: float):
+    """The collector's LiveState with fixed summaries (no engine work): what the render alone costs."""
+    from itertools import count
+
+    from vramwatch.collector.state.live import LiveState
+
+    ids = count()
+    live = LiveState(engine_factory=lambda: _StaticEngine(next(ids)))  # type: ignore[arg-type,return-value]
+    samples = []
     for rank in range(ranks):
-        last = {
+        samples.append({
             "schema": 1, "run": "bench-run", "host": f"node-{rank // 8:04d}", "rank": rank, "step": 12345,
             "ts": now, "phase": "train", "allocated_bytes": 120 * GIB + rank, "reserved_bytes": 128 * GIB,
             "peak_allocated_bytes": 126 * GIB, "inactive_split_bytes": 3 * GIB, "alloc_retries": 0, "ooms": 0,
             "nvml_used_bytes": 130 * GIB, "total_bytes": 143 * GIB, "active_bytes": 121 * GIB,
-        }
-        life = RankLife(last["host"], rank)
-        life.feed(last)
-        series.append(SimpleNamespace(
-            run="bench-run", host=last["host"], rank=rank, uuid=f"GPU-{rank:08x}-1111-2222-3333-444455556666",
-            gpu=rank % 8, incarnation="i0", last=last, last_train=last, engine=_StaticEngine(rank),
-            samples=100, last_seen=now, life=life, ooms=0, restarts=0,
-        ))
-    return SimpleNamespace(snapshot=lambda: list(series),
-                           story=lambda run, states, at: judge(run, [s.life for s in states], at))
+            "uuid": f"GPU-{rank:08x}-1111-2222-3333-444455556666", "gpu": rank % 8, "incarnation": "i0",
+        })
+    live.ingest(samples, received_at=now)
+    return live
 
 
 def real_live(ranks: int, steps: int):

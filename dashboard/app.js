@@ -288,6 +288,8 @@ async function pollRun() {
     }
     S.tick++;
     await Promise.all(work);
+    // every panel this poll asked for has drawn: what a test waits for instead of a delay
+    if (gen === S.gen) document.documentElement.dataset.polls = String(S.tick);
   } catch (err) {
     if (gen !== S.gen) return;
     const runMissing = err instanceof ApiError && err.status === 404 && !S.rendered.layout;

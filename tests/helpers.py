@@ -5,10 +5,13 @@ from __future__ import annotations
 import gzip
 import sqlite3
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import httpx
 import orjson
+
+T = TypeVar("T")
 
 GiB = 1024**3
 H200_TOTAL = 143_771 * 2**20  # nvidia-smi: 143771 MiB
@@ -77,3 +80,16 @@ def post(client: httpx.Client, samples: list[dict[str, Any]], headers: dict[str,
          **kw: Any) -> httpx.Response:
     """POST samples as NDJSON to the collector ``client`` talks to."""
     return client.post("/api/v1/samples", content=ndjson(samples), headers={**NDJSON_HEADERS, **(headers or {})}, **kw)
+
+
+def wait_until(check: Callable[[], T], timeout: float = 10.0, what: str = "the expected state") -> T:
+    """Call ``check`` until it returns a truthy value (returned) or ``timeout`` passes: a test waits
+    for the state it checks, never for a fixed delay. Polls every 20 ms."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached in {timeout:g} s (last: {got!r})")
+        time.sleep(0.02)

@@ -107,3 +107,70 @@ def test_modules_and_functions_fit_on_a_screen() -> None:
     long_modules, long_functions = _sizes()
     assert long_modules == [], f"modules over {MAX_MODULE_LINES} lines"
     assert long_functions == [], f"functions over {MAX_FUNCTION_LINES} lines"
+
+
+#: modules directly in vramwatch/collector/ at most (the rest live in its sub-packages by concern)
+MAX_COLLECTOR_MODULES = 12
+#: test files directly in tests/ at most (the rest are filed by package: tests/<package>/)
+MAX_ROOT_TEST_FILES = 10
+#: classes that may share a name: callbacks a framework finds by its own base class
+SHARED_CLASS_NAMES = {"VramwatchCallback"}
+#: module names one layer each may use for its part of one role (an app, its server, a store's and an
+#: engine's core, settings, schemas, routes, helpers shared by one package, the advice decided and served,
+#: the foreign processes named and received, the store's and the API's reads, the hook's and the
+#: collector's exporters, the errors root and the store's kinds of it); every other name means one thing
+ROLE_MODULE_NAMES = {"__init__", "__main__", "app", "server", "core", "config", "schema", "routes", "common",
+                     "advice", "processes", "reads", "exporters", "errors"}
+
+
+def test_the_collector_keeps_its_modules_in_sub_packages() -> None:
+    direct = sorted(p.name for p in (PACKAGE / "collector").glob("*.py"))
+    assert len(direct) <= MAX_COLLECTOR_MODULES, direct
+
+
+def test_tests_are_filed_by_package() -> None:
+    direct = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    assert len(direct) <= MAX_ROOT_TEST_FILES, direct
+
+
+def _classes() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(path.relative_to(ROOT).as_posix())
+    return found
+
+
+def test_one_class_per_name_across_the_package() -> None:
+    shared = {name: where for name, where in _classes().items() if len(where) > 1 and name not in SHARED_CLASS_NAMES}
+    assert shared == {}, "one class per name: rename to what each means"
+
+
+def test_one_meaning_per_module_name() -> None:
+    # cli/ names a command after what it commands (cli/evidence.py runs the evidence package)
+    modules = [p for p in PACKAGE.rglob("*.py") if "cli" not in p.relative_to(PACKAGE).parts]
+    packages = {p.name for p in PACKAGE.rglob("*") if p.is_dir() and (p / "__init__.py").exists()}
+    stems: dict[str, list[str]] = {}
+    for path in modules:
+        stems.setdefault(path.stem, []).append(path.relative_to(ROOT).as_posix())
+    repeated = {s: w for s, w in stems.items() if s not in ROLE_MODULE_NAMES and (len(w) > 1 or s in packages)}
+    assert repeated == {}, "a module name that means two things"
+
+
+def test_the_checks_see_a_repeated_class_name(tmp_path, monkeypatch) -> None:
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.py").write_text("class Outcome:\n    pass\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _classes() == {"Outcome": ["a.py", "b.py"]}
+
+
+def test_byte_counts_are_formatted_by_units_only() -> None:
+    """GiB text comes from vramwatch.units (one rule for every number a person reads)."""
+    import re
+
+    by_hand = re.compile(r"/\s*(?:2\s*\*\*\s*30|GIB|gib|1024\s*\*\*\s*3)\b[^\n]*GiB")
+    found = [f"{p.relative_to(ROOT)}:{i}" for p in PACKAGE.rglob("*.py") if p.name != "units.py"
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if by_hand.search(line)]
+    assert found == []

@@ -37,6 +37,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
+from vramwatch.errors import EXIT_FAILURE, VramwatchError
+
 if TYPE_CHECKING:
     import httpx
 
@@ -45,9 +47,11 @@ GZIP_MAGIC = b"\x1f\x8b"
 BLOCK_BYTES = 1 << 20
 
 
-class LimitExceeded(ValueError):
+class LimitExceeded(VramwatchError, ValueError):
     """An input past one of its bounds: ``where`` names the input, ``limit`` the setting (a CLI
     flag or a ``Settings`` field) a user raises to accept it."""
+
+    status = 413
 
     def __init__(self, where: str, limit: str, message: str) -> None:
         super().__init__(f"{where}: {message} ({limit})")
@@ -67,7 +71,10 @@ def size_text(value: int) -> str:
 class Inflater:
     """gzip (concatenated members too) inflated in steps of at most ``step`` bytes, the total
     capped at ``max_bytes``: :meth:`feed` raises :class:`LimitExceeded` as soon as the output
-    would pass it, having inflated at most ``max_bytes + step``. Corrupt data: ``OSError``.
+    would pass it, having inflated at most ``max_bytes + step``. Corrupt data: ``OSError``
+    (``gzip.BadGzipFile``); zero padding after the last member (tape-style) is ignored, anything
+    else after it that does not start a member is corrupt data, never silently dropped.
+    The one inflater of the package: request bodies, uploads, answers, files.
     Cost: zlib's, O(output); memory: one step of output plus zlib's window."""
 
     def __init__(self, max_bytes: int, where: str, limit: str, step: int = 1 << 20) -> None:
@@ -75,10 +82,18 @@ class Inflater:
         self.inflated = 0
         self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
         self._in_member = False  # data went into the current member and it has not ended
+        self._ended = False  # a member ended: what follows must be another member or zero padding
+        self._padding = False  # only zero bytes followed the last member so far
 
     def feed(self, data: bytes) -> Iterator[bytes]:
         """The inflated output of ``data``, in pieces of at most ``step`` bytes."""
         while data:
+            if self._ended and not self._in_member:
+                if not data.strip(b"\x00"):
+                    self._padding = True
+                    return
+                if self._padding or not GZIP_MAGIC.startswith(data[:2]):
+                    raise gzip.BadGzipFile(f"{self.where}: {len(data)} bytes of trailing data after the gzip stream")
             self._in_member = True
             try:
                 out = self._z.decompress(data, self.step)
@@ -92,7 +107,7 @@ class Inflater:
             if self._z.eof:  # the next member, if any
                 data = self._z.unused_data
                 self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                self._in_member = False
+                self._in_member, self._ended = False, True
                 continue
             data = self._z.unconsumed_tail
 
@@ -250,9 +265,12 @@ def read_capped(fh: IO[bytes], max_bytes: int, where: str, limit: str) -> bytes:
 
 # ---------------------------------------------------------------- outbound HTTP
 
-class FetchError(Exception):
+class FetchError(VramwatchError):
     """No usable answer: unreachable, the deadline passed, or the answer is too large (then
     ``limit`` names the setting). The message is one line for a person."""
+
+    exit_code = EXIT_FAILURE
+    status = 502
 
     def __init__(self, message: str, limit: str | None = None) -> None:
         super().__init__(message)

@@ -15,6 +15,7 @@ import urllib.parse
 from typing import Any, TypeVar
 
 from vramwatch.bounded import FetchError, HttpLimits, fetch_sync
+from vramwatch.errors import EXIT_FAILURE, EXIT_USAGE, VramwatchError
 
 T = TypeVar("T")
 
@@ -36,11 +37,14 @@ def detail_text(detail: Any) -> str:
     return detail if isinstance(detail, str) else str(detail)
 
 
-class RemoteError(Exception):
+class RemoteError(VramwatchError):
+    """A collector or front that refused (its 4xx: exit 2) or did not answer (exit 1)."""
+
     def __init__(self, status: int | None, detail: str) -> None:
         super().__init__(detail)
-        self.status = status
+        self.status = status  # type: ignore[assignment]  # None: no answer at all
         self.detail = detail
+        self.exit_code = EXIT_USAGE if status is not None and 400 <= status < 500 else EXIT_FAILURE
 
 
 def base_url(url: str | None) -> str:

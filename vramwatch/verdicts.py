@@ -223,9 +223,11 @@ def sample_headroom(sample: Mapping[str, Any], total: int | None = None) -> int 
     )
 
 
-def is_low_headroom(headroom: int | None, total: int | None) -> bool:
-    """The single low-headroom rule: under :data:`LOW_HEADROOM_FRACTION` of the device."""
-    return headroom is not None and bool(total) and headroom < LOW_HEADROOM_FRACTION * total
+def is_low_headroom(headroom: float | None, total: float | None, fraction: float = LOW_HEADROOM_FRACTION) -> bool:
+    """The single low-headroom rule: under ``fraction`` of the device (default
+    :data:`LOW_HEADROOM_FRACTION`; the decisions pass the margin a user asked for). Unknown
+    headroom or capacity is not low."""
+    return headroom is not None and bool(total) and headroom < fraction * total  # type: ignore[operator]
 
 
 def meta() -> dict[str, object]:

@@ -230,8 +230,7 @@ def _live_with(samples_by_time):
 def _rows_at(live, now, run="run-a"):
     from vramwatch.collector.state.rows import rank_rows
 
-    states = live.for_run(run)
-    return {r["rank"]: r for r in rank_rows(states, live.story(run, states, now))}
+    return {r["rank"]: r for r in rank_rows(live.freeze(run, now, events=50))}
 
 
 def test_an_oom_and_restart_stick_to_the_rank_and_the_run() -> None:

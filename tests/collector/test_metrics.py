@@ -14,10 +14,11 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_helpers import exposed_names, exposed_samples, post_samples, run_promtool, scrape
 
 from vramwatch.__about__ import __version__
-from vramwatch.collector.exporters.metrics import SERIES_LABELS, TREND_STATES, build_registry, render
+from vramwatch.collector.exporters.metrics import SERIES_LABELS, build_registry, render
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.collector.state.live import LiveState
 from vramwatch.probe.simulated import simulate_trace
+from vramwatch.verdicts import STATES as TREND_STATES
 
 NOW = time.time()
 

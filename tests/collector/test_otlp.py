@@ -104,11 +104,16 @@ def _value(metric) -> float:
 
 @pytest.fixture
 def traces() -> dict[int, list[dict[str, Any]]]:
-    # rank 0 healthy, rank 1 leaking (the simulator's scenarios), rank 2 without NVML
-    healthy = list(simulate_trace("healthy", steps=1500, run="otel-run", host="node-a", rank=0, seed=1))
-    leaking = list(simulate_trace("fast_leak", steps=4000, run="otel-run", host="node-a", rank=1, seed=1))
+    # rank 0 healthy, rank 1 leaking (the simulator's scenarios), rank 2 without NVML; every rank's
+    # latest sample recent (a rank whose process no longer runs has its state metrics withdrawn)
+    now = time.time()
+    healthy = list(simulate_trace("healthy", steps=1500, run="otel-run", host="node-a", rank=0, seed=1,
+                                  start_ts=now - 1500 - 30))
+    leaking = list(simulate_trace("fast_leak", steps=4000, run="otel-run", host="node-a", rank=1, seed=1,
+                                  start_ts=now - 4000 - 30))
     no_nvml = [dict(s, rank=2, nvml_used_bytes=None, uuid="GPU-no-nvml")
-               for s in simulate_trace("healthy", steps=300, run="otel-run", host="node-b", rank=2, seed=2)]
+               for s in simulate_trace("healthy", steps=300, run="otel-run", host="node-b", rank=2, seed=2,
+                                       start_ts=now - 300 - 30)]
     return {0: healthy, 1: leaking, 2: no_nvml}
 
 
@@ -163,8 +168,9 @@ def test_serve_pushes_per_rank_memory_and_verdicts_as_otlp(tmp_path, traces) -> 
 
 def test_a_dcgm_only_rank_sends_device_metrics_and_no_allocator_zeros(tmp_path) -> None:
     # what `vramwatch watch` or `import --from prometheus` stores: device used + capacity only
+    t0 = time.time() - 15 * 40  # recent: a rank that still runs
     samples = [{"schema": 2, "run": "fleet", "host": "gpu-node-07", "rank": 3, "step": 1_700_000_000 + 15 * i,
-                "ts": 1_700_000_000.0 + 15 * i, "phase": "train", "nvml_used_bytes": (60_000 + i) * 2**20,
+                "ts": t0 + 15 * i, "phase": "train", "nvml_used_bytes": (60_000 + i) * 2**20,
                 "total_bytes": 81_920 * 2**20, "uuid": "GPU-dcgm-3", "gpu": 3} for i in range(40)]
     with Receiver() as receiver, BackgroundServer(
         tmp_path / "vw.db", lifespan_hooks=(lifespan_hook(receiver.url, interval_s=0.2),)
@@ -188,7 +194,8 @@ def test_operator_gives_the_gpu_model_and_driver_in_the_standard_variable(tmp_pa
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "hw.model=NVIDIA H200,hw.driver_version=550.90.07,"
                                                    "k8s.node.name=gpu-node-07")
     mig = [dict(s, uuid="MIG-4f1c9a2e-0000-5000-8000-000000000001", nvml_used_bytes=None)
-           for s in simulate_trace("healthy", steps=200, run="otel-mig", host="gpu-node-07", rank=0, seed=3)]
+           for s in simulate_trace("healthy", steps=200, run="otel-mig", host="gpu-node-07", rank=0, seed=3,
+                                          start_ts=time.time() - 230)]
     with Receiver() as receiver, BackgroundServer(
         tmp_path / "vw.db", lifespan_hooks=(lifespan_hook(receiver.url, interval_s=0.2),)
     ) as server:
@@ -202,18 +209,20 @@ def test_operator_gives_the_gpu_model_and_driver_in_the_standard_variable(tmp_pa
     assert attrs["service.name"] == "vramwatch" and attrs["vramwatch.run"] == "otel-mig"
 
 
-def test_shutdown_pushes_the_last_state_once_more(tmp_path, traces, monkeypatch) -> None:
+def test_shutdown_pushes_the_last_state_once_more(tmp_path, monkeypatch) -> None:
     # headers come from the SDK's standard variable (an API key for a hosted backend)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer otel-key")
+    first = list(simulate_trace("healthy", steps=200, run="otel-run", host="node-a", rank=0, seed=1,
+                                start_ts=time.time() - 230))
     with Receiver() as receiver:
         with BackgroundServer(tmp_path / "vw.db", lifespan_hooks=(lifespan_hook(receiver.url, interval_s=3600),)) \
                 as server:
-            post_samples(server.url, traces[0][:200])
+            post_samples(server.url, first)
             assert receiver.requests == []  # the interval has not passed
         request = receiver.wait(lambda r: len(r.resource_metrics) == 1, timeout=5)
     _attrs_of_rank, metrics = _by_rank(request)[0]
     assert receiver.authorizations == ["Bearer otel-key"]
-    assert _value(metrics["vramwatch.step"]) == [s for s in traces[0][:200] if s["phase"] == "train"][-1]["step"]
+    assert _value(metrics["vramwatch.step"]) == [s for s in first if s["phase"] == "train"][-1]["step"]
 
 
 def test_endpoint_url_defaults_to_the_otlp_metrics_path() -> None:
@@ -231,3 +240,54 @@ def test_serve_refuses_a_bad_endpoint_in_one_line(capsys) -> None:
         assert main(["serve", *argv, "--db", "/nonexistent/x.db"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+def _otlp_by_rank(live, now: float) -> dict[int, dict[str, float]]:
+    from vramwatch.collector.exporters.otlp import build_metrics_data, views_of
+
+    data = build_metrics_data(views_of(live, now), start_ns=1)
+    out: dict[int, dict[str, float]] = {}
+    for resource in data.resource_metrics:
+        rank = resource.resource.attributes["vramwatch.rank"]
+        metrics = out.setdefault(rank, {})
+        for metric in resource.scope_metrics[0].metrics:
+            metrics[metric.name] = metric.data.data_points[0].value
+    return out
+
+
+@pytest.mark.parametrize("ending", ["one_killed", "oom_restart_finish"])
+def test_otlp_and_metrics_withdraw_the_same_ranks_and_count_the_same_ooms_and_restarts(ending: str) -> None:
+    """One frozen snapshot behind both exporters: a rank killed alone loses its state metrics on
+    OTLP as on /metrics, and OTLP carries the run-life model's OOM and restart counts."""
+    import endings
+
+    from vramwatch.collector.exporters.metrics import build_registry, render
+    from vramwatch.collector.state.live import LiveState
+
+    built = getattr(endings, ending)()
+    # cut before the survivors' clean exit: they still run, a rank killed alone is long gone
+    samples = [s for s in built.samples if s["ts"] < endings.T0 + endings.STEPS - 50]
+    now = max(s["ts"] for s in samples) + 1
+    live = LiveState()
+    live.ingest(samples, received_at=now)
+    registry, _ = build_registry(live, clock=lambda: now)
+    text = render(registry, None)[0].decode()
+    exposed: dict[str, dict[int, float]] = {}
+    for line in text.splitlines():
+        if line.startswith("vramwatch_") and 'rank="' in line:
+            name = line.split("{", 1)[0]
+            rank = int(line.split('rank="', 1)[1].split('"', 1)[0])
+            exposed.setdefault(name, {})[rank] = float(line.rsplit(" ", 1)[1])
+    otlp = _otlp_by_rank(live, now)
+    assert set(otlp) == set(range(endings.RANKS))
+    running = {r for r, m in otlp.items() if m["vramwatch.rank.running"] == 1}
+    assert running == {r for r, v in exposed["vramwatch_rank_running"].items() if v == 1}
+    assert {r for r, m in otlp.items() if "vramwatch.headroom" in m} == set(exposed["vramwatch_headroom_bytes"])
+    assert {r for r, m in otlp.items() if "vramwatch.headroom" in m} == running
+    for rank, metrics in otlp.items():
+        assert metrics["vramwatch.ooms"] == exposed["vramwatch_ooms_total"][rank] == built.ooms.get(rank, 0)
+        assert metrics["vramwatch.restarts"] == exposed["vramwatch_restarts_total"][rank]
+    if ending == "one_killed":
+        assert running == {0, 1, 3}  # rank 2 killed alone: withdrawn by both
+    else:
+        assert running == set(range(endings.RANKS)) and {m["vramwatch.restarts"] for m in otlp.values()} == {1}

@@ -139,6 +139,13 @@ class Page:
     def ready(self, timeout: float = 20_000) -> None:
         self.page.wait_for_function("document.documentElement.dataset.ready === '1'", timeout=timeout)
 
+    def polled(self, polls: int = 1, timeout: float = 20_000) -> None:
+        """Wait until ``polls`` more of the page's polls have finished drawing everything they asked
+        for (the page counts them in ``data-polls``): a settled state, not a delay."""
+        now = int(self.page.evaluate("document.documentElement.dataset.polls || '0'"))
+        self.page.wait_for_function(f"+(document.documentElement.dataset.polls || 0) >= {now + polls}",
+                                    timeout=timeout)
+
     def shot(self, name: str) -> Path:
         ARTIFACTS.mkdir(exist_ok=True)
         path = ARTIFACTS / name
@@ -224,11 +231,16 @@ def test_run_page_tells_the_story(collector: dict[str, Any], page: Page) -> None
     total = next(t for t in traces if t["name"].startswith("device total"))
     assert proj["y"][-1] == pytest.approx(total["y"][0], rel=1e-6)
 
-    # checkpoint bands: one shaded shape per checkpoint, and in the DOM
+    # checkpoint bands: one shaded shape per checkpoint, and in the DOM (waited for: drawn with the phases)
+    phases = httpx.get(f"{url}/api/v1/runs/{DEMO_RUN}/phases", params={"rank": LEAKING_RANK}).json()
+    checkpoints = len([ph for ph in phases if ph["phase"] == "checkpoint"])
+    assert checkpoints >= 4
+    p.wait_for_function(f"""(() => {{ const gd = document.getElementById('chart-rank');
+        const n = ((gd.layout || {{}}).shapes || []).filter(s => (s.name || '').startsWith('checkpoint band')).length;
+        return n === {checkpoints} && gd.querySelectorAll('.shapelayer path').length >= n; }})()""")
     shapes = p.evaluate("document.getElementById('chart-rank').layout.shapes.map(s => s.name || '')")
     bands = [s for s in shapes if s.startswith("checkpoint band")]
-    phases = httpx.get(f"{url}/api/v1/runs/{DEMO_RUN}/phases", params={"rank": LEAKING_RANK}).json()
-    assert len(bands) == len([ph for ph in phases if ph["phase"] == "checkpoint"]) >= 4
+    assert len(bands) == checkpoints
     assert p.locator("#chart-rank .shapelayer path").count() >= len(bands)
     assert any(s.startswith("event leak") for s in shapes), "the leak event is annotated"
 
@@ -347,7 +359,8 @@ def test_hostile_names_render_as_text(collector: dict[str, Any], page: Page) -> 
     # plotly legends show the host literally (entity-escaped, not parsed)
     legend = p.eval_on_selector_all("#chart-overlay .legendtext", "ts => ts.map(t => t.textContent)")
     assert any(XSS_HOST in t for t in legend), legend
-    p.wait_for_timeout(300)
+    p.wait_for_load_state("networkidle")  # an injected image or script would have loaded (or failed) by now
+    page.polled()
     assert p.evaluate("window.__xss") is None
     assert p.locator("img[src='x'], svg[onload], script:not([src])").count() == 0
     assert page.dialogs == []
@@ -503,7 +516,8 @@ def test_polled_chart_equals_a_fresh_draw(browser: Any, tmp_path: Path) -> None:
             assert last > end
             # the last redraw has finished (its transition and live label), then nothing moves
             p.wait_for_function("!document.getElementById('chart-rank')._transitioning")
-            p.wait_for_timeout(1500)
+            polled.polled(2)  # two more polls drew nothing new
+            p.wait_for_function("!document.getElementById('chart-rank')._transitioning")
             a = p.evaluate(FIGURE, "chart-rank")
             assert a["draws"]["fast"] >= 4, a["draws"]  # the polls took the cheap path
             # ... and plotly redrew in full only for the draws that asked for it (none behind a cheap one)
@@ -515,7 +529,8 @@ def test_polled_chart_equals_a_fresh_draw(browser: Any, tmp_path: Path) -> None:
             f.goto(run_url(server.url, run, rank=1))
             fresh.ready()
             f.wait_for_function(f"{reserved_last} === {last}", timeout=10_000)
-            f.wait_for_timeout(500)
+            fresh.polled()
+            f.wait_for_function("!document.getElementById('chart-rank')._transitioning")
             b = f.evaluate(FIGURE, "chart-rank")
         finally:
             polled.close()

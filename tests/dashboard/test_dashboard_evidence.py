@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+from evidence.test_snapshot_diff import LEAK, leaking_pair
 from test_dashboard import Page, browser, run_url
 from test_dashboard_operator import post
-from test_snapshot_diff import LEAK, leaking_pair
 
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.probe.simulated import simulate_trace
@@ -208,7 +208,7 @@ def test_panels_without_data_stay_hidden(browser: Any, tmp_path: Any) -> None:
             p.goto(run_url(srv.url, "plain"))
             page.ready()
             p.wait_for_function("(e => e && !e.hidden)(document.getElementById('snapshot-empty'))")
-            p.wait_for_timeout(1500)
+            page.polled(2)  # every panel asked on the first polls has drawn (or stayed hidden)
             # NVML used and reserved exist (the device split shows); no host fields: that chart hides
             assert p.evaluate("document.getElementById('mem-host-box').hidden")
             assert p.evaluate("document.getElementById('postmortem').hidden")  # every rank live, not crashed

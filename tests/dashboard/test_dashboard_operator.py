@@ -420,7 +420,7 @@ def test_polling_fetches_deltas_and_a_partial_plotly(collector: dict[str, Any], 
     collector["demo"].advance(20)
     new_last = collector["demo"].last_step
     p.wait_for_function(f"{RESERVED_X}[{RESERVED_X}.length - 1] === {new_last}", timeout=5000)
-    p.wait_for_timeout(1500)
+    page.polled(2)  # polls after the new step drew: each asked the chart for what came after
     main = [u for u in page.requests if "/chart?" in u and "rank=0" in u and "inactive_split_bytes" in u]
     assert main, page.requests
     # after the first full answer the rank chart asks only for the steps after the last one drawn
@@ -436,7 +436,9 @@ def test_worst_card_holds_and_rows_stay_under_the_cursor(browser: Any, tmp_path:
     it); the table re-sorts, except while the pointer is over it."""
     run = "warm-8"
     with BackgroundServer(str(tmp_path / "warm.db")) as server:
-        gens = [simulate_trace("long_warmup", steps=10**6, run=run, host="node-0", rank=r, start_ts=time.time() - 300,
+        # sample times well inside the silence window (verdicts.SILENT_AFTER_S): however slowly the
+        # machine runs the loop below, no rank is judged stopped while the test looks at the cards
+        gens = [simulate_trace("long_warmup", steps=10**6, run=run, host="node-0", rank=r, start_ts=time.time() - 60,
                                step_time_s=0.2, seed=r) for r in range(8)]
         step = 0
 
@@ -463,7 +465,7 @@ def test_worst_card_holds_and_rows_stay_under_the_cursor(browser: Any, tmp_path:
                 advance(25)
                 p.wait_for_function(f"document.querySelector('#cards .card:nth-child(5) .sub')?.textContent === "
                                     f"'step {step}'", timeout=5000)
-                p.wait_for_timeout(50)
+                page.polled()  # the poll that showed the step has drawn the strip and the cards
                 cards_seen.add(p.text_content("#cards .card:nth-child(1) .value"))
                 tops.add(p.get_attribute("#verdict-strip tbody tr", "data-rank"))
             states = {r["verdict"]["state"] for r in httpx.get(f"{server.url}/api/v1/runs/{run}/ranks").json()}

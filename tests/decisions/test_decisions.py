@@ -260,7 +260,7 @@ def test_an_oom_the_batch_does_not_explain_is_not_answered_by_lowering() -> None
 
 def test_decision_engine_is_a_drop_in_trend_engine_with_the_figures() -> None:
     from vramwatch.collector.state.live import LiveState
-    from vramwatch.decisions.live import RECHECK_EVERY, REFIT_EVERY, DecisionEngine
+    from vramwatch.decisions.online import RECHECK_EVERY, REFIT_EVERY, DecisionEngine
     from vramwatch.engine import TrendEngine
 
     samples = token_trace("varlen", steps=3200, run="live", seed=1)
@@ -484,21 +484,21 @@ def test_the_docs_list_every_cause_with_its_meaning() -> None:
 
 
 def test_a_live_view_is_the_state_between_two_samples_while_the_writer_goes_on() -> None:
-    """The collector's writer never waits for /advice: the reader's copy is taken again when a
-    sample landed meanwhile, so every copy is whole (its process and its model at the same step)."""
+    """The collector's live state copies a rank for /advice under its one lock, between two of the
+    writer's batches: every copy is whole (its process and its model at the same step) while the
+    writer goes on."""
     import threading
 
-    from vramwatch.decisions.live import DecisionEngine
+    from vramwatch.collector.state.live import LiveState
 
     samples = token_trace("varlen", steps=6000, run="busy", seed=3)
-    engine = DecisionEngine()
-    for s in samples[:200]:
-        engine.update(s)
+    live = LiveState()
+    live.ingest(samples[:200])
     done = threading.Event()
 
     def write() -> None:
-        for s in samples[200:]:
-            engine.update(s)
+        for i in range(200, len(samples), 7):
+            live.ingest(samples[i:i + 7])
         done.set()
 
     writer = threading.Thread(target=write)
@@ -506,9 +506,10 @@ def test_a_live_view_is_the_state_between_two_samples_while_the_writer_goes_on()
     views = 0
     config = ReadinessConfig()
     while not done.is_set() or views == 0:
-        view = engine.view(config)
+        (view,), _lives, _samples = live.views("busy", config)
         assert view.trials[-1].last_step == view.model.step and len(view.points) >= 1
         views += 1
     writer.join()
-    final = engine.view(config)
+    (final,), _lives, count = live.views("busy", config)
     assert views > 1 and final.model.step == final.trials[-1].last_step == samples[-1]["step"]
+    assert count == len(samples)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from fastapi import HTTPException
 from helpers import ndjson
 
 from vramwatch.simulation.tokens import regression_overrides, token_trace, token_truth
@@ -117,9 +118,10 @@ def test_advice_reads_the_collector_s_live_tracks_and_a_replay_agrees(client, mo
     assert again.status_code == 200 and again.json()["next"]["action"] == "back_off"
 
 
-def test_advice_replays_a_run_whose_engines_are_not_decision_engines(client, module_collector) -> None:
-    """Engines that are plain trend engines hold no tracks: the route's view replays the store
-    (real SQLite, the collector's own file) and decides the same."""
+def test_advice_of_a_run_rebuilt_from_the_store_is_the_live_advice(client, module_collector) -> None:
+    """A run no longer in memory is revived from the store into the live state's own engines (no
+    replay beside them): its advice is the one the live tracks gave (real SQLite, the collector's
+    own file)."""
     from types import SimpleNamespace
 
     from vramwatch.collector.reads.advice import run_view_of
@@ -127,19 +129,21 @@ def test_advice_replays_a_run_whose_engines_are_not_decision_engines(client, mod
     from vramwatch.collector.store import Store
     from vramwatch.decisions.advice import decide
     from vramwatch.decisions.readiness import ReadinessConfig
-    from vramwatch.engine import TrendEngine
     from vramwatch.simulation.stories import story_trace
 
     post(client, story_trace("backed_off", run="plain-story"))
     live_doc = client.get("/api/v1/runs/plain-story/advice").json()
     store = Store(str(module_collector.db), readonly=True)
     try:
-        plain = LiveState(TrendEngine)
-        plain.rebuild(store.iter_samples("plain-story"))
-        request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(live=plain, store=store)))
+        rebuilt = LiveState()
+        rebuilt.rebuild(store.iter_samples("plain-story"))
+        request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(live=rebuilt, store=store)))
         config = ReadinessConfig()
         doc = decide(run_view_of(request, "plain-story", config), [], config=config).as_dict()
+        with pytest.raises(HTTPException) as missing:
+            run_view_of(request, "no-such-run", config)
     finally:
         store.close()
+    assert missing.value.status_code == 404
     assert doc["next"] == live_doc["next"] and doc["next"]["action"] == "hold"
     assert doc["evidence"] == live_doc["evidence"] and doc["readiness"] == live_doc["readiness"]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from dashboard.test_dashboard import Page, browser, run_url, strip_rows
 from helpers import ndjson
-from test_dashboard import Page, browser, run_url, strip_rows
 
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.front import FrontSettings, PeerSource, parse_peers

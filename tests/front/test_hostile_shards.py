@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import make_sample, ndjson
+from helpers import make_sample, ndjson, wait_until
 from hostile import Hostile, answer, drip, flood, json_answer, silent
 
 from vramwatch.collector.server import BackgroundServer
@@ -189,7 +189,7 @@ def test_front_healthz_stays_fast_while_a_shard_hangs(shard) -> None:
             httpx.Client(base_url=front.url, timeout=30) as client:
         slow = threading.Thread(target=lambda: client.get("/api/v1/runs"))
         slow.start()
-        time.sleep(0.2)
+        wait_until(lambda: hung.requests, what="the hung shard holding the front's request")
         started = time.monotonic()
         assert httpx.get(front.url + "/healthz", timeout=10).status_code == 200
         assert time.monotonic() - started < 0.5

@@ -22,11 +22,11 @@ from vramwatch.delivery import (
     Backoff,
     BatchProcessor,
     BatchSender,
+    ExportFailure,
+    ExportOutcome,
     ExportResult,
-    Failure,
     HttpExporter,
     InMemoryExporter,
-    Outcome,
 )
 from vramwatch.delivery.exporters import reply_hints
 
@@ -336,8 +336,8 @@ def test_a_huge_reply_is_never_read_into_memory(with_length):
         tracemalloc.stop()
     exporter.shutdown()
     thread.join(10)
-    assert result.outcome is Outcome.SUCCESS and result.delivered == 20
-    assert result.failure is Failure.REPLY_TOO_LARGE
+    assert result.outcome is ExportOutcome.SUCCESS and result.delivered == 20
+    assert result.failure is ExportFailure.REPLY_TOO_LARGE
     assert peak < 4 * MAX_REPLY_BYTES + 1_000_000, f"read {peak} bytes of a 40 MB reply"
 
 
@@ -449,7 +449,7 @@ def test_a_bad_interval_hint_is_ignored_or_clamped(hint):
 
 def test_the_in_memory_exporter_behind_the_processor():
     exporter = InMemoryExporter()
-    exporter.script = [ExportResult(Outcome.RETRY, failures=1, failure=Failure.SERVER)]
+    exporter.script = [ExportResult(ExportOutcome.RETRY, failures=1, failure=ExportFailure.SERVER)]
     processor = BatchProcessor(exporter, interval_s=0.02)
     for s in samples(5):
         processor.submit(s)
@@ -520,7 +520,7 @@ def test_a_keep_alive_connection_the_server_closed_is_replaced_at_once_not_backe
     time.sleep(0.1)  # the server has closed its end by now
     second = exporter.export(lines)
     exporter.shutdown()
-    assert first.outcome is second.outcome is Outcome.SUCCESS
+    assert first.outcome is second.outcome is ExportOutcome.SUCCESS
     assert (first.failures, second.failures, second.accepted) == (0, 0, 3)
     assert len(served) == 2
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from vramwatch.cli.common import (
-    EXIT_USAGE,
     Outage,
     Parser,
     UsageError,
@@ -28,6 +27,7 @@ from vramwatch.cli.common import (
     read_secret,
     read_token,
 )
+from vramwatch.errors import VramwatchError
 
 # ---------------------------------------------------------------- commands
 
@@ -36,15 +36,12 @@ def cmd_front(args: argparse.Namespace) -> int:
     A front that holds a peer token asks its readers for the token too (its shards require
     read credentials, or it would need none): with a peer token and no token of its own it
     refuses to start."""
-    from vramwatch.front import FrontSettings, PeerError, PeerSource, parse_peers
+    from vramwatch.front import FrontSettings, PeerSource, parse_peers
     from vramwatch.front.server import serve_front
 
-    try:
-        source = PeerSource(static=parse_peers(args.peers.split(",")) if args.peers else None,
-                            file=args.peers_file, prometheus=args.peers_prometheus, job=args.peers_job,
-                            allow=args.peer_allow or ())
-    except PeerError as exc:
-        raise UsageError(str(exc)) from None
+    source = PeerSource(static=parse_peers(args.peers.split(",")) if args.peers else None,
+                        file=args.peers_file, prometheus=args.peers_prometheus, job=args.peers_job,
+                        allow=args.peer_allow or ())
     if not source.current() and not args.peers_prometheus:
         raise UsageError("--peers: no peer given")
     token = read_token(args)
@@ -75,10 +72,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.otlp_endpoint:
             raise UsageError("--otlp-endpoint: a federating front holds no ranks; set it on each collector")
         return cmd_front(args)
-    from vramwatch.collector.server import ShutdownError, serve
+    from vramwatch.collector.server import serve
     from vramwatch.collector.serving.app import Settings
     from vramwatch.collector.serving.guard import http_protocol
-    from vramwatch.collector.store import StoreError
 
     token = read_token(args)
     if args.db:
@@ -116,11 +112,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     try:
         serve(settings, host=args.host, port=args.port, log_level=args.log_level, http=args.http)
-    except ShutdownError as exc:
-        print(f"vramwatch serve: {exc}", file=sys.stderr)
-        return 1
-    except StoreError as exc:
-        raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
     return 0
@@ -157,7 +148,6 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     import orjson
 
     from vramwatch.engine.analyze import analyze_paths, format_table
-    from vramwatch.wire import WireError
 
     if args.source != "jsonl":  # other tools' files (vramwatch/importers)
         from vramwatch.cli.importers import cmd_analyze as analyze_imported
@@ -167,8 +157,6 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         paths = existing_files(args.paths)
         try:
             doc = analyze_paths([str(p) for p in paths], strict=args.strict, max_line_bytes=args.max_line_bytes)
-        except WireError as exc:
-            raise UsageError(str(exc)) from None
         except (OSError, EOFError) as exc:
             raise UsageError(f"cannot read trace: {exc}") from None
     if doc["skipped_lines"] and not doc["series"]:
@@ -185,7 +173,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from vramwatch.collector.store import Store, StoreError
+    from vramwatch.collector.store import Store
     from vramwatch.wire import WireError
 
     if args.source != "jsonl":  # other tools' files (vramwatch/importers)
@@ -205,13 +193,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         store = Store(db_path(args))
     except WireError as exc:
         raise UsageError(f"{exc} (nothing imported; use --skip-invalid to skip bad rows)") from None
-    except StoreError as exc:
-        raise UsageError(str(exc)) from None
     try:
         accepted, duplicates = store.insert_stream(_trace_samples(paths, (lambda e: None) if on_bad else None,
                                                                   args.max_line_bytes))
-    except StoreError as exc:
-        raise UsageError(str(exc)) from None
     finally:
         store.close()
     report_skipped(check, "import")
@@ -233,13 +217,10 @@ def _trace_samples(paths: Sequence[Path], on_bad: Any, max_line_bytes: int) -> I
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from vramwatch.collector.store import Store, StoreError
+    from vramwatch.collector.store import Store
     from vramwatch.wire import encode
 
-    try:
-        store = Store(db_path(args), readonly=True)
-    except StoreError as exc:
-        raise UsageError(str(exc)) from None
+    store = Store(db_path(args), readonly=True)
     try:
         if args.run not in store.runs():
             raise UsageError(f"no run named {args.run!r} in {store.path}")
@@ -267,7 +248,7 @@ def _remote_report(args: argparse.Namespace) -> str | None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from vramwatch.collector.store import Store, StoreError
+    from vramwatch.collector.store import Store
     from vramwatch.report import build_report
 
     if args.url:
@@ -276,12 +257,11 @@ def cmd_report(args: argparse.Namespace) -> int:
             return 1
         return _write_report(args.out, page)
     db = db_path(args)
+    store = Store(db, readonly=True)
     try:
-        store = Store(db, readonly=True)
         known = store.runs()
+    finally:
         store.close()
-    except StoreError as exc:
-        raise UsageError(str(exc)) from None
     if args.run not in known:
         raise UsageError(f"no run named {args.run!r} in {db}")
     return _write_report(args.out, build_report(db, args.run))
@@ -434,27 +414,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
-    import sqlite3
-
-    from vramwatch.bounded import LimitExceeded
-
     try:
         return args.func(args)
-    except (UsageError, LimitExceeded) as exc:  # LimitExceeded names the input and the flag to raise
+    except VramwatchError as exc:  # the one mapping: its line names the input or setting, its exit code
         print(f"vramwatch {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except RuntimeError as exc:  # the store's refusals (StoreError: a bad database's contents) are one line
-        if type(exc).__module__ != "vramwatch.collector.store.errors":
-            raise
-        print(f"vramwatch {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except sqlite3.DatabaseError as exc:
-        # a damaged file opens fine and fails where a command first reads a bad page, deep
-        # inside it; any output file is not left behind (output), so this is the whole story
-        db = db_path(args) if hasattr(args, "db") else "the database"
-        print(f"vramwatch {args.command}: error: cannot read {db}: {exc} "
-              "(check it with: sqlite3 FILE 'PRAGMA integrity_check')", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

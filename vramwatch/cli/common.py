@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import IO, NoReturn, TypeVar
 
 from vramwatch import remote
+from vramwatch.errors import EXIT_USAGE, VramwatchError
 
 T = TypeVar("T")
 
-EXIT_USAGE = 2
 
-
-class UsageError(Exception):
+class UsageError(VramwatchError):
     """Bad arguments or input: reported in one line, exit code 2."""
 
 

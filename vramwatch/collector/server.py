@@ -26,6 +26,7 @@ from vramwatch.collector.serving.guard import (
     raise_open_files_limit,
 )
 from vramwatch.collector.store import Store
+from vramwatch.errors import EXIT_FAILURE, VramwatchError
 
 log = logging.getLogger("vramwatch.collector")
 
@@ -54,8 +55,11 @@ def check_database(db_path: str) -> None:
     Store(db_path, busy_timeout_s=START_LOCK_TIMEOUT_S, exclusive=True).close()
 
 
-class ShutdownError(RuntimeError):
+class ShutdownError(VramwatchError, RuntimeError):
     """The server stopped but could not close the database cleanly (e.g. disk full)."""
+
+    exit_code = EXIT_FAILURE
+    status = 500
 
 
 def guarded_config(app: Any, guard: ConnectionGuard, http: HttpChoice = "auto", **options: Any) -> uvicorn.Config:

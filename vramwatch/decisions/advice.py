@@ -14,19 +14,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from vramwatch.decisions.evidence import Evidence, RankTrials, gather, judged_trials
 from vramwatch.decisions.grid import OffGrid
 from vramwatch.decisions.memory import MemoryFacts
 from vramwatch.decisions.model import RankModel
 from vramwatch.decisions.nextstep import NextStep, Proven, batch_words, next_step
 from vramwatch.decisions.observe import RunObservation
+from vramwatch.decisions.proven import Evidence, RankTrials, gather, judged_trials
 from vramwatch.decisions.readiness import RankReadiness, Readiness, ReadinessConfig
 from vramwatch.decisions.reasons import Reason
 from vramwatch.decisions.remedies import Remedy, remedies
 from vramwatch.decisions.trials import Trial
 from vramwatch.decisions.views import RankView, RunView, judge, refit, run_view
 from vramwatch.units import gib
-from vramwatch.verdicts import LOW_HEADROOM_FRACTION
+from vramwatch.verdicts import LOW_HEADROOM_FRACTION, is_low_headroom
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def project(models: list[RankModel], tokens: int, margin: float) -> Projection |
         return None
     need, m, phase = worst
     headroom = int(m.total_bytes - need)
-    return Projection(int(need), headroom, headroom >= margin * m.total_bytes, m.rank, phase)
+    return Projection(int(need), headroom, not is_low_headroom(headroom, m.total_bytes, margin), m.rank, phase)
 
 
 def judge_target(tokens: int, models: list[RankModel], ev: Evidence, margin: float, world: int) -> Target:

@@ -21,7 +21,7 @@ from vramwatch.units import gib
 
 
 @dataclass(frozen=True)
-class Metric:
+class ComparedFigure:
     """One compared figure of one rank; ``growth`` is (b - a) / a, None when either is unknown."""
 
     name: str  # plateau_bytes | peak_bytes | min_headroom_bytes | step_time_s | ooms | restarts | deaths
@@ -49,19 +49,20 @@ MEMORY_METRICS = ("plateau_bytes", "peak_bytes")
 LIFE_METRICS = ("ooms", "restarts", "deaths")
 
 
-def rank_metrics(rank: int, a: RankFigures | None, b: RankFigures | None) -> list[Metric]:
+def rank_metrics(rank: int, a: RankFigures | None, b: RankFigures | None) -> list[ComparedFigure]:
     """Every compared figure of one rank (either side may be missing: its values are None)."""
-    out = [Metric("plateau_bytes", "train", rank, a.plateau_bytes if a else None, b.plateau_bytes if b else None)]
+    out = [ComparedFigure("plateau_bytes", "train", rank, a.plateau_bytes if a else None,
+                          b.plateau_bytes if b else None)]
     phases = sorted({*(a.peak_by_phase if a else {}), *(b.peak_by_phase if b else {})},
                     key=lambda p: (p != "train", p))
     for phase in phases:
-        out.append(Metric("peak_bytes", phase, rank, a.peak_by_phase.get(phase) if a else None,
+        out.append(ComparedFigure("peak_bytes", phase, rank, a.peak_by_phase.get(phase) if a else None,
                           b.peak_by_phase.get(phase) if b else None))
-    out.append(Metric("min_headroom_bytes", "process", rank, a.min_headroom_bytes if a else None,
+    out.append(ComparedFigure("min_headroom_bytes", "process", rank, a.min_headroom_bytes if a else None,
                       b.min_headroom_bytes if b else None))
-    out.append(Metric("step_time_s", "train", rank, a.step_time_s if a else None, b.step_time_s if b else None))
+    out.append(ComparedFigure("step_time_s", "train", rank, a.step_time_s if a else None, b.step_time_s if b else None))
     for name in LIFE_METRICS:
-        out.append(Metric(name, "rank", rank, getattr(a, name) if a else None, getattr(b, name) if b else None))
+        out.append(ComparedFigure(name, "rank", rank, getattr(a, name) if a else None, getattr(b, name) if b else None))
     return out
 
 
@@ -104,7 +105,7 @@ class RankGrowth:
 class Comparison:
     a: str
     b: str
-    metrics: tuple[Metric, ...]
+    metrics: tuple[ComparedFigure, ...]
     ranks_only_in_a: tuple[int, ...]
     ranks_only_in_b: tuple[int, ...]
     summary: tuple[RunSummary, RunSummary] | None = None
@@ -119,7 +120,7 @@ class Comparison:
                                      "metric": g.metric, "phase": g.phase} for g in self.order]}
 
 
-def growth_order(metrics: tuple[Metric, ...]) -> tuple[RankGrowth, ...]:
+def growth_order(metrics: tuple[ComparedFigure, ...]) -> tuple[RankGrowth, ...]:
     """Every rank with its largest memory growth, the largest first (ranks without one last)."""
     best: dict[int, RankGrowth] = {}
     for m in metrics:
@@ -187,5 +188,18 @@ def format_comparison(c: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["LIFE_METRICS", "MEMORY_METRICS", "Comparison", "Metric", "RankFigures", "RankGrowth", "RunFigures",
-           "RunSummary", "WorldSizeMismatch", "compare", "format_comparison", "growth_order", "rank_metrics"]
+__all__ = [
+    "LIFE_METRICS",
+    "MEMORY_METRICS",
+    "ComparedFigure",
+    "Comparison",
+    "RankFigures",
+    "RankGrowth",
+    "RunFigures",
+    "RunSummary",
+    "WorldSizeMismatch",
+    "compare",
+    "format_comparison",
+    "growth_order",
+    "rank_metrics",
+]

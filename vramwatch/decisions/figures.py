@@ -16,13 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vramwatch.decisions.evidence import KILLED, RankTrials, judged_trials
 from vramwatch.decisions.observe import RunObservation
+from vramwatch.decisions.proven import RankTrials, judged_trials
 from vramwatch.decisions.readiness import UNSAFE_CAUSES, ReadinessConfig
 from vramwatch.decisions.reasons import Reason
 from vramwatch.decisions.trials import Trial, leak_text
 from vramwatch.decisions.views import RankView, RunView, run_view
 from vramwatch.runlife import RankStory
+from vramwatch.verdicts import Outcome
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class RankFigures:
                 at = f" at {o.tokens:,} tokens per step" if o.tokens else ""
                 found["oom"] = Reason("oom", f"rank {rank}: OOM at step {o.step:,} ({o.phase}){at}, cause "
                                              f"{o.cause}: {o.detail}", rank)
-            if t.outcome == KILLED and "death" not in found:
+            if t.outcome == Outcome.KILLED and "death" not in found:
                 found["death"] = Reason("death", f"rank {rank}: killed at step {t.last_step:,} (no clean exit, no "
                                                  "OOM) while the job went on", rank)
             if t.leak is not None and "leak" not in found:

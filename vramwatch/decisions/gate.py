@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vramwatch.decisions.compare import MEMORY_METRICS, Metric, compare
+from vramwatch.decisions.compare import MEMORY_METRICS, ComparedFigure, compare
 from vramwatch.decisions.figures import RunFigures
 from vramwatch.decisions.observe import RunObservation
 from vramwatch.decisions.reasons import Reason
@@ -32,8 +32,8 @@ DEFAULT_MAX_GROWTH = 0.03
 class GateResult:
     passed: bool
     line: str  # one line: the verdict, and for a failure the rank, the cause or metric, phase and growth
-    worst: Metric | None  # the figure that grew most (None when nothing comparable)
-    failures: tuple[Metric, ...]
+    worst: ComparedFigure | None  # the figure that grew most (None when nothing comparable)
+    failures: tuple[ComparedFigure, ...]
     missing: tuple[str, ...]  # baseline figures the candidate lacks
     added: tuple[str, ...] = ()  # candidate figures the baseline lacks (a new phase)
     troubles: tuple[Reason, ...] = ()  # the candidate's unsafe causes the baseline does not have
@@ -91,7 +91,7 @@ def gate(baseline: RunObservation | RunFigures, candidate: RunObservation | RunF
     return GateResult(True, line + life, worst, (), missing, added)
 
 
-def _life_note(metrics: tuple[Metric, ...]) -> str:
+def _life_note(metrics: tuple[ComparedFigure, ...]) -> str:
     """Restarts and deaths the candidate had beyond the baseline, as "; rank 2: 1 restarts ..."."""
     notes = [f"rank {m.rank}: {int(m.b or 0)} {m.name} (baseline {int(m.a or 0)})" for m in metrics
              if m.name in ("restarts", "deaths") and (m.b or 0) > (m.a or 0)]

@@ -178,7 +178,7 @@ class RankModel:
 
         Returns (tokens, binding phase). ``None`` when the model cannot say (no usable fit);
         0 when a phase independent of the batch already breaks the margin. The model alone:
-        what the runs proved or saw fail bounds it (:mod:`vramwatch.decisions.evidence`).
+        what the runs proved or saw fail bounds it (:mod:`vramwatch.decisions.proven`).
         """
         if not self.total_bytes:
             return None, "train"  # device size unknown: nothing to fit into

@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vramwatch.decisions.evidence import Evidence, Setting
 from vramwatch.decisions.grid import WINDOW
 from vramwatch.decisions.model import RankModel
+from vramwatch.decisions.proven import Evidence, Setting
 from vramwatch.decisions.readiness import RankReadiness, Readiness, ReadinessConfig
 from vramwatch.decisions.reasons import Reason
 from vramwatch.units import gib

@@ -20,6 +20,7 @@ from vramwatch.decisions.model import RankModelBuilder, folded_fields
 from vramwatch.decisions.trials import MAX_TRIALS, Trial, note_event, record_oom
 from vramwatch.engine import TrendEngine
 from vramwatch.engine.blocks import keep_last
+from vramwatch.errors import VramwatchError
 from vramwatch.runlife import RunLife
 from vramwatch.verdicts import headroom_bytes
 
@@ -61,7 +62,7 @@ class PlateauClock:
         return max(0, last_step - self.since)
 
 
-class SourceError(ValueError):
+class SourceError(VramwatchError, ValueError):
     """A run or trace that cannot be read; the message names it (CLI: exit 2, HTTP: 404/422)."""
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from vramwatch.decisions.observe import LOOP_CAUSES, PlateauClock, RankTrack
 from vramwatch.decisions.reasons import BATCH_CAUSES, Reason
 from vramwatch.units import duration, gib, mib
-from vramwatch.verdicts import LOW_HEADROOM_FRACTION
+from vramwatch.verdicts import LOW_HEADROOM_FRACTION, is_low_headroom
 
 VERDICTS = ("ready", "not_ready", "unsafe")  # best first; severity is the index
 #: Why a rank is unsafe, most serious first (advice acts on these codes, never on the text).
@@ -187,7 +187,7 @@ def _unsafe(track: RankTrack, config: ReadinessConfig) -> tuple[list[Reason], tu
                                          f"({broke.get('cause')}) and has not settled", rank))
     total = track.total_bytes or 0
     headroom = track.min_headroom_bytes
-    if headroom is not None and total and headroom < config.margin * total:
+    if is_low_headroom(headroom, total, config.margin):
         unsafe.append(Reason("margin", f"rank {rank}: worst headroom {gib(headroom)} at {track.min_headroom_phase} "
                                        f"is under the {config.margin:.0%} margin ({gib(config.margin * total)})", rank))
     return unsafe, (steps_to_oom, seconds)

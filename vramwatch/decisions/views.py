@@ -1,7 +1,7 @@
 """A run as the decisions read it: per rank a frozen :class:`RankView` (readiness, memory model,
 trials, compare figures), the same whether the ranks were replayed from samples
 (:class:`~vramwatch.decisions.observe.RunObservation`) or read from the collector's live engines
-(:meth:`vramwatch.decisions.live.DecisionEngine.view`).
+(:meth:`vramwatch.decisions.online.DecisionEngine.view`).
 
 A view is taken in two parts so that a live engine is held only for the cheap one:
 :func:`raw_view` copies what the track knows (O(buckets + trials + phases), under the engine's
@@ -16,17 +16,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from vramwatch.decisions.evidence import RankTrials
 from vramwatch.decisions.memory import MemoryFacts, MemoryFold
 from vramwatch.decisions.model import Bucket, RankModel, TransientFit, fit_transient, fold_points
 from vramwatch.decisions.observe import RankTrack, RunObservation
+from vramwatch.decisions.proven import RankTrials
 from vramwatch.decisions.readiness import RankReadiness, Readiness, ReadinessConfig, combine, rank_readiness, with_death
 from vramwatch.decisions.trials import Trial, with_outcomes
 from vramwatch.runlife import RankLife
 from vramwatch.verdicts import Outcome
 
 #: A rank's death, for the decisions: killed alone while the job went on (vramwatch.runlife).
-KILLED = str(Outcome.KILLED)
 
 #: The placeholder fit of a raw view (replaced by :func:`fitted`).
 UNFITTED = TransientFit("none", 0.0, 0.0, 0, None, None, None, None, 1.0)
@@ -111,7 +110,7 @@ def judge(run: str, views: list[RankView], samples: int, lives: list[RankLife] |
     for view, trials in zip(views, judged, strict=True):
         readiness = view.readiness
         now = trials[-1] if trials else None
-        if now is not None and now.outcome == KILLED:
+        if now is not None and now.outcome == Outcome.KILLED:
             readiness = with_death(readiness, f"rank {view.rank}: killed at step {now.last_step:,} (no clean exit, "
                                               "no OOM) while the job went on")
         out.append(replace(view, trials=trials, readiness=readiness))

@@ -22,10 +22,26 @@ from vramwatch.delivery.exporters import (
     InMemoryExporter,
 )
 from vramwatch.delivery.processor import BatchProcessor, BatchSender, SharedWorker
-from vramwatch.delivery.results import Directive, ExportResult, Failure, Outcome
+from vramwatch.delivery.results import Directive, ExportFailure, ExportOutcome, ExportResult
 from vramwatch.delivery.spool import Backoff, Spool, SpoolingExporter, leftover_spools, spool_prefix
 
-__all__ = ["INGEST_PATH", "MAX_REPLY_BYTES", "Backoff", "BatchProcessor", "BatchSender", "Directive", "ExportResult",
-           "Exporter", "Failure", "FileExporter", "HttpExporter",
-           "InMemoryExporter", "Outcome", "SharedWorker", "Spool", "SpoolingExporter", "leftover_spools",
-           "spool_prefix"]
+__all__ = [
+    "INGEST_PATH",
+    "MAX_REPLY_BYTES",
+    "Backoff",
+    "BatchProcessor",
+    "BatchSender",
+    "Directive",
+    "ExportFailure",
+    "ExportOutcome",
+    "ExportResult",
+    "Exporter",
+    "FileExporter",
+    "HttpExporter",
+    "InMemoryExporter",
+    "SharedWorker",
+    "Spool",
+    "SpoolingExporter",
+    "leftover_spools",
+    "spool_prefix",
+]

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import orjson
 
 from vramwatch.config import collector_url
-from vramwatch.delivery.results import Directive, ExportResult, Failure, Outcome
+from vramwatch.delivery.results import Directive, ExportFailure, ExportOutcome, ExportResult
 
 INGEST_PATH = "/api/v1/samples"
 #: The most of a reply the hook reads: the ingest answer is a few hundred bytes; 422 error
@@ -159,7 +159,7 @@ class HttpExporter:
 
     @staticmethod
     def _network_failure(exc: BaseException) -> ExportResult:
-        return ExportResult(Outcome.RETRY, posts=1, failures=1, failure=Failure.NETWORK,
+        return ExportResult(ExportOutcome.RETRY, posts=1, failures=1, failure=ExportFailure.NETWORK,
                             detail=f"{type(exc).__name__}: {exc}"[:300])
 
     # ------------------------------------------------------------ the exporter
@@ -167,12 +167,12 @@ class HttpExporter:
     def export(self, lines: Sequence[bytes], timeout: float | None = None) -> ExportResult:
         lines = list(lines)
         if not lines:
-            return ExportResult(Outcome.SUCCESS)
+            return ExportResult(ExportOutcome.SUCCESS)
         try:
             return self._export(lines, timeout, resend_invalid=True)
         except Exception as exc:  # a bug here must not reach the worker as an exception
             self.shutdown()
-            return ExportResult(Outcome.RETRY, failures=1, failure=Failure.NETWORK, retry=lines,
+            return ExportResult(ExportOutcome.RETRY, failures=1, failure=ExportFailure.NETWORK, retry=lines,
                                 detail=f"{type(exc).__name__}: {exc}"[:300])
 
     def _export(self, lines: list[bytes], timeout: float | None, *, resend_invalid: bool) -> ExportResult:
@@ -184,16 +184,16 @@ class HttpExporter:
         if 200 <= status < 300:
             return self._success(lines, answer)
         detail = str(answer.get("detail", ""))[:300]
-        fail = ExportResult(Outcome.RETRY, posts=1, failures=1, status=status, detail=detail, retry=lines)
+        fail = ExportResult(ExportOutcome.RETRY, posts=1, failures=1, status=status, detail=detail, retry=lines)
         if 300 <= status < 400:
-            fail.failure, fail.location = Failure.REDIRECT, location
+            fail.failure, fail.location = ExportFailure.REDIRECT, location
             fail.detail = f"redirected to {location!r}; set the collector URL to the final address"
             return fail
         if status in (401, 403):
-            fail.failure = Failure.AUTH
+            fail.failure = ExportFailure.AUTH
             return fail
         if status >= 500 or status in _RETRY_STATUSES:
-            fail.failure = Failure.SERVER
+            fail.failure = ExportFailure.SERVER
             return fail
         if status == 413:
             return self._split(lines, timeout, fail)
@@ -201,20 +201,21 @@ class HttpExporter:
         bad = {e.get("index") for e in errors if isinstance(e, dict)} if isinstance(errors, list) else set()
         kept = [line for i, line in enumerate(lines) if i not in bad]
         if status == 422 and bad and kept and resend_invalid:
-            result = ExportResult(Outcome.SUCCESS, rejected=len(lines) - len(kept), posts=1, failures=1,
-                                  failure=Failure.INVALID, status=status, detail=detail)
+            result = ExportResult(ExportOutcome.SUCCESS, rejected=len(lines) - len(kept), posts=1, failures=1,
+                                  failure=ExportFailure.INVALID, status=status, detail=detail)
             again = self._export(kept, timeout, resend_invalid=False)  # once: a second 422 drops the rest
             result.merge(again)
             result.outcome, result.retry = again.outcome, again.retry
-            if again.outcome is Outcome.DROPPED:
-                result.outcome = Outcome.SUCCESS
+            if again.outcome is ExportOutcome.DROPPED:
+                result.outcome = ExportOutcome.SUCCESS
             return result
-        return ExportResult(Outcome.DROPPED, rejected=len(lines), posts=1, failures=1, status=status, detail=detail,
-                            failure=Failure.INVALID if status == 422 else Failure.REFUSED)
+        return ExportResult(ExportOutcome.DROPPED, rejected=len(lines), posts=1, failures=1, status=status,
+                            detail=detail, failure=ExportFailure.INVALID if status == 422 else ExportFailure.REFUSED)
 
     def _success(self, lines: list[bytes], answer: dict[str, Any]) -> ExportResult:
         if answer.get("_reply_too_large"):
-            return ExportResult(Outcome.SUCCESS, delivered=len(lines), posts=1, failure=Failure.REPLY_TOO_LARGE,
+            return ExportResult(ExportOutcome.SUCCESS, delivered=len(lines), posts=1,
+                                failure=ExportFailure.REPLY_TOO_LARGE,
                                 detail=f"reply over {MAX_REPLY_BYTES} bytes not read")
         interval, directives = reply_hints(answer)
 
@@ -222,21 +223,21 @@ class HttpExporter:
             value = answer.get(key, 0)
             return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
-        return ExportResult(Outcome.SUCCESS, delivered=len(lines), accepted=count("accepted"),
+        return ExportResult(ExportOutcome.SUCCESS, delivered=len(lines), accepted=count("accepted"),
                             duplicates=count("duplicates"), posts=1, flush_interval_s=interval, directives=directives)
 
     def _split(self, lines: list[bytes], timeout: float | None, fail: ExportResult) -> ExportResult:
         if len(lines) == 1:  # one sample is too large: the collector's limit is wrong, not the batch
-            fail.failure = Failure.TOO_LARGE
+            fail.failure = ExportFailure.TOO_LARGE
             fail.detail = "413 for a single sample: the collector's request limit is too small"
             return fail
         half = len(lines) // 2
-        result = ExportResult(Outcome.SUCCESS, posts=1, failures=1)
+        result = ExportResult(ExportOutcome.SUCCESS, posts=1, failures=1)
         for part in (lines[:half], lines[half:]):
             sub = self._export(part, timeout, resend_invalid=True)
             result.merge(sub)
-            if sub.outcome is Outcome.RETRY:
-                result.outcome = Outcome.RETRY
+            if sub.outcome is ExportOutcome.RETRY:
+                result.outcome = ExportOutcome.RETRY
                 result.retry = sub.retry + (lines[half:] if part is not lines[half:] else [])
                 return result
         return result
@@ -284,9 +285,9 @@ class FileExporter:
             while written < len(body):
                 written += self._fh.write(body[written:])
         except OSError as exc:
-            return ExportResult(Outcome.RETRY, failures=1, failure=Failure.WRITE, retry=list(lines),
+            return ExportResult(ExportOutcome.RETRY, failures=1, failure=ExportFailure.WRITE, retry=list(lines),
                                 detail=f"{type(exc).__name__}: {exc}")
-        return ExportResult(Outcome.SUCCESS, delivered=len(lines), accepted=len(lines), posts=1)
+        return ExportResult(ExportOutcome.SUCCESS, delivered=len(lines), accepted=len(lines), posts=1)
 
     def fileno(self) -> int | None:
         try:
@@ -323,11 +324,11 @@ class InMemoryExporter:
         with self.lock:
             if self.script:
                 result = self.script.pop(0)
-                if result.outcome is Outcome.RETRY:
+                if result.outcome is ExportOutcome.RETRY:
                     result.retry = list(lines)
                 return result
             self.samples.extend(orjson.loads(line) for line in lines if line.strip())
-        return ExportResult(Outcome.SUCCESS, delivered=len(lines), accepted=len(lines), posts=1)
+        return ExportResult(ExportOutcome.SUCCESS, delivered=len(lines), accepted=len(lines), posts=1)
 
     def shutdown(self) -> None:
         self.shut = True

@@ -38,7 +38,7 @@ import orjson
 
 from vramwatch import wire
 from vramwatch.delivery import lifecycle
-from vramwatch.delivery.results import Directive, ExportResult, Failure, Outcome
+from vramwatch.delivery.results import Directive, ExportFailure, ExportOutcome, ExportResult
 from vramwatch.delivery.spool import Backoff, Spool, SpoolingExporter
 
 _COUNTERS = ("submitted", "batches_sent", "delivered", "accepted", "duplicates", "rejected", "invalid",
@@ -49,15 +49,15 @@ _LATENCY_FACTOR, _LATENCY_CAP_S = 10.0, 10.0
 #: far below it unless samples carry many ``extra`` numbers)
 MAX_BATCH_BYTES = 1 << 20
 _WARNINGS = {
-    Failure.AUTH: "the collector refused the token (HTTP {status}); check VRAMWATCH_TOKEN. Samples are kept "
+    ExportFailure.AUTH: "the collector refused the token (HTTP {status}); check VRAMWATCH_TOKEN. Samples are kept "
                   "in the spool and retried with backoff",
-    Failure.REDIRECT: "the collector URL redirects ({detail}). Samples are kept in the spool and retried "
+    ExportFailure.REDIRECT: "the collector URL redirects ({detail}). Samples are kept in the spool and retried "
                       "with backoff, never sent to the redirect target",
-    Failure.TOO_LARGE: "the collector answers 413 even for one sample; its request limit is misconfigured. "
+    ExportFailure.TOO_LARGE: "the collector answers 413 even for one sample; its request limit is misconfigured. "
                        "Samples are kept in the spool and retried with backoff",
-    Failure.REFUSED: "the collector refused samples for good (HTTP {status}: {detail}); they are dropped "
+    ExportFailure.REFUSED: "the collector refused samples for good (HTTP {status}: {detail}); they are dropped "
                      "and counted in stats()['rejected']",
-    Failure.REPLY_TOO_LARGE: "the collector's reply exceeded the hook's read limit and was not read",
+    ExportFailure.REPLY_TOO_LARGE: "the collector's reply exceeded the hook's read limit and was not read",
 }
 
 
@@ -301,7 +301,7 @@ class BatchProcessor:
             if result.posts:
                 self._latency_s = (time.monotonic() - t0) / result.posts
             self._account(result)
-            if result.outcome is Outcome.RETRY:
+            if result.outcome is ExportOutcome.RETRY:
                 if spooling:  # the rest goes behind the failed batch, in order
                     self._account(self.exporter.park(lines[end:]))
                 else:
@@ -342,10 +342,10 @@ class BatchProcessor:
         c["rejected"] += result.rejected
         c["replayed"] += result.replayed
         c["spooled"] += result.spooled
-        c["send_failures"] += result.failures if result.outcome is Outcome.RETRY else 0
-        if result.failure is Failure.AUTH:
+        c["send_failures"] += result.failures if result.outcome is ExportOutcome.RETRY else 0
+        if result.failure is ExportFailure.AUTH:
             c["auth_failures"] += result.failures
-        if result.failure is Failure.REDIRECT:
+        if result.failure is ExportFailure.REDIRECT:
             c["redirects"] += result.failures
         if result.flush_interval_s is not None:
             self._hint_s = result.flush_interval_s
@@ -376,12 +376,12 @@ class BatchProcessor:
         """One warning when the collector cannot be reached (refused, DNS, timeout), naming the URL
         and where the samples go; one line when it answers again. Never one per step or per retry:
         the state changes at most twice per outage."""
-        if result.failure is Failure.NETWORK:
+        if result.failure is ExportFailure.NETWORK:
             if not self._unreachable:
                 self._unreachable = True
                 self._say(f"cannot reach the collector at {self.exporter.describe()} ({result.detail}); "
                           f"{self._where_samples_go()}. Training goes on; this is said once until it answers")
-        elif self._unreachable and result.outcome is not Outcome.RETRY:
+        elif self._unreachable and result.outcome is not ExportOutcome.RETRY:
             self._unreachable = False
             self._say(f"the collector at {self.exporter.describe()} answers again; spooled samples are being sent")
 

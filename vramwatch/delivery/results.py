@@ -1,8 +1,8 @@
 """Typed outcomes of one export: what the processor counts and how it reacts.
 
 An exporter never raises and never makes the caller match message text: it returns an
-:class:`ExportResult` whose :class:`Outcome` says what happened to the samples and whose
-:class:`Failure` (when something went wrong) says why.
+:class:`ExportResult` whose :class:`ExportOutcome` says what happened to the samples and whose
+:class:`ExportFailure` (when something went wrong) says why.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-class Outcome(enum.Enum):
+class ExportOutcome(enum.Enum):
     SUCCESS = "success"  # handled: delivered, or some rejected for good (counted)
     RETRY = "retry"  # not delivered, worth retrying later: keep them (spool) and back off
     DROPPED = "dropped"  # refused for good: counted and dropped, never retried
 
 
-class Failure(enum.Enum):
+class ExportFailure(enum.Enum):
     NETWORK = "network"  # refused, reset, timeout, DNS
     SERVER = "server"  # 5xx, 408, 425, 429: the collector is busy or down
     AUTH = "auth"  # 401/403: wrong or missing VRAMWATCH_TOKEN
@@ -40,17 +40,17 @@ class Directive:
 
 @dataclass
 class ExportResult:
-    outcome: Outcome
+    outcome: ExportOutcome
     delivered: int = 0  # samples the collector took (accepted + duplicates)
     accepted: int = 0
     duplicates: int = 0
     rejected: int = 0  # dropped for good by the collector (422 invalid, other 4xx)
     posts: int = 0  # requests made
     failures: int = 0  # requests that failed
-    failure: Failure | None = None
+    failure: ExportFailure | None = None
     status: int | None = None  # HTTP status of the last failing response
     detail: str = ""
-    retry: list[bytes] = field(default_factory=list)  # lines to keep (Outcome.RETRY), oldest first
+    retry: list[bytes] = field(default_factory=list)  # lines to keep (ExportOutcome.RETRY), oldest first
     replayed: int = 0  # of delivered: from the spool
     spooled: int = 0  # lines written to the spool during this export
     spool_dropped: int = 0  # lines the spool could not keep (cap or disk full)
@@ -76,4 +76,4 @@ class ExportResult:
         return f"{head}: {self.detail}" if self.detail else head
 
 
-__all__ = ["Directive", "ExportResult", "Failure", "Outcome"]
+__all__ = ["Directive", "ExportFailure", "ExportOutcome", "ExportResult"]

@@ -1,7 +1,7 @@
 """The disk spool: samples not yet delivered, kept on local disk and replayed oldest-first.
 
 :class:`SpoolingExporter` wraps another exporter: while the collector answers, batches go
-straight through; when it does not (:attr:`Outcome.RETRY`), the batch goes to the spool and
+straight through; when it does not (:attr:`ExportOutcome.RETRY`), the batch goes to the spool and
 sending pauses with capped exponential backoff and full jitter (:class:`Backoff`). While the
 spool holds anything, new batches are appended behind it, so replay is strictly in order.
 The collector's ingest is idempotent, so at-least-once here is exactly-once in the store.
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vramwatch.delivery.results import ExportResult, Failure, Outcome
+from vramwatch.delivery.results import ExportFailure, ExportOutcome, ExportResult
 
 #: a spooled line is one sample (under 1 KiB); a longer run of bytes without a newline is damage
 MAX_SPOOL_LINE = 1 << 20
@@ -298,7 +298,7 @@ class SpoolingExporter:
     def export(self, lines: Sequence[bytes], timeout: float | None = None, *, force: bool = False,
                deadline: float | None = None) -> ExportResult:
         """Send ``lines`` behind whatever waits in the spool. ``force``: ignore the backoff (flush)."""
-        result = ExportResult(Outcome.SUCCESS)
+        result = ExportResult(ExportOutcome.SUCCESS)
         waiting = self.backoff.waiting() and (not force or self.backoff.hard)
         if self.spool.pending() or waiting:
             self._append(list(lines), result)  # keep order: everything new goes behind what waits
@@ -308,7 +308,7 @@ class SpoolingExporter:
         sent = self.inner.export(lines, self._timeout(timeout, deadline))
         result.merge(sent)
         result.outcome = sent.outcome
-        if sent.outcome is Outcome.RETRY:
+        if sent.outcome is ExportOutcome.RETRY:
             self._append(sent.retry, result)
             self._failed(sent)
         else:
@@ -317,7 +317,7 @@ class SpoolingExporter:
 
     def park(self, lines: Sequence[bytes]) -> ExportResult:
         """Put lines in the spool without sending (the queue outgrew memory)."""
-        result = ExportResult(Outcome.SUCCESS)
+        result = ExportResult(ExportOutcome.SUCCESS)
         self._append(list(lines), result)
         return result
 
@@ -326,7 +326,7 @@ class SpoolingExporter:
 
     def _failed(self, sent: ExportResult) -> None:
         # a misconfigured collector (redirect, always-413, bad token) will not heal in milliseconds
-        slow = sent.failure in (Failure.REDIRECT, Failure.TOO_LARGE, Failure.AUTH)
+        slow = sent.failure in (ExportFailure.REDIRECT, ExportFailure.TOO_LARGE, ExportFailure.AUTH)
         self.backoff.failed(at_least_s=min(self.backoff.max_s, 5.0) if slow else 0.0, hard=slow)
 
     @staticmethod
@@ -348,7 +348,7 @@ class SpoolingExporter:
         spool = self.spool
         while spool.pending():
             if deadline is not None and time.monotonic() > deadline:
-                result.outcome = Outcome.RETRY
+                result.outcome = ExportOutcome.RETRY
                 return
             with spool.lock:
                 batch, commit = spool.read_batch(self.batch_lines)
@@ -356,8 +356,8 @@ class SpoolingExporter:
                 continue
             sent = self.inner.export(batch, self._timeout(None, deadline))
             result.merge(sent)
-            if sent.outcome is Outcome.RETRY:
-                result.outcome = Outcome.RETRY
+            if sent.outcome is ExportOutcome.RETRY:
+                result.outcome = ExportOutcome.RETRY
                 self._failed(sent)
                 return  # the batch stays in the spool: nothing to re-append
             result.replayed += sent.delivered

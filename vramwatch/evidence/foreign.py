@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vramwatch.probe.processes import ForeignProcess
+from vramwatch.units import gib
 
 MOVED_BYTES = 64 * 2**20
 MOVED_FRACTION = 0.05
@@ -63,7 +64,7 @@ class ProcessReport:
 
 def holds(process: ForeignProcess, device: str) -> str:
     """The one sentence: ``a Jupyter kernel (pid 4242, ipykernel_launcher) holds 38.0 GiB on GPU 3``."""
-    amount = "memory" if process.used_bytes is None else f"{process.used_bytes / 2**30:.1f} GiB"
+    amount = gib(process.used_bytes, 1, none="memory")
     return f"{process.describe()} holds {amount} on {device}"
 
 

@@ -7,8 +7,9 @@ held at the moment of the first failure.
 
 Input is the run's samples in any order of series (the store's ``iter_samples(run)`` or a
 trace file), read in two passes: the first folds them into the model and keeps each rank's
-latest sample, the second finds what every other rank held at the first failure. Memory is
-O(ranks); the cost is two sequential reads of the run.
+latest sample, the second finds what every other rank held at the first failure. A caller that
+has the run judged already (a collector's live state, the report) passes its story: one read, no
+fold. Memory is O(ranks).
 
 ``end`` of a rank is its latest process's outcome (:class:`vramwatch.verdicts.Outcome`):
 ``oom``, ``killed`` (killed alone: the others went on for longer than the silence window),
@@ -24,7 +25,7 @@ after (a rank stopped with the job is named only when nothing else failed: it is
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -33,6 +34,7 @@ from vramwatch import runlife
 from vramwatch.evidence.foreign import holds
 from vramwatch.evidence.suspects import LeakSuspects, render_lines
 from vramwatch.probe.processes import ForeignProcess
+from vramwatch.units import gib
 from vramwatch.verdicts import SILENT_AFTER_S, Outcome, device_need_bytes, sample_headroom
 from vramwatch.wire import Sample, series_key
 
@@ -42,7 +44,7 @@ SeriesKey = tuple[str, str, int]
 
 
 @dataclass(frozen=True)
-class Failure:
+class FailureReport:
     rank: int
     host: str
     step: int
@@ -87,7 +89,7 @@ class RankEnd:
 class PostMortem:
     run: str
     status: str  # vramwatch.verdicts.RunStatus
-    first_failure: Failure | None
+    first_failure: FailureReport | None
     ranks: list[RankEnd]
     snapshots: list[dict[str, Any]] = field(default_factory=list)
     tally: dict[str, int] = field(default_factory=dict)  # runlife.RunTally: a front adds shards' up
@@ -115,26 +117,37 @@ class PostMortem:
                 "incidents": list(self.incidents), "open_findings": list(self.open_findings), "next": list(self.next)}
 
 
-def _read(samples: Iterable[Sample], tracker: _incidents.Tracker
-          ) -> tuple[dict[str, runlife.RunLife], dict[SeriesKey, Sample], dict[SeriesKey, Sample]]:
-    """Pass 1: the model's fold, each rank's latest sample (by time) and its first OOM sample;
-    ``tracker`` folds each process's evidence for the incidents' causes."""
+def _read(samples: Iterable[Sample], tracker: _incidents.Tracker | None, *, fold: bool = True,
+          failed_at: float | None = None
+          ) -> tuple[dict[str, runlife.RunLife], dict[SeriesKey, Sample], dict[SeriesKey, Sample],
+                     dict[SeriesKey, Sample]]:
+    """One pass: the model's fold (unless ``fold`` is off: the caller has the judgement), each
+    rank's latest sample (by time), its first OOM sample and, when the first failure's time is
+    known (``failed_at``), its latest sample at or before it; ``tracker`` (when given) folds each
+    process's evidence for the incidents' causes."""
     last: dict[SeriesKey, Sample] = {}
     first_oom: dict[SeriesKey, Sample] = {}
+    at_failure: dict[SeriesKey, Sample] = {}
     lives: dict[str, runlife.RunLife] = {}
     for s in samples:
-        tracker.feed(s)
-        life = lives.get(s["run"])
-        if life is None:
-            life = lives[s["run"]] = runlife.RunLife(s["run"])
-        life.feed(s)
+        if tracker is not None:
+            tracker.feed(s)
+        if fold:
+            life = lives.get(s["run"])
+            if life is None:
+                life = lives[s["run"]] = runlife.RunLife(s["run"])
+            life.feed(s)
         key = series_key(s)
         prev = last.get(key)
         if prev is None or (s["ts"], s["step"]) >= (prev["ts"], prev["step"]):
             last[key] = s
         if (s.get("ooms") or s.get("oom_marked")) and (key not in first_oom or s["ts"] < first_oom[key]["ts"]):
             first_oom[key] = s
-    return lives, last, first_oom
+        if failed_at is not None and s["ts"] <= failed_at:
+            prev = at_failure.get(key)
+            if prev is None or s["ts"] >= prev["ts"]:
+                at_failure[key] = s
+    return lives, last, first_oom, at_failure
 
 
 def _detail(f: runlife.Failure, story: runlife.RunStory, oom_sample: Sample | None) -> str:
@@ -150,7 +163,7 @@ def _silent_detail(f: runlife.Failure, story: runlife.RunStory, oom_sample: Samp
     if f.cause == Outcome.OOM:
         extra = oom_sample.get("extra") if oom_sample is not None else None
         free = extra.get("oom_device_free_bytes") if isinstance(extra, dict) else None
-        return "CUDA out of memory" + (f" with {free / 2**30:.2f} GiB free on the device" if free else "")
+        return "CUDA out of memory" + (f" with {gib(free, 2)} free on the device" if free else "")
     if f.cause == Outcome.KILLED:
         went_on = (story.last.ts if story.last is not None else f.ts) - f.ts
         return (f"stopped sending while the other ranks went on for {went_on:.0f} s: "
@@ -177,14 +190,16 @@ def build(
     silent_after_s: float | None = None,
     story: runlife.RunStory | None = None,
 ) -> PostMortem:
-    """The post-mortem of ``run``; ``samples`` is called twice (two streaming passes).
+    """The post-mortem of ``run``; ``samples`` is called once or twice (streaming passes).
 
-    ``story``: the run as a collector's live state judged it (the route passes it, so the
-    post-mortem and ``/runs`` read one judgement); without it the samples are folded and judged
-    at ``now``."""
+    ``story``: the run as a collector's live state judged it (the route and the report pass it, so
+    the post-mortem and ``/runs`` read one judgement): the samples are read once and not folded.
+    Without it the first pass folds and judges them at ``now``, a second finds what each rank held
+    at the first failure."""
+    failed_at = None if story is None or story.first_failure is None else story.first_failure.ts
     tracker = _incidents.Tracker()
-    lives, last, oom_samples = _read(samples(), tracker)
-    if run not in lives:
+    lives, last, oom_samples, at_failure = _read(samples(), tracker, fold=story is None, failed_at=failed_at)
+    if not last or (story is None and run not in lives):
         return PostMortem(run=run, status=str(runlife.RunTally().status), first_failure=None, ranks=[])
     if story is None:
         story = runlife.judge(run, lives[run].ranks(), now, silent_after_s=silent_after_s)
@@ -192,17 +207,11 @@ def build(
     first = None
     if f is not None:
         detail = _detail(f, story, oom_samples.get((run, f.host, f.rank)))
-        first = Failure(f.rank, f.host, f.step, f.ts, str(f.cause), detail,
-                        None if f.last_words is None else f.last_words.as_dict(),
-                        [{"host": h, "rank": r} for h, r in f.victims])
-    at_failure: dict[SeriesKey, Sample] = {}
-    if first is not None:
-        for s in samples():
-            if s["ts"] <= first.ts:
-                key = series_key(s)
-                prev = at_failure.get(key)
-                if prev is None or s["ts"] >= prev["ts"]:
-                    at_failure[key] = s
+        first = FailureReport(f.rank, f.host, f.step, f.ts, str(f.cause), detail,
+                              None if f.last_words is None else f.last_words.as_dict(),
+                              [{"host": h, "rank": r} for h, r in f.victims])
+        if failed_at is None:
+            at_failure = _read(samples(), None, fold=False, failed_at=first.ts)[3]
     ranks = []
     for r in story.ranks:
         key = (run, r.host, r.rank)
@@ -219,9 +228,8 @@ def build(
     if first is not None and first.cause == str(Outcome.STOPPED) and any(
             i.kind == "death" and i.rank == first.rank and i.host == first.host for i in report.incidents):
         # the model's silence window called it stopped, but peers went on to a clean close after it
-        first = Failure(first.rank, first.host, first.step, first.ts, first.cause,
-                        "stopped while the other ranks went on to a clean close: it died alone (SIGKILL, the "
-                        "host's OOM-killer, a lost node)")
+        first = replace(first, detail="stopped while the other ranks went on to a clean close: it died alone "
+                                      "(SIGKILL, the host's OOM-killer, a lost node)")
     return PostMortem(run=run, status=str(story.status), first_failure=first, ranks=ranks,
                       tally=story.tally.as_dict(), report=report, **report.to_dict())
 
@@ -232,7 +240,8 @@ def from_dict(doc: dict[str, Any]) -> PostMortem:
     fields = {f for f in RankEnd.__dataclass_fields__} - {"foreign_processes"}
     return PostMortem(
         run=doc.get("run", ""), status=doc.get("status") or "",
-        first_failure=Failure(**{k: first[k] for k in Failure.__dataclass_fields__ if k in first}) if first else None,
+        first_failure=FailureReport(**{k: first[k] for k in FailureReport.__dataclass_fields__ if k in first})
+        if first else None,
         ranks=[RankEnd(**{k: v for k, v in r.items() if k in fields},
                        foreign_processes=tuple(ForeignProcess.from_dict(p) for p in r.get("foreign_processes", ())))
                for r in doc.get("ranks", [])],
@@ -250,7 +259,6 @@ def when(ts: float) -> str:
 
 def render_text(pm: PostMortem) -> str:
     """The human summary printed by ``vramwatch postmortem``."""
-    gib = 2**30
     lines = [f"run {pm.run}: {pm.status}"]
     f = pm.first_failure
     if f is None:
@@ -259,9 +267,8 @@ def render_text(pm: PostMortem) -> str:
         lines.append(f"first failure: rank {f.rank} on {f.host} at step {f.step} ({when(f.ts)}): "
                      f"{f.cause} — {f.detail}")
     for r in pm.ranks:
-        head = "—" if r.headroom_bytes is None else f"{r.headroom_bytes / gib:.2f} GiB"
-        held = ("" if r.held_at_failure_bytes is None
-                else f", held {r.held_at_failure_bytes / gib:.2f} GiB at the failure")
+        head = gib(r.headroom_bytes, 2, none="—")
+        held = "" if r.held_at_failure_bytes is None else f", held {gib(r.held_at_failure_bytes, 2)} at the failure"
         lines.append(f"  rank {r.rank:>4} {r.host}: {r.end:<7} last step {r.last_step} ({when(r.last_ts)}), "
                      f"headroom {head}{held}" + (f", {r.ooms} OOM" if r.ooms else "")
                      + (f", {r.restarts} restart(s)" if r.restarts else ""))

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramwatch.errors import VramwatchError
 from vramwatch.evidence.patterns import PatternError, compile_glob
 
 LIVE_STATES = frozenset({"active_allocated", "active_awaiting_free", "active_pending_free"})
@@ -81,8 +82,10 @@ DEFAULT_SKIP: tuple[str, ...] = (
 )
 
 
-class SnapshotFormatError(ValueError):
+class SnapshotFormatError(VramwatchError, ValueError):
     """A snapshot that does not have torch's documented shape; the message names where."""
+
+    status = 422
 
 
 @dataclass(frozen=True)

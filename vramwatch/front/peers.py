@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from vramwatch.bounded import FetchError, HttpLimits, LimitExceeded, fetch, read_capped
+from vramwatch.errors import VramwatchError
 
 if TYPE_CHECKING:
     import httpx
@@ -43,7 +44,7 @@ DISCOVERY_DEADLINE_S = 5.0
 MAX_DISCOVERED = 10_000
 
 
-class PeerError(ValueError):
+class PeerError(VramwatchError, ValueError):
     """A peer list that cannot be used; the message names the entry."""
 
 

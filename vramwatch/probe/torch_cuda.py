@@ -46,6 +46,7 @@ from types import ModuleType
 from typing import Any
 
 from vramwatch.config import PEAK_POLICIES
+from vramwatch.errors import VramwatchError
 from vramwatch.probe.base import BaseProbe
 from vramwatch.probe.nvml import NvmlPoller, open_device
 
@@ -76,8 +77,10 @@ def uuid_text(raw: Any) -> str | None:
     return None
 
 
-class NoCudaError(RuntimeError):
+class NoCudaError(VramwatchError, RuntimeError):
     """torch is missing, built without CUDA, or sees no device."""
+
+    status = 500
 
 
 def load_torch_cuda() -> ModuleType:

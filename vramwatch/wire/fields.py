@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import TypedDict
 
+from vramwatch.errors import VramwatchError
+
 #: The schema this version writes; every schema in SCHEMA_VERSIONS is accepted.
 SCHEMA_VERSION = 2
 SCHEMA_VERSIONS = (1, 2)
@@ -256,8 +258,10 @@ _PY_TYPES = {"i": int, "b": int, "s": str, "ts": float, "f": float, "phase": str
 Sample = TypedDict("Sample", {f.name: _PY_TYPES[f.kind] | None for f in FIELD_TABLE}, total=False)  # type: ignore[misc]
 
 
-class WireError(ValueError):
+class WireError(VramwatchError, ValueError):
     """A sample or request body that cannot be true; ``field`` names the culprit."""
+
+    status = 422
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")

@@ -1,7 +1,8 @@
 """Prometheus exposition of the collector's live state.
 
-A scrape reads only in-memory state (``LiveState.snapshot()``, each series' engine summary and
-the run-life model's judgement, :mod:`vramwatch.runlife`): no database I/O. One custom collector
+A scrape reads only in-memory state: each live run frozen (``LiveState.freeze_live``, the
+ranks' engine summaries with the run-life model's judgement, :mod:`vramwatch.collector.state.snapshot`,
+the same snapshot the OTLP push and the ``/ranks`` rows read): no database I/O. One custom collector
 yields the per-rank families; ingest counters, the latency histogram and
 ``vramwatch_build_info`` are ordinary prometheus_client metrics in a side registry.
 
@@ -34,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -43,8 +44,10 @@ from prometheus_client.registry import Collector
 
 from vramwatch import verdicts
 from vramwatch.__about__ import __version__
+from vramwatch.collector.state.live import LiveState
+from vramwatch.collector.state.snapshot import RankSnapshot
 from vramwatch.decisions.readiness import VERDICTS as READINESS_VERDICTS
-from vramwatch.wire import FIELD_TABLE
+from vramwatch.wire import FIELD_TABLE, Sample
 
 #: Label names of the per-rank state families, in exposition order. ``Hostname``/``UUID``/``gpu``
 #: are spelled as dcgm-exporter spells them (``gpu``: the host's NVML index).
@@ -56,32 +59,37 @@ SERIES_LABELS = ("run", "rank", "Hostname", "UUID", "gpu")
 #: series carrying an old count.
 RANK_LABELS = ("run", "rank", "Hostname")
 
-#: Engine states; ``vramwatch_trend_state`` has one series per state per rank.
-TREND_STATES = ("warmup", "plateau", "rising", "leak", "fragmentation")
-
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text"
 
 _READINESS = {verdict: i for i, verdict in enumerate(READINESS_VERDICTS)}  # 0 ready, 1 not_ready, 2 unsafe
 
 
-@dataclass(frozen=True, slots=True)
-class RankRow:
-    """One rank as a scrape sees it: what every family reads."""
+class RankRow(NamedTuple):
+    """One frozen rank as a scrape sees it: its labels, the snapshot (``series``) and, read once from
+    it, what the families read (a tuple of plain fields: ~30 families x every rank read them)."""
 
     labels: str  # the label string, escaped (fast path)
     label_values: tuple[str, str, str, str, str]  # SERIES_LABELS' values (standard API)
     rank_labels: str  # RANK_LABELS' label string, escaped
-    series: Any  # the live SeriesState
-    last: dict[str, Any]  # latest sample
-    last_train: dict[str, Any] | None  # latest training-step sample
+    series: RankSnapshot
+    last: Sample  # latest sample
+    last_train: Sample | None  # latest training-step sample
     summary: dict[str, Any]  # engine summary
-    ooms: int  # the model's count, every process of the rank
+    ooms: int  # the run-life model's count, every process of the rank
     restarts: int
     running: bool  # its latest process runs (live or silent)
     silence_window_s: float  # the run-life model's window for this rank (its cadence)
     last_oom_ts: float | None = None  # the model's latest OOM (rank's clock), any process
     process_start_ts: float | None = None  # its latest process's first sample (rank's clock)
     died: Any = None  # runlife.Death of its latest process, None while it runs or after a clean close
+
+    @classmethod
+    def of(cls, labels: str, values: tuple[str, str, str, str, str], rank_labels: str, rank: RankSnapshot) -> RankRow:
+        story = rank.story
+        return cls(labels, values, rank_labels, rank, rank.last or {}, rank.last_train,  # type: ignore[arg-type]
+                   rank.summary, rank.ooms, rank.restarts, rank.running,
+                   verdicts.SILENT_AFTER_S if story is None else story.window_s, rank.last_oom_ts,
+                   rank.process_start_ts, None if story is None else story.died)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +190,7 @@ SERIES_FAMILIES: tuple[Family, ...] = (
            "Peak allocated bytes of the latest checkpoint phase.", _summary("checkpoint_peak_bytes")),
     Family("vramwatch_checkpoint_headroom_bytes", "gauge",
            "Headroom left at the peak of the latest checkpoint phase.", _summary("checkpoint_headroom_bytes")),
-    # decisions (vramwatch.decisions.live.DecisionEngine adds these summary keys)
+    # decisions (vramwatch.decisions.online.DecisionEngine adds these summary keys)
     Family("vramwatch_max_tokens_per_step", "gauge",
            "Largest tokens per step this rank can take keeping 5% of the device free at its worst phase.",
            _summary("max_tokens_per_step")),
@@ -205,7 +213,7 @@ TREND_STATE_HELP = "1 for the rank's current trend-engine state, 0 for the other
 #: one exposed sample: its row, extra labels or None ((escaped text for the fast path, their values)),
 #: and the value
 _Point = tuple[RankRow, tuple[str, tuple[str, ...]] | None, Any]
-_STATE_LABELS = {state: (f',state="{state}"', (state,)) for state in TREND_STATES}
+_STATE_LABELS = {state: (f',state="{state}"', (state,)) for state in verdicts.STATES}
 DIED_HELP = ("When this rank's latest process died (unix seconds), while it is dead: `cause` as vramwatch.runlife "
              "judged it, `last_words` the type and message the process said as it ended, `phase` where (empty "
              "when it said nothing).")
@@ -243,7 +251,8 @@ class SeriesCollector(Collector):
     went silent inside a live run stays visible and the hook-silent alert can see it.
     """
 
-    def __init__(self, live: Any, *, finished_after_s: float = 3600.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, live: LiveState, *, finished_after_s: float = 3600.0,
+                 clock: Callable[[], float] = time.time) -> None:
         if not finished_after_s > 0:
             raise ValueError(f"finished_after_s: must be > 0, got {finished_after_s!r}")
         self.live = live
@@ -257,7 +266,7 @@ class SeriesCollector(Collector):
 
     # -------------------------------------------------------------- rows
 
-    def _label_strings(self, series: Any) -> tuple[str, tuple[str, str, str, str, str], str]:
+    def _label_strings(self, series: RankSnapshot) -> tuple[str, tuple[str, str, str, str, str], str]:
         key = (series.run, series.rank, series.host, series.uuid, series.gpu)
         found = self._labels.get(key)
         if found is None:
@@ -276,31 +285,18 @@ class SeriesCollector(Collector):
         return found
 
     def rows(self) -> list[RankRow]:
-        """Live ranks, finished runs dropped, each with its story (one judgement per run)."""
-        snapshot = [s for s in self.live.snapshot() if s.last is not None]
-        by_run: dict[str, list[Any]] = {}
-        for series in snapshot:
-            by_run.setdefault(series.run, []).append(series)
+        """Live ranks frozen (one judgement per run), runs silent for ``finished_after_s`` dropped."""
         now = self.clock()
-        cutoff = now - self.finished_after_s
+        frozen = self.live.freeze_live(now, since=now - self.finished_after_s)
         rows: list[RankRow] = []
-        for run, states in by_run.items():
-            if max(s.last_seen for s in states) < cutoff:
-                continue
-            index = self.live.story(run, states, now).index()
-            for series in states:
-                story = index.get((series.host, series.rank))
-                running = story is None or not story.ended
+        for run in frozen:
+            for series in run.ranks:
                 labels, values, rank_labels = self._label_strings(series)
-                life = series.life
-                rows.append(RankRow(labels, values, rank_labels, series, series.last, series.last_train,
-                                    series.engine.summary(), series.ooms, series.restarts, running,
-                                    verdicts.SILENT_AFTER_S if story is None else story.window_s,
-                                    life.last_oom_ts, life.process_start_ts, None if story is None else story.died))
+                rows.append(RankRow.of(labels, values, rank_labels, series))
         rows.sort(key=lambda row: (row.series.run, row.series.host, row.series.rank))
         self.exported_series = len(rows)
-        self.exported_keys = {(row.series.run, row.series.host, row.series.rank) for row in rows}
-        self.aged_out_series = len(snapshot) - len(rows)
+        self.exported_keys = {row.series.key for row in rows}
+        self.aged_out_series = len(self.live) - len(rows)
         return rows
 
     def families(self, rows: list[RankRow]) -> Iterator[tuple[str, str, str, tuple[str, ...], list[_Point]]]:
@@ -317,8 +313,8 @@ class SeriesCollector(Collector):
         states: list[_Point] = []
         for row in rows:
             if row.running:
-                current = row.summary.get("state") or row.series.engine.state
-                states.extend((row, _STATE_LABELS[state], int(state == current)) for state in TREND_STATES)
+                current = row.summary.get("state")
+                states.extend((row, _STATE_LABELS[state], int(state == current)) for state in verdicts.STATES)
         yield "vramwatch_trend_state", "gauge", TREND_STATE_HELP, (*SERIES_LABELS, "state"), states
         died = [(row, _died_labels(row.died), row.died.ts) for row in rows if row.died is not None]
         yield "vramwatch_rank_died", "gauge", DIED_HELP, (*SERIES_LABELS, *DIED_LABELS), died
@@ -384,7 +380,7 @@ class IngestMetrics:
         self._rejected = self.samples.labels(result="rejected")
 
     def observe(self, *, accepted: int, duplicates: int, rejected: int, seconds: float, status: int = 200) -> None:
-        """One call per request, whatever its outcome (ingest.Outcome)."""
+        """One call per request, whatever its outcome (ingest.IngestAnswer)."""
         if accepted:
             self._accepted.inc(accepted)
         if duplicates:
@@ -408,7 +404,7 @@ class _RegistryView(Collector):
 class VramwatchRegistry(CollectorRegistry):
     """A registry whose ``collect()`` yields everything; ``render`` uses its fast path."""
 
-    def __init__(self, live: Any, *, finished_after_s: float, processes: Any = None,
+    def __init__(self, live: LiveState, *, finished_after_s: float, processes: Any = None,
                  clock: Callable[[], float] = time.time) -> None:
         super().__init__(auto_describe=False)
         self.process = CollectorRegistry(auto_describe=False)
@@ -425,7 +421,7 @@ class VramwatchRegistry(CollectorRegistry):
             self.register(self.foreign)
 
 
-def build_registry(live: Any, *, finished_after_s: float = 3600.0, processes: Any = None,
+def build_registry(live: LiveState, *, finished_after_s: float = 3600.0, processes: Any = None,
                    clock: Callable[[], float] = time.time
                    ) -> tuple[CollectorRegistry, IngestMetrics]:
     """The registry that ``GET /metrics`` renders, and the ingest metrics each POST updates.
@@ -458,7 +454,6 @@ def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]
 __all__ = [
     "RANK_LABELS",
     "SERIES_LABELS",
-    "TREND_STATES",
     "IngestMetrics",
     "SeriesCollector",
     "VramwatchRegistry",

@@ -10,6 +10,13 @@ with the required ``hw.id`` and ``hw.type = "gpu"`` attributes) and ``vramwatch.
 otherwise (allocator levels and the trend engine's verdicts). A number the rank did not
 measure is not sent (no zeros for "not measured").
 
+A push reads the same frozen snapshot as ``/metrics`` (:mod:`vramwatch.collector.state.snapshot`)
+and follows its rules: the run-life model's OOM and restart counts per rank
+(``vramwatch.ooms``, ``vramwatch.restarts``: monotonic across the rank's processes) and
+``vramwatch.rank.running``; the state metrics (memory levels, headroom, trend, time to OOM) are
+withdrawn for a rank whose latest process no longer runs (killed alone, OOM, exited), counters stay
+while the run is held.
+
 The GPU's recommended attributes (``hw.name``, ``hw.vendor``, ``hw.model``,
 ``hw.driver_version``, ...) go on the ``hw.gpu.*`` points and on the rank's resource, each only
 when known: ``hw.name`` from the GPU's index on its host (``GPU 3``), ``hw.vendor`` ``NVIDIA``
@@ -37,7 +44,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vramwatch.__about__ import __version__
+from vramwatch.collector.state.live import LiveState
+from vramwatch.collector.state.snapshot import RankSnapshot
 from vramwatch.verdicts import STATES
+from vramwatch.wire import Sample
 
 log = logging.getLogger("vramwatch.otlp")
 
@@ -49,16 +59,31 @@ NVIDIA = "NVIDIA"
 
 
 @dataclass(frozen=True)
-class RankView:
-    """What one rank exports: identity, latest training sample, engine summary."""
+class OtlpRank:
+    """What one rank exports: its frozen snapshot and the sample shown (latest training step's)."""
 
-    run: str
-    host: str
-    rank: int
-    uuid: str | None
-    gpu: int | None
-    sample: dict[str, Any]
-    summary: dict[str, Any]
+    rank: RankSnapshot
+    sample: Sample
+
+    @property
+    def run(self) -> str:
+        return self.rank.run
+
+    @property
+    def host(self) -> str:
+        return self.rank.host
+
+    @property
+    def uuid(self) -> str | None:
+        return self.rank.uuid
+
+    @property
+    def gpu(self) -> int | None:
+        return self.rank.gpu
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.rank.summary
 
 
 @dataclass(frozen=True)
@@ -67,11 +92,12 @@ class MetricSpec:
     unit: str
     description: str
     kind: str  # "gauge" | "updown" (non-monotonic sum) | "counter" (monotonic sum)
-    value: Callable[[RankView], float | int | None]
+    value: Callable[[OtlpRank], float | int | None]
     hw: bool = False  # an hw.gpu.* metric: carries hw.id and hw.type
+    always: bool = False  # sent for a rank that no longer runs too (counters), else only while it runs
 
 
-def _utilization(view: RankView) -> float | None:
+def _utilization(view: OtlpRank) -> float | None:
     used, total = view.sample.get("nvml_used_bytes"), view.sample.get("total_bytes")
     return used / total if used is not None and total else None
 
@@ -100,20 +126,20 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("vramwatch.time_to_oom", "s", "Projected time until out of memory.", "gauge",
                lambda v: v.summary.get("seconds_to_oom")),
     MetricSpec("vramwatch.plateau.breaks", "{break}", "Plateau breaks so far.", "counter",
-               lambda v: v.summary.get("plateau_breaks")),
+               lambda v: v.summary.get("plateau_breaks"), always=True),
+    MetricSpec("vramwatch.ooms", "{oom}", "Out-of-memory errors on this rank, every process of it "
+               "(a restart does not reset it).", "counter", lambda v: v.rank.ooms, always=True),
+    MetricSpec("vramwatch.restarts", "{restart}", "Processes of this rank after the first (restarts).", "counter",
+               lambda v: v.rank.restarts, always=True),
+    MetricSpec("vramwatch.rank.running", "1", "1 while this rank's latest process runs (live or silent), 0 once "
+               "it exited, died or ended.", "gauge", lambda v: int(v.rank.running), always=True),
 )
 
 
-def views_of(live: Any) -> list[RankView]:
-    """Rank views from the collector's :class:`~vramwatch.collector.state.live.LiveState`."""
-    out = []
-    for state in live.snapshot():
-        sample = state.last_train or state.last
-        if sample is None:
-            continue
-        out.append(RankView(state.run, state.host, state.rank, state.uuid, state.gpu, dict(sample),
-                            state.engine.summary()))
-    return out
+def views_of(live: LiveState, now: float | None = None) -> list[OtlpRank]:
+    """The ranks of every live run, frozen (:meth:`LiveState.freeze_live`, what ``/metrics`` reads)."""
+    return [OtlpRank(rank, rank.shown) for run in live.freeze_live(now) for rank in run.ranks
+            if rank.shown is not None]
 
 
 def environment_attributes() -> dict[str, Any]:
@@ -123,10 +149,10 @@ def environment_attributes() -> dict[str, Any]:
     return dict(OTELResourceDetector().detect().attributes)
 
 
-def gpu_attributes(view: RankView, environment: dict[str, Any]) -> dict[str, Any]:
+def gpu_attributes(view: OtlpRank, environment: dict[str, Any]) -> dict[str, Any]:
     """The semantic conventions' attributes of the rank's GPU: ``hw.id``, ``hw.type`` and what is
     known of the recommended ones (never a guess: an unknown one is left out)."""
-    index = view.gpu if view.gpu is not None else view.rank
+    index = view.gpu if view.gpu is not None else view.rank.rank
     attrs: dict[str, Any] = {"hw.id": view.uuid or f"{view.host}/gpu{index}", "hw.type": "gpu"}
     if view.gpu is not None:
         attrs["hw.name"] = f"GPU {view.gpu}"
@@ -136,17 +162,17 @@ def gpu_attributes(view: RankView, environment: dict[str, Any]) -> dict[str, Any
     return attrs
 
 
-def _resource_attributes(view: RankView, environment: dict[str, Any]) -> dict[str, Any]:
+def _resource_attributes(view: OtlpRank, environment: dict[str, Any]) -> dict[str, Any]:
     attrs: dict[str, Any] = {**environment, **gpu_attributes(view, environment),
                              "service.name": "vramwatch", "service.version": __version__,
-                             "service.instance.id": f"{view.run}/{view.host}/{view.rank}",
-                             "vramwatch.run": view.run, "host.name": view.host, "vramwatch.rank": view.rank}
+                             "service.instance.id": f"{view.run}/{view.host}/{view.rank.rank}",
+                             "vramwatch.run": view.run, "host.name": view.host, "vramwatch.rank": view.rank.rank}
     if view.gpu is not None:
         attrs["vramwatch.gpu"] = view.gpu
     return attrs
 
 
-def build_metrics_data(views: Iterable[RankView], start_ns: int, now_ns: int | None = None,
+def build_metrics_data(views: Iterable[OtlpRank], start_ns: int, now_ns: int | None = None,
                        environment: dict[str, Any] | None = None) -> Any:
     """One OTLP export (SDK ``MetricsData``): a resource per rank, its metrics under one scope.
     ``environment``: the operator's resource attributes (:func:`environment_attributes`)."""
@@ -169,7 +195,10 @@ def build_metrics_data(views: Iterable[RankView], start_ns: int, now_ns: int | N
     for view in views:
         hw_attrs = gpu_attributes(view, environment or {})
         metrics = []
+        running = view.rank.running
         for spec in METRICS:
+            if not (running or spec.always):
+                continue  # withdrawn with the process, as /metrics withdraws it
             value = spec.value(view)
             if value is None:
                 continue  # not measured: nothing is sent, never a zero
@@ -178,7 +207,7 @@ def build_metrics_data(views: Iterable[RankView], start_ns: int, now_ns: int | N
             metrics.append(Metric(spec.name, spec.description, spec.unit, _data(spec.kind, [point], Gauge, Sum,
                                                                                    AggregationTemporality)))
         state = view.summary.get("state")
-        if state is not None:
+        if state is not None and running:
             # which memory level the verdict rests on (allocated, or device used for sparse sources)
             signal = {"vramwatch.signal": view.summary["signal"]} if view.summary.get("signal") else {}
             points = [NumberDataPoint(attributes={"vramwatch.state": s, **signal}, start_time_unix_nano=start_ns,
@@ -220,7 +249,7 @@ class OtlpPusher:
         self.pushes = 0
         self.failures = 0
 
-    def push(self, live: Any) -> bool:
+    def push(self, live: LiveState) -> bool:
         """One export of every rank now; True when the endpoint accepted it (blocking)."""
         from opentelemetry.sdk.metrics.export import MetricExportResult
 

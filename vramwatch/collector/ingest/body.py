@@ -30,13 +30,13 @@ measures it).
 from __future__ import annotations
 
 import re
-import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import orjson
 
+from vramwatch.bounded import Inflater, LimitExceeded
 from vramwatch.wire import FIELD_TABLE, MAX_EXTRA_KEYS, Sample, WireError, decode_samples, validate
 
 #: gzip output and raw input are handled in blocks of this many bytes (small: one block is
@@ -57,8 +57,6 @@ _MOST_VALUES = len(FIELD_TABLE) + MAX_EXTRA_KEYS
 
 _NON_BLANK_LINE = re.compile(rb"[^ \t\r\n][^\n]*")
 _NOT_BLANK = re.compile(rb"[^ \t\r\n\x0b\x0c]")  # what bytes.isspace() does not count as blank
-_GZIP_MAGIC = b"\x1f\x8b"
-
 
 class BodyError(WireError):
     """The body as a whole is unusable (400): not JSON, bad gzip."""
@@ -105,36 +103,22 @@ class DecodedBody:
 
 
 def iter_inflated(data: bytes, limit: int, block: int = BLOCK_BYTES) -> Iterator[bytes]:
-    """Inflate a gzip body block by block, refusing to grow past ``limit`` bytes.
+    """Inflate a gzip body block by block, refusing to grow past ``limit`` bytes, through the one
+    bounded inflater (:class:`vramwatch.bounded.Inflater`).
 
     Several concatenated members (``cat a.gz b.gz``) are one body, as for
     ``gzip.decompress``; trailing zero padding is ignored; anything else after the last
     member is an error, never silently dropped. Raises :class:`BodyError` /
-    :class:`BodyTooLargeError`. Memory: at most ``block`` bytes of output at a time.
+    :class:`InflatedTooLargeError`. Memory: at most ``block`` bytes of output at a time.
     """
-    size = 0
-    rest = data
-    while True:
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        pending = rest
-        while not inflater.eof:
-            try:
-                out = inflater.decompress(pending, min(block, limit - size + 1))
-            except zlib.error as exc:
-                raise BodyError(f"invalid gzip data: {exc}") from None
-            pending = inflater.unconsumed_tail
-            if out:
-                size += len(out)
-                if size > limit:
-                    raise InflatedTooLargeError(limit)
-                yield out
-            elif not pending and not inflater.eof:
-                raise BodyError("truncated gzip data")
-        rest = inflater.unused_data
-        if not rest.strip(b"\x00"):  # trailing zero padding (tape-style) is harmless
-            return
-        if rest[:2] != _GZIP_MAGIC:
-            raise BodyError(f"{len(rest)} bytes of trailing data after the gzip stream")
+    inflater = Inflater(limit, "gzip", "max_decompressed", step=block)
+    try:
+        yield from inflater.feed(data)
+        inflater.finish()
+    except LimitExceeded:
+        raise InflatedTooLargeError(limit) from None
+    except OSError as exc:
+        raise BodyError(str(exc)) from None
 
 
 def gunzip_limited(data: bytes, limit: int) -> bytes:

@@ -1,6 +1,6 @@
 """``POST /api/v1/samples``: the ingest router.
 
-Every request ends in one :class:`Outcome` (status, document, sample counts), recorded in
+Every request ends in one :class:`IngestAnswer` (status, document, sample counts), recorded in
 the ingest metrics exactly once, whatever the path: 200, 401, 413, 415, 422, 503, 507.
 Failures are typed exceptions mapped to a status in :func:`_outcome_of`, never matched on
 message text.
@@ -85,7 +85,7 @@ JSON_MEDIA_TYPES = frozenset({
 
 
 @dataclass
-class Outcome:
+class IngestAnswer:
     """The result of one ingest request: what is answered and what is counted."""
 
     status: int
@@ -277,10 +277,10 @@ async def _take_slot(ingestor: Ingestor) -> None:
                             {"Retry-After": "1"}) from None
 
 
-def _rejected(decoded: DecodedBody) -> Outcome:
+def _rejected(decoded: DecodedBody) -> IngestAnswer:
     first = decoded.errors[0]
     more = decoded.rejected - 1
-    return Outcome(422, {
+    return IngestAnswer(422, {
         "detail": f"sample {first.index}: {first.field}: {first.message}"
                   + (f" (and {more} more)" if more else "") + "; nothing stored",
         "accepted": 0, "rejected": decoded.rejected,
@@ -288,7 +288,7 @@ def _rejected(decoded: DecodedBody) -> Outcome:
     }, rejected=decoded.rejected)
 
 
-async def _ingest(scope: Scope, receive: Receive, ingestor: Ingestor) -> Outcome:
+async def _ingest(scope: Scope, receive: Receive, ingestor: Ingestor) -> IngestAnswer:
     settings = ingestor.settings
     headers = _headers(scope)
     _check_auth(scope, headers, settings)
@@ -308,30 +308,30 @@ async def _ingest(scope: Scope, receive: Receive, ingestor: Ingestor) -> Outcome
     try:
         result = await ingestor.commit(samples, now, inline=inline)
     except (RunFullError, SeriesLimitError) as exc:
-        return Outcome(422, {"detail": f"{exc}; nothing stored", "accepted": 0, "rejected": len(samples),
+        return IngestAnswer(422, {"detail": f"{exc}; nothing stored", "accepted": 0, "rejected": len(samples),
                              "errors": []}, rejected=len(samples))
     reply: dict[str, Any] = {"accepted": result.accepted, "duplicates": result.duplicates, "rejected": 0,
                              "flush_interval_s": ingestor.flush_hint()}
     directives = reply_directives(ingestor.state, samples)
     if directives:
         reply["directives"] = directives
-    return Outcome(200, reply, accepted=result.accepted, duplicates=result.duplicates)
+    return IngestAnswer(200, reply, accepted=result.accepted, duplicates=result.duplicates)
 
 
-def _outcome_of(exc: Exception) -> Outcome:
+def _outcome_of(exc: Exception) -> IngestAnswer:
     if isinstance(exc, IngestRefused):
-        return Outcome(exc.status, {"detail": exc.detail}, headers=exc.headers)
+        return IngestAnswer(exc.status, {"detail": exc.detail}, headers=exc.headers)
     if isinstance(exc, HTTPException):  # the auth dependency's 401
-        return Outcome(exc.status_code, {"detail": exc.detail}, headers=dict(exc.headers or {}))
+        return IngestAnswer(exc.status_code, {"detail": exc.detail}, headers=dict(exc.headers or {}))
     if isinstance(exc, BodyTooLargeError | BodyError):
-        return Outcome(exc.status, {"detail": str(exc)})
+        return IngestAnswer(exc.status, {"detail": str(exc)})
     if isinstance(exc, StoreBusyError | StoreError):
         log.error("ingest failed: %s", exc)
-        return Outcome(503, {"detail": str(exc)}, headers={"Retry-After": "1"})
+        return IngestAnswer(503, {"detail": str(exc)}, headers={"Retry-After": "1"})
     raise exc
 
 
-async def handle(scope: Scope, receive: Receive, state: Any) -> Outcome:
+async def handle(scope: Scope, receive: Receive, state: Any) -> IngestAnswer:
     """One ingest request: its outcome, counted once. Raises ``ClientDisconnect`` when the client
     left before sending its whole body (nothing is answered, counted or stored)."""
     started = time.perf_counter()
@@ -345,7 +345,7 @@ async def handle(scope: Scope, receive: Receive, state: Any) -> Outcome:
     return outcome
 
 
-async def send_outcome(send: Send, outcome: Outcome) -> None:
+async def send_outcome(send: Send, outcome: IngestAnswer) -> None:
     """The reply: status, the outcome's headers, its document as JSON."""
     body = orjson.dumps(outcome.doc)
     headers = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in outcome.headers.items()]

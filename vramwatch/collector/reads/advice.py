@@ -2,10 +2,10 @@
 ``GET /api/v1/compare?a=&b=``.
 
 The advice reads the tracks the collector already holds: every live series' engine is a
-:class:`~vramwatch.decisions.live.DecisionEngine` that has folded the run in as it arrived, so an
-answer costs a copy of each rank (under its lock) and a fit per rank (O(ranks x buckets²)), not
-a replay. A run not in memory (an evicted run is revived by the live state; a collector whose
-engines are plain trend engines) is replayed from the store. Figures and compare replay the run
+:class:`~vramwatch.decisions.online.DecisionEngine` that has folded the run in as it arrived, so an
+answer costs a copy of each rank (:meth:`LiveState.views`, under the collector's lock) and a fit per
+rank (O(ranks x buckets²)), not a replay. An evicted run is revived by the live state (from the
+store, kept for the next request). Figures and compare replay the run
 (their step-time medians are not kept live). Answers are cached per run and parameters, keyed by
 the run's sample count in the live state, so a dashboard polling an unchanged run costs a dict
 lookup; any new sample invalidates.
@@ -15,20 +15,22 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 
+from vramwatch.collector.state.live import LiveState
 from vramwatch.decisions import MAX_CHECKPOINTS, MAX_PLATEAU_STEPS
 from vramwatch.decisions.advice import decide
 from vramwatch.decisions.compare import compare as compare_runs
 from vramwatch.decisions.figures import RunFigures
 from vramwatch.decisions.grid import OffGrid
-from vramwatch.decisions.live import DecisionEngine
 from vramwatch.decisions.observe import RunObservation, observe
 from vramwatch.decisions.readiness import ReadinessConfig
-from vramwatch.decisions.views import RunView, fitted, judge, run_view
+from vramwatch.decisions.views import RunView, fitted, judge
 from vramwatch.verdicts import LOW_HEADROOM_FRACTION
+from vramwatch.wire import Sample
 
 router = APIRouter()
 
@@ -41,35 +43,32 @@ Tokens = Annotated[int | None, Query(ge=1, le=2**53)]
 Steps = Annotated[int, Query(ge=0, le=MAX_PLATEAU_STEPS)]
 
 
-def _states(request: Request, run: str, field: str = "run") -> list[Any]:
+def _version(request: Request, run: str, field: str = "run") -> int:
     live = request.app.state.live
     # a finished run evicted from live state is rebuilt from the store (collector/state/live.py)
     states = live.for_run(run) or live.revived(run, request.app.state.store.iter_samples)
     if not states:
         raise HTTPException(404, f"{field}: no run named {run!r}")
-    return states
+    return sum(s.samples for s in states)
 
 
-def _version(request: Request, run: str, field: str = "run") -> int:
-    return sum(s.samples for s in _states(request, run, field))
-
-
-def live_view(run: str, states: list[Any], config: ReadinessConfig) -> RunView | None:
-    """The run from the live series' decision engines (None when they are plain trend engines);
-    how each process ended is the collector's own run-life folds (vramwatch.runlife).
+def live_view(live: LiveState, run: str, config: ReadinessConfig,
+              replay: Callable[[str], Iterable[Sample]] | None = None) -> RunView | None:
+    """The run as the decisions read it, from the live series' engines (None: no such run); how
+    each process ended is the collector's own run-life folds (vramwatch.runlife).
     O(ranks x (buckets² + processes)), each rank held only while it is copied."""
-    engines = [s.engine for s in states]
-    if not engines or not all(isinstance(e, DecisionEngine) for e in engines):
+    views, lives, samples = live.views(run, config, replay)
+    if not views:
         return None
-    return judge(run, [fitted(e.view(config)) for e in engines], sum(s.samples for s in states),
-                 [s.life for s in states])
+    return judge(run, [fitted(v) for v in views], samples, lives)
 
 
 def run_view_of(request: Request, run: str, config: ReadinessConfig, field: str = "run") -> RunView:
-    """The run as the decisions read it: from the live engines' tracks, or replayed from the
-    store when they are not decision engines (the same functions either way: views.py)."""
-    view = live_view(run, _states(request, run, field), config)
-    return view if view is not None else run_view(_observe(request, run), config)
+    """The run from the live tracks (an evicted run revived from the store); 404 when unknown."""
+    view = live_view(request.app.state.live, run, config, request.app.state.store.iter_samples)
+    if view is None:
+        raise HTTPException(404, f"{field}: no run named {run!r}")
+    return view
 
 
 def _observe(request: Request, run: str) -> RunObservation:

@@ -28,7 +28,7 @@ from vramwatch.collector.serving.params import (
     require_rank,
 )
 from vramwatch.collector.state.live import LiveState, SeriesState
-from vramwatch.collector.state.rows import COMPACT_COLUMNS, MAX_RANK_ROWS, rank_rows
+from vramwatch.collector.state.rows import COMPACT_COLUMNS, MAX_RANK_ROWS, ROW_EVENTS, rank_rows
 from vramwatch.collector.store import FIELD_COLUMNS, Store
 from vramwatch.runlife import RunStory
 
@@ -108,7 +108,8 @@ def ranks(
     version = live.version
     if since is not None:
         states = [s for s in states if s.version > since]
-    page = rank_rows(states[offset:offset + limit], story, compact=compact)
+    page = rank_rows(live.freeze_states(states[offset:offset + limit], story, events=0 if compact else ROW_EVENTS),
+                     compact=compact)
     if not compact and since is None:
         return page
     doc: dict[str, Any] = {"run": run, "version": version, "total": len(states), "rows": page}

@@ -3,7 +3,8 @@ ranks (worst first), the runs row, min/max-envelope series of the worst ranks, p
 heatmaps, the evidence (snapshots, leak suspects, named foreign processes, the post-mortem) and
 the advice. What ``vramwatch report --db`` embeds; the report itself only renders.
 
-Cost: the run's samples read twice (the live state rebuilt, the post-mortem), one chart read
+Cost: the run's samples read twice (the live state rebuilt: the one fold of its life; the
+post-mortem's one pass, judged by that fold), one chart read
 per embedded rank (at most ``MAX_SERIES_RANKS + 1``), four heatmap reads.
 """
 
@@ -18,9 +19,10 @@ from vramwatch.collector.ingest.processes import ProcessBook
 from vramwatch.collector.reads.charts import run_chart, run_heatmap
 from vramwatch.collector.snapshots.diffs import DiffCache, enrich_postmortem, run_suspects
 from vramwatch.collector.snapshots.directives import SnapshotStore
-from vramwatch.collector.state.live import LiveState, summary_row
+from vramwatch.collector.state.live import EVENTS_KEPT, LiveState, summary_row
 from vramwatch.collector.state.rows import MAX_RANK_ROWS, rank_rows
 from vramwatch.collector.store import Store
+from vramwatch.errors import VramwatchError
 from vramwatch.evidence import postmortem
 from vramwatch.runlife import RunStory
 from vramwatch.wire import FIELD_TABLE
@@ -35,8 +37,10 @@ MAX_SERIES_RANKS = 64
 HEATMAP_COLS = 240
 
 
-class ReportError(ValueError):
+class ReportError(VramwatchError, ValueError):
     """The report cannot be built (unknown run, missing database or front-end files)."""
+
+    status = 404
 
 
 def points_per_rank(ranks: int, budget: int = REPORT_POINTS) -> int:
@@ -64,19 +68,21 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             hint = f"; runs in this database: {', '.join(known[:10])}" if known else "; the database has no runs"
             raise ReportError(f"run: no run named {run!r} in {db_path}{hint}")
         live = LiveState()
-        live.rebuild(store.iter_samples(run))
-        states = live.for_run(run)
-        now = time.time()
-        story = live.story(run, states, now)  # one judgement for the table, the runs row and the post-mortem
-        rows = rank_rows(states, story)
+        live.rebuild(store.iter_samples(run))  # the one replay of the run's life
+        # one frozen snapshot, one judgement: the table, the runs row, the post-mortem and the advice
+        frozen = live.freeze(run, time.time(), events=EVENTS_KEPT)
+        if frozen is None:
+            raise ReportError(f"run: no samples of {run!r} in {db_path}")
+        story = frozen.story
+        rows = rank_rows(frozen)
         # the ranks to embed: the rows' worst-first order, the one report --url uses too
-        by_key = {(s.host, s.rank): s for s in states}
+        by_key = {(s.host, s.rank): s for s in frozen.ranks}
         chosen = [by_key[r["host"], r["rank"]] for r in sorted(rows, key=row_order)[:MAX_SERIES_RANKS]]
-        rank0 = [s for s in states if s.rank == 0 and s not in chosen]
+        rank0 = [s for s in frozen.ranks if s.rank == 0 and s not in chosen]
         series: dict[str, Any] = {}
         phases: dict[str, Any] = {}
         events: dict[str, Any] = {}
-        for s in states:
+        for s in frozen.ranks:
             key = f"{s.host}\u0000{s.rank}"
             events[key] = [{"run": s.run, "host": s.host, "rank": s.rank, **e} for e in s.events]
         embedded = chosen + rank0[:1]
@@ -86,7 +92,7 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             series[key] = run_chart(store, run, s.rank, host=s.host, fields=list(SERIES_FIELDS), points=per_rank)
             phases[key] = store.phase_samples(run, s.host, s.rank)
         evidence = _evidence(db_path, run, store, live, story)
-        advice = _advice(run, states)
+        advice = _advice(run, live)
         heatmap = {
             x: {f: run_heatmap(store, run, field=f, x=x, cols=HEATMAP_COLS) for f in ("headroom", "reserved")}
             for x in ("step", "ts")
@@ -95,7 +101,7 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             "run": run,
             "generated_at": time.time(),
             "db": os.path.basename(db_path),
-            "runs": [summary_row(states, story, now)],
+            "runs": [summary_row(frozen)],
             "ranks": rows,
             "series": series,
             "phases": phases,
@@ -108,7 +114,7 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
         store.close()
 
 
-def _advice(run: str, states: list[Any]) -> dict[str, Any]:
+def _advice(run: str, live: LiveState) -> dict[str, Any]:
     """The advice document the dashboard's panel shows (``advice`` key; absent when the engines
     cannot say), decided on the rebuilt live state as the collector's route decides."""
     from vramwatch.collector.reads.advice import live_view
@@ -116,7 +122,7 @@ def _advice(run: str, states: list[Any]) -> dict[str, Any]:
     from vramwatch.decisions.readiness import ReadinessConfig
 
     config = ReadinessConfig()
-    view = live_view(run, states, config)
+    view = live_view(live, run, config)
     return {} if view is None else {"advice": decide(view, [], config=config).as_dict()}
 
 
@@ -124,7 +130,7 @@ def _evidence(db_path: str, run: str, store: Store, live: LiveState, story: RunS
     """The run's snapshot list, leak suspects and named foreign processes, and its post-mortem
     when a rank failed or something is still open at the end, a leak (``postmortem`` key absent
     otherwise), judged as ``story`` (the table's).
-    Cost: two sequential reads of the run's samples, the snapshot diffs of leaking ranks."""
+    Cost: one sequential read of the run's samples, the snapshot diffs of leaking ranks."""
     from vramwatch.collector.ingest.processes import foreign_only, rank_pids, report_doc
 
     snapshots, book = SnapshotStore.beside(db_path), ProcessBook.beside(db_path)

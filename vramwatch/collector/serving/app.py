@@ -151,10 +151,10 @@ def open_state(app: Any, settings: Settings) -> None:
     tune_gc_for_serving()
     try:
         done = restore(live, store, cutoff=time.time() - settings.finished_after_s)
-    except sqlite3.DatabaseError as exc:
+    except StoreError:  # the store's reads translate sqlite3's errors (a damaged page): close, then say it
         with contextlib.suppress(StoreError, sqlite3.Error):
             store.close()
-        raise StoreError(f"cannot read database {settings.db_path}: {exc}") from None
+        raise
     if done["samples"] or done["retired_runs"]:
         log.info("rebuilt live state from %d stored samples in %.1f s (%d finished runs listed, not replayed)",
                  done["samples"], done["seconds"], done["retired_runs"])

@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from vramwatch.errors import VramwatchError
+
 ENTRY = "app.js"
 _IMPORT = re.compile(r'^import\s*\{([^}]*)\}\s*from\s*"\./([\w.-]+\.js)";\s*$', re.M)
 _EXPORT = re.compile(r"^export\s+(?:async\s+)?(function\*?|class|const)\s+([A-Za-z_$][\w$]*)", re.M)
@@ -23,8 +25,10 @@ _OTHER_EXPORT = re.compile(r"^export\s+(?!(?:async\s+)?(?:function|class|const)\
 _OTHER_IMPORT = re.compile(r"^import\b", re.M)
 
 
-class BundleError(ValueError):
+class BundleError(VramwatchError, ValueError):
     """A dashboard module uses syntax the report bundler does not handle."""
+
+    status = 500
 
 
 def _rewrite(name: str, text: str) -> tuple[str, list[str], list[str]]:

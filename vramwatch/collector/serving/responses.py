@@ -8,6 +8,8 @@ from typing import Any
 import orjson
 from fastapi.responses import Response
 
+from vramwatch.errors import VramwatchError
+
 
 class JSONBytes(Response):
     """JSON via orjson: the API returns large numeric arrays (series, heatmaps)."""
@@ -46,8 +48,18 @@ def _echoable(value: Any) -> Any:
     return value
 
 
+async def refusal(request: Any, exc: VramwatchError) -> Response:
+    """Any error vramwatch raises on purpose that a route did not answer itself: its status
+    (:class:`vramwatch.errors.VramwatchError`) and its one line as ``detail``; a store that cannot
+    be used asks the client to retry."""
+    status = exc.status if isinstance(exc.status, int) else 502
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return JSONBytes({"detail": str(exc)}, status_code=status, headers=headers)
+
+
 def install_error_handlers(app: Any) -> None:
-    """The error renderers every vramwatch app (collector, front) shares."""
+    """The error renderers every vramwatch app (collector, front) shares: the API maps errors once."""
     from fastapi.exceptions import RequestValidationError
 
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(VramwatchError, refusal)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vramwatch.collector.snapshots.directives import SnapshotError, SnapshotInfo, SnapshotStore
+from vramwatch.collector.state.live import EVENTS_KEPT, LiveState
 from vramwatch.evidence import safe_pickle
 from vramwatch.evidence.snapshot_diff import SnapshotDiff, SnapshotFormatError, diff
 from vramwatch.evidence.suspects import LeakSuspects, SnapshotRef, from_diff, pick_pairs
@@ -92,14 +93,14 @@ def check_skip(skip: Sequence[str]) -> list[str]:
     return list(skip)
 
 
-def leaking_ranks(live: Any, run: str) -> set[tuple[str, int]]:
-    """(host, rank) of the run's series whose engine says leak now or raised a leak event."""
-    out = set()
-    for series in live.for_run(run):
-        state = getattr(series.engine, "state", None)
-        if state == "leak" or any(e.get("type") == "leak" for e in list(series.events)):
-            out.add((series.host, series.rank))
-    return out
+def leaking_ranks(live: LiveState, run: str) -> set[tuple[str, int]]:
+    """(host, rank) of the run's ranks whose engine says leak now or raised a leak event (the run
+    frozen once, :meth:`LiveState.freeze`)."""
+    frozen = live.freeze(run, events=EVENTS_KEPT)
+    if frozen is None:
+        return set()
+    return {(r.host, r.rank) for r in frozen.ranks
+            if r.summary.get("state") == "leak" or any(e.get("type") == "leak" for e in r.events)}
 
 
 def run_suspects(cache: DiffCache, live: Any, run: str, infos: Sequence[SnapshotInfo]) -> list[LeakSuspects]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from vramwatch.bounded import Inflater, LimitExceeded
+from vramwatch.errors import VramwatchError
 from vramwatch.evidence.suspects import FOLLOWUP_STEPS, FOLLOWUP_TRIGGER, LEAK_TRIGGER
 
 SeriesKey = tuple[str, str, int]
@@ -43,7 +44,7 @@ DEFAULT_STEPS = 5
 MAX_STEPS = 1000
 
 
-class SnapshotError(ValueError):
+class SnapshotError(VramwatchError, ValueError):
     """A snapshot upload or directive request that cannot be accepted; ``field`` names why."""
 
     def __init__(self, field_name: str, message: str, status: int = 400) -> None:
@@ -53,7 +54,7 @@ class SnapshotError(ValueError):
 
 
 @dataclass(frozen=True)
-class Directive:
+class CaptureDirective:
     """One instruction to one rank, as it travels in an ingest reply."""
 
     id: str
@@ -85,7 +86,7 @@ class SnapshotInfo:
 
 @dataclass
 class _Pending:
-    directive: Directive
+    directive: CaptureDirective
     created: float
 
 
@@ -119,7 +120,7 @@ class DirectiveBoard:
                 queue = self._pending.setdefault(key, [])
                 if any(p.directive.trigger == trigger for p in queue):
                     continue  # one pending capture per trigger is enough
-                directive = Directive(_uuid.uuid4().hex, "capture", steps, trigger)
+                directive = CaptureDirective(_uuid.uuid4().hex, "capture", steps, trigger)
                 queue.append(_Pending(directive, now))
                 ids.append(directive.id)
         return ids
@@ -150,10 +151,10 @@ class DirectiveBoard:
                 self._last_manual[key] = now
         return ids, wait
 
-    def take(self, keys: Iterable[SeriesKey], now: float | None = None) -> list[Directive]:
+    def take(self, keys: Iterable[SeriesKey], now: float | None = None) -> list[CaptureDirective]:
         """Hand out (and forget) the directives waiting for these series."""
         now = time.time() if now is None else now
-        out: list[Directive] = []
+        out: list[CaptureDirective] = []
         with self._lock:
             for key in set(keys):
                 queue = self._pending.pop(key, None)

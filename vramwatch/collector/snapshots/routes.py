@@ -228,8 +228,8 @@ def _gunzipped(path: Any, snapshot_id: str) -> tuple[Any, bytes] | None:
 def postmortem_doc(state: Any, run: str, silent_after_s: float | None) -> dict[str, Any]:
     """The post-mortem of ``run`` (404 when the store has none): judged by the live state, so this
     answer and /runs, /ranks, /metrics tell one story (each rank's silence window from its cadence);
-    a window asked for (``silent_after_s``) is a judgement of its own. Cost: two sequential reads of
-    the run's samples."""
+    a window asked for (``silent_after_s``) is a judgement of its own. Cost: one sequential read of
+    the run's samples (two for a window asked for)."""
     store = state.store
     if run not in store.runs():
         raise HTTPException(404, f"run: no run {run!r}")

@@ -1,4 +1,4 @@
-"""In-memory live state: one TrendEngine and the latest samples per series.
+"""In-memory live state: each rank's engine, its run-life fold and its latest samples, under one lock.
 
 Everything a scrape or a dashboard poll needs is here, so neither touches the database.
 After a restart the state is rebuilt by replaying the store through the same engines,
@@ -26,10 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramwatch import incidents, verdicts
-from vramwatch.runlife import RankLife, RunStory, judge
+from vramwatch.collector.state.snapshot import RankEngine, RankSnapshot, RunSnapshot, SeriesKey
+from vramwatch.decisions.online import DecisionEngine
+from vramwatch.decisions.readiness import ReadinessConfig
+from vramwatch.decisions.views import RankView
+from vramwatch.errors import VramwatchError
+from vramwatch.runlife import RankLife, RankStory, RunStory, judge
 from vramwatch.wire import Sample
-
-SeriesKey = tuple[str, str, int]
 
 #: Engine events kept per series for the API (the engine keeps its own bounded list too).
 EVENTS_KEPT = 500
@@ -55,8 +58,10 @@ def tune_gc_for_serving() -> None:
         gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
-class SeriesLimitError(Exception):
+class SeriesLimitError(VramwatchError):
     """A batch would take live state past ``max_series`` or a run past ``max_ranks_per_run``."""
+
+    status = 422
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -64,7 +69,9 @@ class SeriesLimitError(Exception):
 
 
 class SeriesState:
-    """One (run, host, rank): its engine, latest samples and what sticks (OOMs, restarts, exit).
+    """One (run, host, rank), mutable, owned by :class:`LiveState`: its engine track, its part of the
+    run's life (the fold: OOMs, restarts, how each process ended) and its latest samples. Readers
+    take a :class:`~vramwatch.collector.state.snapshot.RankSnapshot` (:meth:`LiveState.freeze`).
 
     ``__slots__`` and a lazily created event deque: a series that has raised no event
     costs a few hundred bytes here (the engine is the rest, see docs/reliability.md).
@@ -93,7 +100,7 @@ class SeriesState:
         "version",
     )
 
-    def __init__(self, run: str, host: str, rank: int, engine: Any, life: RankLife | None = None) -> None:
+    def __init__(self, run: str, host: str, rank: int, engine: RankEngine, life: RankLife | None = None) -> None:
         self.run, self.host, self.rank, self.engine = run, host, rank, engine
         #: this rank's part of the run's life (vramwatch.runlife): OOMs, restarts, how each process ended
         self.life = life if life is not None else RankLife(host, rank)
@@ -121,15 +128,6 @@ class SeriesState:
     @property
     def events(self) -> deque[dict[str, Any]] | tuple[()]:
         return self._events if self._events is not None else ()
-
-    @property
-    def ooms(self) -> int:
-        """OOMs of every process of this rank (the model's monotonic count)."""
-        return self.life.ooms
-
-    @property
-    def restarts(self) -> int:
-        return self.life.restarts
 
     def add_event(self, event: dict[str, Any]) -> None:
         if self._events is None:
@@ -163,18 +161,18 @@ class RetiredRun:
     row: dict[str, Any]
 
 
-def collector_engine() -> Any:
+def collector_engine() -> RankEngine:
     """The collector's per-series engine: the trend engine plus the decision figures
-    (largest tokens per step, readiness; vramwatch.decisions.live)."""
-    from vramwatch.decisions.live import DecisionEngine
-
+    (largest tokens per step, readiness; vramwatch.decisions.online)."""
     return DecisionEngine()
 
 
 class LiveState:
-    """Thread-safe map of series → state. ``ingest`` is called by the single writer."""
+    """Thread-safe map of series → state. ``ingest`` is called by the single writer; readers
+    take frozen copies (:meth:`freeze`, :meth:`freeze_live`, :meth:`views`) under the same lock,
+    the only lock guarding the engines."""
 
-    def __init__(self, engine_factory: Callable[[], Any] = collector_engine, *,
+    def __init__(self, engine_factory: Callable[[], RankEngine] = collector_engine, *,
                  silent_after_s: float | None = None) -> None:
         self._engine_factory = engine_factory
         #: one silence window for every rank, or None: each rank's own (vramwatch.runlife.rank_window)
@@ -334,7 +332,7 @@ class LiveState:
         quiet = [run for run, states in by_run.items() if max(s.last_seen for s in states) < cutoff]
         for run in quiet:
             states = by_run[run]
-            row = summary_row(states, self.story(run, states, now, stopped=True), now)
+            row = summary_row(self._frozen(states, self.story(run, states, now, stopped=True), now, 0))
             with self._lock:
                 for state in states:
                     self._series.pop(state.key, None)
@@ -437,6 +435,69 @@ class LiveState:
             self._stories[run] = (key, story)
         return story
 
+    # ------------------------------------------------------------ frozen reads
+
+    def freeze_states(self, states: list[SeriesState], story: RunStory, *, events: int = 0) -> RunSnapshot:
+        """``states`` (some of one run's series, live or revived) frozen with ``story``, the whole
+        run's judgement (:meth:`story`), so a page of ranks reads what the full list reads."""
+        return self._frozen(states, story, story.now, events)
+
+    def _frozen(self, states: list[SeriesState], story: RunStory, now: float, events: int) -> RunSnapshot:
+        index = story.index()
+        lock = self._lock
+        ranks = []
+        for state in states:
+            rank_story: RankStory | None = index.get((state.host, state.rank))
+            with lock:  # one rank between two of the writer's batches
+                tail = tuple(list(state.events)[-events:]) if events and state.events else ()
+                ranks.append(RankSnapshot(
+                    state.run, state.host, state.rank, state.uuid, state.gpu, state.local_rank, state.incarnation,
+                    state.samples, state.last_seen, state.version, state.last, state.last_train,
+                    state.engine.summary(), tail, rank_story, state.life.last_oom_ts, state.life.process_start_ts))
+        return RunSnapshot(story.run, now, story, tuple(ranks))
+
+    def freeze(self, run: str, now: float | None = None, *, events: int = 0,
+               replay: Callable[[str], Iterable[Sample]] | None = None) -> RunSnapshot | None:
+        """The run's ranks frozen at ``now`` (None when it has none): live ones, else an evicted
+        run rebuilt from ``replay`` (:meth:`revived`). ``events``: the latest events kept per rank.
+        O(ranks) engine summaries plus one judgement (cached)."""
+        now = time.time() if now is None else now
+        states = self.for_run(run)
+        if not states and replay is not None:
+            states = self.revived(run, replay)
+        if not states:
+            return None
+        return self._frozen(states, self.story(run, states, now), now, events)
+
+    def freeze_live(self, now: float | None = None, *, since: float | None = None) -> list[RunSnapshot]:
+        """Every live run frozen at ``now`` (ranks with a sample only); runs with no sample received
+        since ``since`` are left out (a scrape's age-out). O(series)."""
+        now = time.time() if now is None else now
+        by_run: dict[str, list[SeriesState]] = {}
+        for state in self.snapshot():
+            if state.last is not None:
+                by_run.setdefault(state.run, []).append(state)
+        out = []
+        for run, states in by_run.items():
+            if since is not None and max(s.last_seen for s in states) < since:
+                continue
+            states.sort(key=lambda s: (s.rank, s.host))
+            out.append(self._frozen(states, self.story(run, states, now), now, 0))
+        return out
+
+    def views(self, run: str, config: ReadinessConfig,
+              replay: Callable[[str], Iterable[Sample]] | None = None) -> tuple[list[RankView], list[RankLife], int]:
+        """The run's ranks as the decisions read them (each engine's frozen track, copied under the
+        lock), their run-life folds and the run's sample count. O(ranks x (buckets + processes))."""
+        states = self.for_run(run)
+        if not states and replay is not None:
+            states = self.revived(run, replay)
+        views = []
+        for state in states:
+            with self._lock:
+                views.append(state.engine.view(config))
+        return views, [s.life for s in states], sum(s.samples for s in states)
+
     def run_summaries(self, now: float | None = None) -> list[dict[str, Any]]:
         """One row per run (live and retired): status, OOMs, the worst rank's state, min
         headroom, soonest OOM, last sample. Newest first."""
@@ -444,7 +505,8 @@ class LiveState:
         by_run: dict[str, list[SeriesState]] = {}
         for state in self.snapshot():
             by_run.setdefault(state.run, []).append(state)
-        out = [summary_row(states, self.story(run, states, now), now) for run, states in by_run.items()]
+        out = [summary_row(self._frozen(states, self.story(run, states, now), now, 0))
+               for run, states in by_run.items()]
         with self._lock:
             out.extend(dict(r.row) for run, r in self._retired.items() if run not in by_run)
         out.sort(key=lambda r: -(r["last_seen"] or 0))
@@ -468,21 +530,19 @@ def story_row(story: RunStory) -> dict[str, Any]:
     }
 
 
-def summary_row(states: list[SeriesState], story: RunStory, now: float) -> dict[str, Any]:
+def summary_row(frozen: RunSnapshot) -> dict[str, Any]:
     """One ``/api/v1/runs`` row: :func:`story_row` with the engines' worst state, least headroom
     and soonest OOM (live ranks only), samples and receive time. O(ranks)."""
-    row = story_row(story)
-    row["samples"] = sum(s.samples for s in states)
-    row["last_seen"] = max(s.last_seen for s in states)
+    row = story_row(frozen.story)
+    row["samples"] = frozen.samples
+    row["last_seen"] = frozen.last_seen
     worst = -10**9
-    index = story.index()
-    for state in states:
-        rank = index.get((state.host, state.rank))
-        summary = state.engine.summary()
-        liveness = rank.liveness if rank is not None else verdicts.Liveness.LIVE
-        severity = verdicts.severity(summary.get("state"), liveness, state.ooms)
+    for rank in frozen.ranks:
+        summary = rank.summary
+        liveness = rank.liveness
+        severity = verdicts.severity(summary.get("state"), liveness, rank.ooms)
         if summary.get("state") is not None and severity > worst:
-            worst, row["worst_state"], row["worst_rank"] = severity, summary["state"], state.rank
+            worst, row["worst_state"], row["worst_rank"] = severity, summary["state"], rank.rank
         headroom = summary.get("headroom_bytes")
         if headroom is not None and (row["min_headroom_bytes"] is None or headroom < row["min_headroom_bytes"]):
             row["min_headroom_bytes"] = headroom

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from vramwatch.collector.state.live import LiveState, RetiredRun, story_row
-from vramwatch.runlife import RunLife, RunStory, judge
+from vramwatch.collector.store import Store
+from vramwatch.runlife import IncarnationRecord, RunLife, RunStory, judge
 
 log = logging.getLogger("vramwatch.collector")
 
 
-def _newest_is_recent(store: Any, run: str, cutoff: float) -> bool:
+def _newest_is_recent(store: Store, run: str, cutoff: float) -> bool:
     rows = store.series(run)
     if not rows:
         return False
@@ -36,7 +36,7 @@ def _newest_is_recent(store: Any, run: str, cutoff: float) -> bool:
     return bool(xs)
 
 
-def stopped_story(run: str, records: list[Any], now: float) -> RunStory:
+def stopped_story(run: str, records: list[tuple[str, int, IncarnationRecord]], now: float) -> RunStory:
     """The model's judgement of a run not replayed: from the store's records, as a run that
     has stopped (judged at least the silence window after its newest sample)."""
     life = RunLife(run)
@@ -45,7 +45,7 @@ def stopped_story(run: str, records: list[Any], now: float) -> RunStory:
     return judge(run, life.ranks(), now, stopped=True)
 
 
-def restore(live: LiveState, store: Any, *, cutoff: float) -> dict[str, float]:
+def restore(live: LiveState, store: Store, *, cutoff: float) -> dict[str, float]:
     """Replay the runs with a sample stamped at or after ``cutoff``; retire the others.
     Returns counts and the seconds it took (for the start-up log line)."""
     started = time.perf_counter()

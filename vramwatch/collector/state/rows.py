@@ -18,12 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 from vramwatch import verdicts
-from vramwatch.collector.state.live import SeriesState
-from vramwatch.runlife import RankStory, RunStory
+from vramwatch.collector.state.snapshot import RankSnapshot, RunSnapshot
 
 #: rows of one /ranks page at most (``limit``); ``offset`` pages through the rest
 MAX_RANK_ROWS = 4096
-#: events carried per full row (the events route has all of them)
+#: events carried per full row (the events route has all of them); freeze with this many
 ROW_EVENTS = 50
 
 #: engine summary keys the compact row keeps
@@ -36,19 +35,8 @@ _COMPACT_VERDICT = (
 _COMPACT_LAST = ("allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes")
 
 
-def verdict_of(state: SeriesState, story: RankStory | None) -> dict[str, Any]:
-    """The engine summary with liveness applied: a rank that is not live has no time-to-OOM."""
-    verdict = state.engine.summary()
-    if story is not None and story.liveness != verdicts.Liveness.LIVE:
-        verdict["steps_to_oom"] = verdict["seconds_to_oom"] = None
-    return verdict
-
-
-def _life(story: RankStory | None) -> tuple[str, int, int, int, dict[str, Any] | None]:
-    if story is None:  # a series with no sample yet
-        return str(verdicts.Liveness.LIVE), 0, 0, 0, None
-    return (str(story.liveness), story.ooms, story.restarts, story.deaths,
-            None if story.died is None else story.died.as_dict())
+def _died(rank: RankSnapshot) -> dict[str, Any] | None:
+    return None if rank.story is None or rank.story.died is None else rank.story.died.as_dict()
 
 
 #: columns of the compact table, in order (``?compact=1``)
@@ -58,44 +46,45 @@ COMPACT_COLUMNS: tuple[str, ...] = (
 )
 
 
-def rank_row(state: SeriesState, story: RankStory | None) -> dict[str, Any]:
-    """One ``/api/v1/runs/{run}/ranks`` row. O(1) plus the engine summary."""
-    liveness, ooms, restarts, deaths, died = _life(story)
-    verdict = verdict_of(state, story)
-    last = state.last
-    current = None if story is None else story.current
+def rank_row(rank: RankSnapshot) -> dict[str, Any]:
+    """One ``/api/v1/runs/{run}/ranks`` row. O(1) plus a copy of the engine summary."""
+    liveness = rank.liveness
+    verdict = rank.verdict()
+    last = rank.last
+    current = None if rank.story is None else rank.story.current
     return {
-        "run": state.run, "host": state.host, "rank": state.rank, "liveness": liveness, "ooms": ooms,
-        "restarts": restarts, "deaths": deaths, "severity": verdicts.severity(verdict.get("state"), liveness, ooms),
-        "died": died, "outcome": None if current is None else str(current.outcome),
-        "silence_window_s": None if story is None else story.window_s,
-        "cadence_s": None if story is None else story.cadence_s,
+        "run": rank.run, "host": rank.host, "rank": rank.rank, "liveness": liveness, "ooms": rank.ooms,
+        "restarts": rank.restarts, "deaths": rank.deaths,
+        "severity": verdicts.severity(verdict.get("state"), liveness, rank.ooms),
+        "died": _died(rank), "outcome": None if current is None else str(current.outcome),
+        "silence_window_s": None if rank.story is None else rank.story.window_s,
+        "cadence_s": None if rank.story is None else rank.story.cadence_s,
         "process_start": None if current is None else {"step": current.start.step, "ts": current.start.ts},
         "last_step": last["step"] if last else None, "last_ts": last["ts"] if last else None,
-        "last_seen": state.last_seen, "version": state.version, "local_rank": state.local_rank,
-        "uuid": state.uuid, "gpu": state.gpu, "incarnation": state.incarnation, "samples": state.samples,
-        "last": state.last_train or last, "verdict": verdict, "events": list(state.events)[-ROW_EVENTS:],
+        "last_seen": rank.last_seen, "version": rank.version, "local_rank": rank.local_rank,
+        "uuid": rank.uuid, "gpu": rank.gpu, "incarnation": rank.incarnation, "samples": rank.samples,
+        "last": rank.shown, "verdict": verdict, "events": list(rank.events[-ROW_EVENTS:]),
     }
 
 
-def compact_row(state: SeriesState, story: RankStory | None) -> list[Any]:
+def compact_row(rank: RankSnapshot) -> list[Any]:
     """The same rank as a list of :data:`COMPACT_COLUMNS` values (times to 0.1 s)."""
-    liveness, ooms, restarts, deaths, died = _life(story)
-    verdict = verdict_of(state, story)
-    last = state.last
-    shown = state.last_train or last or {}
+    liveness = rank.liveness
+    verdict = rank.verdict()
+    last = rank.last
+    shown = rank.shown or {}
     return [
-        state.host, state.rank, liveness, ooms, restarts, deaths,
-        verdicts.severity(verdict.get("state"), liveness, ooms), died,
-        last["step"] if last else None, round(state.last_seen, 1),
+        rank.host, rank.rank, liveness, rank.ooms, rank.restarts, rank.deaths,
+        verdicts.severity(verdict.get("state"), liveness, rank.ooms), _died(rank),
+        last["step"] if last else None, round(rank.last_seen, 1),
         *(verdict.get(k) for k in _COMPACT_VERDICT), *(shown.get(k) for k in _COMPACT_LAST),
     ]
 
 
-def rank_rows(states: list[SeriesState], story: RunStory, *, compact: bool = False) -> list[Any]:
-    """Rows of series of one run (in the given order): dicts, or lists when ``compact``.
-    ``story``: the whole run judged (:meth:`LiveState.story`), so a page of ranks reads the
+def rank_rows(ranks: RunSnapshot | list[RankSnapshot] | tuple[RankSnapshot, ...], *,
+              compact: bool = False) -> list[Any]:
+    """Rows of frozen ranks (in the given order): dicts, or lists when ``compact``. Each rank
+    carries the whole run's judgement (:meth:`LiveState.freeze`), so a page of ranks reads the
     same liveness as the full list."""
-    index = story.index()
     build = compact_row if compact else rank_row
-    return [build(s, index.get((s.host, s.rank))) for s in states]
+    return [build(r) for r in (ranks.ranks if isinstance(ranks, RunSnapshot) else ranks)]

@@ -22,6 +22,7 @@ from vramwatch.collector.store.errors import (
     StoreCloseError,
     StoreError,
     StoreLockedError,
+    StoreReadError,
 )
 from vramwatch.collector.store.reads import SeriesRow
 from vramwatch.collector.store.schema import (
@@ -36,6 +37,6 @@ from vramwatch.collector.store.schema import (
 __all__ = [
     "FIELD_COLUMNS", "MIGRATIONS", "SAMPLE_COLUMNS", "SCHEMA_VERSION", "SERIES_OPTIONAL", "TRAIN_PHASE_ID",
     "WAL_AUTOCHECKPOINT_PAGES", "WAL_SIZE_LIMIT_BYTES", "InsertResult", "RetentionResult", "RunFullError",
-    "SeriesRow", "Store", "StoreBusyError", "StoreCloseError", "StoreError", "StoreLockedError", "default_db_path",
-    "thread_reader",
+    "SeriesRow", "Store", "StoreBusyError", "StoreCloseError", "StoreError", "StoreLockedError", "StoreReadError",
+    "default_db_path", "thread_reader",
 ]

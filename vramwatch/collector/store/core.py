@@ -9,6 +9,7 @@ that do not take it stay correct because every cache miss is resolved against th
 
 from __future__ import annotations
 
+import inspect
 import os
 import sqlite3
 import threading
@@ -29,6 +30,7 @@ from vramwatch.collector.store.errors import (
     StoreCloseError,
     StoreError,
     StoreLockedError,
+    reads_translated,
 )
 from vramwatch.collector.store.reads import Reads, SeriesRow
 from vramwatch.collector.store.schema import VALUE_NAMES, insert_sql, migrate
@@ -576,3 +578,10 @@ class Store(Reads, Aggregates):
                     self._release_lock()
         if error is not None:
             raise error
+
+
+# every public read (Reads, Aggregates) raises StoreError, never sqlite3's errors: a damaged page met
+# deep inside a command or a request is one line naming the file
+for _name in sorted({name for base in (Reads, Aggregates) for name, value in vars(base).items()
+                     if inspect.isfunction(value) and not name.startswith("_")}):
+    setattr(Store, _name, reads_translated(getattr(Store, _name)))

@@ -15,21 +15,22 @@ per rank, a memory-model builder, the readiness bookkeeping and the rank's proce
 ``view(config)`` hands the advice route a frozen copy of the rank (:mod:`.views`): the collector's
 ``/advice`` decides on the tracks it already holds instead of replaying the store.
 
-Cost: per sample, the engine's update plus O(1) (a lock only while a reader copies an engine:
-``view``); the model is refitted (O(buckets²), under a millisecond) only when a bucket maximum
-changed and at most once per :data:`REFIT_EVERY` samples; the other figures are re-judged every
-:data:`RECHECK_EVERY` samples or on an OOM, so a scrape mostly reads cached figures.
+Locking is the owner's: the collector's live state updates and copies its engines under its own
+lock (:class:`vramwatch.collector.state.live.LiveState`), so this class takes none.
+
+Cost: per sample, the engine's update plus O(1); the model is refitted (O(buckets²), under a
+millisecond) only when a bucket maximum changed and at most once per :data:`REFIT_EVERY` samples;
+the other figures are re-judged every :data:`RECHECK_EVERY` samples or on an OOM, so a scrape
+mostly reads cached figures.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any
 
-from vramwatch.decisions.evidence import infer_grid
 from vramwatch.decisions.model import RankModelBuilder, TransientFit
 from vramwatch.decisions.observe import RankTrack
+from vramwatch.decisions.proven import infer_grid
 from vramwatch.decisions.readiness import ReadinessConfig, rank_readiness
 from vramwatch.decisions.reasons import BATCH_CAUSES
 from vramwatch.decisions.views import RankView, raw_view
@@ -42,11 +43,6 @@ REFIT_EVERY = 256
 RECHECK_EVERY = 32
 
 _CONFIG = ReadinessConfig()
-#: Readers copying an engine (:meth:`DecisionEngine.view`), and the lock they copy under: writers
-#: take it only while a reader waits, so the collector's writer pays a global read per sample.
-_readers = 0
-_LOCK = threading.Lock()
-_COUNT = threading.Lock()
 #: The figures before the first judgement (shared: figures are replaced, never mutated).
 _UNJUDGED: dict[str, Any] = {"max_tokens_per_step": None, "tokens_per_step_max_observed": None, "readiness": None}
 
@@ -54,7 +50,7 @@ _UNJUDGED: dict[str, Any] = {"max_tokens_per_step": None, "tokens_per_step_max_o
 class DecisionEngine:
     """A TrendEngine plus the decision figures; a drop-in ``engine_factory`` for ``LiveState``."""
 
-    __slots__ = ("_checked_at", "_figures", "_fit", "_fit_version", "_fitted_at", "_ooms_seen", "_track", "_writing")
+    __slots__ = ("_checked_at", "_figures", "_fit", "_fit_version", "_fitted_at", "_ooms_seen", "_track")
 
     def __init__(self, engine: TrendEngine | None = None) -> None:
         # the live figures never read the median step time: no step-time ring (2 KB per series)
@@ -65,7 +61,6 @@ class DecisionEngine:
         self._checked_at = -RECHECK_EVERY
         self._ooms_seen = 0
         self._figures = _UNJUDGED
-        self._writing = False  # set while a sample is folded in (a reader waits for it to finish)
 
     # the TrendEngine surface the collector reads
     @property
@@ -84,42 +79,18 @@ class DecisionEngine:
     def samples(self) -> int:
         return self._track.engine.samples
 
-    def __getattr__(self, name: str) -> Any:
-        # anything else the engine offers (config, plateau_breaks, ...) reads through
-        return getattr(self._track.engine, name)
-
     def update(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
-        """Engine update plus O(1) bookkeeping; returns the engine's new events. Takes no lock unless
-        a reader waits (:meth:`view`); it marks itself writing first, so a reader that arrived
-        meanwhile waits for this one sample."""
+        """Engine update plus O(1) bookkeeping; returns the engine's new events. The caller holds
+        whatever lock guards this engine against a concurrent :meth:`view`."""
         track = self._track
         if not track.run:  # one engine per series: its identity is the first sample's (a run is never "")
             track.run, track.host, track.rank = sample["run"], sample["host"], sample["rank"]
-        self._writing = True
-        if _readers:
-            self._writing = False
-            with _LOCK:  # a reader is copying an engine: wait for it
-                return track.update(sample)
-        try:
-            return track.update(sample)
-        finally:
-            self._writing = False
+        return track.update(sample)
 
     def view(self, config: ReadinessConfig) -> RankView:
-        """A frozen copy of the rank between two samples, its fit left to :func:`.views.fitted`
-        (outside): O(buckets + processes + phases). While it copies, writers of every engine wait
-        (a sample in progress is finished first); they take no lock otherwise."""
-        global _readers
-        with _COUNT:
-            _readers += 1
-        try:
-            with _LOCK:
-                while self._writing:
-                    time.sleep(0)  # the writer finishes its sample; its next waits for the lock
-                return raw_view(self._track, config, timing=False)
-        finally:
-            with _COUNT:
-                _readers -= 1
+        """A frozen copy of the rank, its fit left to :func:`.views.fitted` (outside):
+        O(buckets + processes + phases). Call it under the lock :meth:`update` is called under."""
+        return raw_view(self._track, config, timing=False)
 
     def figures(self) -> dict[str, Any]:
         """The decision figures, O(1) amortised per call.

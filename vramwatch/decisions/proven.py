@@ -17,10 +17,9 @@ from dataclasses import dataclass, replace
 from vramwatch.decisions.grid import Grid, choose
 from vramwatch.decisions.reasons import BATCH_CAUSES
 from vramwatch.decisions.trials import OomRecord, Trial, with_outcomes
-from vramwatch.verdicts import Outcome
+from vramwatch.verdicts import Outcome, is_low_headroom
 
 #: A rank's death (vramwatch.runlife): killed alone while the job went on.
-KILLED = str(Outcome.KILLED)
 #: Two OOMs at settings within this share of each other are OOMs at the same setting.
 SAME_SETTING = 0.01
 
@@ -64,7 +63,7 @@ class OomAt:
 
 
 @dataclass(frozen=True)
-class Death:
+class RankDeath:
     run: str
     host: str
     rank: int
@@ -90,7 +89,7 @@ def proven(trial: Trial, *, plateau_steps: int, checkpoints: int, margin: float)
     if trial.plateau_steps < plateau_steps or trial.checkpoints_passed < checkpoints:
         return False
     head, total = trial.min_headroom_bytes, trial.total_bytes
-    return head is None or not total or head >= margin * total
+    return not is_low_headroom(head, total, margin)
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,7 @@ class Evidence:
     run: str
     settings: tuple[Setting, ...]
     ooms: tuple[OomAt, ...]
-    deaths: tuple[Death, ...]
+    deaths: tuple[RankDeath, ...]
     grid: Grid
     current_ordinal: int | None = None  # the run's latest process (its largest ordinal)
 
@@ -161,7 +160,7 @@ def gather(run: str, ranks: list[RankTrials], world_size: int, references: list[
     settable step in tokens per rank (None: inferred from every process's tokens)."""
     settings: list[Setting] = []
     ooms: list[OomAt] = []
-    deaths: list[Death] = []
+    deaths: list[RankDeath] = []
     every: list[Trial] = []
     for ranks_of, world in ((ranks, world_size), *references):
         epochs: dict[tuple[str, int], list[Trial]] = {}
@@ -171,8 +170,8 @@ def gather(run: str, ranks: list[RankTrials], world_size: int, references: list[
                 epochs.setdefault((r.run, t.ordinal), []).append(t)
                 if t.oom is not None:
                     ooms.append(OomAt(r.run, r.host, r.rank, t.ordinal, t.oom))
-                elif t.outcome == KILLED:
-                    deaths.append(Death(r.run, r.host, r.rank, t.ordinal, t.last_step, t.last_ts))
+                elif t.outcome == Outcome.KILLED:
+                    deaths.append(RankDeath(r.run, r.host, r.rank, t.ordinal, t.last_step, t.last_ts))
         for (name, ordinal), trials in epochs.items():
             tokens = max((t.tokens or 0 for t in trials), default=0)
             if not tokens:
@@ -207,5 +206,5 @@ def _ranks_in(ranks: list[RankTrials]) -> int:
     return len({(r.host, r.rank) for r in ranks})
 
 
-__all__ = ["Death", "Evidence", "OomAt", "RankTrials", "Setting", "gather", "infer_grid",
+__all__ = ["Evidence", "OomAt", "RankDeath", "RankTrials", "Setting", "gather", "infer_grid",
            "judged_trials", "proven"]
