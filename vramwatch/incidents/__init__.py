@@ -14,7 +14,7 @@ post-mortem renders it).
 """
 
 from vramwatch.incidents.derive import Incident, Report, count, derive, group
-from vramwatch.incidents.nextsteps import NextStep, next_steps
+from vramwatch.incidents.nextsteps import NextAction, next_steps
 from vramwatch.incidents.track import Tracker
 
-__all__ = ["Incident", "NextStep", "Report", "Tracker", "count", "derive", "group", "next_steps"]
+__all__ = ["Incident", "NextAction", "Report", "Tracker", "count", "derive", "group", "next_steps"]

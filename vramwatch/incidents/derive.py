@@ -26,7 +26,7 @@ from typing import Any
 
 from vramwatch.incidents import findings as F
 from vramwatch.incidents.incident import Incident
-from vramwatch.incidents.nextsteps import NextStep, next_steps
+from vramwatch.incidents.nextsteps import NextAction, next_steps
 from vramwatch.incidents.track import Process
 from vramwatch.runlife import RunStory
 from vramwatch.verdicts import DEATHS, LOW_HEADROOM_FRACTION, SILENT_AFTER_S, Outcome
@@ -36,7 +36,7 @@ INPUT_PEAK_RATIO = 1.2
 
 
 @dataclass(frozen=True)
-class Death:
+class ProcessDeath:
     host: str
     rank: int
     incarnation: str
@@ -51,7 +51,7 @@ class Death:
 class Report:
     incidents: list[Incident] = field(default_factory=list)
     open_findings: list[F.Finding] = field(default_factory=list)
-    next: list[NextStep] = field(default_factory=list)
+    next: list[NextAction] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"incidents": [i.to_dict() for i in self.incidents],
@@ -59,7 +59,7 @@ class Report:
                 "next": [n.to_dict() for n in self.next]}
 
 
-def _deaths(story: RunStory) -> list[Death]:
+def _deaths(story: RunStory) -> list[ProcessDeath]:
     out = []
     for r in story.ranks:
         incs = r.incarnations
@@ -69,7 +69,7 @@ def _deaths(story: RunStory) -> list[Death]:
             rec = inc.record
             at = rec.oom_at if inc.outcome == Outcome.OOM and rec.oom_at is not None else rec.last
             nxt = incs[i + 1].record.first if i + 1 < len(incs) else None
-            out.append(Death(r.host, r.rank, rec.incarnation, inc.outcome, at.step, at.ts,
+            out.append(ProcessDeath(r.host, r.rank, rec.incarnation, inc.outcome, at.step, at.ts,
                              None if nxt is None else (nxt.step, nxt.ts), rec.first.ts))
     return out
 
@@ -81,7 +81,7 @@ def _closed_after(story: RunStory) -> list[tuple[float, float, int]]:
             if inc.outcome == Outcome.EXITED]
 
 
-def _one(group_: list[Death], exits: list[tuple[float, float, int]]) -> Incident:
+def _one(group_: list[ProcessDeath], exits: list[tuple[float, float, int]]) -> Incident:
     order = {Outcome.OOM: 0, Outcome.KILLED: 1, Outcome.STOPPED: 2}
     lead = min(group_, key=lambda d: (order.get(d.outcome, 3), d.ts, d.rank))
     kind = {Outcome.OOM: "oom", Outcome.KILLED: "death"}.get(lead.outcome, "job_stop")
@@ -99,7 +99,7 @@ def _one(group_: list[Death], exits: list[tuple[float, float, int]]) -> Incident
 def group(story: RunStory, *, window: float = SILENT_AFTER_S) -> list[Incident]:
     """The run's incidents in time order, without causes (the story alone: cheap enough for ``/runs``)."""
     deaths = sorted(_deaths(story), key=lambda d: (d.ts, d.rank))
-    groups: list[list[Death]] = []
+    groups: list[list[ProcessDeath]] = []
     for d in deaths:
         # one incident: deaths close in time of processes already running when it began (a
         # process restarted after it that dies soon after is the next incident: a crash loop)
@@ -146,12 +146,12 @@ def _raise(p: Process, earlier: list[Process]) -> F.Raise | None:
     return F.Raise(p.rank, p.host, usual, held_tokens, best.last_step)
 
 
-def _input_peak(p: Process) -> F.InputPeak | None:
+def _input_peak(p: Process) -> F.InputPeakFinding | None:
     usual = p.usual_tokens
     if not p.oom_tokens or not usual or p.oom_tokens <= p.tokens_max or p.oom_tokens < INPUT_PEAK_RATIO * usual:
         return None
     assert p.oom_step is not None
-    return F.InputPeak(p.rank, p.host, p.oom_step, p.oom_tokens, usual, p.tokens_max)
+    return F.InputPeakFinding(p.rank, p.host, p.oom_step, p.oom_tokens, usual, p.tokens_max)
 
 
 def _oom_cause(p: Process, earlier: list[Process]) -> F.Finding:

@@ -127,7 +127,7 @@ class PhasePeak(Finding):
 
 
 @dataclass(frozen=True)
-class InputPeak(Finding):
+class InputPeakFinding(Finding):
     """The failing step's input (tokens) above anything the process had held."""
 
     KIND: ClassVar[str] = "input_peak"
@@ -178,4 +178,4 @@ class Unknown(Finding):
             "" if self.headroom_bytes is None else f" (headroom {gib(self.headroom_bytes)} at its last sample)")
 
 
-__all__ = ["Finding", "Fragmentation", "InputPeak", "Leak", "NotMemory", "PhasePeak", "Raise", "Unknown"]
+__all__ = ["Finding", "Fragmentation", "InputPeakFinding", "Leak", "NotMemory", "PhasePeak", "Raise", "Unknown"]

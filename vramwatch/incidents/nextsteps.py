@@ -24,7 +24,7 @@ ACTION_ORDER = ("diff_snapshots", "capture_snapshots", "fix_leak", "set_allocato
 
 
 @dataclass(frozen=True)
-class NextStep:
+class NextAction:
     action: str  # capture_snapshots | diff_snapshots | fix_leak | set_allocator | resume | cap_input | back_off | hold
     text: str
     rank: int | None = None
@@ -35,36 +35,36 @@ class NextStep:
         return asdict(self)
 
 
-def _leak_steps(run: str, leak: F.Leak, snapshots: list[dict[str, Any]]) -> list[NextStep]:
+def _leak_steps(run: str, leak: F.Leak, snapshots: list[dict[str, Any]]) -> list[NextAction]:
     mine = sorted((s for s in snapshots if s.get("rank") == leak.rank and s.get("id") is not None),
                   key=lambda s: (s.get("step") or 0, str(s["id"])))
     out = []
     if len(mine) >= 2:
         old, new = mine[0], mine[-1]
-        out.append(NextStep("diff_snapshots", f"see what grew on rank {leak.rank} between its snapshots at steps "
+        out.append(NextAction("diff_snapshots", f"see what grew on rank {leak.rank} between its snapshots at steps "
                             f"{old.get('step')} and {new.get('step')}: the growing allocation sites are the leak",
                             leak.rank, f"vramwatch snapshots diff {shlex.quote(str(old['id']))} "
                             f"{shlex.quote(str(new['id']))} --top 20"))
     else:
         capture = f"vramwatch capture {shlex.quote(run)} --rank {leak.rank}"
-        out.append(NextStep("capture_snapshots", f"capture two allocator snapshots on rank {leak.rank}, a few "
+        out.append(NextAction("capture_snapshots", f"capture two allocator snapshots on rank {leak.rank}, a few "
                             f"hundred steps apart (it grows {rate(leak.slope_bytes_per_step)}), then diff them "
                             "with `vramwatch snapshots diff OLD NEW` (ids from /api/v1/runs/RUN/snapshots)",
                             leak.rank, capture))
-    out.append(NextStep("fix_leak", f"fix the leak on rank {leak.rank} ({rate(leak.slope_bytes_per_step)} since "
+    out.append(NextAction("fix_leak", f"fix the leak on rank {leak.rank} ({rate(leak.slope_bytes_per_step)} since "
                         f"step {leak.since_step:,}) before raising the batch: a restart does not fix it and a raise "
                         "only brings the OOM closer", leak.rank))
     return out
 
 
-def _batch_step(finding: F.Finding) -> NextStep | None:
+def _batch_step(finding: F.Finding) -> NextAction | None:
     if isinstance(finding, F.Raise):
-        return NextStep("resume", f"resume at {finding.held_tokens_per_step:,} tokens per step per rank, the "
+        return NextAction("resume", f"resume at {finding.held_tokens_per_step:,} tokens per step per rank, the "
                         f"setting that held to step {finding.held_step:,}; raise again in smaller steps "
                         "(`vramwatch advise RUN` bounds the next one)", finding.rank,
                         tokens_per_step=finding.held_tokens_per_step)
-    if isinstance(finding, F.InputPeak):
-        return NextStep("cap_input", f"cap a step's input at {finding.largest_held_tokens:,} tokens (the largest "
+    if isinstance(finding, F.InputPeakFinding):
+        return NextAction("cap_input", f"cap a step's input at {finding.largest_held_tokens:,} tokens (the largest "
                         f"rank {finding.rank} held) or bucket inputs by length: the run's usual "
                         f"{finding.usual_tokens:,} fits, its longest inputs do not", finding.rank,
                         tokens_per_step=finding.largest_held_tokens)
@@ -72,16 +72,16 @@ def _batch_step(finding: F.Finding) -> NextStep | None:
         above = (None if finding.peak_bytes is None or finding.train_peak_bytes is None
                  else finding.peak_bytes - finding.train_peak_bytes)
         need = "" if above is None or above <= 0 else f" (it needs {gib(above)} above the training peak)"
-        return NextStep("back_off", f"make room for {finding.phase}{need}: back off the batch one step of the "
+        return NextAction("back_off", f"make room for {finding.phase}{need}: back off the batch one step of the "
                         "procedure, or lower the phase's own peak (save from CPU copies, smaller eval batch)",
                         finding.rank)
     return None
 
 
 def next_steps(run: str, incidents: list[Incident], still: list[F.Finding],
-               snapshots: list[dict[str, Any]]) -> list[NextStep]:
+               snapshots: list[dict[str, Any]]) -> list[NextAction]:
     """The ordered next steps (see the module's docstring)."""
-    out: list[NextStep] = []
+    out: list[NextAction] = []
     leaks: dict[int, F.Leak] = {}
     frags: dict[int, F.Fragmentation] = {}
     for f in [i.finding for i in incidents] + list(still):
@@ -92,7 +92,7 @@ def next_steps(run: str, incidents: list[Incident], still: list[F.Finding],
     for leak in leaks.values():
         out.extend(_leak_steps(run, leak, snapshots))
     for frag in frags.values():
-        out.append(NextStep("set_allocator", f"rank {frag.rank}'s free memory is split in blocks it cannot reuse "
+        out.append(NextAction("set_allocator", f"rank {frag.rank}'s free memory is split in blocks it cannot reuse "
                             f"({gib(frag.split_bytes)}): let the allocator grow segments instead", frag.rank,
                             f"export {ALLOCATOR_SETTING}"))
     seen: set[str] = set()
@@ -105,14 +105,14 @@ def next_steps(run: str, incidents: list[Incident], still: list[F.Finding],
         stop = next(i for i in incidents if i.cause == "not_memory")
         why = (f"why rank {stop.rank} was killed (the host's kernel log for the OOM-killer, the scheduler)"
                if stop.kind == "death" else "why the job stopped (a hang in a collective, the launcher's, NCCL's logs)")
-        out.append(NextStep("hold", f"keep the batch: memory was not the cause; look around step {stop.step:,} "
+        out.append(NextAction("hold", f"keep the batch: memory was not the cause; look around step {stop.step:,} "
                             f"for {why}", stop.rank))
     if not out and not incidents:
-        out.append(NextStep("hold", "nothing to change: no incident and nothing open"))
+        out.append(NextAction("hold", "nothing to change: no incident and nothing open"))
     if not out:
-        out.append(NextStep("capture_snapshots", "the cause is unknown: capture allocator snapshots on the next "
+        out.append(NextAction("capture_snapshots", "the cause is unknown: capture allocator snapshots on the next "
                             "run so an OOM leaves its own evidence", None, f"vramwatch capture {shlex.quote(run)}"))
     return out
 
 
-__all__ = ["ACTION_ORDER", "ALLOCATOR_SETTING", "NextStep", "next_steps"]
+__all__ = ["ACTION_ORDER", "ALLOCATOR_SETTING", "NextAction", "next_steps"]
