@@ -71,13 +71,35 @@ class LeakDetector:
         return trend
 
     def in_rise(self, ctx: Context, plateau: PlateauDetector, block: Block) -> Trend | None:
-        """A leak in the rise after a break; moves ``plateau.rising_since`` to the window found."""
+        """A leak in the rise after a break; moves ``plateau.rising_since`` to the window found.
+        A young process's rise that is still warm-up by its age is a leak when it fills the card
+        fast (:meth:`fast_fill`)."""
         for s0 in plateau.rise_starts(ctx, block):
             trend = self.rise(ctx, s0, ctx.min_span())
-            if trend and not plateau.warming_up(ctx, block, trend.slope):
+            if trend and plateau.warming_up(ctx, block, trend.slope):
+                trend = self.fast_fill(ctx, s0)
+            if trend:
                 plateau.rising_since = s0
                 return trend
         return None
+
+    def fast_fill(self, ctx: Context, s0: float) -> Trend | None:
+        """A young process's rise since ``s0`` judged by its rate against the time left to fill the
+        card: steady (thirds agreeing within ``warmup_half_ratio``, no jump over a quarter of the
+        rise: a warm-up that slows down, compile or NCCL steps fail), filling the card within the
+        warm-up allowance (``warmup_leak_horizons`` horizons: it would die before any verdict by
+        age), and gone on for at least ``young_fill_ratio`` of the time it still needs. Whatever
+        the age: a fast fill is an alarm."""
+        cfg = ctx.config
+        trend = ctx.pyramid.trend("floor", s0, cfg.min_blocks * cfg.block_steps, cfg.warmup_half_ratio, ctx.tol,
+                                  max_jump=0.25, parts=3)
+        if trend is None:
+            return None
+        _, seconds = self.runway(ctx, self.source_for(ctx), trend.slope)
+        per_step = ctx.pyramid.seconds_per_step()
+        if seconds is None or not per_step or seconds > cfg.warmup_leak_horizons * cfg.warmup_horizon_s:
+            return None
+        return trend if trend.span * per_step >= cfg.young_fill_ratio * seconds else None
 
     def slow(self, ctx: Context, plateau: PlateauDetector, block: Block) -> Trend | None:
         """A leak slower than the noise shows up as breaks followed by "plateaus" that are only
@@ -115,6 +137,12 @@ class LeakDetector:
         warm-up, however long, keeps decelerating; steps are not the clock here (dcgm's step is
         a second, nvidia-smi's a row)."""
         if not ctx.past_horizon(block, ctx.config.warmup_leak_horizons):
+            if ctx.pyramid.coarse_pending:
+                return None  # every fourth block
+            for s0 in (ctx.pyramid.start + age // 2, ctx.pyramid.start + 3 * age // 4):
+                trend = self.fast_fill(ctx, s0)
+                if trend is not None:
+                    return trend
             return None
         assert ctx.horizon_step is not None
         start = max(ctx.pyramid.start + age // 4, ctx.horizon_step)
