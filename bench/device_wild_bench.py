@@ -47,11 +47,11 @@ def _suspected(group: list[Outcome]) -> tuple[int, int, int]:
     died = named = wrong = 0
     for o in group:
         says = [e["ts"] for e in o.events if e["type"] == "suspected_oom"]
-        if o.truth.leak and o.oom_seen:
+        if o.truth.leak and o.oom_seen and o.source != "hook":  # a dead hook sends nothing
             died += 1
             assert o.truth.oom_ts is not None
-            named += any(abs(t - o.truth.oom_ts) <= 120.0 for t in says)
-            wrong += any(abs(t - o.truth.oom_ts) > 120.0 for t in says)
+            named += any(abs(t - o.truth.oom_ts) <= 600.0 for t in says)
+            wrong += any(abs(t - o.truth.oom_ts) > 600.0 for t in says)
         else:
             wrong += bool(says)
     return died, named, wrong
@@ -110,8 +110,9 @@ goes on being scraped for 10 min without it. *tune* is the split the device rule
 every parameter from other ranges with other seeds and was only run to be reported. Leak found: the first alarm
 between onset and OOM; runway left = (OOM - detection) / (OOM - onset), a miss counts 0 %. Forecast error =
 (forecast - actual) / actual time to OOM at the engine's first alarm; "in range": the actual time within the leak
-event's `seconds_to_oom_low`..`seconds_to_oom_high`. Suspected OOM: a `suspected_oom` event within 2 min of the
-process's OOM, on the traces that had one (wrong: one anywhere else)."""
+event's `seconds_to_oom_low`..`seconds_to_oom_high`. Suspected OOM: a `suspected_oom` event within 10 min of the
+process's OOM, on the dcgm and nvidia-smi traces that had one (a hook's process sends nothing once dead;
+wrong: one anywhere else)."""
 
 
 def section(results: dict[str, list[Outcome]], took: float) -> str:

@@ -28,5 +28,7 @@ class EngineConfig:
     stair_spread: float = 5.0  # ... the longest gap between them at most this many times the shortest ...
     stair_toggle_ratio: float = 1.5  # a rise and a fall within this ratio of each other: a level that came back
     stair_z: float = 3.0  # ... each step this many noise deviations above the point-to-point jitter
+    vanish_frac: float = 0.5  # device used falling below this share of its level: the process is gone ...
+    near_full_frac: float = 0.9  # ... with the device this full before (or at the top of a climb): a suspected OOM
     spike_margin_frac: float = 0.015  # an unmarked spike is this far above the training peak
     max_events: int = 256  # events kept (most recent)

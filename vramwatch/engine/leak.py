@@ -36,6 +36,8 @@ class LeakState:
     steps: int | None = None  # projected steps to OOM
     seconds: float | None = None
     cadence: float = 0.0  # a staircase's mean gap between steps (steps); 0 for a steady rise
+    spread: tuple[float, float] = (1.0, 1.0)  # the slope's range as multiples of it (slower, faster part)
+    seconds_range: tuple[float, float] | None = None  # the time to OOM at the faster and the slower rate
 
     @property
     def signal(self) -> Signal:
@@ -76,12 +78,32 @@ class LeakDetector:
         fast (:meth:`fast_fill`)."""
         for s0 in plateau.rise_starts(ctx, block):
             trend = self.rise(ctx, s0, ctx.min_span())
-            if trend and plateau.warming_up(ctx, block, trend.slope):
-                trend = self.fast_fill(ctx, s0)
+            if trend and (plateau.warming_up(ctx, block, trend.slope) or ctx.horizon_step is None):
+                trend = self.young(ctx, s0, trend)
             if trend:
                 plateau.rising_since = s0
                 return trend
         return None
+
+    def young(self, ctx: Context, s0: float, trend: Trend) -> Trend | None:
+        """A rise in a process still within its warm-up allowance (by age, or its first plateau
+        not holding) is judged on its fill: a steady one by :meth:`fast_fill`, a staircase by
+        its rate (NCCL's buffers, compile records come in irregular steps in the first hour,
+        then stop: only a staircase that would fill the card before the allowance is out, seen
+        for long enough, is a leak that young)."""
+        if not trend.cadence:
+            return self.fast_fill(ctx, s0)
+        return trend if self._fills(ctx, trend) else None
+
+    def _fills(self, ctx: Context, trend: Trend) -> bool:
+        """``trend`` fills the card within the warm-up allowance and has been seen for at least
+        ``young_fill_ratio`` of the time it still needs."""
+        cfg = ctx.config
+        _, seconds = self.runway(ctx, self.source_for(ctx), trend.slope)
+        per_step = ctx.pyramid.seconds_per_step()
+        if seconds is None or not per_step or seconds > cfg.warmup_leak_horizons * cfg.warmup_horizon_s:
+            return False
+        return trend.span * per_step >= cfg.young_fill_ratio * seconds
 
     def fast_fill(self, ctx: Context, s0: float) -> Trend | None:
         """A young process's rise since ``s0`` judged by its rate against the time left to fill the
@@ -93,13 +115,7 @@ class LeakDetector:
         cfg = ctx.config
         trend = ctx.pyramid.trend("floor", s0, cfg.min_blocks * cfg.block_steps, cfg.warmup_half_ratio, ctx.tol,
                                   max_jump=0.25, parts=3)
-        if trend is None:
-            return None
-        _, seconds = self.runway(ctx, self.source_for(ctx), trend.slope)
-        per_step = ctx.pyramid.seconds_per_step()
-        if seconds is None or not per_step or seconds > cfg.warmup_leak_horizons * cfg.warmup_horizon_s:
-            return None
-        return trend if trend.span * per_step >= cfg.young_fill_ratio * seconds else None
+        return trend if trend is not None and self._fills(ctx, trend) else None
 
     def slow(self, ctx: Context, plateau: PlateauDetector, block: Block) -> Trend | None:
         """A leak slower than the noise shows up as breaks followed by "plateaus" that are only
@@ -114,6 +130,8 @@ class LeakDetector:
         min_span = 4 * ctx.min_span()
         for s0 in sorted(onsets[-4:]):
             trend = ctx.pyramid.trend("floor", s0, min_span, ratio, ctx.tol, max_jump=0.35, parts=parts)
+            if trend and ctx.horizon_step is None:
+                trend = self.young(ctx, s0, trend)
             if trend and not plateau.warming_up(ctx, block, trend.slope):
                 plateau.rising_since = s0
                 return trend
@@ -124,6 +142,8 @@ class LeakDetector:
         self.stairs_read = block.end
         for s0 in sorted({onsets[0], onsets[-4:][0]}):  # the most steps; the latest four breaks
             trend = staircase(ctx.pyramid, "floor", s0, min_span, ctx.tol)
+            if trend and ctx.horizon_step is None:
+                trend = self.young(ctx, s0, trend)
             if trend and not plateau.warming_up(ctx, block, trend.slope):
                 plateau.rising_since = s0
                 return trend
@@ -186,9 +206,24 @@ class LeakDetector:
         return steps, steps * per_step
 
     # ------------------------------------------------------------------ start / follow
+    def _forecast(self, ctx: Context, leak: LeakState) -> None:
+        """Steps and seconds to OOM at the leak's slope, and the seconds' range at its slower and
+        faster rate (the envelope: one runway each, no other estimator)."""
+        leak.steps, leak.seconds = self.runway(ctx, leak.source, leak.slope)
+        if leak.seconds is None or leak.spread == (1.0, 1.0):
+            leak.seconds_range = None
+            return
+        low, high = leak.spread
+        leak.seconds_range = (leak.seconds / high, leak.seconds / low)
+
     def start(self, ctx: Context, step: int, source: str, trend: Trend, onset: int) -> LeakEvent:
-        steps, seconds = self.runway(ctx, source, trend.slope)
-        self.current = LeakState(source, trend.slope, onset, step, steps, seconds, trend.cadence)
+        spread = (1.0, 1.0)
+        if trend.slope > 0 and 0 < trend.slope_low <= trend.slope <= trend.slope_high:
+            spread = (trend.slope_low / trend.slope, trend.slope_high / trend.slope)
+        leak = self.current = LeakState(source, trend.slope, onset, step, cadence=trend.cadence, spread=spread)
+        self._forecast(ctx, leak)
+        steps, seconds = leak.steps, leak.seconds
+        low_high = leak.seconds_range
         plateau = ctx.plateau
         if plateau is not None and plateau.until_step is None:
             plateau.until_step = onset  # the plateau the leak grew from ends where it began
@@ -204,6 +239,8 @@ class LeakDetector:
             plateau_since_step=None if plateau is None else plateau.since_step,
             signal=ctx.signal,
             cadence_steps=round(trend.cadence) if trend.cadence else None,
+            seconds_to_oom_low=None if low_high is None else round(low_high[0], 1),
+            seconds_to_oom_high=None if low_high is None else round(low_high[1], 1),
         )
 
     def follow(self, ctx: Context, block: Block) -> Ended | None:
@@ -222,7 +259,7 @@ class LeakDetector:
         if pyramid.saw_drops and pyramid.saw_drops[-1] == block.start and leak.source != OUTSIDE:
             return Ended(min_span, judged=False)
         if pyramid.coarse_pending:
-            leak.steps, leak.seconds = self.runway(ctx, leak.source, leak.slope)
+            self._forecast(ctx, leak)
             return None  # the slope moves slowly: re-fit every fourth block
         xs, ys, _ = pyramid.window(leak.signal, leak.onset)
         if len(xs) >= 4:
@@ -230,5 +267,5 @@ class LeakDetector:
         window = max(min_span, 2 * ctx.tol / leak.slope if leak.slope > 0 else min_span, 2 * leak.cadence)
         if block.end - leak.onset >= 2 * window and pyramid.flat(leak.signal, block.end - window, window, ctx.tol):
             return Ended(window, judged=True)
-        leak.steps, leak.seconds = self.runway(ctx, leak.source, leak.slope)
+        self._forecast(ctx, leak)
         return None
