@@ -334,7 +334,7 @@ class Pyramid:
             return None
         if mann_kendall_z(ys) < self.config.mk_z:
             return None
-        return Trend(slope, span, n, ys[-1], 0.0, min(slopes + [slope]), max(slopes + [slope]))
+        return Trend(slope, span, n, ys[-1], 0.0, min(slope, *slopes), max(slope, *slopes))
 
     def flat(self, signal: Signal, s0: float, min_span: float, tol: float, stretch: float = 0.0) -> bool:
         """``signal`` moved less than ``tol`` since ``s0`` (its Theil-Sen slope over the window,

@@ -78,7 +78,7 @@ class LeakDetector:
         fast (:meth:`fast_fill`)."""
         for s0 in plateau.rise_starts(ctx, block):
             trend = self.rise(ctx, s0, ctx.min_span())
-            if trend and (plateau.warming_up(ctx, block, trend.slope) or ctx.horizon_step is None):
+            if trend and (plateau.warming_up(ctx, block, trend.slope) or self._device_young(ctx)):
                 trend = self.young(ctx, s0, trend)
             if trend:
                 plateau.rising_since = s0
@@ -94,6 +94,12 @@ class LeakDetector:
         if not trend.cadence:
             return self.fast_fill(ctx, s0)
         return trend if self._fills(ctx, trend) else None
+
+    @staticmethod
+    def _device_young(ctx: Context) -> bool:
+        """Device used only, in the process's first warm-up horizon: a rise there may be NCCL's or
+        another process's steps (allocator fields tell those apart; device used cannot)."""
+        return ctx.signal == "device_used" and ctx.horizon_step is None
 
     def _fills(self, ctx: Context, trend: Trend) -> bool:
         """``trend`` fills the card within the warm-up allowance and has been seen for at least
@@ -130,7 +136,7 @@ class LeakDetector:
         min_span = 4 * ctx.min_span()
         for s0 in sorted(onsets[-4:]):
             trend = ctx.pyramid.trend("floor", s0, min_span, ratio, ctx.tol, max_jump=0.35, parts=parts)
-            if trend and ctx.horizon_step is None:
+            if trend and self._device_young(ctx):
                 trend = self.young(ctx, s0, trend)
             if trend and not plateau.warming_up(ctx, block, trend.slope):
                 plateau.rising_since = s0
@@ -142,7 +148,7 @@ class LeakDetector:
         self.stairs_read = block.end
         for s0 in sorted({onsets[0], onsets[-4:][0]}):  # the most steps; the latest four breaks
             trend = staircase(ctx.pyramid, "floor", s0, min_span, ctx.tol)
-            if trend and ctx.horizon_step is None:
+            if trend and self._device_young(ctx):
                 trend = self.young(ctx, s0, trend)
             if trend and not plateau.warming_up(ctx, block, trend.slope):
                 plateau.rising_since = s0
@@ -157,9 +163,10 @@ class LeakDetector:
         warm-up, however long, keeps decelerating; steps are not the clock here (dcgm's step is
         a second, nvidia-smi's a row)."""
         if not ctx.past_horizon(block, ctx.config.warmup_leak_horizons):
-            if ctx.pyramid.coarse_pending:
-                return None  # every fourth block
-            for s0 in (ctx.pyramid.start + age // 2, ctx.pyramid.start + 3 * age // 4):
+            if ctx.signal != "device_used":
+                return None
+            latest = block.end - ctx.config.min_blocks * ctx.config.block_steps  # the latest 8 blocks
+            for s0 in sorted({ctx.pyramid.start + age // 2, max(ctx.pyramid.start, latest)}):
                 trend = self.fast_fill(ctx, s0)
                 if trend is not None:
                     return trend
@@ -195,6 +202,9 @@ class LeakDetector:
             # the demand (peak) meets capacity - outside, whatever reserved holds
             peaks = [p for p in (ctx.pyramid.recent_peak(), last.get("peak_allocated_bytes")) if p is not None]
             floor = latest.floor if latest is not None else 0.0
+            if latest is not None:
+                # a rising block's minimum is its first reading: the level now is a block's rise higher
+                floor += slope * (latest.end - latest.start)
             need = max(peaks) if peaks else floor
             if ctx.phase_reach is not None and latest is not None:
                 need = max(need, floor + ctx.phase_reach)
