@@ -97,19 +97,25 @@ class LeakDetector:
 
     @staticmethod
     def _device_young(ctx: Context) -> bool:
-        """Device used only, in the process's first warm-up horizon: a rise there may be NCCL's or
-        another process's steps (allocator fields tell those apart; device used cannot)."""
-        return ctx.signal == "device_used" and ctx.horizon_step is None
+        """Device used only, within the warm-up allowance (``warmup_leak_horizons`` horizons of
+        wall time): a rise there may be NCCL's set-up or a warm-up's records in steps (allocator
+        fields tell those apart; device used cannot)."""
+        last = ctx.pyramid.last
+        return ctx.signal == "device_used" and last is not None and not ctx.past_horizon(
+            last, ctx.config.warmup_leak_horizons)
 
     def _fills(self, ctx: Context, trend: Trend) -> bool:
         """``trend`` fills the card within the warm-up allowance and has been seen for at least
-        ``young_fill_ratio`` of the time it still needs."""
+        ``young_fill_ratio`` of the time it still needs (a staircase: twice that)."""
         cfg = ctx.config
         _, seconds = self.runway(ctx, self.source_for(ctx), trend.slope)
         per_step = ctx.pyramid.seconds_per_step()
         if seconds is None or not per_step or seconds > cfg.warmup_leak_horizons * cfg.warmup_horizon_s:
             return False
-        return trend.span * per_step >= cfg.young_fill_ratio * seconds
+        # a staircase's steps come when they come (NCCL's set-up, compile records: a handful, then
+        # none): seen for as long as it still needs, twice a steady rise's share
+        ratio = cfg.young_fill_ratio * (2.0 if trend.cadence else 1.0)
+        return trend.span * per_step >= ratio * seconds
 
     def fast_fill(self, ctx: Context, s0: float) -> Trend | None:
         """A young process's rise since ``s0`` judged by its rate against the time left to fill the
