@@ -224,13 +224,15 @@ class LeakDetector:
     # ------------------------------------------------------------------ start / follow
     def _forecast(self, ctx: Context, leak: LeakState) -> None:
         """Steps and seconds to OOM at the leak's slope, and the seconds' range at its slower and
-        faster rate (the envelope: one runway each, no other estimator)."""
+        faster rate (one runway, scaled), a staircase's one cadence wider either way."""
         leak.steps, leak.seconds = self.runway(ctx, leak.source, leak.slope)
         if leak.seconds is None or leak.spread == (1.0, 1.0):
             leak.seconds_range = None
             return
         low, high = leak.spread
-        leak.seconds_range = (leak.seconds / high, leak.seconds / low)
+        # a staircase meets the card at one of its steps, not in between: one cadence either way
+        pad = leak.cadence * leak.seconds / leak.steps if leak.cadence and leak.steps else 0.0
+        leak.seconds_range = (max(0.0, leak.seconds / high - pad), leak.seconds / low + pad)
 
     def start(self, ctx: Context, step: int, source: str, trend: Trend, onset: int) -> LeakEvent:
         spread = (1.0, 1.0)

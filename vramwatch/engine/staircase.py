@@ -24,9 +24,9 @@ jitter is not) and above a share of the material size, consecutive ones merged. 
    memory that comes and goes (a rise undone later by a fall of about its size, or the reverse)
    is taken out first (:func:`without_toggles`): its "steps" are no leak, however regular.
 
-The slope is the staircase's net rate after its first step over the time the steps took: what
-the time to OOM needs; its envelope (``slope_low``..``slope_high``) is the rate of its slower
-and faster halves. Steps closer than one point apart are a smooth rise at
+The slope is the staircase's rate, its steps after the first over the time they took: what the
+time to OOM needs; its range (``slope_low``..``slope_high``) is an 80 % interval of that mean
+rate from the spread of its gaps and step sizes. Steps closer than one point apart are a smooth rise at
 this resolution and are left to ``Pyramid.trend``. Cost: one window read and a pass over
 <= 48 points (a sort for the noise): tens of microseconds, every fourth block at most.
 """
@@ -139,7 +139,15 @@ def staircase(pyramid: Pyramid, signal: Signal, s0: float, min_span: float, tol:
     early, late = half_rates(positions, sizes)
     if decelerating(gaps, early, late):
         return None
-    # the rate the staircase keeps: its net rise after the first step over the time the steps
-    # took (falls left in are shared out over the steps); the envelope: its slower and faster half
-    rate = (net - sizes[0] * net / sum(sizes)) / (positions[-1] - positions[0])
-    return Trend(rate, span, n, ys[-1], cadence, min(early, late, rate), max(early, late, rate))
+    # the rate the staircase keeps: its steps after the first over the time they took (what came
+    # and went is out; a fall left is no rate of the leak's). Its range: an 80 % interval of a mean
+    # rate from this many gaps and sizes (z 1.28 times their spread over the root of the count)
+    rate = sum(sizes[1:]) / (positions[-1] - positions[0])
+    u = min(0.8, 1.28 * math.hypot(_cv(gaps), _cv(sizes)) / math.sqrt(len(gaps)))
+    return Trend(rate, span, n, ys[-1], cadence, rate * (1.0 - u), rate * (1.0 + u))
+
+
+def _cv(values: list[float]) -> float:
+    """Coefficient of variation (population): the spread of a staircase's gaps or step sizes."""
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) / mean if mean > 0 else 0.0
