@@ -306,7 +306,7 @@ class TrendEngine:
 
     def _vanished(self, block: Block, out: list[dict[str, Any]]) -> bool:
         """Device used only: the process's memory vanished (the block's floor under ``vanish_frac``
-        of the last) with the device near full or at the top of a climb being followed: a suspected
+        of the last) with the device near full or at the top of a leak's climb: a suspected
         OOM (a device has no OOM counter). The series starts over as a new process. O(1), per block."""
         cfg = self.config
         before = self.ctx.pyramid.last
@@ -315,8 +315,8 @@ class TrendEngine:
         total = self._total or None
         if total is not None and before.floor >= cfg.near_full_frac * total:
             reason = "near_full"
-        elif self.state in ("leak", "rising"):
-            reason = "top_of_climb"
+        elif self.state == "leak":
+            reason = "top_of_climb"  # a climb followed as a leak (a rise after a break may be anything)
         else:
             return False
         self._emit(SuspectedOomEvent(block.end, int(before.floor), int(block.floor), total, reason, self.state), out)
