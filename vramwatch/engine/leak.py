@@ -78,7 +78,7 @@ class LeakDetector:
         fast (:meth:`fast_fill`)."""
         for s0 in plateau.rise_starts(ctx, block):
             trend = self.rise(ctx, s0, ctx.min_span())
-            if trend and (plateau.warming_up(ctx, block, trend.slope) or self._device_young(ctx)):
+            if trend and (plateau.warming_up(ctx, block, trend.slope) or self._device_young(ctx, trend)):
                 trend = self.young(ctx, s0, trend)
             if trend:
                 plateau.rising_since = s0
@@ -96,13 +96,15 @@ class LeakDetector:
         return trend if self._fills(ctx, trend) else None
 
     @staticmethod
-    def _device_young(ctx: Context) -> bool:
-        """Device used only, within the warm-up allowance (``warmup_leak_horizons`` horizons of
-        wall time): a rise there may be NCCL's set-up or a warm-up's records in steps (allocator
-        fields tell those apart; device used cannot)."""
+    def _device_young(ctx: Context, trend: Trend) -> bool:
+        """Device used only, young: a rise there may be NCCL's set-up or a warm-up's records in
+        steps (allocator fields tell those apart; device used cannot). A steady rise is young
+        within the first warm-up horizon; a staircase within the whole allowance
+        (``warmup_leak_horizons``): set-up steps can come through the first hour and still look
+        like a staircase going on just past it."""
         last = ctx.pyramid.last
-        return ctx.signal == "device_used" and last is not None and not ctx.past_horizon(
-            last, ctx.config.warmup_leak_horizons)
+        horizons = ctx.config.warmup_leak_horizons if trend.cadence else 1.0
+        return ctx.signal == "device_used" and last is not None and not ctx.past_horizon(last, horizons)
 
     def _fills(self, ctx: Context, trend: Trend) -> bool:
         """``trend`` fills the card within the warm-up allowance and has been seen for at least
@@ -142,7 +144,7 @@ class LeakDetector:
         min_span = 4 * ctx.min_span()
         for s0 in sorted(onsets[-4:]):
             trend = ctx.pyramid.trend("floor", s0, min_span, ratio, ctx.tol, max_jump=0.35, parts=parts)
-            if trend and self._device_young(ctx):
+            if trend and self._device_young(ctx, trend):
                 trend = self.young(ctx, s0, trend)
             if trend and not plateau.warming_up(ctx, block, trend.slope):
                 plateau.rising_since = s0
@@ -154,7 +156,7 @@ class LeakDetector:
         self.stairs_read = block.end
         for s0 in sorted({onsets[0], onsets[-4:][0]}):  # the most steps; the latest four breaks
             trend = staircase(ctx.pyramid, "floor", s0, min_span, ctx.tol)
-            if trend and self._device_young(ctx):
+            if trend and self._device_young(ctx, trend):
                 trend = self.young(ctx, s0, trend)
             if trend and not plateau.warming_up(ctx, block, trend.slope):
                 plateau.rising_since = s0
