@@ -39,8 +39,14 @@ class Outcome:
     samples: int
     alarms: dict[str, list[float]] = field(default_factory=dict)  # detector -> alarm times (unix s)
     seconds_to_oom: float | None = None  # the engine's projection at its first leak alarm
+    oom_range: tuple[float, float] | None = None  # ... and its range (low, high) when it gave one
     events: list[dict[str, Any]] = field(default_factory=list)
     final_state: str = ""  # the engine's state after the last sample
+
+    @property
+    def oom_seen(self) -> bool:
+        """The process died of an OOM within the trace."""
+        return self.truth.oom_seen
 
 
 def run_trace(trace: DeviceTrace) -> Outcome:
@@ -57,6 +63,8 @@ def run_trace(trace: DeviceTrace) -> Outcome:
             if event["type"] == "leak":
                 if not out.alarms["engine"]:
                     out.seconds_to_oom = event["seconds_to_oom"]
+                    low, high = event.get("seconds_to_oom_low"), event.get("seconds_to_oom_high")
+                    out.oom_range = None if low is None or high is None else (low, high)
                 out.alarms["engine"].append(ts)
         if next_eval is None or ts >= next_eval:
             next_eval = ts + SCRAPE_S

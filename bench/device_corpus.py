@@ -94,6 +94,11 @@ class Story:
     spike_prob: float = 0.0  # a transient allocation outside the allocator at a reading
     spike_max: float = 0.0
     ctx: float = 500 * MiB  # CUDA context, NCCL, cuBLAS workspaces
+    leak_gap_spread: tuple[float, float] = (0.75, 1.25)  # a chunked leak's gap: cadence times U(lo, hi)
+    nccl_steps: tuple[tuple[float, float], ...] = ()  # (seconds, bytes): communicator buffers outside the allocator
+    neighbour: float = 0.0  # another process's memory on the device, coming and going ...
+    neighbour_s: tuple[float, float] = (60.0, 1800.0)  # ... holding each state for U(lo, hi) seconds
+    tail_after_oom_s: float = 0.0  # dcgm / nvidia-smi keep scraping this long after the process died
 
     @property
     def leak(self) -> bool:
@@ -106,6 +111,7 @@ class Truth:
     onset_ts: float | None = None
     slope_bytes_per_s: float | None = None
     oom_ts: float | None = None  # when the demand meets the device (projected past the trace's end)
+    oom_seen: bool = False  # the process died of it within the trace
 
 
 @dataclass
@@ -137,8 +143,9 @@ class _Process:
         if story.leak_chunk:
             t = max(story.leak_onset_s, start)
             end = story.hours * 3600.0
+            lo, hi = story.leak_gap_spread
             while t < end:
-                t += story.leak_cadence_s * (0.75 + 0.5 * rng.random())
+                t += story.leak_cadence_s * (lo + (hi - lo) * rng.random())
                 self.leak_ticks.append(t)
 
     def warm_part(self, age: float) -> float:
@@ -180,13 +187,18 @@ class _Process:
             need = max(need, floor + s.ckpt_extra * (0.97 + 0.03 * rng.random()))
         return need, eval_end and s.eval_empty_cache
 
-    def advance(self, t0: float, t1: float) -> bool:
+    def outside(self, t: float) -> float:
+        """The process's memory outside its allocator: context, then NCCL's buffers as they come."""
+        s = self.s
+        return s.ctx + sum(size for at, size in s.nccl_steps if t - self.start >= at)
+
+    def advance(self, t0: float, t1: float, neighbour: float = 0.0) -> bool:
         """Serve (t0, t1]'s demand like the caching allocator; False when it no longer fits (OOM)."""
         need, empty_cache = self.demand(t0, t1)
         grain = self.s.grain
         if need > self.reserved:
             self.reserved = math.ceil(need / grain) * grain
-        if self.reserved > self.s.total - self.s.ctx:
+        if self.reserved > self.s.total - self.outside(t1) - neighbour:
             return False
         if empty_cache:  # the cache goes back; what the floor holds stays
             self.reserved = math.ceil(self.floor(t1) / grain) * grain
@@ -211,9 +223,29 @@ class _Jitter:
         return min(float(s.total), max(0.0, used))
 
 
+class _Neighbour:
+    """Another process's memory on the same device: ``size`` on for U(lo, hi) seconds, off as long."""
+
+    def __init__(self, story: Story) -> None:
+        self.s = story
+        self.rng = random.Random(story.seed ^ 0x5EED)
+        self.on = self.rng.random() < 0.5
+        self.until = self.rng.uniform(*story.neighbour_s)
+
+    def at(self, t: float) -> float:
+        s = self.s
+        if not s.neighbour:
+            return 0.0
+        while t >= self.until:
+            self.on = not self.on
+            self.until += self.rng.uniform(*s.neighbour_s)
+        return s.neighbour * (0.97 + 0.03 * self.rng.random()) if self.on else 0.0
+
+
 def simulate(story: Story) -> DeviceTrace:
     """The story as its source records it, with its ground truth."""
     rng = random.Random(story.seed)
+    neighbour = _Neighbour(story)
     end = story.hours * 3600.0
     process = _Process(story, 0.0, rng)
     samples: list[dict[str, Any]] = []
@@ -230,23 +262,30 @@ def simulate(story: Story) -> DeviceTrace:
             incarnation = 1
         if dead_until is not None:
             if t1 < dead_until:
-                writer.emit(samples, t1, 0.0, alive=False)
+                writer.emit(samples, t1, neighbour.at(t1), alive=False)
                 t = t1
                 continue
             process = _Process(story, dead_until, rng)  # a new process: fresh allocator, warm-up again
             writer.restart()
             dead_until = None
-        if not process.advance(t, t1):
+        other = neighbour.at(t1)
+        if not process.advance(t, t1, other):
             oom_at = t1
             break
-        writer.emit(samples, t1, jitter.reading(story.ctx + process.reserved), alive=True)
+        writer.emit(samples, t1, jitter.reading(process.outside(t1) + process.reserved + other), alive=True)
         t = t1
-    return DeviceTrace(story, _truth(story, process, oom_at, t), samples)
+    if oom_at is not None and story.tail_after_oom_s and story.source != "hook":
+        while t < oom_at + story.tail_after_oom_s:  # the process is gone; the exporter keeps scraping
+            t += story.interval_s
+            writer.emit(samples, t, jitter.reading(neighbour.at(t)), alive=False)
+    return DeviceTrace(story, _truth(story, process, oom_at, t if oom_at is None else oom_at), samples)
 
 
 def _truth(story: Story, process: _Process, oom_at: float | None, last: float) -> Truth:
     if not story.leak:
         return Truth(False)
+    if oom_at is not None:
+        return Truth(True, START_TS + story.leak_onset_s, story.leak_rate, START_TS + oom_at, oom_seen=True)
     if oom_at is None:  # projected: when the floor plus the longest batch meets the device
         room = story.total - story.ctx - (process.floor(last) + story.act)
         oom_at = last + max(0.0, room) / story.leak_rate

@@ -538,7 +538,8 @@ def init(url: str | None = None, **kwargs: Any) -> Monitor:
 
     A second ``init()`` in the same process for the same run, rank and collector (a notebook cell
     run again) returns the running monitor: the process goes on, no restart is recorded and no
-    thread is started twice. For another run or collector the previous monitor closes first.
+    thread is started twice. Sent to another collector, the same rank's previous monitor closes
+    first; another run or rank gets a monitor of its own beside it.
 
     Every keyword is a :class:`~vramwatch.config.Config` field. Identity (run, rank, ...)
     comes from torchrun/SLURM environment variables when not given. Wrong arguments raise
@@ -549,21 +550,23 @@ def init(url: str | None = None, **kwargs: Any) -> Monitor:
     config = Config.from_env(url=url, **kwargs)
     previous = _current
     if previous is not None and previous._pid == os.getpid() and not previous._closed:
-        if _continues(previous, config):
+        same = _same_rank(previous, config)
+        if same and config.url == previous.config.url and config.enabled == previous.config.enabled:
             return previous  # a notebook cell run again: the same process goes on, nothing restarts
-        previous.close()  # another run or collector from this process: the old one ends cleanly
+        if same:
+            previous.close()  # the same rank sent elsewhere from now on: the old monitor ends cleanly
+        # another rank or run: both go on (one process may monitor several, as the demo does)
     monitor = Monitor(config)
     _current = monitor
     return monitor
 
 
-def _continues(monitor: Monitor, config: Config) -> bool:
-    """Whether ``config`` names the monitor's own run, rank and destination (a repeated ``init()``)."""
+def _same_rank(monitor: Monitor, config: Config) -> bool:
+    """Whether ``config`` names the monitor's own run, host and rank (a repeated ``init()``)."""
     ident = _identity.resolve(run=config.run, host=config.host, rank=config.rank, local_rank=config.local_rank,
                               world_size=config.world_size)
     mine = monitor.identity
-    return (ident["run"], ident["host"], ident["rank"]) == (mine["run"], mine["host"], mine["rank"]) and (
-        config.url == monitor.config.url and config.enabled == monitor.config.enabled)
+    return (ident["run"], ident["host"], ident["rank"]) == (mine["run"], mine["host"], mine["rank"])
 
 
 def current() -> Monitor | None:

@@ -157,3 +157,89 @@ def test_an_oom_already_counted_on_the_first_sample_raises_an_oom_event() -> Non
     # the same count on the next sample is no new OOM; one more is
     assert engine.update(dict(sample, step=1201, ts=START + 15)) == []
     assert [e["type"] for e in engine.update(dict(sample, step=1202, ts=START + 30, ooms=3))] == ["oom"]
+
+
+def _neighbour(seed: int, size: float) -> Callable[[float], float]:
+    """Another process's ``size`` bytes on the device, on and off for 1-30 min at a time."""
+    rng = random.Random(seed)
+    flips, t = [], 0.0
+    while t < 24 * 3600:
+        t += 60 * rng.uniform(1.0, 30.0)
+        flips.append(t)
+    return lambda t: size * (sum(1 for at in flips if at <= t) % 2)
+
+
+@pytest.mark.parametrize("clock", list(CLOCKS))
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_another_process_coming_and_going_builds_no_staircase(clock: str, seed: int) -> None:
+    # a 40 GiB plateau on a 40 GiB-class share of the card; a neighbour's 0.4-0.8 GiB comes and goes
+    other = _neighbour(seed, (0.4 + 0.1 * seed) * GiB)
+    engine, events = judge(device_series(lambda t: 40 * GiB + other(t), 9.0, clock, 20.0, seed=seed))
+    assert leaks(events) == [], [(e["type"], round((e["ts"] - START) / 3600, 2)) for e in events]
+    assert engine.summary()["state"] != "leak"
+
+
+@pytest.mark.parametrize("clock", list(CLOCKS))
+def test_a_staircase_whose_gaps_vary_threefold_is_a_leak_with_a_range(clock: str) -> None:
+    gaps_min = [14, 40, 18, 36, 12, 33, 22, 39, 15, 30, 25, 13, 37]  # 12 to 40 min apart
+    at = [3600 * 1.5 + 60 * sum(gaps_min[: k + 1]) for k in range(len(gaps_min))]
+    step = 1.6 * GiB
+
+    def level(t: float) -> float:
+        return 40 * GiB + step * sum(1 for a in at if a <= t)
+
+    _, events = judge(device_series(level, at[-1] / 3600 + 0.2, clock, 50.0, seed=9))
+    found = leaks(events)
+    assert found, [(e["type"], round((e["ts"] - START) / 3600, 2)) for e in events]
+    leak = found[0]
+    rate = step * len(at) / (at[-1] - at[0] + 60 * gaps_min[0])
+    left = (TOTAL - level(leak["ts"] - START)) / rate
+    assert leak["seconds_to_oom"] == pytest.approx(left, rel=0.35)
+    assert leak["seconds_to_oom_low"] <= leak["seconds_to_oom"] <= leak["seconds_to_oom_high"]
+
+
+@pytest.mark.parametrize("clock", list(CLOCKS))
+def test_a_fast_leak_in_a_young_process_is_an_alarm_with_its_forecast(clock: str) -> None:
+    # a warm-up of 10 min to 45 GiB, a leak from minute 25 filling the card in 1.5 h: the process
+    # would die long before any verdict by age (two warm-up horizons)
+    onset, fill = 25 * 60.0, 1.5 * 3600
+    rate = (TOTAL - 45 * GiB) / fill
+
+    def level(t: float) -> float:
+        return 35 * GiB + 10 * GiB * (1 - math.exp(-4 * t / 600)) + rate * max(0.0, t - onset)
+
+    _, events = judge(device_series(level, (onset + fill) / 3600 - 0.05, clock, 30.0, seed=4))
+    found = leaks(events)
+    assert found, [(e["type"], round((e["ts"] - START) / 3600, 2)) for e in events]
+    leak = found[0]
+    detected = leak["ts"] - START
+    # found with a good part of the runway left (nvidia-smi's 15 s rows make 8-minute blocks: later)
+    assert (onset + fill - detected) / fill >= (0.25 if clock == "nvidia-smi" else 0.4)
+    assert leak["seconds_to_oom"] == pytest.approx(onset + fill - detected, rel=0.25)
+
+
+def test_a_warm_up_fast_at_first_that_slows_down_stays_a_warm_up() -> None:
+    # a quarter of the card in the first 20 minutes, slowing all the way
+    for clock in CLOCKS:
+        _, events = judge(device_series(_approach(30.0, 20 * GiB), 6.0, clock, 30.0, seed=6))
+        assert leaks(events) == [], (clock, [(e["type"], round((e["ts"] - START) / 3600, 2)) for e in events])
+
+
+def test_memory_vanishing_near_full_is_a_suspected_oom_and_a_restart_at_a_plateau_is_not() -> None:
+    rate = 20 * MiB / EVERY_S
+    oom_t = (TOTAL - 2 * GiB - 50 * GiB) / rate  # the leak meets the card 2 GiB short of full
+
+    def dies(t: float) -> float:
+        return 0.4 * GiB if t > oom_t else 50 * GiB + rate * t
+
+    def restarts(t: float) -> float:
+        return 0.4 * GiB if 3 * 3600 < t < 3 * 3600 + 300 else 40 * GiB
+
+    for clock in CLOCKS:
+        _, events = judge(device_series(dies, oom_t / 3600 + 0.3, clock, 10.0))
+        said = [e for e in events if e["type"] == "suspected_oom"]
+        assert [e["reason"] for e in said] in (["near_full"], ["top_of_climb"]), (clock, said)
+        assert abs(said[0]["ts"] - START - oom_t) <= 600
+        assert said[0]["used_before_bytes"] > 0.9 * TOTAL and said[0]["used_after_bytes"] < GiB
+        _, events = judge(device_series(restarts, 6.0, clock, 10.0))
+        assert [e for e in events if e["type"] == "suspected_oom"] == []

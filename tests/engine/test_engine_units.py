@@ -506,3 +506,26 @@ def test_a_new_series_holds_no_ring_until_its_first_block_closes() -> None:
         engine.update(_sample(step, allocated_bytes=GB, reserved_bytes=2 * GB, peak_allocated_bytes=GB))
     assert [len(level.blocks) for level in engine.ctx.pyramid.levels] == [1, 0]  # level 1 holds it pending
     assert len(engine.ctx.pyramid.levels[1].pending) == 1
+
+
+def test_a_level_that_comes_back_is_taken_out_of_a_staircase_and_the_net_rise_is_left() -> None:
+    from vramwatch.engine.staircase import decelerating, moves_of, without_toggles
+
+    gib = float(1 << 30)
+    # a leak's steps of 1 GiB at 10, 40, 55, 90; a neighbour's 0.6 GiB arrives at 20, leaves at 30,
+    # arrives at 70 and is still there; another's 0.5 GiB was there at the start and leaves at 50
+    xs = [float(x) for x in range(0, 100, 5)]
+    def level(x: float) -> float:
+        return (gib * sum(1 for at in (10, 40, 55, 90) if x >= at) + 0.6 * gib * (20 <= x < 30 or x >= 70)
+                + 0.5 * gib * (x < 50))
+    ys = [level(x) for x in xs]
+    moves = moves_of(xs, ys, 0.1 * gib)
+    rises, falls = without_toggles(moves, 1.5)
+    # the neighbour that came and went is gone, and so is the pair of the other leaving at 50 and the
+    # neighbour arriving at 70 (a level gone and one of about its size back): the leak's steps are left
+    assert [round(at) for at, _ in rises] == [8, 38, 52, 88]
+    assert falls == 0
+    assert sum(size for _, size in rises) == pytest.approx(4 * gib)
+    # a warm-up's records (gaps doubling) decelerate; a leak's wandering gaps do not
+    assert decelerating([5.0, 10.0, 20.0], 1.0, 0.5)
+    assert not decelerating([12.0, 40.0, 15.0, 36.0], 1.0, 0.8)

@@ -225,7 +225,8 @@ def _describe(event: dict[str, Any]) -> str:
         return (
             f"step {step}: LEAK ({event.get('source')}) since step {event.get('onset_step')}, "
             f"{rate(event['slope_bytes_per_step'])}, "
-            f"OOM in {_steps(event.get('steps_to_oom'))} steps ({_duration(event.get('seconds_to_oom'))})"
+            f"OOM in {_steps(event.get('steps_to_oom'))} steps ({_duration(event.get('seconds_to_oom'))}"
+            + _range(event) + ")"
         )
     if kind == "fragmentation":
         return (
@@ -248,7 +249,17 @@ def _describe(event: dict[str, Any]) -> str:
         return f"step {step}: restart (was at step {event.get('from_step')})"
     if kind == "oom":
         return f"step {step}: OOM (count {event.get('ooms')})"
+    if kind == "suspected_oom":
+        why = "with the device near full" if event.get("reason") == "near_full" else "at the top of its climb"
+        return (f"step {step}: SUSPECTED OOM: device used fell from {_gb(event.get('used_before_bytes'))} to "
+                f"{_gb(event.get('used_after_bytes'))} {why} (no OOM counter on device data)")
     return f"step {step}: {kind}"
+
+
+def _range(event: dict[str, Any]) -> str:
+    """The forecast's range, when the leak event gives one."""
+    low, high = event.get("seconds_to_oom_low"), event.get("seconds_to_oom_high")
+    return "" if low is None or high is None else f", {_duration(low)} to {_duration(high)}"
 
 
 def _headroom_key(event: dict[str, Any]) -> float:

@@ -127,6 +127,8 @@ class Trend(NamedTuple):
     n: int  # points the verdict rests on
     last: float  # the window's last value
     cadence: float = 0.0  # a staircase's mean gap between steps (steps); 0 for a steady rise
+    slope_low: float = 0.0  # the rate's range: the slower and faster of its parts (0: not estimated)
+    slope_high: float = 0.0
 
 
 class Pyramid:
@@ -332,7 +334,7 @@ class Pyramid:
             return None
         if mann_kendall_z(ys) < self.config.mk_z:
             return None
-        return Trend(slope, span, n, ys[-1])
+        return Trend(slope, span, n, ys[-1], 0.0, min(slope, *slopes), max(slope, *slopes))
 
     def flat(self, signal: Signal, s0: float, min_span: float, tol: float, stretch: float = 0.0) -> bool:
         """``signal`` moved less than ``tol`` since ``s0`` (its Theil-Sen slope over the window,

@@ -26,7 +26,15 @@ from vramwatch import verdicts
 from vramwatch.engine.blocks import Block, Pyramid, Trend
 from vramwatch.engine.config import EngineConfig
 from vramwatch.engine.context import Context, choose_signal
-from vramwatch.engine.events import FRAGMENTATION_ADVICE, Event, OomEvent, PlateauBreakEvent, PlateauEvent, RestartEvent
+from vramwatch.engine.events import (
+    FRAGMENTATION_ADVICE,
+    Event,
+    OomEvent,
+    PlateauBreakEvent,
+    PlateauEvent,
+    RestartEvent,
+    SuspectedOomEvent,
+)
 from vramwatch.engine.fragmentation import FragmentationDetector
 from vramwatch.engine.leak import OUTSIDE, LeakDetector
 from vramwatch.engine.outside import OutsideLeakDetector
@@ -306,6 +314,8 @@ class TrendEngine:
         )
         self._open_block()
         ctx = self.ctx
+        if self._signal == "device_used" and self._vanished(block, out):
+            return  # the process is gone: what comes next is a new one, judged from its warm-up
         ctx.last = last
         ctx.pyramid.push(block, ctx.tol or ctx.base_tol)
         ctx.note_horizon(block)
@@ -313,6 +323,25 @@ class TrendEngine:
             self.spikes.on_block(ctx, block)
         self._evaluate(step, block, out)
         self._spike_threshold = self.spikes.threshold  # on_block and _set_levels may have moved it
+
+    def _vanished(self, block: Block, out: list[dict[str, Any]]) -> bool:
+        """Device used only: the process's memory vanished (the block's floor under ``vanish_frac``
+        of the last) with the device near full or at the top of a leak's climb: a suspected
+        OOM (a device has no OOM counter). The series starts over as a new process. O(1), per block."""
+        cfg = self.config
+        before = self.ctx.pyramid.last
+        if before is None or block.floor >= cfg.vanish_frac * before.floor:
+            return False
+        total = self._total or None
+        if total is not None and before.floor >= cfg.near_full_frac * total:
+            reason = "near_full"
+        elif self.state == "leak":
+            reason = "top_of_climb"  # a climb followed as a leak (a rise after a break may be anything)
+        else:
+            return False
+        self._emit(SuspectedOomEvent(block.end, int(before.floor), int(block.floor), total, reason, self.state), out)
+        self._reset_series(block.end + 1, self._signal, block.ts)
+        return True
 
     # ------------------------------------------------------------------ the state machine
     def _evaluate(self, step: int, block: Block, out: list[dict[str, Any]]) -> None:

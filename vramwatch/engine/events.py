@@ -84,6 +84,9 @@ class LeakEvent(Event):
     plateau_since_step: int | None
     signal: str
     cadence_steps: int | None = None  # a staircase leak: mean steps between its steps; None for a steady rise
+    # the forecast's range: the rise's slower and faster parts (a staircase's halves, a trend's thirds)
+    seconds_to_oom_low: float | None = None
+    seconds_to_oom_high: float | None = None
 
 
 @dataclass(slots=True)
@@ -147,6 +150,21 @@ class OomEvent(Event):
     phase: str
 
 
+@dataclass(slots=True)
+class SuspectedOomEvent(Event):
+    """Seen from the device only (no OOM counter): the process's memory vanished with the device
+    near full, or at the top of a climb the engine was following. A suspicion, named as such: a
+    kill or a crash looks the same from the device."""
+
+    TYPE: ClassVar[str] = "suspected_oom"
+    step: int
+    used_before_bytes: int  # the level before it vanished
+    used_after_bytes: int
+    total_bytes: int | None
+    reason: str  # near_full | top_of_climb
+    state: str  # the verdict it vanished in
+
+
 def spike_kind(phase: str) -> str:
     """checkpoint / eval by the usual names (Lightning, HF Trainer, hand-written loops)."""
     lowered = phase.lower()
@@ -167,5 +185,6 @@ __all__ = [
     "PlateauEvent",
     "RestartEvent",
     "SpikeEvent",
+    "SuspectedOomEvent",
     "spike_kind",
 ]

@@ -36,6 +36,8 @@ class LeakState:
     steps: int | None = None  # projected steps to OOM
     seconds: float | None = None
     cadence: float = 0.0  # a staircase's mean gap between steps (steps); 0 for a steady rise
+    spread: tuple[float, float] = (1.0, 1.0)  # the slope's range as multiples of it (slower, faster part)
+    seconds_range: tuple[float, float] | None = None  # the time to OOM at the faster and the slower rate
 
     @property
     def signal(self) -> Signal:
@@ -71,13 +73,63 @@ class LeakDetector:
         return trend
 
     def in_rise(self, ctx: Context, plateau: PlateauDetector, block: Block) -> Trend | None:
-        """A leak in the rise after a break; moves ``plateau.rising_since`` to the window found."""
+        """A leak in the rise after a break; moves ``plateau.rising_since`` to the window found.
+        A young process's rise that is still warm-up by its age is a leak when it fills the card
+        fast (:meth:`fast_fill`)."""
         for s0 in plateau.rise_starts(ctx, block):
             trend = self.rise(ctx, s0, ctx.min_span())
-            if trend and not plateau.warming_up(ctx, block, trend.slope):
+            if trend and (plateau.warming_up(ctx, block, trend.slope) or self._device_young(ctx, trend)):
+                trend = self.young(ctx, s0, trend)
+            if trend:
                 plateau.rising_since = s0
                 return trend
         return None
+
+    def young(self, ctx: Context, s0: float, trend: Trend) -> Trend | None:
+        """A rise in a process still within its warm-up allowance (by age, or its first plateau
+        not holding) is judged on its fill: a steady one by :meth:`fast_fill`, a staircase by
+        its rate (NCCL's buffers, compile records come in irregular steps in the first hour,
+        then stop: only a staircase that would fill the card before the allowance is out, seen
+        for long enough, is a leak that young)."""
+        if not trend.cadence:
+            return self.fast_fill(ctx, s0)
+        return trend if self._fills(ctx, trend) else None
+
+    @staticmethod
+    def _device_young(ctx: Context, trend: Trend) -> bool:
+        """Device used only, young: a rise there may be NCCL's set-up or a warm-up's records in
+        steps (allocator fields tell those apart; device used cannot). A steady rise is young
+        within the first warm-up horizon; a staircase within the whole allowance
+        (``warmup_leak_horizons``): set-up steps can come through the first hour and still look
+        like a staircase going on just past it."""
+        last = ctx.pyramid.last
+        horizons = ctx.config.warmup_leak_horizons if trend.cadence else 1.0
+        return ctx.signal == "device_used" and last is not None and not ctx.past_horizon(last, horizons)
+
+    def _fills(self, ctx: Context, trend: Trend) -> bool:
+        """``trend`` fills the card within the warm-up allowance and has been seen for at least
+        ``young_fill_ratio`` of the time it still needs (a staircase: twice that)."""
+        cfg = ctx.config
+        _, seconds = self.runway(ctx, self.source_for(ctx), trend.slope)
+        per_step = ctx.pyramid.seconds_per_step()
+        if seconds is None or not per_step or seconds > cfg.warmup_leak_horizons * cfg.warmup_horizon_s:
+            return False
+        # a staircase's steps come when they come (NCCL's set-up, compile records: a handful, then
+        # none): seen for as long as it still needs, twice a steady rise's share
+        ratio = cfg.young_fill_ratio * (2.0 if trend.cadence else 1.0)
+        return trend.span * per_step >= ratio * seconds
+
+    def fast_fill(self, ctx: Context, s0: float) -> Trend | None:
+        """A young process's rise since ``s0`` judged by its rate against the time left to fill the
+        card: steady (thirds agreeing within ``warmup_half_ratio``, no jump over a quarter of the
+        rise: a warm-up that slows down, compile or NCCL steps fail), filling the card within the
+        warm-up allowance (``warmup_leak_horizons`` horizons: it would die before any verdict by
+        age), and gone on for at least ``young_fill_ratio`` of the time it still needs. Whatever
+        the age: a fast fill is an alarm."""
+        cfg = ctx.config
+        trend = ctx.pyramid.trend("floor", s0, cfg.min_blocks * cfg.block_steps, cfg.warmup_half_ratio, ctx.tol,
+                                  max_jump=0.25, parts=3)
+        return trend if trend is not None and self._fills(ctx, trend) else None
 
     def slow(self, ctx: Context, plateau: PlateauDetector, block: Block) -> Trend | None:
         """A leak slower than the noise shows up as breaks followed by "plateaus" that are only
@@ -92,6 +144,8 @@ class LeakDetector:
         min_span = 4 * ctx.min_span()
         for s0 in sorted(onsets[-4:]):
             trend = ctx.pyramid.trend("floor", s0, min_span, ratio, ctx.tol, max_jump=0.35, parts=parts)
+            if trend and self._device_young(ctx, trend):
+                trend = self.young(ctx, s0, trend)
             if trend and not plateau.warming_up(ctx, block, trend.slope):
                 plateau.rising_since = s0
                 return trend
@@ -102,6 +156,8 @@ class LeakDetector:
         self.stairs_read = block.end
         for s0 in sorted({onsets[0], onsets[-4:][0]}):  # the most steps; the latest four breaks
             trend = staircase(ctx.pyramid, "floor", s0, min_span, ctx.tol)
+            if trend and self._device_young(ctx, trend):
+                trend = self.young(ctx, s0, trend)
             if trend and not plateau.warming_up(ctx, block, trend.slope):
                 plateau.rising_since = s0
                 return trend
@@ -115,6 +171,13 @@ class LeakDetector:
         warm-up, however long, keeps decelerating; steps are not the clock here (dcgm's step is
         a second, nvidia-smi's a row)."""
         if not ctx.past_horizon(block, ctx.config.warmup_leak_horizons):
+            if ctx.signal != "device_used":
+                return None
+            latest = block.end - ctx.config.min_blocks * ctx.config.block_steps  # the latest 8 blocks
+            for s0 in sorted({ctx.pyramid.start + age // 2, max(ctx.pyramid.start, latest)}):
+                trend = self.fast_fill(ctx, s0)
+                if trend is not None:
+                    return trend
             return None
         assert ctx.horizon_step is not None
         start = max(ctx.pyramid.start + age // 4, ctx.horizon_step)
@@ -147,6 +210,9 @@ class LeakDetector:
             # the demand (peak) meets capacity - outside, whatever reserved holds
             peaks = [p for p in (ctx.pyramid.recent_peak(), last.get("peak_allocated_bytes")) if p is not None]
             floor = latest.floor if latest is not None else 0.0
+            if latest is not None:
+                # a rising block's minimum is its first reading: the level now is a block's rise higher
+                floor += slope * (latest.end - latest.start)
             need = max(peaks) if peaks else floor
             if ctx.phase_reach is not None and latest is not None:
                 need = max(need, floor + ctx.phase_reach)
@@ -158,9 +224,26 @@ class LeakDetector:
         return steps, steps * per_step
 
     # ------------------------------------------------------------------ start / follow
+    def _forecast(self, ctx: Context, leak: LeakState) -> None:
+        """Steps and seconds to OOM at the leak's slope, and the seconds' range at its slower and
+        faster rate (one runway, scaled), a staircase's one cadence wider either way."""
+        leak.steps, leak.seconds = self.runway(ctx, leak.source, leak.slope)
+        if leak.seconds is None or leak.spread == (1.0, 1.0):
+            leak.seconds_range = None
+            return
+        low, high = leak.spread
+        # a staircase meets the card at one of its steps, not in between: one cadence either way
+        pad = leak.cadence * leak.seconds / leak.steps if leak.cadence and leak.steps else 0.0
+        leak.seconds_range = (max(0.0, leak.seconds / high - pad), leak.seconds / low + pad)
+
     def start(self, ctx: Context, step: int, source: str, trend: Trend, onset: int) -> LeakEvent:
-        steps, seconds = self.runway(ctx, source, trend.slope)
-        self.current = LeakState(source, trend.slope, onset, step, steps, seconds, trend.cadence)
+        spread = (1.0, 1.0)
+        if trend.slope > 0 and 0 < trend.slope_low <= trend.slope <= trend.slope_high:
+            spread = (trend.slope_low / trend.slope, trend.slope_high / trend.slope)
+        leak = self.current = LeakState(source, trend.slope, onset, step, cadence=trend.cadence, spread=spread)
+        self._forecast(ctx, leak)
+        steps, seconds = leak.steps, leak.seconds
+        low_high = leak.seconds_range
         plateau = ctx.plateau
         if plateau is not None and plateau.until_step is None:
             plateau.until_step = onset  # the plateau the leak grew from ends where it began
@@ -176,6 +259,8 @@ class LeakDetector:
             plateau_since_step=None if plateau is None else plateau.since_step,
             signal=ctx.signal,
             cadence_steps=round(trend.cadence) if trend.cadence else None,
+            seconds_to_oom_low=None if low_high is None else round(low_high[0], 1),
+            seconds_to_oom_high=None if low_high is None else round(low_high[1], 1),
         )
 
     def follow(self, ctx: Context, block: Block) -> Ended | None:
@@ -194,7 +279,7 @@ class LeakDetector:
         if pyramid.saw_drops and pyramid.saw_drops[-1] == block.start and leak.source != OUTSIDE:
             return Ended(min_span, judged=False)
         if pyramid.coarse_pending:
-            leak.steps, leak.seconds = self.runway(ctx, leak.source, leak.slope)
+            self._forecast(ctx, leak)
             return None  # the slope moves slowly: re-fit every fourth block
         xs, ys, _ = pyramid.window(leak.signal, leak.onset)
         if len(xs) >= 4:
@@ -202,5 +287,5 @@ class LeakDetector:
         window = max(min_span, 2 * ctx.tol / leak.slope if leak.slope > 0 else min_span, 2 * leak.cadence)
         if block.end - leak.onset >= 2 * window and pyramid.flat(leak.signal, block.end - window, window, ctx.tol):
             return Ended(window, judged=True)
-        leak.steps, leak.seconds = self.runway(ctx, leak.source, leak.slope)
+        self._forecast(ctx, leak)
         return None

@@ -15,13 +15,18 @@ measured noise (the MAD of the points' first differences: a step is an outlier t
 jitter is not) and above a share of the material size, consecutive ones merged. It requires
 
 1. **several steps**: at least ``stair_steps`` (4: three gaps to judge a cadence by);
-2. **a regular cadence**: the longest gap between steps at most ``stair_spread`` times the
-   shortest (a doubling warm-up fails at once), and the staircase **still going**: the time since
-   the last step at most the longest gap;
-3. **material**: the steps add up to at least ``tol``.
+2. **a cadence that goes on**: gaps may wander (a leak kept at irregular moments: up to
+   ``stair_spread`` times the shortest), but do not grow every time to several times the first,
+   nor do the steps' rate fall to a quarter (a warm-up's records, ever rarer and smaller); and
+   the staircase is **still going**: the time since the last step at most the longest gap (or
+   1.5 mean gaps);
+3. **material on the net rise**: rises minus falls add up to at least ``tol``. Another process's
+   memory that comes and goes (a rise undone later by a fall of about its size, or the reverse)
+   is taken out first (:func:`without_toggles`): its "steps" are no leak, however regular.
 
-The slope is the staircase's mean rate, the steps' mean size over their mean gap (one step per
-cadence): what the time to OOM needs. Steps closer than one point apart are a smooth rise at
+The slope is the staircase's rate, its steps after the first over the time they took: what the
+time to OOM needs; its range (``slope_low``..``slope_high``) is an 80 % interval of that mean
+rate from the spread of its gaps and step sizes. Steps closer than one point apart are a smooth rise at
 this resolution and are left to ``Pyramid.trend``. Cost: one window read and a pass over
 <= 48 points (a sort for the noise): tens of microseconds, every fourth block at most.
 """
@@ -35,21 +40,65 @@ from vramwatch.engine.blocks import Pyramid, Signal, Trend
 from vramwatch.engine.stats import noise_sigma
 
 
+def moves_of(xs: list[float], ys: list[float], threshold: float) -> list[tuple[float, float]]:
+    """(position, signed size) of each change beyond ``threshold`` between consecutive points;
+    a change spread over consecutive points in one direction (a step straddling a point) is one
+    move at its first position."""
+    moves: list[tuple[float, float]] = []
+    previous = -2
+    for i, (a, b) in enumerate(pairwise(ys)):
+        if abs(b - a) <= threshold:
+            continue
+        if i == previous + 1 and moves and (moves[-1][1] > 0) == (b > a):
+            moves[-1] = (moves[-1][0], moves[-1][1] + b - a)
+        else:
+            moves.append((0.5 * (xs[i] + xs[i + 1]), b - a))
+        previous = i
+    return moves
+
+
+def without_toggles(moves: list[tuple[float, float]], ratio: float) -> tuple[list[tuple[float, float]], float]:
+    """The moves left once every level that came back is taken out, and what those left fell by.
+
+    Another process's memory on the device (a notebook, a profiler, an eval job) comes and goes: a
+    rise later undone by a fall of about its size (within ``ratio``), or a fall later undone by a
+    rise, is that component's, not the judged process's. Each move cancels the latest unmatched
+    opposite move of a similar size. Returns (the rises left, in order; the sum of falls left)."""
+    open_moves: list[tuple[float, float]] = []
+    for at, size in moves:
+        for j in range(len(open_moves) - 1, -1, -1):
+            other = open_moves[j][1]
+            if (other > 0) != (size > 0) and max(abs(other), abs(size)) <= ratio * min(abs(other), abs(size)):
+                del open_moves[j]
+                break
+        else:
+            open_moves.append((at, size))
+    rises = [(at, size) for at, size in open_moves if size > 0]
+    return rises, -sum(size for _, size in open_moves if size < 0)
+
+
 def steps_of(xs: list[float], ys: list[float], threshold: float) -> list[tuple[float, float]]:
     """(position, size) of each rise above ``threshold`` between consecutive points; a rise spread
     over consecutive points (a step straddling a point) is one step at its first position."""
-    steps: list[tuple[float, float]] = []
-    previous = -2
-    for i, (a, b) in enumerate(pairwise(ys)):
-        if b - a <= threshold:
-            continue
-        at = 0.5 * (xs[i] + xs[i + 1])
-        if i == previous + 1 and steps:
-            steps[-1] = (steps[-1][0], steps[-1][1] + b - a)
-        else:
-            steps.append((at, b - a))
-        previous = i
-    return steps
+    return [(at, size) for at, size in moves_of(xs, ys, threshold) if size > 0]
+
+
+def half_rates(positions: list[float], sizes: list[float]) -> tuple[float, float]:
+    """The rate of the staircase's earlier and later halves: each half's steps (the first step
+    excluded: it opens the count) over the time they took."""
+    half = len(sizes) // 2
+    early = sum(sizes[1 : half + 1]) / max(positions[half] - positions[0], 1e-9)
+    if half + 1 >= len(sizes):
+        return early, early
+    return early, sum(sizes[half + 1 :]) / max(positions[-1] - positions[half], 1e-9)
+
+
+def decelerating(gaps: list[float], early: float, late: float) -> bool:
+    """A warm-up's records: gaps growing every time (each about twice the last) to several times
+    the first, or the later half's rate under a quarter of the earlier's. A leak's cadence wanders
+    both ways and keeps its rate."""
+    growing = all(y > x for x, y in pairwise(gaps))
+    return (growing and gaps[-1] >= 2.5 * gaps[0]) or late < 0.25 * early
 
 
 def staircase(pyramid: Pyramid, signal: Signal, s0: float, min_span: float, tol: float) -> Trend | None:
@@ -74,15 +123,31 @@ def staircase(pyramid: Pyramid, signal: Signal, s0: float, min_span: float, tol:
     # staircase of ``stair_steps`` steps adds up to ``tol``): the minima of quiet blocks still
     # wobble by a MiB or two, which is no step
     threshold = max(cfg.stair_z * math.sqrt(2.0) * noise_sigma(ys), tol / (2 * cfg.stair_steps))
-    steps = steps_of(xs, ys, threshold)
-    if len(steps) < cfg.stair_steps:
+    rises, falls = without_toggles(moves_of(xs, ys, threshold), cfg.stair_toggle_ratio)
+    net = sum(size for _, size in rises) - falls  # judged on the net rise: what went and came back is no leak
+    if len(rises) < cfg.stair_steps or net < tol or falls > 0.5 * net:
         return None
-    positions = [at for at, _ in steps]
+    positions = [at for at, _ in rises]
     gaps = [b - a for a, b in pairwise(positions)]
-    if max(gaps) > cfg.stair_spread * min(gaps) or xs[-1] + 0.5 * block_span - positions[-1] > max(gaps):
-        return None
-    rise = sum(size for _, size in steps)
-    if rise < tol:
+    if min(gaps) <= 0 or max(gaps) > cfg.stair_spread * min(gaps):
         return None
     cadence = sum(gaps) / len(gaps)
-    return Trend((rise / len(steps)) / cadence, span, n, ys[-1], cadence)
+    # still going: a wandering cadence may be late by half its mean gap more than the longest seen
+    if xs[-1] + 0.5 * block_span - positions[-1] > max(max(gaps), 1.5 * cadence):
+        return None
+    sizes = [size for _, size in rises]
+    early, late = half_rates(positions, sizes)
+    if decelerating(gaps, early, late):
+        return None
+    # the rate the staircase keeps: its steps after the first over the time they took (what came
+    # and went is out; a fall left is no rate of the leak's). Its range: an 80 % interval of a mean
+    # rate from this many gaps and sizes (z 1.28 times their spread over the root of the count)
+    rate = sum(sizes[1:]) / (positions[-1] - positions[0])
+    u = min(0.8, 1.28 * math.hypot(_cv(gaps), _cv(sizes)) / math.sqrt(len(gaps)))
+    return Trend(rate, span, n, ys[-1], cadence, rate * (1.0 - u), rate * (1.0 + u))
+
+
+def _cv(values: list[float]) -> float:
+    """Coefficient of variation (population): the spread of a staircase's gaps or step sizes."""
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) / mean if mean > 0 else 0.0
