@@ -12,6 +12,9 @@ from helpers import NDJSON_HEADERS, GiB, gz, make_sample, ndjson
 
 from vramwatch.collector.server import BackgroundServer
 
+#: a death the hook said nothing about: no last words, no host memory to name the killer, no culprit
+NO_WORDS = {"last_words": None, "killed_by": None, "culprit": None}
+
 
 @pytest.fixture
 def collector(tmp_path):
@@ -261,7 +264,7 @@ def test_a_dead_rank_is_dead_sorts_worst_and_has_no_time_to_oom() -> None:
     assert rows[2]["liveness"] == "dead" and rows[0]["liveness"] == "live"
     assert rows[2]["severity"] > max(rows[0]["severity"], rows[1]["severity"])
     assert rows[2]["verdict"]["seconds_to_oom"] is None and rows[2]["died"] == {"cause": "killed", "step": 19,
-                                                                                "ts": t0 + 19}
+                                                                                "ts": t0 + 19, **NO_WORDS}
     run = live.run_summaries(now=t0 + 401)[0]
     assert run["dead_ranks"] == 1 and run["worst_rank"] == 2 and run["status"] == "running"
     # the run ends with no clean close: it crashed, and the killed rank is still the one killed
@@ -324,7 +327,7 @@ def test_a_rank_that_goes_on_after_an_oom_keeps_the_count_but_is_not_dead() -> N
     live = _live_with([(t0 + 5, [make_sample(i, ts=t0 + i) for i in range(5)]),
                        (t0 + 6, [make_sample(5, ts=t0 + 5, ooms=1)])])
     row = _rows_at(live, t0 + 7)[0]
-    assert row["died"] == {"cause": "oom", "step": 5, "ts": t0 + 5} and row["liveness"] == "dead"
+    assert row["died"] == {"cause": "oom", "step": 5, "ts": t0 + 5, **NO_WORDS} and row["liveness"] == "dead"
     live.ingest([make_sample(i, ts=t0 + i, ooms=1) for i in range(6, 9)], received_at=t0 + 9)
     row = _rows_at(live, t0 + 10)[0]
     assert row["died"] is None and row["ooms"] == 1 and row["liveness"] == "live"
