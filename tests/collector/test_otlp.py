@@ -195,7 +195,7 @@ def test_operator_gives_the_gpu_model_and_driver_in_the_standard_variable(tmp_pa
                                                    "k8s.node.name=gpu-node-07")
     mig = [dict(s, uuid="MIG-4f1c9a2e-0000-5000-8000-000000000001", nvml_used_bytes=None)
            for s in simulate_trace("healthy", steps=200, run="otel-mig", host="gpu-node-07", rank=0, seed=3,
-                                          start_ts=time.time() - 230)]
+                                          start_ts=time.time() - 205)]
     with Receiver() as receiver, BackgroundServer(
         tmp_path / "vw.db", lifespan_hooks=(lifespan_hook(receiver.url, interval_s=0.2),)
     ) as server:
@@ -213,7 +213,7 @@ def test_shutdown_pushes_the_last_state_once_more(tmp_path, monkeypatch) -> None
     # headers come from the SDK's standard variable (an API key for a hosted backend)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer otel-key")
     first = list(simulate_trace("healthy", steps=200, run="otel-run", host="node-a", rank=0, seed=1,
-                                start_ts=time.time() - 230))
+                                start_ts=time.time() - 205))
     with Receiver() as receiver:
         with BackgroundServer(tmp_path / "vw.db", lifespan_hooks=(lifespan_hook(receiver.url, interval_s=3600),)) \
                 as server:

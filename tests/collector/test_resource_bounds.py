@@ -284,7 +284,7 @@ def test_restart_replays_only_running_runs_and_lists_the_rest(tmp_path) -> None:
                   for i in range(5)])
     store.insert([{**make_sample(4, run=f"old-{k}", rank=r, ts=now - 7195), "seq": 1, "exit": True}
                   for k in range(50) for r in range(8)])  # every old run closed cleanly
-    store.insert([make_sample(i, run="running", rank=r, ts=now - 60 + i) for r in range(4) for i in range(30)])
+    store.insert([make_sample(i, run="running", rank=r, ts=now - 40 + i) for r in range(4) for i in range(30)])
     built = []
 
     class CountingEngine:

@@ -77,9 +77,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vramwatch.collector.serving.guard import http_protocol
 
     token = read_token(args)
-    if args.db:
-        db_parent_exists(args.db, args.create_db_dir)
-    port_is_free(args.host, args.port)  # before anything is opened or printed
     hooks = ()
     if args.otlp_endpoint:  # push per-rank metrics over OTLP/HTTP (vramwatch/collector/exporters/otlp.py)
         from vramwatch.collector.exporters.otlp import lifespan_hook
@@ -88,6 +85,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             hooks = (lifespan_hook(args.otlp_endpoint, args.otlp_interval),)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    if args.db:  # the arguments first, then what they name on this machine
+        db_parent_exists(args.db, args.create_db_dir)
+    port_is_free(args.host, args.port)  # before anything is opened or printed
     settings = Settings(db_path=db_path(args), token=token, auth_read=args.auth_read, lifespan_hooks=hooks,
                         finished_after_s=args.finished_after, silent_after_s=args.silent_after,
                         max_samples_per_run=args.max_samples_per_run or None,

@@ -50,6 +50,9 @@ INHERITED_SLOPE_FRAC = 0.5
 _NOT_STARTED = object()
 
 
+#: the configuration of every engine built without one (read only)
+_DEFAULT_CONFIG = EngineConfig()
+
 class TrendEngine:
     """Online verdicts for one series (run, host, rank). Feed samples in arrival order.
 
@@ -69,7 +72,7 @@ class TrendEngine:
     )
 
     def __init__(self, config: EngineConfig | None = None) -> None:
-        self.config = config or EngineConfig()
+        self.config = config or _DEFAULT_CONFIG  # shared: nothing writes a config, and one per series costs ~1 KB
         self._events: deque[dict[str, Any]] | None = None  # created with the first event
         self.state = "warmup"
         self.plateau_breaks = 0
