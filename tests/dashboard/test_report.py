@@ -166,10 +166,11 @@ def test_a_rank_that_went_silent_is_embedded_first_as_the_live_page_orders_it(tm
     now = _time.time()
     samples = []
     for rank in range(4):
-        last = 100 if rank == 2 else 200  # rank 2 went quiet 400 s before the others' last step
+        # rank 2 went quiet 20 s before the others' last step (within its 30 s window: silent, not dead)
+        last = 190 if rank == 2 else 200
         for step in range(last + 1):
             allocated = (40 if rank == 2 else 100 + rank) * GiB
-            samples.append(make_sample(step, rank=rank, ts=now - 500 + 2 * step, allocated_bytes=allocated,
+            samples.append(make_sample(step, rank=rank, ts=now - 420 + 2 * step, allocated_bytes=allocated,
                                        peak_allocated_bytes=allocated + GiB, reserved_bytes=allocated + 2 * GiB,
                                        nvml_used_bytes=allocated + 3 * GiB))
     db = str(tmp_path / "vw.db")
