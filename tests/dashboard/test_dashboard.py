@@ -479,7 +479,7 @@ def test_polled_chart_equals_a_fresh_draw(browser: Any, tmp_path: Path) -> None:
     what a full draw of the same data leaves: the same x/y arrays, bands, event lines and
     labels; the new points are drawn; markers and labels are on the page."""
     run, steps = "fast-path", 785  # the leak is detected at step 769; a checkpoint comes at 800, while polled
-    start = time.time() - steps * 0.1 - 40
+    start = time.time() - steps * 0.1 - 5  # its latest sample within the run's 30 s silence window
     gens = [simulate_trace("demo", steps=10**6, run=run, host="node-0", rank=r, start_ts=start, step_time_s=0.1,
                            leak_rank=1, leak_onset=500, ckpt_every=400) for r in range(2)]
     last = 0

@@ -436,9 +436,10 @@ def test_worst_card_holds_and_rows_stay_under_the_cursor(browser: Any, tmp_path:
     it); the table re-sorts, except while the pointer is over it."""
     run = "warm-8"
     with BackgroundServer(str(tmp_path / "warm.db")) as server:
-        # sample times well inside the silence window (verdicts.SILENT_AFTER_S): however slowly the
-        # machine runs the loop below, no rank is judged stopped while the test looks at the cards
-        gens = [simulate_trace("long_warmup", steps=10**6, run=run, host="node-0", rank=r, start_ts=time.time() - 60,
+        # sample times well inside the silence window (0.2 s steps: 30 s, verdicts.silence_window): the
+        # 250 steps below span 50 s from now, so however slowly the machine runs the loop, no rank is
+        # judged stopped while the test looks at the cards
+        gens = [simulate_trace("long_warmup", steps=10**6, run=run, host="node-0", rank=r, start_ts=time.time() - 5,
                                step_time_s=0.2, seed=r) for r in range(8)]
         step = 0
 
