@@ -64,6 +64,13 @@ PROMETHEUS_OWN = {"ALERTS", "ALERTS_FOR_STATE", "up"}
 
 # ------------------------------------------------------------------ a real scrape
 
+def ending_at(trace: list[dict], end: float) -> list[dict]:
+    """The trace shifted so its latest sample is at ``end``: the ranks of one job end together, each
+    within its silence window of the scrape (a rank judged stopped has its state families withdrawn)."""
+    shift = end - max(s["ts"] for s in trace)
+    return [{**s, "ts": s["ts"] + shift} for s in trace]
+
+
 @pytest.fixture(scope="module")
 def scrape_names(tmp_path_factory) -> set[str]:
     """Metric names from a real collector fed scenarios that exercise every family."""
@@ -89,7 +96,7 @@ def scrape_names(tmp_path_factory) -> set[str]:
                                "last_words_message": "CUDA error: an illegal memory access was encountered",
                                "last_words_phase": "train"}])
         for trace in traces:
-            post_samples(srv.url, trace)
+            post_samples(srv.url, ending_at(list(trace), now - 2))
         srv_names = exposed_names(scrape(srv.url).text)
     return srv_names
 
