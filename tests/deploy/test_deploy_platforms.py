@@ -105,7 +105,7 @@ def test_alertmanager_routes_critical_vramwatch_alerts_to_oncall() -> None:
     assert route(alertname="DatasourceError", severity="critical", grafana_folder="vramwatch",
                  rulename="VramwatchOOM") == "training-team"
     critical = {name for name, rule in alert_rules().items() if rule["labels"]["severity"] == "critical"}
-    assert critical == {"VramwatchMemoryLeak", "VramwatchOOMImminent", "VramwatchOOM"}
+    assert critical == {"VramwatchMemoryLeak", "VramwatchOOMImminent", "VramwatchOOM", "VramwatchRankDied"}
 
 
 def test_kubernetes_collector_and_node_local_daemonset() -> None:
