@@ -93,3 +93,11 @@ def wait_until(check: Callable[[], T], timeout: float = 10.0, what: str = "the e
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached in {timeout:g} s (last: {got!r})")
         time.sleep(0.02)
+
+
+def ending_at(trace: list[dict[str, Any]], end: float) -> list[dict[str, Any]]:
+    """The trace shifted in time so its latest sample is at ``end``: the ranks of one job end
+    together, each within its silence window of ``end`` (a rank judged stopped has its state
+    families withdrawn, and a rank whose peers went on past its window was killed alone)."""
+    shift = end - max(s["ts"] for s in trace)
+    return [{**s, "ts": s["ts"] + shift} for s in trace]

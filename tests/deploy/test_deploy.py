@@ -21,6 +21,7 @@ from grafana_helpers import (
     outer_grouping,
     panel_links,
 )
+from helpers import ending_at
 from prometheus_helpers import (
     DASHBOARD,
     DEPLOY,
@@ -63,13 +64,6 @@ PROMETHEUS_OWN = {"ALERTS", "ALERTS_FOR_STATE", "up"}
 
 
 # ------------------------------------------------------------------ a real scrape
-
-def ending_at(trace: list[dict], end: float) -> list[dict]:
-    """The trace shifted so its latest sample is at ``end``: the ranks of one job end together, each
-    within its silence window of the scrape (a rank judged stopped has its state families withdrawn)."""
-    shift = end - max(s["ts"] for s in trace)
-    return [{**s, "ts": s["ts"] + shift} for s in trace]
-
 
 @pytest.fixture(scope="module")
 def scrape_names(tmp_path_factory) -> set[str]:

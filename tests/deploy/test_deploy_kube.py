@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 import yaml
+from helpers import ending_at
 from kube_helpers import (
     CHART_ALERTMANAGER_CONFIG,
     DOCS,
@@ -391,9 +392,10 @@ def test_kube_prometheus_stack_alerts_reach_their_receivers(tmp_path) -> None:
     start_ts = time.time() - steps - 60
     layout = {0: ("healthy", {}), 1: ("fast_leak", {}), 2: ("late_step", {}),
               3: ("leak_to_oom", {"leak_onset": 2600, "leak_rate_frac": 3e-4})}
+    # each rank's latest sample 2 s ago: the ranks of one job end together, within their silence windows
     samples = [s for rank, (scenario, params) in layout.items()
-               for s in simulate_trace(scenario, steps=steps, run=run, host="node-a", rank=rank, start_ts=start_ts,
-                                       **params)]
+               for s in ending_at(list(simulate_trace(scenario, steps=steps, run=run, host="node-a", rank=rank,
+                                                      start_ts=start_ts, **params)), time.time() - 2)]
     rule = by_kind(rendered(KPS[0]))["PrometheusRule"]
     groups = json.loads(json.dumps(rule["spec"]["groups"]))
     for group in groups:

@@ -25,6 +25,7 @@ from grafana_helpers import (
     merged_rows,
     panel_links,
 )
+from helpers import ending_at
 from prometheus_helpers import (
     ALERTMANAGER,
     DASHBOARD,
@@ -254,8 +255,11 @@ def test_leak_alert_is_routed_by_alertmanager_to_a_webhook(tmp_path) -> None:
     need_binary("prometheus-alertmanager")
     run, steps = "leaky-job", 3300
     start_ts = time.time() - steps - 60
-    samples = [*simulate_trace("healthy", steps=steps, run=run, host="node-a", rank=0, start_ts=start_ts),
-               *simulate_trace("fast_leak", steps=steps, run=run, host="node-a", rank=1, start_ts=start_ts)]
+    # each rank's latest sample 2 s ago: both still running, within their silence windows
+    samples = [*ending_at(list(simulate_trace("healthy", steps=steps, run=run, host="node-a", rank=0,
+                                              start_ts=start_ts)), time.time() - 2),
+               *ending_at(list(simulate_trace("fast_leak", steps=steps, run=run, host="node-a", rank=1,
+                                              start_ts=start_ts)), time.time() - 2)]
     rules = yaml.safe_load(RULES.read_text())
     for group in rules["groups"]:
         for rule in group["rules"]:
