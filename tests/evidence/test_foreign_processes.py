@@ -249,8 +249,9 @@ def test_a_real_process_named_from_the_hook_to_the_api_metrics_and_postmortem(tm
                 assert "do-not-leak" not in proc["cmdline"] and "kernel-1.json" in proc["cmdline"]
                 metrics = [(labels, v) for name, labels, v in exposed_samples(client.get("/metrics").text)
                            if name == "vramwatch_foreign_process_used_bytes"]
+                # gpu: the host's NVML index (the one dcgm-exporter labels with), as the device names it
                 assert metrics == [({"run": "job", "rank": "3", "Hostname": "node-a", "UUID": f"GPU-{UUID1}",
-                                     "gpu": "0", "pid": str(kernel.pid), "process": proc["name"], "container": "",
+                                     "gpu": "1", "pid": str(kernel.pid), "process": proc["name"], "container": "",
                                      "description": f"a Jupyter kernel (pid {kernel.pid}, ipykernel_launcher)",
                                      "device": "GPU 1"}, 38 * GiB)]
                 pm = client.get("/api/v1/runs/job/postmortem").json()
