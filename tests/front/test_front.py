@@ -376,7 +376,7 @@ def test_advise_compare_gate_report_over_a_front_equal_one_collector(tmp_path: P
 
             assert get_paths(whole.url) - get_paths(front.url) == set()
     dead = f"http://127.0.0.1:{__import__('prometheus_helpers').free_port()}"
-    assert _cli("advise", "cand", "--url", dead)[0] == 1
+    assert _cli("advise", "cand", "--url", dead)[0] == 3  # unreachable: neither ready nor not ready, as gate
     assert _cli("gate", "base", "cand", "--url", dead)[0] == 3
 
 
