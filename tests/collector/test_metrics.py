@@ -9,6 +9,7 @@ import math
 import time
 
 import pytest
+from helpers import ending_at
 from prometheus_client import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_helpers import exposed_names, exposed_samples, post_samples, run_promtool, scrape
@@ -35,8 +36,7 @@ def feed(live: LiveState, scenario: str, *, steps: int, received_at: float | Non
     received_at = NOW if received_at is None else received_at
     samples = list(simulate_trace(scenario, steps=steps, start_ts=0.0, **kw))
     # every rank's latest sample 5 s ago, as ranks of one job stepping together end together
-    shift = NOW - 5 - max(s["ts"] for s in samples)
-    samples = [{**s, "ts": s["ts"] + shift} for s in samples]
+    samples = ending_at(samples, NOW - 5)
     live.ingest(samples, received_at=received_at)
     return samples
 

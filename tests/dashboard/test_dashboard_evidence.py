@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from evidence.test_snapshot_diff import LEAK, leaking_pair
+from helpers import ending_at
 from test_dashboard import Page, browser, run_url
 from test_dashboard_operator import post
 
@@ -54,8 +55,7 @@ def evidence_run() -> list[dict[str, Any]]:
                 s["foreign_used_bytes"] = FOREIGN
                 s["nvml_used_bytes"] = min(s["total_bytes"], s["nvml_used_bytes"] + FOREIGN)
             out.append(s)
-    shift = time.time() - 5 - max(s["ts"] for s in out)
-    return [{**s, "ts": s["ts"] + shift} for s in out]
+    return ending_at(out, time.time() - 5)
 
 
 @pytest.fixture(scope="module")

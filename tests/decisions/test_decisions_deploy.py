@@ -6,6 +6,7 @@ import time
 
 import pytest
 import yaml
+from helpers import ending_at
 from prometheus_helpers import RULE_TESTS, RULES, exposed_samples, post_samples, run_promtool, scrape
 
 from vramwatch.collector.server import BackgroundServer
@@ -19,8 +20,7 @@ NEAR = 0.95
 def running(samples: list[dict]) -> list[dict]:
     """The trace as a run still going: its last sample 5 s ago (a rank whose process ended has its
     gauges withdrawn from /metrics)."""
-    shift = time.time() - 5 - max(s["ts"] for s in samples)
-    return [{**s, "ts": s["ts"] + shift} for s in samples]
+    return ending_at(samples, time.time() - 5)
 
 
 @pytest.fixture(scope="module")
