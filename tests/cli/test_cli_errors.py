@@ -62,3 +62,13 @@ def test_analyze_with_no_valid_sample_names_the_first_bad_line(tmp_path: Path) -
     run = vramwatch("analyze", str(trace))
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
     assert f"{trace}:1" in run.stderr and "no valid sample in 2 lines" in run.stderr
+
+
+def test_hostile_serve_arguments_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    """A --db whose name the system cannot look at, and a setting past its range: one line each."""
+    too_long = vramwatch("serve", "--port", "0", "--db", str(tmp_path / ("a" * 5000) / "vw.db"))
+    assert too_long.returncode == 2 and len(too_long.stderr.splitlines()) == 1
+    assert "--db" in too_long.stderr and len(too_long.stderr) < 400
+    past = vramwatch("serve", "--port", "0", "--db", str(tmp_path / "vw.db"), "--silent-after", "1e9")
+    assert past.returncode == 2 and len(past.stderr.splitlines()) == 1 and "silent_after_s" in past.stderr
+    assert not (tmp_path / "vw.db").exists()

@@ -82,3 +82,13 @@ def test_the_monitor_renders_as_its_runs_live_page(module_collector, tmp_path) -
     finally:
         off.close()
     assert "<iframe" not in text and "vramwatch serve --host 127.0.0.1" in text and str(tmp_path) in text
+
+
+def test_the_notebook_view_escapes_what_it_shows() -> None:
+    from vramwatch.notebook import live_view
+
+    hostile = '"><script>alert(1)</script>'
+    page = live_view('http://h:1/"onload="x', hostile)
+    assert "<script>" not in page and 'onload="x' not in page
+    assert "%22%3E%3Cscript%3E" in page  # the run in the URL, quoted
+    assert "<script>" not in live_view(None, hostile, where="<b>")

@@ -88,18 +88,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.db:  # the arguments first, then what they name on this machine
         db_parent_exists(args.db, args.create_db_dir)
     port_is_free(args.host, args.port)  # before anything is opened or printed
-    settings = Settings(db_path=db_path(args), token=token, auth_read=args.auth_read, lifespan_hooks=hooks,
-                        finished_after_s=args.finished_after, silent_after_s=args.silent_after,
-                        max_samples_per_run=args.max_samples_per_run or None,
-                        retention_days=args.retention_days or None,
-                        min_free_bytes=int(args.min_free_mb * 1024 * 1024),
-                        max_series=args.max_series, max_ranks_per_run=args.max_ranks_per_run,
-                        max_connections=args.max_connections, header_timeout_s=args.header_timeout,
-                        body_timeout_s=args.body_timeout, shutdown_timeout_s=args.shutdown_timeout,
-                        allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
-                        max_snapshots=args.max_snapshots, max_snapshots_bytes=int(args.snapshots_max_mb * 2**20),
-                        max_concurrent_uploads=args.max_concurrent_uploads,
-                        capture_interval_s=args.capture_interval)
+    try:  # every setting a flag reaches is range-checked once, by Settings: its refusal names the field
+        settings = Settings(db_path=db_path(args), token=token, auth_read=args.auth_read, lifespan_hooks=hooks,
+                            finished_after_s=args.finished_after, silent_after_s=args.silent_after,
+                            max_samples_per_run=args.max_samples_per_run or None,
+                            retention_days=args.retention_days or None,
+                            min_free_bytes=int(args.min_free_mb * 1024 * 1024),
+                            max_series=args.max_series, max_ranks_per_run=args.max_ranks_per_run,
+                            max_connections=args.max_connections, header_timeout_s=args.header_timeout,
+                            body_timeout_s=args.body_timeout, shutdown_timeout_s=args.shutdown_timeout,
+                            allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
+                            max_snapshots=args.max_snapshots, max_snapshots_bytes=int(args.snapshots_max_mb * 2**20),
+                            max_concurrent_uploads=args.max_concurrent_uploads,
+                            capture_interval_s=args.capture_interval)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if args.auth_read and not token:
         raise UsageError("--auth-read needs a token (VRAMWATCH_TOKEN or --token-file)")
     if args.host in ("0.0.0.0", "::") and not token:

@@ -169,8 +169,11 @@ def db_parent_exists(path: str, create: bool) -> None:
     """UsageError when the database's directory does not exist (a typo in ``--db``) unless
     ``create``: then it is made. An existing directory is never touched."""
     parent = Path(path).expanduser().parent
-    if parent.is_dir():
-        return
+    try:
+        if parent.is_dir():
+            return
+    except OSError as exc:  # a name too long, a loop of links: what the path names cannot be looked at
+        raise UsageError(f"--db: cannot use {str(parent)[:200]!r}: {exc.strerror}") from None
     if not create:
         raise UsageError(f"--db: directory {parent} does not exist (a typo? --create-db-dir makes it)")
     try:
