@@ -79,10 +79,11 @@ class Budget:
     def for_size(cls, size: int, *, deadline: float | None = None) -> Budget:
         """The budget for a pickle of ``size`` bytes: references and objects at most one per two
         bytes and memo entries one per four (a real snapshot uses about a third of each), with a
-        floor for small files; DUPs at most :attr:`dups` whatever the size."""
+        floor for small files; a container's items at most :attr:`length` or the references'
+        bound, whichever is larger; DUPs at most :attr:`dups` whatever the size."""
         floor = 1 << 16
         return cls(refs=max(floor, size // 2), objects=max(floor, size // 2),
-                   memo=max(floor, size // 4), deadline=deadline)
+                   memo=max(floor, size // 4), length=max(cls.length, size // 2), deadline=deadline)
 
 
 # A shape is one int: 0 a flat atom; (depth << 1) a tuple or frozenset that deep (immutable:

@@ -12,18 +12,21 @@ unpickle. So the unpickler here refuses *every* global:
   cannot call anything;
 * ``persistent_load`` raises (no ``PERSID``/``BINPERSID`` object ids);
 * out-of-band buffers (protocol 5) are refused by the C unpickler without a ``buffers`` list;
-* before the C unpickler builds anything, the bytes are walked opcode by opcode against a
-  budget (:mod:`vramwatch.evidence.pickle_budget`: data opcodes only, memo, references, DUPs,
-  objects, container lengths and depth, flat-atom keys, integer sizes, a deadline), so the
-  extension opcodes, a memo index of 2^26 or a tuple a million deep as a key are refused,
-  naming the budget, before they cost anything.
+* before the C unpickler builds anything, the bytes are proven within a budget (data opcodes
+  only, memo, references, DUPs, objects, container lengths and depth, flat-atom keys, integer
+  sizes, a deadline): by the grammar of what torch writes, recognised at C speed
+  (:mod:`vramwatch.evidence.pickle_grammar`), or, for anything else, by a walk opcode by
+  opcode (:mod:`vramwatch.evidence.pickle_budget`), so the extension opcodes, a memo index
+  of 2^26 or a tuple a million deep as a key are refused, naming the budget, before they
+  cost anything.
 
 Bounds: at most ``max_bytes`` of pickle (after gzip inflation, read incrementally into one
 buffer, so a gzip bomb stops at the bound and the input is never held twice); the walk's
 budget (proportional to the size, :meth:`~vramwatch.evidence.pickle_budget.Budget.for_size`)
 and its deadline (:data:`DEADLINE_S`); :func:`check_shape` afterwards refuses a top level that
-is not a snapshot. Cost: the walk (Python, once per stored file and process: files walked are
-remembered) plus the C unpickler's speed; memory: the inflated bytes once plus what the
+is not a snapshot. Cost: the proof (about 2x the C unpickler for torch's output, the walk
+about 15x for anything else; once per stored file and process: files proven are remembered,
+and the collector proves an upload while it arrives) plus the C unpickler; memory: the inflated bytes once plus what the
 snapshot's objects take (about 6x the pickle's size for torch's output).
 """
 
@@ -31,20 +34,19 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import gzip
 import io
 import os
 import pickle
 import struct
 import threading
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from vramwatch.evidence import pickle_budget
+from vramwatch.bounded import Inflater, LimitExceeded
+from vramwatch.evidence import pickle_budget, pickle_grammar
 
 #: Largest pickle (inflated) accepted: a 20,000-entry history with Python stacks is tens of MB.
 MAX_PICKLE_BYTES = 512 * 2**20
@@ -97,11 +99,15 @@ def loads(data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_PICKLE_B
 
 
 def walk(data: bytes | bytearray | memoryview, deadline_s: float | None = DEADLINE_S) -> None:
-    """The budget walk of ``data`` (:mod:`~vramwatch.evidence.pickle_budget`); :class:`UnsafePickle`
-    naming the budget passed."""
+    """``data`` proven within :meth:`~vramwatch.evidence.pickle_budget.Budget.for_size`:
+    by the grammar of what torch writes (:mod:`~vramwatch.evidence.pickle_grammar`, at C
+    speed) or, when it is undecided, by the opcode walk (:mod:`~vramwatch.evidence.pickle_budget`);
+    :class:`UnsafePickle` naming the budget passed."""
     deadline = None if deadline_s is None else time.monotonic() + deadline_s
+    budget = pickle_budget.Budget.for_size(len(data), deadline=deadline)
     try:
-        pickle_budget.walk(data, pickle_budget.Budget.for_size(len(data), deadline=deadline))
+        if not pickle_grammar.proves(data, budget):
+            pickle_budget.walk(data, budget)
     except pickle_budget.BudgetExceeded as exc:
         raise UnsafePickle(str(exc)) from None
     except (IndexError, struct.error):
@@ -153,48 +159,32 @@ def paused_gc() -> Iterator[None]:
 
 
 def inflate(raw: bytes | BinaryIO, *, max_bytes: int = MAX_PICKLE_BYTES) -> bytearray:
-    """``raw`` as plain pickle bytes: gunzipped when it starts with the gzip magic, at most
-    ``max_bytes`` after inflation (read in 1 MiB pieces: a gzip bomb stops at the bound)."""
+    """``raw`` as plain pickle bytes: gunzipped when it starts with the gzip magic (the one
+    inflater, :class:`~vramwatch.bounded.Inflater`), at most ``max_bytes`` after inflation (a
+    gzip bomb stops at the bound, having inflated at most one more step). The output is
+    appended in place into one buffer (large buffers grow by remapping): never two copies."""
     stream = io.BytesIO(raw) if isinstance(raw, (bytes, bytearray, memoryview)) else raw
     head = stream.read(2)
     zipped = head == _GZIP_MAGIC
-    try:
-        source: BinaryIO = gzip.GzipFile(fileobj=_Prefixed(head, stream)) if zipped else _Prefixed(head, stream)
-        data = _read_bounded(source, max_bytes)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise UnsafePickle(f"not gzip data ({type(exc).__name__}: {exc})") from None
-    if data is None:
-        raise UnsafePickle(f"larger than {max_bytes} bytes{' after gzip inflation' if zipped else ''}")
-    return data
-
-
-def _read_bounded(source: BinaryIO, max_bytes: int) -> bytearray | None:
-    """Appended in place (large buffers grow by remapping, not copying): never two copies."""
     data = bytearray()
-    while chunk := source.read(min(_CHUNK, max_bytes + 1 - len(data))):
-        data += chunk
-        if len(data) > max_bytes:
-            return None
+    inflater = Inflater(max_bytes, "snapshot", "max_bytes", step=_CHUNK) if zipped else None
+    chunk = head
+    try:
+        while chunk:
+            for piece in inflater.feed(chunk) if inflater is not None else (chunk,):
+                data += piece
+                if len(data) > max_bytes:
+                    raise LimitExceeded("snapshot", "max_bytes", "")
+            chunk = stream.read(_CHUNK)
+        if inflater is not None:
+            inflater.finish()
+    except LimitExceeded:
+        raise UnsafePickle(f"larger than {max_bytes} bytes{' after gzip inflation' if zipped else ''}") from None
+    except (OSError, EOFError) as exc:
+        if not zipped:
+            raise  # the file could not be read: the caller's OSError
+        raise UnsafePickle(f"not gzip data ({type(exc).__name__}: {exc})") from None
     return data
-
-
-class _Prefixed(io.RawIOBase):
-    """A stream whose first bytes were already read (the magic sniffed off it)."""
-
-    def __init__(self, head: bytes, rest: BinaryIO) -> None:
-        self._head, self._rest = head, rest
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if self._head:
-            n = min(len(buffer), len(self._head))
-            buffer[:n], self._head = self._head[:n], self._head[n:]
-            return n
-        chunk = self._rest.read(len(buffer))
-        buffer[: len(chunk)] = chunk
-        return len(chunk)
 
 
 def check_shape(obj: Any) -> dict[str, Any]:
@@ -230,14 +220,20 @@ def read_snapshot(path: str | Path, *, max_bytes: int = MAX_PICKLE_BYTES) -> dic
     return snapshot
 
 
-def verify_file(path: str | Path, *, max_bytes: int = MAX_PICKLE_BYTES) -> None:
-    """Walk a stored file against its budget now (the collector, when a snapshot arrives), so
-    later reads skip the walk; :class:`UnsafePickle` naming the budget it passes."""
+def remember_file(path: str | Path) -> None:
+    """A stored file proven within its budget while it arrived (the collector's upload reads
+    its inflated pieces through :class:`~vramwatch.evidence.pickle_grammar.Recognizer`): its
+    reads skip the proof."""
+    with open(path, "rb") as fh:
+        remember(_file_key(fh))
+
+
+def proven_before(path: str | Path) -> bool:
+    """Whether this process proved ``path`` within its budget since it last changed."""
     with open(path, "rb") as fh:
         key = _file_key(fh)
-        data = inflate(fh, max_bytes=max_bytes)
-    walk(data, DEADLINE_S)
-    remember(key)
+    with _verified_lock:
+        return key in _VERIFIED
 
 
 def remember(key: tuple[int, int, int, int]) -> None:
@@ -248,4 +244,4 @@ def remember(key: tuple[int, int, int, int]) -> None:
 
 
 __all__ = ["DEADLINE_S", "MAX_PICKLE_BYTES", "UnsafePickle", "check_shape", "inflate", "load_snapshot", "loads",
-           "paused_gc", "read_snapshot", "verify_file"]
+           "paused_gc", "proven_before", "read_snapshot", "remember_file"]

@@ -16,6 +16,7 @@ Bounds: a snapshot is at most ``max_snapshot_bytes`` compressed, the folder at m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from typing import Any
 
 from vramwatch.bounded import Inflater, LimitExceeded
 from vramwatch.errors import VramwatchError
+from vramwatch.evidence import pickle_grammar, safe_pickle
 from vramwatch.evidence.suspects import FOLLOWUP_STEPS, FOLLOWUP_TRIGGER, LEAK_TRIGGER
 
 SeriesKey = tuple[str, str, int]
@@ -212,6 +214,8 @@ class SnapshotUpload:
         self.path = store.folder / f".upload-{self.id}.tmp"
         self.size = 0
         self._inflater = Inflater(store.max_inflated_bytes, "body", "max_snapshot_inflated_bytes")
+        # proven within the reader's budget while it arrives: its reads then skip the proof
+        self._grammar = pickle_grammar.Recognizer()
         self._fh = open(self.path, "wb")  # noqa: SIM115 - closed by commit/abort
 
     def write(self, data: bytes) -> None:
@@ -220,8 +224,8 @@ class SnapshotUpload:
         if self.size > self.store.max_snapshot_bytes:
             raise SnapshotError("body", f"larger than {self.store.max_snapshot_bytes} bytes (max_snapshot_bytes)", 413)
         try:
-            for _ in self._inflater.feed(data):
-                pass
+            for piece in self._inflater.feed(data):
+                self._grammar.feed(piece)
         except LimitExceeded as exc:
             raise SnapshotError("body", f"{exc.message} ({exc.limit})", 413) from None
         except OSError:
@@ -237,8 +241,13 @@ class SnapshotUpload:
         except OSError:
             raise SnapshotError("body", "truncated gzip data" if self.size else "empty body", 400) from None
         self._fh.close()
+        self._grammar.finish()
         info = SnapshotInfo(self.id, run, host, rank, step, trigger, directive, time.time(), self.size)
-        return self.store._commit(self, info)
+        info = self.store._commit(self, info)
+        if self._grammar.proven():
+            with contextlib.suppress(OSError):  # evicted meanwhile: nothing to remember
+                safe_pickle.remember_file(self.store.folder / f"{info.id}.pickle.gz")
+        return info
 
     def abort(self) -> None:
         self._fh.close()
