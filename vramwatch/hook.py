@@ -31,7 +31,9 @@ kept by the monitor: :meth:`Monitor.max_memory_allocated`. ``peak="never"`` leav
 counter alone (for code that owns it) and reports the exact peak whenever a new high is
 reached, otherwise the lower bound ``max(previous allocated, allocated)``. A phase sample
 (``with vw.phase("checkpoint")``) carries the peak *during* the phase; the time between the
-previous step and the phase start is folded into the next train sample.
+previous step and the phase start is folded into the next train sample. As a phase begins, one
+copy of the last train sample (next ``seq``, ``ts`` now) marked ``phase_open: true`` says the
+rank's coming silence is a phase, not a stop (a dict copy: no probe read).
 
 End markers (for ``vramwatch postmortem``): a clean :meth:`Monitor.close` sends one more
 sample, a copy of the last train sample (same step, next ``seq``, ``ts`` now) with ``exit:
@@ -103,6 +105,7 @@ class _Phase:
     def __enter__(self) -> _Phase:
         self._t0 = time.perf_counter()
         self._open = self._monitor._begin_phase(self._name)
+        self._monitor._mark("phase_open")  # a long first checkpoint is not read as the job stopping
         self._monitor._open_phase = self._name  # a crash record's phase
         return self
 
@@ -422,16 +425,21 @@ class Monitor:
         """A clean close: one more copy of the last train sample (now, next ``seq``) with ``exit: true``,
         so the post-mortem tells a clean end from a silent death. A copy, not a probe read: no side
         effects (peak resets), and always exactly one extra sample."""
+        self._mark("exit")
+
+    def _mark(self, flag: str) -> None:
+        """A copy of the last train sample (now, next ``seq``) with ``flag`` true: ``exit`` (a clean
+        close), ``phase_open`` (a phase began: its silence is expected until its phase sample)."""
         last = self._last_train if self._last_train is not None else self._last_sample
         if last is None:
             return
         try:
             sample = dict(last)
-            sample.pop("step_time_s", None)
-            sample.pop("oom_marked", None)
+            for other in ("step_time_s", "oom_marked", "exit", "phase_open"):
+                sample.pop(other, None)
             sample["ts"] = time.time()
             sample["seq"] = self._next_seq(sample["step"], sample["phase"])
-            sample["exit"] = True
+            sample[flag] = True
             self._last_sample = sample
             self.sender.submit(sample)  # type: ignore[union-attr]
             self._samples += 1

@@ -277,17 +277,22 @@ SILENT_CEILING_S = 1800.0
 PHASE_ALLOWANCE = 1.5
 
 
-def silence_window(cadence_s: float | None, longest_phase_s: float | None = None) -> float:
+def silence_window(cadence_s: float | None, longest_phase_s: float | None = None, *, in_phase: bool = False
+                   ) -> float:
     """How long a rank may send nothing before it reads silent: :data:`SILENT_INTERVALS` of its
     sample interval, at least :data:`SILENT_FLOOR_S`, at most :data:`SILENT_CEILING_S`, and never
     shorter than :data:`PHASE_ALLOWANCE` times its longest marked phase (capped the same). 1 step/s
-    -> 30 s; 60 s/step -> 600 s; unknown cadence -> :data:`SILENT_AFTER_S`."""
+    -> 30 s; 60 s/step -> 600 s; unknown cadence -> :data:`SILENT_AFTER_S`. ``in_phase``: its
+    latest sample opened a phase (``phase_open``) that has not ended; with no phase of it measured
+    yet (a first checkpoint), the ceiling: its length is unknown, and its silence is expected."""
     if cadence_s is None or not cadence_s > 0:
         window = SILENT_AFTER_S
     else:
         window = min(max(SILENT_INTERVALS * cadence_s, SILENT_FLOOR_S), SILENT_CEILING_S)
     if longest_phase_s is not None and longest_phase_s > 0:
         window = max(window, min(PHASE_ALLOWANCE * longest_phase_s, SILENT_CEILING_S))
+    elif in_phase:
+        window = max(window, SILENT_CEILING_S)
     return window
 #: ... and "its run goes on" means another rank of it sent something within this long
 RUN_ACTIVE_S = 120.0

@@ -69,7 +69,8 @@ def test_plain_loop_feeds_the_collector_steps_phases_and_numbers(collector, tmp_
     assert [r[1] for r in rows if r[2] == "train"] == list(range(30))
     assert [r[1] for r in rows if r[2] == "checkpoint"] == [10, 20]
     stats = vw.stats()
-    assert stats["samples"] == 33 and stats["accepted"] == 33  # 30 steps, 2 checkpoints, the exit marker
+    # 30 steps, 2 checkpoints each opened by a marker, the exit marker
+    assert stats["samples"] == 35 and stats["accepted"] == 35
     assert stats["probe_errors"] == stats["hook_errors"] == stats["send_failures"] == 0
     ranks = get_json(f"{collector.url}/api/v1/runs/plain-loop/ranks")
     assert len(ranks) == 1 and ranks[0]["last_step"] == 29
@@ -129,9 +130,11 @@ def test_context_manager_and_no_url_writes_jsonl_trace_files(tmp_path, monkeypat
         tiny_training(8, vw, checkpoint_every=5, ckpt_dir=tmp_path)
         path = vw.trace_path
     samples = list(wire.iter_samples(path))  # validates every line
-    assert [(s["step"], s["phase"]) for s in samples] == [(i, "train") for i in range(6)] + [(5, "checkpoint")] + [
-        (6, "train"), (7, "train"), (7, "train")]
+    assert [(s["step"], s["phase"]) for s in samples] == [(i, "train") for i in range(6)] + [
+        (5, "train"), (5, "checkpoint"), (6, "train"), (7, "train"), (7, "train")]
+    assert (samples[6]["phase_open"], samples[6]["seq"]) == (True, 1)  # the checkpoint's opening marker
     assert samples[-1]["exit"] is True and samples[-1]["seq"] == 1  # the clean close's marker
+    assert not any(s.get("phase_open") for s in samples if s is not samples[6])
     assert path.parent == tmp_path / "traces" / "local-files"
 
 
@@ -402,7 +405,7 @@ def test_host_fields_ride_on_every_sample_and_a_phase_sample(tmp_path):
         pass
     assert vw.close(5)
     stored = [json.loads(line) for line in vw.trace_path.read_text().splitlines()]
-    assert len(stored) == 3  # step, phase, the close's exit marker
+    assert len(stored) == 4  # step, the phase's opening marker, phase, the close's exit marker
     for sample in stored:
         assert sample["host_rss_bytes"] > 10 * 2**20 and sample["host_available_bytes"] > 0
 
@@ -462,12 +465,14 @@ def test_a_clean_close_sends_one_copy_of_the_last_train_sample_marked_exit(tmp_p
         pass
     assert vw.close(5)
     samples = _trace(vw)
-    assert len(samples) == 5 and vw.stats()["samples"] == 5
-    last = samples[-1]
-    assert (last["step"], last["phase"], last["seq"], last["exit"]) == (2, "train", 1, True)
-    assert last["allocated_bytes"] == samples[2]["allocated_bytes"] and last["ts"] >= samples[3]["ts"]
+    assert len(samples) == 6 and vw.stats()["samples"] == 6  # 3 steps, the phase's opening, the phase, the exit
+    opened, last = samples[3], samples[-1]
+    assert (opened["step"], opened["phase"], opened["seq"], opened["phase_open"]) == (2, "train", 1, True)
+    assert (last["step"], last["phase"], last["seq"], last["exit"]) == (2, "train", 2, True)
+    assert "phase_open" not in last and "exit" not in opened
+    assert last["allocated_bytes"] == samples[2]["allocated_bytes"] and last["ts"] >= samples[4]["ts"]
     assert not any(s.get("exit") for s in samples[:-1])
-    assert len({(s["step"], s["phase"], s.get("seq", 0)) for s in samples}) == 5  # distinct idempotency keys
+    assert len({(s["step"], s["phase"], s.get("seq", 0)) for s in samples}) == 6  # distinct idempotency keys
     never = hook.init(None, run="never-stepped", probe="simulated", out_dir=tmp_path / "never")
     assert never.close(5) and never.stats()["samples"] == 0  # nothing recorded: nothing to mark
 

@@ -148,5 +148,6 @@ def test_hf_trainer_callback_feeds_steps_eval_and_checkpoint_phases(collector, t
     assert phases["train"] == list(range(1, 13))
     assert Witness.evaluated[:2] == [5, 10] and phases["eval"] == Witness.evaluated  # (+ a final one at 12)
     assert saved == [4, 8, 12] and phases["checkpoint"] == saved
-    assert stats["probe_errors"] == stats["hook_errors"] == 0 and stats["accepted"] == len(rows)
+    opened = len(phases["eval"]) + len(phases["checkpoint"])  # each phase is opened by a marker sample
+    assert stats["probe_errors"] == stats["hook_errors"] == 0 and stats["accepted"] == len(rows) + opened
     assert latest_categories(collector.db, "hf-run") == categories_by_hand(trainer.model, trainer.optimizer)

@@ -84,3 +84,21 @@ def test_an_asked_for_window_applies_to_every_rank() -> None:
 
     story = judge(life.run, life.ranks(), last + 100, silent_after_s=300.0)
     assert story.status == "running" and {r.window_s for r in story.ranks} == {300.0}
+
+
+def test_a_first_checkpoint_longer_than_the_window_is_not_a_stop_once_its_opening_is_marked() -> None:
+    """A fast job (30 s window) saves its first checkpoint for 5 min: the hook's phase-open
+    marker keeps the rank live (window: the ceiling) until the phase sample closes it; then the
+    window is 1.5x the measured phase. Without the marker the same silence reads as a stop."""
+    samples = job(1.0, 200, ranks=2)
+    opened = [dict(make_sample(199, rank=r, ts=T0 + 199.5 + r * 0.01, seq=1), phase_open=True) for r in range(2)]
+    story = story_of(samples + opened, now=T0 + 199.5 + 300)
+    assert story.status == "running" and {str(r.liveness) for r in story.ranks} == {"live"}
+    assert {r.window_s for r in story.ranks} == {SILENT_CEILING_S}
+    assert story_of(samples, now=T0 + 199.5 + 300).status == "crashed"
+    # a phase still open at the ceiling is silent: a hung save is found, not hidden
+    assert story_of(samples + opened, now=T0 + 200 + SILENT_CEILING_S + 1).status == "crashed"
+    closed = [make_sample(199, rank=r, ts=T0 + 500 + r * 0.01, phase="checkpoint", step_time_s=300.0)
+              for r in range(2)]
+    story = story_of(samples + opened + closed, now=T0 + 510)
+    assert story.status == "running" and {r.window_s for r in story.ranks} == {1.5 * 300.0}

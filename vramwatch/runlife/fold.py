@@ -50,6 +50,8 @@ class IncarnationRecord(NamedTuple):
     last_words: LastWords | None = None
     host_available: int | None = None
     host_rss: int | None = None
+    #: its latest sample opened a marked phase (``phase_open``) whose phase sample has not come
+    in_phase: bool = False
 
     @property
     def pace_s(self) -> float | None:
@@ -75,8 +77,8 @@ class _Process:
     kept as flat fields, not key tuples: no allocation per sample, ~130 bytes per process."""
 
     __slots__ = ("exit", "first_oom", "first_seq", "first_step", "first_ts", "host_available", "host_rss",
-                 "incarnation", "last_seq", "last_step", "last_ts", "last_words", "marked", "oom_at", "oom_marked",
-                 "ooms", "phase_s", "step_key", "step_s")
+                 "in_phase", "incarnation", "last_seq", "last_step", "last_ts", "last_words", "marked", "oom_at",
+                 "oom_marked", "ooms", "phase_s", "step_key", "step_s")
 
     def __init__(self, incarnation: str, ts: float, step: int, seq: int) -> None:
         self.incarnation = incarnation
@@ -93,6 +95,7 @@ class _Process:
         self.phase_s: float | None = None
         self.last_words: LastWords | None = None
         self.host_available = self.host_rss = None
+        self.in_phase = False
 
     def feed(self, sample: Sample) -> None:
         step, ts, seq = sample["step"], sample["ts"], sample.get("seq") or 0
@@ -104,6 +107,7 @@ class _Process:
             self.last_step, self.last_ts, self.last_seq = step, ts, seq
             self.exit = bool(sample.get("exit"))
             self.oom_marked = bool(sample.get("oom_marked"))
+            self.in_phase = bool(sample.get("phase_open"))
             self.last_words = last_words_of(sample)
             self.host_available, self.host_rss = sample.get("host_available_bytes"), sample.get("host_rss_bytes")
         elif (ts, step, seq) < (self.first_ts, self.first_step, self.first_seq):
@@ -139,7 +143,7 @@ class _Process:
             self.incarnation, Moment(self.first_step, self.first_ts), Moment(self.last_step, self.last_ts), self.exit,
             self.oom_marked, self.ooms, None if self.oom_at is None else _moment(self.oom_at),
             None if self.first_oom is None else _moment(self.first_oom), self.marked, self.step_s, self.phase_s,
-            self.last_words, self.host_available, self.host_rss)
+            self.last_words, self.host_available, self.host_rss, self.in_phase)
 
 
 def _moment(key: _Key) -> Moment:
@@ -213,6 +217,7 @@ class RankLife:
         proc.last_step, proc.last_ts = record.last.step, record.last.ts
         proc.exit, proc.oom_marked, proc.ooms, proc.marked = record.exit, record.oom_marked, record.ooms, record.marked
         proc.last_words, proc.host_available, proc.host_rss = record.last_words, record.host_available, record.host_rss
+        proc.in_phase = record.in_phase
         proc.oom_at = None if record.oom_at is None else (record.oom_at.ts, record.oom_at.step, 0)
         proc.first_oom = None if record.first_oom is None else (record.first_oom.ts, record.first_oom.step, 0)
         proc.step_key = None if record.interval_s is None else (record.last.ts, record.last.step, 0)

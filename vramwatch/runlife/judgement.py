@@ -233,11 +233,12 @@ _LIVENESS = {Outcome.EXITED: Liveness.EXITED, Outcome.ENDED: Liveness.ENDED,
 
 def rank_window(records: tuple[IncarnationRecord, ...], fixed: float | None = None) -> float:
     """A rank's silence window: ``fixed`` when asked for one, else from its latest process's
-    cadence and the longest phase any of its processes marked (a restart keeps the knowledge)."""
+    cadence and the longest phase any of its processes marked (a restart keeps the knowledge),
+    and whether its latest sample opened a phase that has not ended."""
     if fixed is not None:
         return fixed
     phases = [rec.longest_phase_s for rec in records if rec.longest_phase_s is not None]
-    return silence_window(records[-1].cadence_s, max(phases) if phases else None)
+    return silence_window(records[-1].cadence_s, max(phases) if phases else None, in_phase=records[-1].in_phase)
 
 
 def _rank_story(life: RankLife, records: tuple[IncarnationRecord, ...], peers: _Peers, *, now: float,

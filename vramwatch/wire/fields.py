@@ -235,6 +235,8 @@ FIELD_TABLE: tuple[Field, ...] = (
     Field("oom_marked", "flag", "", "true on the sample sent as the process hits an out-of-memory error.",
           group="marker"),
     Field("exit", "flag", "", "true on the last sample of a clean close().", column="exited", group="marker"),
+    Field("phase_open", "flag", "", "true on the sample sent as a marked phase (`vw.phase`: checkpoint, eval) "
+          "begins: the rank is in it, and may be silent, until its phase sample arrives.", group="marker"),
     Field("last_words_type", "s", "", "The process's last words: the uncaught exception's qualified type "
           "(torch.OutOfMemoryError) or the fatal signal (SIGSEGV), on the sample sent as it ends.", group="marker"),
     Field("last_words_message", "s", "", "The last words' message: its first line, redacted, at most 128 "
