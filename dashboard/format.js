@@ -36,17 +36,10 @@ export function capacity(bytes) {
   return isNum(bytes) ? gib(bytes) + " (" + smiMib(bytes) + ")" : "—";
 }
 
-/** Wall time as hours, under six minutes as minutes (units.hours). */
-export function hours(seconds) {
-  if (!isNum(seconds)) return "—";
-  if (seconds < 360) return Math.round(Math.max(seconds, 0) / 60) + " min";
-  return (seconds / 3600).toLocaleString("en-US", {minimumFractionDigits: 1, maximumFractionDigits: 1}) + " h";
-}
-
-/** Steps to OOM with the wall time beside them: "1,234 steps (2.3 h)" (units.runway). */
+/** Steps to OOM with the wall time beside them: "1,234 steps (2 h 18 min)" (units.runway). */
 export function runway(steps, seconds) {
   if (!isNum(steps)) return "—";
-  return Math.round(steps).toLocaleString("en-US") + " steps" + (isNum(seconds) ? " (" + hours(seconds) + ")" : "");
+  return Math.round(steps).toLocaleString("en-US") + " steps" + (isNum(seconds) ? " (" + duration(seconds) + ")" : "");
 }
 
 export function slopeText(bytesPerStep) {
@@ -54,14 +47,15 @@ export function slopeText(bytesPerStep) {
   return (bytesPerStep > 0 ? "+" : "") + rate(bytesPerStep);
 }
 
+/** A runway or an age: "45 s", "12 min", "7 h 9 min", "3.2 days"; half up, minutes carried (units.duration). */
 export function duration(seconds) {
   if (!isNum(seconds)) return "—";
   if (seconds < 0) seconds = 0;
   if (seconds < 90) return Math.round(seconds) + " s";
   if (seconds < 90 * 60) return Math.round(seconds / 60) + " min";
   if (seconds < 48 * 3600) {
-    const h = Math.floor(seconds / 3600);
-    return h + " h " + Math.round((seconds - h * 3600) / 60) + " min";
+    const m = Math.round(seconds / 60);
+    return Math.floor(m / 60) + " h " + (m % 60) + " min";
   }
   return (seconds / 86400).toFixed(1) + " days";
 }

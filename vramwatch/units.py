@@ -44,20 +44,21 @@ def mib(value: float | None, *, none: str = "-") -> str:
 
 
 def duration(seconds: float | None, *, none: str = "-") -> str:
-    """``seconds`` as a person reads a runway: ``"45 s"``, ``"12 min"``, ``"7 h 9 min"``, ``"3.2 days"``
-    (``none`` when unknown; negative reads as 0). The dashboard's ``format.js`` ``duration()`` is
-    the same rule."""
+    """``seconds`` as a person reads a runway or an age: ``"45 s"``, ``"12 min"``, ``"7 h 9 min"``,
+    ``"3.2 days"`` (``none`` when unknown; negative reads as 0); rounded half up, minutes carried
+    into hours (7,199 s is ``"2 h 0 min"``). The one spelling of a duration: ``format.js``
+    ``duration()`` is the same rule."""
     if seconds is None:
         return none
     s = max(0.0, float(seconds))
     if s < 90:
-        return f"{s:.0f} s"
+        return f"{_whole(s)} s"
     if s < 90 * 60:
-        return f"{s / 60:.0f} min"
+        return f"{_whole(s / 60)} min"
     if s < 48 * 3600:
-        h = int(s // 3600)
-        return f"{h} h {round((s - h * 3600) / 60)} min"
-    return f"{s / 86400:.1f} days"
+        h, m = divmod(math.floor(s / 60 + 0.5), 60)
+        return f"{h} h {m} min"
+    return f"{_fixed(s / 86400, 1)} days"
 
 
 def rate(bytes_per_step: float | None, *, none: str = "-") -> str:
@@ -75,20 +76,11 @@ def capacity(total: float | None, *, none: str = "-") -> str:
     return none if total is None else f"{gib(total)} ({smi_mib(total)})"
 
 
-def hours(seconds: float | None, *, none: str = "-") -> str:
-    """Wall time as hours (``"2.3 h"``); under six minutes as minutes (``"4 min"``)."""
-    if seconds is None:
-        return none
-    if seconds < 360:
-        return f"{_whole(max(seconds, 0) / 60)} min"
-    return f"{float(_fixed(seconds / 3600, 1)):,.1f} h"
-
-
 def runway(steps: int | None, seconds: float | None, *, none: str = "-") -> str:
-    """Steps to OOM with the wall time beside them: ``"1,234 steps (2.3 h)"``."""
+    """Steps to OOM with the wall time beside them: ``"1,234 steps (2 h 18 min)"``."""
     if steps is None:
         return none
-    return f"{steps:,} steps" + ("" if seconds is None else f" ({hours(seconds)})")
+    return f"{steps:,} steps" + ("" if seconds is None else f" ({duration(seconds)})")
 
 
-__all__ = ["GIB", "MIB", "capacity", "duration", "gib", "hours", "mib", "rate", "runway", "smi_mib"]
+__all__ = ["GIB", "MIB", "capacity", "duration", "gib", "mib", "rate", "runway", "smi_mib"]

@@ -145,20 +145,25 @@ VALUES = [0, 1536, 6.03e6, 60 * 2**20, 128 * 2**20, 2**30 // 8, 250.5 * 2**20, 1
           -3 * 2**20, -(2**30) // 8]
 
 
+#: ties (30.5 s, 2.5 min, 3 h 0.5 min), a carry into the hour (7,199 s), days, negatives
+DURATIONS = [0, 30.5, 89.4, 150, 300, 4000, 7199, 10_830, 8280, 90_000, 172_800, 200_000, -5]
+
+
 def test_format_js_reads_numbers_as_units_py(collector: dict[str, Any], page: Page) -> None:
     p = page.page
     p.goto(collector["url"] + "/#/")
     p.wait_for_selector("#runs-table")
-    got = p.evaluate("""async (values) => { const f = await import('./static/format.js');
+    got = p.evaluate("""async ([values, DURATIONS]) => { const f = await import('./static/format.js');
         return { mib: values.map(f.mib), rate: values.map(f.rate), smi: values.map(f.smiMib),
                  capacity: values.map(f.capacity), gib: values.map(v => f.gib(v)),
-                 hours: [30, 90, 300, 4000, 90000].map(f.hours),
-                 runway: [[1234, 8280], [0, 0], [5, null]].map(([s, t]) => f.runway(s, t)) }; }""", VALUES)
+                 duration: DURATIONS.map(f.duration),
+                 runway: [[1234, 8280], [0, 0], [5, null]].map(([s, t]) => f.runway(s, t)) }; }""", [VALUES, DURATIONS])
     assert got["mib"] == [units.mib(v) for v in VALUES]
     assert got["rate"] == [units.rate(v) for v in VALUES]
     assert got["smi"] == [units.smi_mib(v) for v in VALUES]
     assert got["capacity"] == [units.capacity(v) for v in VALUES]
     assert got["gib"] == [units.gib(v) for v in VALUES]
-    assert got["hours"] == [units.hours(s) for s in (30, 90, 300, 4000, 90000)]
+    assert got["duration"] == [units.duration(s) for s in DURATIONS]
+    assert units.duration(7199) == "2 h 0 min" and units.duration(30.5) == "31 s"
     assert got["runway"] == [units.runway(s, t) for s, t in ((1234, 8280), (0, 0), (5, None))]
     assert units.capacity(143_771 * 2**20) == "140.4 GiB (143,771 MiB)"

@@ -25,6 +25,7 @@ import orjson
 from vramwatch.bounded import LONG_LINE, Lines, open_input
 from vramwatch.engine.config import EngineConfig
 from vramwatch.engine.core import TrendEngine
+from vramwatch.units import duration as _duration
 from vramwatch.units import gib, mib, rate
 from vramwatch.wire import Sample, WireError, decode_line, validate
 from vramwatch.wire.structs import as_sample
@@ -193,16 +194,6 @@ def _gb(value: float | None) -> str:
 
 def _steps(value: float | None) -> str:
     return "-" if value is None else f"{int(value):,}"
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _spike_words(event: dict[str, Any]) -> str:
