@@ -168,10 +168,10 @@ class SuspectedOomFinding(Finding):
 
     @property
     def text(self) -> str:
-        of = f" of {capacity(self.total_bytes)}" if self.total_bytes else ""
-        left = "" if self.headroom_bytes is None else f" ({gib(self.headroom_bytes)} headroom left)"
+        short = ("" if self.headroom_bytes is None or not self.total_bytes
+                 else f", {gib(self.headroom_bytes)} short of its {capacity(self.total_bytes)},")
         return (f"suspected OOM (device memory only, no OOM counter to confirm it): rank {self.rank}'s device used "
-                f"fell from {gib(self.used_before_bytes)}{of}{left} to {gib(self.used_after_bytes)} "
+                f"fell from {gib(self.used_before_bytes)}{short} to {gib(self.used_after_bytes)} "
                 f"{SUSPICION_REASONS.get(self.reason, self.reason)}; a kill or a crash looks the same from the device")
 
 
