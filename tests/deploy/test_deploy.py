@@ -45,6 +45,7 @@ from vramwatch.verdicts import LOW_HEADROOM_FRACTION, STATES
 
 REQUIRED_ALERTS = {
     "VramwatchOOM",
+    "VramwatchSuspectedOom",
     "VramwatchOOMImminent",
     "VramwatchRankDied",
     "VramwatchPlateauBreak",
