@@ -6,14 +6,14 @@ The post-mortem names one incident whose cause is the suspected OOM with the eng
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from helpers import NDJSON_HEADERS, ending_at, ndjson
+from helpers import NDJSON_HEADERS, ndjson
+from incident_runs import DEVICE_OOM_T, TOTAL, device_oom
 from prometheus_client.parser import text_string_to_metric_families
 
 from vramwatch import wire
@@ -21,41 +21,14 @@ from vramwatch.collector.server import BackgroundServer
 from vramwatch.evidence import postmortem
 from vramwatch.units import capacity, gib
 
-MiB, GiB = 1 << 20, 1 << 30
-TOTAL = 80 * GiB
-EVERY_S = 15.0
-RATE = 20 * MiB / EVERY_S  # rank 0's climb
-OOM_T = (TOTAL - 2 * GiB - 50 * GiB) / RATE  # it meets the card 2 GiB short of full
+GiB = 1 << 30
 RUN = "dcgm-oom"
-_NULL = ("allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "active_bytes", "inactive_split_bytes",
-         "alloc_retries", "ooms", "process_used_bytes")
-
-
-def _used(rank: int, t: float) -> float:
-    if rank == 1:
-        return 40 * GiB
-    return 0.4 * GiB if t > OOM_T else 50 * GiB + RATE * t
-
-
-def device_trace() -> list[dict[str, Any]]:
-    """Two ranks' device used every 15 s (dcgm's whole MiB, +-10 MiB of reading jitter), steps on
-    dcgm's clock (the unix second), ending now."""
-    rng, start, out = random.Random(3), 1.75e9, []
-    for i in range(int((OOM_T + 0.3 * 3600) / EVERY_S)):
-        t = i * EVERY_S
-        for rank in (0, 1):
-            used = _used(rank, t) + rng.uniform(-10, 10) * MiB
-            out.append(wire.validate({"schema": 2, "run": RUN, "host": "node-a", "rank": rank,
-                                      "step": round(start + t), "ts": start + t, "phase": "train",
-                                      "total_bytes": TOTAL, "nvml_used_bytes": int(used) // MiB * MiB,
-                                      **dict.fromkeys(_NULL)}))
-    return ending_at(out, time.time() - 1)
 
 
 @pytest.fixture(scope="module")
 def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     db = tmp_path_factory.mktemp("suspected") / "vw.db"
-    trace = device_trace()
+    trace = [wire.validate(s) for s in device_oom(RUN, end=time.time() - 1)]
     with BackgroundServer(str(db)) as srv, httpx.Client(base_url=srv.url, timeout=60) as client:
         resp = client.post("/api/v1/samples", content=ndjson(trace), headers=NDJSON_HEADERS)
         assert resp.status_code == 200, resp.text
@@ -75,7 +48,7 @@ def test_the_suspected_oom_is_an_incident_with_the_engines_numbers_and_never_a_c
     (said,) = [e for e in events if e["type"] == "suspected_oom"]
     assert said["reason"] in ("near_full", "top_of_climb")
     assert said["used_before_bytes"] > 0.9 * TOTAL and said["used_after_bytes"] < GiB
-    assert abs(said["ts"] - trace[0]["ts"] - OOM_T) <= 600  # within a few blocks of the vanish
+    assert abs(said["ts"] - trace[0]["ts"] - DEVICE_OOM_T) <= 600  # within a few blocks of the vanish
     assert not [e for e in httpx.get(f"{url}/api/v1/runs/{RUN}/events", params={"rank": 1}).json()
                 if e["type"] in ("oom", "suspected_oom")]
 
@@ -112,3 +85,13 @@ def test_the_suspected_oom_is_an_incident_with_the_engines_numbers_and_never_a_c
     assert _metric(text, "vramwatch_last_suspected_oom_timestamp_seconds") == {"0": said["ts"]}
     assert _metric(text, "vramwatch_last_oom_timestamp_seconds") == {}
     assert "inferred from device memory alone" in text
+
+
+def test_the_cli_postmortem_of_the_samples_alone_tells_the_same_incident(
+        collector: tuple[str, list[dict[str, Any]]]) -> None:
+    """No collector's judgement to read: the post-mortem's own engines suspect it and tell the fold."""
+    url, trace = collector
+    api = httpx.get(f"{url}/api/v1/runs/{RUN}/postmortem", timeout=60).json()
+    pm = postmortem.build(RUN, lambda: iter(trace), now=trace[-1]["ts"] + 1)
+    assert pm.incidents == api["incidents"] and pm.next == api["next"]
+    assert pm.tally["ooms"] == 0 and pm.first_failure is None

@@ -203,7 +203,7 @@ class RankLife:
     def suspect(self, found: SuspectedOom) -> None:
         """Take an OOM the trend engine suspected on this rank (the one who reads samples through an
         engine tells the fold: the collector's live state, the incidents' tracker). Order-free and
-        idempotent: kept by time, a second report of the same moment changes nothing. O(kept)."""
+        idempotent: kept by time, a second report of a kept moment changes nothing. O(kept)."""
         kept = self._suspected if self._suspected is not None else []
         if any(k.step == found.step and k.ts == found.ts for k in kept):
             return

@@ -41,7 +41,8 @@ def _died(rank: RankSnapshot) -> dict[str, Any] | None:
 
 #: columns of the compact table, in order (``?compact=1``)
 COMPACT_COLUMNS: tuple[str, ...] = (
-    "host", "rank", "liveness", "ooms", "restarts", "deaths", "severity", "died", "last_step", "last_seen",
+    "host", "rank", "liveness", "ooms", "restarts", "deaths", "suspected_ooms", "severity", "died", "last_step",
+    "last_seen",
     *_COMPACT_VERDICT, *_COMPACT_LAST,
 )
 
@@ -54,7 +55,7 @@ def rank_row(rank: RankSnapshot) -> dict[str, Any]:
     current = None if rank.story is None else rank.story.current
     return {
         "run": rank.run, "host": rank.host, "rank": rank.rank, "liveness": liveness, "ooms": rank.ooms,
-        "restarts": rank.restarts, "deaths": rank.deaths,
+        "restarts": rank.restarts, "deaths": rank.deaths, "suspected_ooms": rank.suspected_ooms,
         "severity": verdicts.severity(verdict.get("state"), liveness, rank.ooms),
         "died": _died(rank), "outcome": None if current is None else str(current.outcome),
         "silence_window_s": None if rank.story is None else rank.story.window_s,
@@ -74,7 +75,7 @@ def compact_row(rank: RankSnapshot) -> list[Any]:
     last = rank.last
     shown = rank.shown or {}
     return [
-        rank.host, rank.rank, liveness, rank.ooms, rank.restarts, rank.deaths,
+        rank.host, rank.rank, liveness, rank.ooms, rank.restarts, rank.deaths, rank.suspected_ooms,
         verdicts.severity(verdict.get("state"), liveness, rank.ooms), _died(rank),
         last["step"] if last else None, round(rank.last_seen, 1),
         *(verdict.get(k) for k in _COMPACT_VERDICT), *(shown.get(k) for k in _COMPACT_LAST),
