@@ -168,6 +168,16 @@ def test_the_report_renders_the_same_story(collector: dict[str, Any], browser: A
         story = _story(page.page)
         assert [(i["kind"], i["cause"]) for i in story["incidents"]] == [("oom", "leak")]
         assert story["next"][0]["command"] == "vramwatch capture leak-ckpt --rank 5"
+        # a suspected OOM reads in the report as on the page, with the collector's sentence
+        api = httpx.get(f"{collector['url']}/api/v1/runs/dcgm-oom/postmortem", timeout=60).json()
+        device = tmp_path / "device.html"
+        write_report(collector["db"], "dcgm-oom", device)
+        page.page.goto(device.as_uri() + "#/run/dcgm-oom?rank=0&host=node-a")
+        story = _story(page.page)
+        assert [(i["kind"], i["cause"]) for i in story["incidents"]] == [("suspected_oom", "suspected_oom")]
+        assert api["incidents"][0]["text"] in story["incidents"][0]["text"]
+        row = page.page.wait_for_selector("#events-table tbody tr[data-type='suspected_oom']")
+        assert row.eval_on_selector("td:nth-child(2)", "td => td.textContent") == "suspected OOM"
     finally:
         page.close()
 
