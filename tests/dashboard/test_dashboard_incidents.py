@@ -100,6 +100,8 @@ def test_a_suspected_oom_reads_as_a_suspicion_with_its_numbers(collector: dict[s
             f"{units.gib(f['used_after_bytes'])}") in detail, detail
     assert "no OOM counter" in detail and f"reason: {f['reason'].replace('_', ' ')}" in detail
     assert "suspected OOM \u00d71" in p.text_content("#verdict-strip"), "the rank flag"
+    p.wait_for_function("document.getElementById('cards').textContent.includes('incident')")
+    assert "1 incident (suspected OOM \u00d71)" in p.text_content("#cards")
     p.wait_for_function("""() => { const gd = document.getElementById('chart-rank');
         return gd && gd.layout && (gd.layout.annotations || []).some(a => a.name === 'label suspected_oom'); }""")
     marks = p.evaluate("""() => document.getElementById('chart-rank').layout.annotations

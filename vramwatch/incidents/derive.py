@@ -58,10 +58,11 @@ class ProcessDeath:
 
     @property
     def precedence(self) -> int:
-        """Which death names its group: an OOM, a suspected OOM, a rank killed alone, a stop, any other."""
-        if self.outcome == Outcome.STOPPED and self.suspected is None:
-            return len(KIND_ORDER) - 1
-        return KIND_ORDER.index(self.kind) if self.kind != "job_stop" else len(KIND_ORDER)
+        """Which death names its group (:data:`KIND_ORDER`): an OOM, a suspected OOM, a rank killed
+        alone, a stop, any other death."""
+        if self.kind != "job_stop":
+            return KIND_ORDER.index(self.kind)
+        return len(KIND_ORDER) - 1 if self.outcome == Outcome.STOPPED else len(KIND_ORDER)
 
 
 @dataclass
