@@ -176,8 +176,7 @@ export const source = STATIC ? staticSource(STATIC) : httpSource;
  */
 const FULL_EVERY = 30;
 const LAST_KEYS = new Set(["allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "nvml_used_bytes", "total_bytes"]);
-const TOP_KEYS = new Set(["host", "rank", "liveness", "ooms", "restarts", "deaths", "suspected_ooms", "severity", "died", "last_step",
-  "last_seen", "version"]);
+const TOP_KEYS = new Set(["host", "rank", "liveness", "ooms", "restarts", "severity", "died", "last_step", "last_seen", "version"]);
 
 export class RankRows {
   constructor() { this.byKey = new Map(); this.version = null; this.list = null; this.polls = 0; }

@@ -41,8 +41,7 @@ def _died(rank: RankSnapshot) -> dict[str, Any] | None:
 
 #: columns of the compact table, in order (``?compact=1``)
 COMPACT_COLUMNS: tuple[str, ...] = (
-    "host", "rank", "liveness", "ooms", "restarts", "deaths", "suspected_ooms", "severity", "died", "last_step",
-    "last_seen",
+    "host", "rank", "liveness", "ooms", "restarts", "deaths", "severity", "died", "last_step", "last_seen",
     *_COMPACT_VERDICT, *_COMPACT_LAST,
 )
 
@@ -75,7 +74,7 @@ def compact_row(rank: RankSnapshot) -> list[Any]:
     last = rank.last
     shown = rank.shown or {}
     return [
-        rank.host, rank.rank, liveness, rank.ooms, rank.restarts, rank.deaths, rank.suspected_ooms,
+        rank.host, rank.rank, liveness, rank.ooms, rank.restarts, rank.deaths,
         verdicts.severity(verdict.get("state"), liveness, rank.ooms), _died(rank),
         last["step"] if last else None, round(rank.last_seen, 1),
         *(verdict.get(k) for k in _COMPACT_VERDICT), *(shown.get(k) for k in _COMPACT_LAST),
