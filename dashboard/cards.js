@@ -86,7 +86,7 @@ function oomCard(ranks) {
 function ranksCard(ranks) {
   const hosts = new Set(ranks.map((r) => r.host)).size;
   const byState = {};
-  let silent = 0, exited = 0, dead = 0, ooms = 0, oomRanks = 0, restarts = 0;
+  let silent = 0, exited = 0, dead = 0, ooms = 0, oomRanks = 0, restarts = 0, suspected = 0;
   for (const r of ranks) {
     byState[r.vw.shown] = (byState[r.vw.shown] || 0) + 1;
     if (r.vw.liveness === "silent") silent++;
@@ -94,6 +94,7 @@ function ranksCard(ranks) {
     if (r.vw.liveness === "dead") dead++;
     if (r.vw.ooms) { ooms += r.vw.ooms; oomRanks++; }
     restarts += r.vw.restarts || 0;
+    suspected += r.vw.suspectedOoms || 0;
   }
   const parts = [];
   if (dead) parts.push(dead + " dead");
@@ -102,13 +103,14 @@ function ranksCard(ranks) {
   // count); the per-rank counts go in brackets beside it
   const perRank = [];
   if (oomRanks) perRank.push("OOM ×" + ooms + (oomRanks > 1 ? " on " + oomRanks + " ranks" : ""));
+  if (suspected) perRank.push("suspected OOM ×" + suspected);
   if (restarts) perRank.push("restart ×" + restarts);
   if (isNum(S.runIncidents) && S.runIncidents > 0) {
     parts.push(S.runIncidents + (S.runIncidents === 1 ? " incident" : " incidents") + (perRank.length ? " (" + perRank.join(", ") + ")" : ""));
   } else parts.push(...perRank);
   if (exited) parts.push(exited + " exited");
   parts.push(statesBySeverity(Object.keys(byState)).map((k) => byState[k] + " " + k).join(", "));
-  return { label: "Ranks", value: intText(ranks.length), alert: dead > 0 || silent > 0 || oomRanks > 0,
+  return { label: "Ranks", value: intText(ranks.length), alert: dead > 0 || silent > 0 || oomRanks > 0 || suspected > 0,
     sub: hosts + (hosts === 1 ? " host" : " hosts") + " · " + parts.join(" · ") };
 }
 

@@ -116,7 +116,7 @@ function drawSuspects(list) {
 }
 
 /** What makes a post-mortem worth showing, from the collector's rank rows: a process that died
- * (the latest or an earlier one), an OOM, or a run whose ranks all ended. Its text changes when
+ * (the latest or an earlier one), an OOM (a suspected one too), or a run whose ranks all ended. Its text changes when
  * one more rank dies, which asks for the post-mortem at once. */
 function postmortemReason() {
   const ranks = S.ranks || [];
@@ -124,8 +124,9 @@ function postmortemReason() {
   const dead = ranks.filter((r) => r.vw.death).length;
   const deaths = ranks.reduce((n, r) => n + r.vw.deaths, 0);
   const ooms = ranks.reduce((n, r) => n + r.vw.ooms, 0);
+  const suspected = ranks.reduce((n, r) => n + r.vw.suspectedOoms, 0);
   const ended = ranks.length > 0 && !ranks.some(isRunning);
-  return dead || deaths || ooms || ended ? [dead, deaths, ooms, ended].join("|") : "";
+  return dead || deaths || ooms || suspected || ended ? [dead, deaths, ooms, suspected, ended].join("|") : "";
 }
 
 const END_STATE = { oom: "oom", killed: "dead", stopped: "dead", exited: "exited", ended: "ended", running: "plateau",

@@ -6,7 +6,9 @@
 import { clock, intText } from "./format.js";
 import { el } from "./dom.js";
 
-const KIND = { oom: "OOM", death: "death", job_stop: "job stop" };
+const KIND = { oom: "OOM", suspected_oom: "suspected OOM", death: "death", job_stop: "job stop" };
+/** Causes whose name alone would not read right (the rest: underscores as spaces). */
+const CAUSE = { suspected_oom: "suspected OOM (device memory)" };
 
 export function storyNodes(pm) {
   const incidents = pm.incidents || [];
@@ -16,7 +18,7 @@ export function storyNodes(pm) {
   if (incidents.length) {
     nodes.push(el("ol", { class: "pm-incidents", id: "pm-incidents" }, incidents.map((i) =>
       el("li", { dataset: { kind: i.kind, cause: i.cause, rank: i.rank, ts: i.ts } },
-        el("strong", { text: KIND[i.kind] + " · " + i.cause.replace(/_/g, " ") }),
+        el("strong", { text: (KIND[i.kind] || i.kind) + " · " + (CAUSE[i.cause] || i.cause.replace(/_/g, " ")) }),
         " · " + clock(i.ts) + " · step " + intText(i.step) + " — " + i.text))));
   }
   if (still.length) {

@@ -16,6 +16,7 @@ import { S } from "./state.js";
 import { checkpointPeak, stateOf, verdictOf } from "./verdict.js";
 import { PLOT_CONFIG, baseLayout, chartTheme, drawChart, labelRows, medianStepSeconds, stepToX, uirev, xAxis, yAxis } from "./chartbase.js";
 import { wireZoom } from "./zoom.js";
+import { EVENT_NAMES, eventDetail, eventName } from "./events.js";
 import { CHART_FIELDS } from "./fields.js";
 
 export const MAIN_FIELDS = ["ts", ...CHART_FIELDS.rank];
@@ -26,6 +27,7 @@ const SIDE_EVERY = 3; // phases and events: every few polls (they change at chec
 
 const EVENT_LABELS = {
   plateau_break: "plateau break", fragmentation: "fragmentation", restart: "restart", oom: "OOM",
+  suspected_oom: EVENT_NAMES.suspected_oom,
 };
 
 function appendTail(series, tail) {
@@ -156,8 +158,10 @@ function markers(r, v, events) {
       if (e.type === "plateau_break" && e.cause) text += " · " + plotlyText(e.cause);
       // after a restart from a checkpoint the step axis runs twice: name the attempt
       if (isNum(e.attempt) && e.attempt > 1) text += " · attempt " + e.attempt;
-      out.push({ step: e.step, ts: e.ts, text, kind: e.type, hover: plotlyText(e.type) + " at step " + intText(e.step) +
-        (isNum(e.ts) ? " · " + clock(e.ts) : "") });
+      // a suspected OOM says its numbers on hover: it is a suspicion, the numbers are its grounds
+      const why = e.type === "suspected_oom" ? " · " + plotlyText(eventDetail(e)) : "";
+      out.push({ step: e.step, ts: e.ts, text, kind: e.type, hover: plotlyText(eventName(e.type)) + " at step " +
+        intText(e.step) + (isNum(e.ts) ? " · " + clock(e.ts) : "") + why });
     }
   }
   const leak = lastOf(events, "leak");
@@ -352,7 +356,7 @@ function eventMarkers(r, v, d, t, x0, xEnd, shapes, annotations) {
   const labelPx = Math.max(60, ...marks.map((m) => 6.5 * m.text.length + 10));
   const rows = labelRows(marks.map((m) => m.x), (hi - lo) * Math.min(0.9, labelPx / plotPx), 5);
   marks.forEach((m, i) => {
-    const color = m.kind === "leak" || m.kind === "oom" ? t.leak : m.kind === "fragmentation" ? t.frag
+    const color = m.kind === "leak" || m.kind === "oom" || m.kind === "suspected_oom" ? t.leak : m.kind === "fragmentation" ? t.frag
       : m.kind === "restart" ? t.warmup : r.vw && r.vw.shown === "ratchet" ? t.ratchet : t.rising;
     shapes.push({ type: "line", xref: "x", yref: "paper", x0: m.x, x1: m.x, y0: 0.24, y1: 1, name: "event " + m.kind,
       line: { color: color, width: 1.5, dash: "dashdot" } });

@@ -81,6 +81,8 @@ function stateCell(r) {
   const flags = [];
   if (v.fragmentation && stateOf(r) !== "fragmentation") flags.push(["frag", "flag", "fragmentation: reserved − allocated growing, allocator retries"]);
   if (vw.ooms) flags.push(["OOM ×" + vw.ooms, "flag oom", "the allocator ran out of memory on this rank (kept until the run ends)"]);
+  if (vw.suspectedOoms) flags.push(["suspected OOM ×" + vw.suspectedOoms, "flag oom", "its memory vanished from the device "
+    + "near full or at the top of a climb: an OOM suspected from device memory alone, not confirmed (no OOM counter)"]);
   if (vw.restarts) flags.push(["restart ×" + vw.restarts, "flag restart", "the process on this rank restarted"]);
   if (vw.liveness && vw.liveness !== "live") flags.push([vw.liveness, "flag " + vw.liveness, (vocab.liveness_meaning || {})[vw.liveness] ||
     vw.liveness]);

@@ -57,6 +57,7 @@ function describe(r) {
   const d = r.died;
   const death = d ? { cause: d.cause, how: deathHow(d), said: lastWordsText(d.last_words), step: d.step, ts: d.ts } : null;
   return { liveness: r.liveness, ooms: r.ooms || 0, restarts: r.restarts || 0, deaths: r.deaths || 0, death,
+    suspectedOoms: r.suspected_ooms || 0,
     severity: isNum(r.severity) ? r.severity : -1, ...shownState(r, verdictOf(r)) };
 }
 

@@ -216,3 +216,31 @@ SCENARIOS: dict[str, Callable[..., Truth]] = {
     "input_peak": input_peak,
     "clean_but_leaking": clean_but_leaking,
 }
+
+
+#: the device-only run's climb (rank 0): 20 MiB a 15 s reading from 50 GiB, to 2 GiB short of the card
+DEVICE_EVERY_S = 15.0
+DEVICE_RATE = 20 * MiB / DEVICE_EVERY_S
+DEVICE_OOM_T = (TOTAL - 2 * GiB - 50 * GiB) / DEVICE_RATE
+_NO_ALLOCATOR = ("allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "active_bytes", "inactive_split_bytes",
+                 "alloc_retries", "ooms", "process_used_bytes")
+
+
+def device_oom(run: str = "dcgm-oom", end: float = T0) -> list[dict[str, Any]]:
+    """What dcgm-exporter gives (device used and capacity in whole MiB, no allocator fields, no OOM
+    counter; steps on its clock, the unix second): two ranks every 15 s, rank 0 climbing to near full
+    and then its memory vanishing (0.4 GiB) for 18 minutes, rank 1 flat at 40 GiB; +-10 MiB of
+    reading jitter (seeded); the latest sample at ``end``. Known by no engine event: the story's
+    truth is the vanish at DEVICE_OOM_T seconds from the first sample."""
+    rng, out = random.Random(3), []
+    n = int((DEVICE_OOM_T + 0.3 * 3600) / DEVICE_EVERY_S)
+    start = end - (n - 1) * DEVICE_EVERY_S
+    for i in range(n):
+        t = i * DEVICE_EVERY_S
+        for rank in (0, 1):
+            level = 40 * GiB if rank else (0.4 * GiB if t > DEVICE_OOM_T else 50 * GiB + DEVICE_RATE * t)
+            used = level + rng.uniform(-10, 10) * MiB
+            out.append({"schema": 2, "run": run, "host": "node-a", "rank": rank, "step": round(start + t),
+                        "ts": start + t, "phase": "train", "total_bytes": TOTAL,
+                        "nvml_used_bytes": int(used) // MiB * MiB, **dict.fromkeys(_NO_ALLOCATOR)})
+    return out

@@ -340,11 +340,13 @@ def ranks(lay: Layout) -> list[dict[str, Any]]:
                 f"{RANK_LEGEND} reserved - allocated"),
          target("B", f"vramwatch_inactive_split_bytes{{{SEL}}}", f"{RANK_LEGEND} inactive split")], "bytes"))
     panels.append(timeseries(
-        lay, "Allocator retries and OOMs per minute", "cudaMalloc retries (caches flushed, a device-wide sync) "
-        "and out-of-memory errors.",
+        lay, "Allocator retries and OOMs per minute", "cudaMalloc retries (caches flushed, a device-wide sync), "
+        "out-of-memory errors, and OOMs suspected from device memory alone (no OOM counter to confirm them).",
         [target("A", f"60 * rate(vramwatch_alloc_retries_total{{{SEL}}}[$__rate_interval])",
                 f"{COUNTER_LEGEND} retries"),
-         target("B", f"60 * rate(vramwatch_ooms_total{{{SEL}}}[$__rate_interval])", f"{COUNTER_LEGEND} OOMs")],
+         target("B", f"60 * rate(vramwatch_ooms_total{{{SEL}}}[$__rate_interval])", f"{COUNTER_LEGEND} OOMs"),
+         target("C", f"60 * rate(vramwatch_suspected_ooms_total{{{SEL}}}[$__rate_interval])",
+                f"{COUNTER_LEGEND} suspected OOMs")],
         "suffix:/min", minimum=0))
     return panels
 
@@ -499,6 +501,11 @@ def annotations() -> list[dict[str, Any]]:
         annotation("OOMs", f"(sum by (run, Hostname, rank) (increase(vramwatch_ooms_total{{{SEL}}}[2m])) > 0)\n"
                    f"or max by (run, Hostname, rank) (time() - vramwatch_last_oom_timestamp_seconds{{{SEL}}} < 120)",
                    "dark-red", "OOM", rank_text, "run,rank"),
+        # an OOM suspected from device memory alone (no OOM counter: dcgm, nvidia-smi), marked the same way
+        annotation("Suspected OOMs",
+                   f"(sum by (run, Hostname, rank) (increase(vramwatch_suspected_ooms_total{{{SEL}}}[2m])) > 0)\n"
+                   f"or max by (run, Hostname, rank) (time() - vramwatch_last_suspected_oom_timestamp_seconds"
+                   f"{{{SEL}}} < 120)", "dark-orange", "suspected OOM (device memory)", rank_text, "run,rank"),
         # as VramwatchPlateauBreak counts them: a checkpoint's one-time ratchet (the allocator kept the
         # phase's segments, the plateau re-levels) is not a break worth a mark
         annotation("Plateau breaks",

@@ -2,8 +2,8 @@
 post-mortem panel tells the incidents in order with the collector's own sentences and ends with
 the next step and its command; the runs list and the run card count incidents, not per-rank
 deaths; the wall-time chart places the OOM before the restart that followed it; the step
-chart names the attempt; the report renders the same story; format.js reads numbers as
-vramwatch/units.py does."""
+chart names the attempt; an OOM suspected from device memory reads as a suspicion with its
+numbers; the report renders the same story; format.js reads numbers as vramwatch/units.py does."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from incident_runs import SCENARIOS
+from incident_runs import SCENARIOS, device_oom
 from test_dashboard import Page, browser, run_url
 from test_dashboard_operator import post
 
@@ -36,6 +36,7 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
             probe = SCENARIOS[name]()
             span = probe.last_ts - probe.samples[0]["ts"]
             post(srv.url, SCENARIOS[name](t0=time.time() - span - 900).samples)
+        post(srv.url, device_oom("dcgm-oom", end=time.time() - 1))  # device memory only: a suspected OOM
         yield {"url": srv.url, "db": str(db)}
 
 
@@ -73,6 +74,39 @@ def test_the_postmortem_panel_tells_the_story_and_the_next_step(collector: dict[
     cards = p.text_content("#cards")
     assert "1 incident (" in cards and "OOM \u00d71" in cards, cards
     assert "ended while leaking" in cards and "no leak" not in cards, cards
+    assert page.errors == []
+
+
+def test_a_suspected_oom_reads_as_a_suspicion_with_its_numbers(collector: dict[str, Any], page: Page) -> None:
+    """Device memory only: the rank's flag, the events table's row and the chart's marker say
+    "suspected OOM" with the device's numbers; the post-mortem panel tells the collector's sentence."""
+    url = collector["url"]
+    api = httpx.get(f"{url}/api/v1/runs/dcgm-oom/postmortem", timeout=60).json()
+    (inc,) = api["incidents"]
+    f = inc["finding"]
+    p = page.page
+    p.goto(run_url(url, "dcgm-oom", rank=0))
+    page.ready()
+    story = _story(p)
+    assert [(i["kind"], i["cause"]) for i in story["incidents"]] == [("suspected_oom", "suspected_oom")]
+    assert story["incidents"][0]["text"].startswith("suspected OOM · suspected OOM (device memory)")
+    assert inc["text"] in story["incidents"][0]["text"]
+    assert [n["action"] for n in story["next"]] == [n["action"] for n in api["next"]]
+    p.wait_for_selector("#events-table tbody tr[data-type='suspected_oom']")
+    name, detail = p.eval_on_selector("#events-table tbody tr[data-type='suspected_oom']",
+                                      "tr => [tr.cells[1].textContent, tr.cells[2].textContent]")
+    assert name == "suspected OOM"
+    assert (f"device used fell from {units.gib(f['used_before_bytes'])} of {units.capacity(f['total_bytes'])} to "
+            f"{units.gib(f['used_after_bytes'])}") in detail, detail
+    assert "no OOM counter" in detail and f"reason: {f['reason'].replace('_', ' ')}" in detail
+    assert "suspected OOM \u00d71" in p.text_content("#verdict-strip"), "the rank flag"
+    p.wait_for_function("document.getElementById('cards').textContent.includes('incident')")
+    assert "1 incident (suspected OOM \u00d71)" in p.text_content("#cards")
+    p.wait_for_function("""() => { const gd = document.getElementById('chart-rank');
+        return gd && gd.layout && (gd.layout.annotations || []).some(a => a.name === 'label suspected_oom'); }""")
+    marks = p.evaluate("""() => document.getElementById('chart-rank').layout.annotations
+        .filter(a => a.name === 'label suspected_oom').map(a => [a.text, a.hovertext || ''])""")
+    assert marks and "suspected OOM" in marks[0][0], marks
     assert page.errors == []
 
 
@@ -136,6 +170,16 @@ def test_the_report_renders_the_same_story(collector: dict[str, Any], browser: A
         story = _story(page.page)
         assert [(i["kind"], i["cause"]) for i in story["incidents"]] == [("oom", "leak")]
         assert story["next"][0]["command"] == "vramwatch capture leak-ckpt --rank 5"
+        # a suspected OOM reads in the report as on the page, with the collector's sentence
+        api = httpx.get(f"{collector['url']}/api/v1/runs/dcgm-oom/postmortem", timeout=60).json()
+        device = tmp_path / "device.html"
+        write_report(collector["db"], "dcgm-oom", device)
+        page.page.goto(device.as_uri() + "#/run/dcgm-oom?rank=0&host=node-a")
+        story = _story(page.page)
+        assert [(i["kind"], i["cause"]) for i in story["incidents"]] == [("suspected_oom", "suspected_oom")]
+        assert api["incidents"][0]["text"] in story["incidents"][0]["text"]
+        row = page.page.wait_for_selector("#events-table tbody tr[data-type='suspected_oom']")
+        assert row.eval_on_selector("td:nth-child(2)", "td => td.textContent") == "suspected OOM"
     finally:
         page.close()
 

@@ -22,6 +22,7 @@ from grafana_helpers import (
     panel_links,
 )
 from helpers import ending_at
+from incident_runs import device_oom
 from prometheus_helpers import (
     DASHBOARD,
     DEPLOY,
@@ -45,6 +46,7 @@ from vramwatch.verdicts import LOW_HEADROOM_FRACTION, STATES
 
 REQUIRED_ALERTS = {
     "VramwatchOOM",
+    "VramwatchSuspectedOom",
     "VramwatchOOMImminent",
     "VramwatchRankDied",
     "VramwatchPlateauBreak",
@@ -89,6 +91,8 @@ def scrape_names(tmp_path_factory) -> set[str]:
         traces.append([*died, {**died[-1], "ts": died[-1]["ts"] + 0.5, "seq": 1, "last_words_type": "RuntimeError",
                                "last_words_message": "CUDA error: an illegal memory access was encountered",
                                "last_words_phase": "train"}])
+        # device memory only (dcgm): a rank's memory vanished near full, a suspected OOM (its families)
+        traces.append(device_oom("names-device", end=now - 2))
         for trace in traces:
             post_samples(srv.url, ending_at(list(trace), now - 2))
         srv_names = exposed_names(scrape(srv.url).text)
@@ -136,7 +140,8 @@ def test_promql_name_extraction() -> None:
 def test_promtool_check_rules() -> None:
     result = run_promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 15 rules found" in result.stdout  # 11 + 2 evidence alerts + vramwatch-decisions + rank died
+    # 11 + 2 evidence alerts + vramwatch-decisions + rank died + suspected OOM
+    assert "SUCCESS: 16 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_for_every_alert_pass() -> None:

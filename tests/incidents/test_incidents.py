@@ -167,6 +167,20 @@ def test_a_crash_loop_is_one_incident_per_death_of_the_job() -> None:
         ("oom", 0, [0, 1], True), ("oom", 0, [0, 1], False)]
 
 
+def test_a_front_names_a_shared_failure_by_an_oom_before_a_suspected_one_before_a_stop() -> None:
+    """The same moment seen by three shards: a hook's OOM names it over a device-only suspicion,
+    and a suspicion over a plain stop."""
+    from vramwatch.front.merge import merge_incidents
+
+    stop = {"kind": "job_stop", "rank": 0, "ts": 100.0, "ranks_affected": [0], "restarted": False}
+    suspected = {"kind": "suspected_oom", "rank": 3, "ts": 101.0, "ranks_affected": [3], "restarted": False}
+    oom = {"kind": "oom", "rank": 6, "ts": 102.0, "ranks_affected": [6], "restarted": False}
+    doc = merge_incidents([{"incidents": [stop]}, {"incidents": [suspected]}])
+    assert [(i["kind"], i["rank"], i["ranks_affected"]) for i in doc["incidents"]] == [("suspected_oom", 3, [0, 3])]
+    doc = merge_incidents([{"incidents": [stop]}, {"incidents": [suspected]}, {"incidents": [oom]}])
+    assert [(i["kind"], i["rank"], i["ranks_affected"]) for i in doc["incidents"]] == [("oom", 6, [0, 3, 6])]
+
+
 def test_a_front_joins_shards_incidents_into_one_story() -> None:
     """Two shards saw one job-wide OOM (each its own ranks) and one of them a later lone death:
     two incidents, the OOM named by the shard holding it, with every shard's ranks."""

@@ -197,6 +197,31 @@ def test_last_oom_time_is_the_latest_oom_of_any_process_in_any_order() -> None:
     assert "p1" not in {r.incarnation for r in rank.records()} and rank.last_oom_ts == T0 + 5
 
 
+def test_a_suspected_oom_is_kept_in_any_order_once_bounded_and_never_counted_as_an_oom() -> None:
+    """What the engine suspects from device memory: kept by time whatever order it is told in, a
+    second report of the same moment changes nothing, the first and the latest survive the bound,
+    and no OOM count, outcome or status moves."""
+    found = [runlife.SuspectedOom(100 * k, T0 + 100 * k, 78 * 2**30, 2**29, 80 * 2**30, "near_full")
+             for k in range(1, runlife.MAX_SUSPECTED + 11)]
+    for order in (found, list(reversed(found)), random.Random(3).sample(found, len(found))):
+        life = RunLife("dev")
+        for i in range(10):
+            life.feed(make_sample(i, run="dev", ts=T0 + i))
+        rank = life.ranks()[0]
+        for f in order:
+            rank.suspect(f)
+        for f in rank.suspected[:5]:  # told again (a replay): nothing changes
+            rank.suspect(f)
+        assert rank.suspected_ooms == len(found) and len(rank.suspected) == runlife.MAX_SUSPECTED
+        assert rank.suspected[0] == found[0] and rank.suspected[-1] == found[-1]
+        story = life.story(now=T0 + 20)
+        r = story.ranks[0]
+        assert (r.suspected_ooms, r.last_suspected_oom_ts, r.ooms, r.deaths) == (len(found), found[-1].ts, 0, 0)
+        assert story.tally.ooms == 0 and story.first_failure is None
+    assert found[0].headroom_bytes == 2 * 2**30
+    assert found[0]._replace(total_bytes=None).headroom_bytes is None
+
+
 def test_judge_is_pure_and_empty_runs_have_no_story() -> None:
     assert judge("none", [], now=T0).ranks == () and judge("none", [], now=T0).status == "finished"
     life = fold(oom_restart_finish().samples)["oom-restart"]

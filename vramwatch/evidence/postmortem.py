@@ -202,6 +202,7 @@ def build(
     if not last or (story is None and run not in lives):
         return PostMortem(run=run, status=str(runlife.RunTally().status), first_failure=None, ranks=[])
     if story is None:
+        tracker.tell(lives[run])  # the OOMs its engines suspected from device memory
         story = runlife.judge(run, lives[run].ranks(), now, silent_after_s=silent_after_s)
     f = story.first_failure
     first = None

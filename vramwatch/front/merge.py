@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 from vramwatch.decisions.advice import join
 from vramwatch.decisions.figures import RunFigures
+from vramwatch.incidents.incident import KIND_ORDER
 from vramwatch.incidents.nextsteps import ACTION_ORDER
 from vramwatch.runlife import RunTally
 from vramwatch.verdicts import RUN_STATUS_SEVERITY, SEVERITY, SILENT_AFTER_S
@@ -214,13 +215,14 @@ def merge_incidents(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     a stop), with the ranks every shard saw it take down; open findings and next steps joined
     (a step once per action and rank). O(n log n) in incidents."""
     found = sorted((i for d in docs for i in d.get("incidents") or []), key=lambda i: i.get("ts") or 0.0)
-    rank_of_kind = {"oom": 0, "death": 1, "job_stop": 2}
+    rank_of_kind = {kind: i for i, kind in enumerate(KIND_ORDER)}
     merged: list[dict[str, Any]] = []
     for inc in found:
         last = merged[-1] if merged else None
         if last is not None and (inc.get("ts") or 0.0) - (last.get("_first_ts") or 0.0) <= SILENT_AFTER_S:
             ranks = list(dict.fromkeys([*last["ranks_affected"], *inc.get("ranks_affected", [])]))
-            if rank_of_kind.get(inc.get("kind"), 3) < rank_of_kind.get(last.get("kind"), 3):
+            unknown = len(KIND_ORDER)
+            if rank_of_kind.get(inc.get("kind"), unknown) < rank_of_kind.get(last.get("kind"), unknown):
                 merged[-1] = {**inc, "_first_ts": last["_first_ts"]}
             merged[-1]["ranks_affected"] = ranks
             merged[-1]["restarted"] = bool(last.get("restarted")) and bool(inc.get("restarted"))

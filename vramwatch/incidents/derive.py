@@ -6,8 +6,10 @@ sample (an OOM at its OOM). Deaths within the silence window of the first of a g
 processes already running when it began, are one incident: the OOM that took the job down and
 its victims (stopped in the next collective, their last samples seconds before or after it); a
 process restarted after it that dies soon after is the next one (a crash loop). Its ``kind``:
-``oom`` when an OOM is in it (the earliest names the rank), ``death`` when a rank was killed
-alone (or its peers went on to a clean close), ``job_stop`` when every process just stopped.
+``oom`` when an OOM is in it (the earliest names the rank), ``suspected_oom`` when the trend engine
+suspected one from device memory alone (:class:`~vramwatch.runlife.SuspectedOom`: its cause is that
+suspicion with its numbers, never an OOM), ``death`` when a rank was killed alone (or its peers
+went on to a clean close), ``job_stop`` when every process just stopped.
 ``restarted``: every rank it took down came back (a newer process), at the earliest restart's
 step and time.
 
@@ -25,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vramwatch.incidents import findings as F
-from vramwatch.incidents.incident import Incident
+from vramwatch.incidents.incident import KIND_ORDER, Incident
 from vramwatch.incidents.nextsteps import NextAction, next_steps
 from vramwatch.incidents.track import Process
-from vramwatch.runlife import RunStory
+from vramwatch.runlife import RunStory, SuspectedOom
 from vramwatch.verdicts import DEATHS, LOW_HEADROOM_FRACTION, SILENT_AFTER_S, Outcome
 
 #: a failing step's input is a peak when it is this many times the process's mean (and above the largest held)
@@ -45,6 +47,22 @@ class ProcessDeath:
     ts: float
     restart: tuple[int, float] | None  # the rank's next process's first (step, ts)
     start: float = 0.0  # the process's first sample's time
+    suspected: SuspectedOom | None = None  # an OOM suspected from device memory (the process may run on)
+
+    @property
+    def kind(self) -> str:
+        """The incident kind this death would name (:data:`KIND_ORDER`)."""
+        if self.suspected is not None:
+            return "suspected_oom"
+        return {Outcome.OOM: "oom", Outcome.KILLED: "death"}.get(self.outcome, "job_stop")
+
+    @property
+    def precedence(self) -> int:
+        """Which death names its group (:data:`KIND_ORDER`): an OOM, a suspected OOM, a rank killed
+        alone, a stop, any other death."""
+        if self.kind != "job_stop":
+            return KIND_ORDER.index(self.kind)
+        return len(KIND_ORDER) - 1 if self.outcome == Outcome.STOPPED else len(KIND_ORDER)
 
 
 @dataclass
@@ -71,6 +89,10 @@ def _deaths(story: RunStory) -> list[ProcessDeath]:
             nxt = incs[i + 1].record.first if i + 1 < len(incs) else None
             out.append(ProcessDeath(r.host, r.rank, rec.incarnation, inc.outcome, at.step, at.ts,
                              None if nxt is None else (nxt.step, nxt.ts), rec.first.ts))
+        for found in r.suspected:  # in the process running then (device data has one)
+            inc = next((x for x in reversed(incs) if x.record.first.ts <= found.ts), incs[0])
+            out.append(ProcessDeath(r.host, r.rank, inc.record.incarnation, inc.outcome, found.step, found.ts, None,
+                                    inc.record.first.ts, found))
     return out
 
 
@@ -81,10 +103,16 @@ def _closed_after(story: RunStory) -> list[tuple[float, float, int]]:
             if inc.outcome == Outcome.EXITED]
 
 
+def _suspicion(d: ProcessDeath) -> F.SuspectedOomFinding:
+    found = d.suspected
+    assert found is not None
+    return F.SuspectedOomFinding(d.rank, d.host, found.step, found.used_before_bytes, found.used_after_bytes,
+                                 found.total_bytes, found.headroom_bytes, found.reason)
+
+
 def _one(group_: list[ProcessDeath], exits: list[tuple[float, float, int]]) -> Incident:
-    order = {Outcome.OOM: 0, Outcome.KILLED: 1, Outcome.STOPPED: 2}
-    lead = min(group_, key=lambda d: (order.get(d.outcome, 3), d.ts, d.rank))
-    kind = {Outcome.OOM: "oom", Outcome.KILLED: "death"}.get(lead.outcome, "job_stop")
+    lead = min(group_, key=lambda d: (d.precedence, d.ts, d.rank))
+    kind = lead.kind
     gone = {d.rank for d in group_}
     if kind == "job_stop" and any(start <= lead.ts < end and rank not in gone for start, end, rank in exits):
         kind = "death"  # its peers went on to a clean close: it died alone
@@ -92,8 +120,12 @@ def _one(group_: list[ProcessDeath], exits: list[tuple[float, float, int]]) -> I
     restarts = [d.restart for d in group_]
     restarted = all(r is not None for r in restarts)
     first = min((r for r in restarts if r is not None), key=lambda r: r[1], default=None)
-    return Incident(kind, lead.host, lead.rank, lead.step, lead.ts, lead.incarnation, ranks, restarted,
-                    None if first is None else first[0], None if first is None else first[1])
+    inc = Incident(kind, lead.host, lead.rank, lead.step, lead.ts, lead.incarnation, ranks, restarted,
+                   None if first is None else first[0], None if first is None else first[1])
+    if lead.suspected is not None:  # its cause is the suspicion itself, with the numbers the fold kept
+        inc.finding = _suspicion(lead)
+        inc.cause = inc.finding.KIND
+    return inc
 
 
 def group(story: RunStory, *, window: float = SILENT_AFTER_S) -> list[Incident]:
@@ -181,7 +213,7 @@ def _stop_cause(affected: list[Process]) -> F.Finding:
 
 def _explain(inc: Incident, procs: dict[tuple[str, int, str], Process], story: RunStory) -> None:
     lead = procs.get((inc.host, inc.rank, inc.incarnation))
-    if lead is None:
+    if lead is None or inc.kind == "suspected_oom":  # a suspicion's cause is set by group
         return
     by_rank = story.index()
     if inc.kind == "oom":

@@ -145,6 +145,36 @@ class InputPeakFinding(Finding):
                 f"largest it had held ({self.largest_held_tokens:,})")
 
 
+#: why the trend engine suspected an OOM (vramwatch.engine's ``suspected_oom`` reasons), as a person reads it
+SUSPICION_REASONS = {"near_full": "with the device near full",
+                     "top_of_climb": "at the top of a climb the engine followed as a leak"}
+
+
+@dataclass(frozen=True)
+class SuspectedOomFinding(Finding):
+    """An OOM suspected from device memory alone (:class:`vramwatch.runlife.SuspectedOom`): the
+    process's memory vanished with the device near full or at the top of a climb. Said as a
+    suspicion with its numbers: there is no OOM counter to confirm it."""
+
+    KIND: ClassVar[str] = "suspected_oom"
+    rank: int
+    host: str
+    step: int
+    used_before_bytes: int
+    used_after_bytes: int
+    total_bytes: int | None
+    headroom_bytes: int | None  # capacity minus used before it vanished
+    reason: str  # near_full | top_of_climb
+
+    @property
+    def text(self) -> str:
+        short = ("" if self.headroom_bytes is None or not self.total_bytes
+                 else f", {gib(self.headroom_bytes)} short of its {capacity(self.total_bytes)},")
+        return (f"suspected OOM (device memory only, no OOM counter to confirm it): rank {self.rank}'s device used "
+                f"fell from {gib(self.used_before_bytes)}{short} to {gib(self.used_after_bytes)} "
+                f"{SUSPICION_REASONS.get(self.reason, self.reason)}; a kill or a crash looks the same from the device")
+
+
 @dataclass(frozen=True)
 class NotMemory(Finding):
     """Headroom and trend show memory was not involved: every affected rank had room and none leaked."""
@@ -178,4 +208,5 @@ class Unknown(Finding):
             "" if self.headroom_bytes is None else f" (headroom {gib(self.headroom_bytes)} at its last sample)")
 
 
-__all__ = ["Finding", "Fragmentation", "InputPeakFinding", "Leak", "NotMemory", "PhasePeak", "Raise", "Unknown"]
+__all__ = ["SUSPICION_REASONS", "Finding", "Fragmentation", "InputPeakFinding", "Leak", "NotMemory", "PhasePeak",
+           "Raise", "SuspectedOomFinding", "Unknown"]

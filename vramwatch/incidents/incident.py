@@ -8,12 +8,16 @@ from typing import Any
 
 from vramwatch.incidents import findings as F
 
+#: incident kinds, the one that names a group first: an OOM, then an OOM suspected from device
+#: memory, then a rank that died alone, then a job-wide stop (``derive`` and a front's merge)
+KIND_ORDER = ("oom", "suspected_oom", "death", "job_stop")
+
 
 @dataclass
 class Incident:
     """One failure that ended processes; ``to_dict`` is the API's form."""
 
-    kind: str  # oom | death | job_stop
+    kind: str  # oom | suspected_oom | death | job_stop (KIND_ORDER)
     host: str
     rank: int
     step: int
@@ -31,20 +35,24 @@ class Incident:
 
     @property
     def text(self) -> str:
-        what = {"oom": f"rank {self.rank} ran out of memory", "death": f"rank {self.rank} died alone "
-                "(its peers went on)" if len(self.ranks) == 1 else f"{len(self.ranks)} ranks died while their "
-                "peers went on", "job_stop": f"{len(self.ranks)} ranks stopped together "
-                "without a clean close (a job-wide stop)"}[self.kind]
+        what = {"oom": f"rank {self.rank} ran out of memory",
+                "suspected_oom": f"rank {self.rank}'s memory vanished from the device (a suspected OOM)",
+                "death": f"rank {self.rank} died alone (its peers went on)" if len(self.ranks) == 1
+                else f"{len(self.ranks)} ranks died while their peers went on",
+                "job_stop": f"{len(self.ranks)} ranks stopped together without a clean close (a job-wide stop)",
+                }[self.kind]
         out = f"{what} at step {self.step:,}" + (f" in {self.phase}" if self.phase and self.phase != "train" else "")
         if self.kind == "oom" and len(self.ranks) > 1:
             out += f"; it took the job down ({len(self.ranks)} ranks)"
+        elif self.kind == "suspected_oom" and len(self.ranks) > 1:
+            out += f"; {len(self.ranks)} ranks' memory vanished with it"
         if self.died_cause:
             out += f"; its last word: {self.died_cause}"
         if self.finding is not None:
             out += f". Cause: {self.finding.text}"
         if self.restarted and self.restart_step is not None:
             out += f". Every rank it stopped restarted from step {self.restart_step:,}"
-        elif not self.restarted:
+        elif not self.restarted and self.kind != "suspected_oom":  # device memory cannot tell a restart
             out += ". Not restarted"
         return out
 
@@ -56,4 +64,4 @@ class Incident:
                 "finding": None if self.finding is None else self.finding.to_dict(), "text": self.text}
 
 
-__all__ = ["Incident"]
+__all__ = ["KIND_ORDER", "Incident"]

@@ -4,7 +4,9 @@ with the numbers it can be set to and the exact command where there is one.
 Order: find a leak first (capture, then diff the rank's snapshots), fix it before any raise (a
 leak brings every batch's OOM closer); the allocator setting for fragmentation; then the batch:
 resume at what held after a raise, cap the input after an input peak, back off for a phase's
-peak; ``hold`` when memory was not the cause or nothing is wrong. Pure, O(incidents + findings).
+peak; after an OOM suspected from device memory the same steps said as a suspicion (confirm it
+with the hook, back off if it was one, the allocator setting); ``hold`` when memory was not the
+cause or nothing is wrong. Pure, O(incidents + findings).
 """
 
 from __future__ import annotations
@@ -78,6 +80,23 @@ def _batch_step(finding: F.Finding) -> NextAction | None:
     return None
 
 
+def _suspected_steps(run: str, f: F.SuspectedOomFinding) -> list[NextAction]:
+    """What to do after an OOM suspected from device memory: what one does after an OOM (capture,
+    back off, let the allocator grow segments), each said as the suspicion it is."""
+    room = "" if f.headroom_bytes is None else f", {gib(f.headroom_bytes)} left"
+    had = f"device used {gib(f.used_before_bytes)}{room} before its memory vanished"
+    return [
+        NextAction("capture_snapshots", f"confirm the suspected OOM on rank {f.rank} ({had}): run the next attempt "
+                   "with the vramwatch hook, whose OOM counter confirms an OOM and whose allocator snapshots show "
+                   "what filled the device", f.rank, f"vramwatch capture {shlex.quote(run)} --rank {f.rank}"),
+        NextAction("back_off", f"if it was an OOM, make room on rank {f.rank} ({had}): back off the batch one step "
+                   "of the procedure (`vramwatch advise RUN` bounds it)", f.rank),
+        NextAction("set_allocator", f"if it was an OOM and rank {f.rank}'s free memory was split in blocks it "
+                   "could not reuse (a hook's allocator fields show it), let the allocator grow segments instead",
+                   f.rank, f"export {ALLOCATOR_SETTING}"),
+    ]
+
+
 def next_steps(run: str, incidents: list[Incident], still: list[F.Finding],
                snapshots: list[dict[str, Any]]) -> list[NextAction]:
     """The ordered next steps (see the module's docstring)."""
@@ -101,6 +120,12 @@ def next_steps(run: str, incidents: list[Incident], still: list[F.Finding],
         if step is not None and step.action not in seen:
             seen.add(step.action)
             out.append(step)
+    taken = {(n.action, n.rank) for n in out}
+    for inc in incidents:
+        if isinstance(inc.finding, F.SuspectedOomFinding):
+            fresh = [n for n in _suspected_steps(run, inc.finding) if (n.action, n.rank) not in taken]
+            taken.update((n.action, n.rank) for n in fresh)
+            out.extend(fresh)
     if any(i.cause == "not_memory" for i in incidents) and not out:
         stop = next(i for i in incidents if i.cause == "not_memory")
         why = (f"why rank {stop.rank} was killed (the host's kernel log for the OOM-killer, the scheduler)"

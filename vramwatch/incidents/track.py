@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramwatch.engine import TrendEngine
+from vramwatch.runlife import RunLife, SuspectedOom
 from vramwatch.verdicts import sample_headroom
 from vramwatch.wire import Sample
 
@@ -108,6 +109,8 @@ class Tracker:
         self._current: dict[tuple[str, int], Process] = {}
         self._oom_count: dict[tuple[str, int], int] = {}
         self.done: dict[ProcessKey, Process] = {}
+        #: the OOMs the engines suspected from device memory, by (host, rank): for a fold that ran no engine
+        self.suspected: list[tuple[str, int, SuspectedOom]] = []
 
     def feed(self, s: Sample) -> None:
         rank_key = (s["host"], s["rank"])
@@ -131,6 +134,8 @@ class Tracker:
         for event in events:
             if event["type"] == "fragmentation" and proc.fragmentation_since is None:
                 proc.fragmentation_since = event["step"]
+            elif event["type"] == "suspected_oom":
+                self.suspected.append((s["host"], s["rank"], SuspectedOom.of(event, s["ts"])))
         proc.feed(s, oomed)
         if events or oomed:  # the leak as it stands: read when the engine says something, and at the end
             self._note_state(engine, proc)
@@ -153,6 +158,11 @@ class Tracker:
             self._note_state(engine, proc)
         proc.finish()
         self.done[(proc.host, proc.rank, proc.incarnation)] = proc
+
+    def tell(self, life: RunLife) -> None:
+        """Tell a run's fold the OOMs the engines suspected (a fold fed the samples alone)."""
+        for host, rank, found in self.suspected:
+            life.rank(host, rank).suspect(found)
 
     def processes(self) -> dict[ProcessKey, Process]:
         """Every process seen, by (host, rank, incarnation)."""

@@ -39,6 +39,13 @@ clocks within seconds of the collector's (NTP), as the post-mortem always assume
 Records are immutable: the per-rank ones are typed named tuples (a judgement builds a few per
 rank: ~1 µs each, against ~10 µs for a frozen dataclass), the per-run ones frozen dataclasses.
 
+An OOM seen from device memory alone (no OOM counter: dcgm, nvidia-smi, a hook without the
+allocator's fields) is a *suspected* OOM (:class:`SuspectedOom`): the trend engine suspects it (the
+process's memory vanished with the device near full or at the top of a climb) and whoever runs the
+engine tells the fold (:meth:`RankLife.suspect`). The story keeps it per rank
+(``RankStory.suspected``) and never counts it as an OOM: ``ooms``, the outcomes and the run's
+status are the hook's evidence alone.
+
 A process whose latest sample carries last words died at once of what :mod:`vramwatch.causes`
 says they name. A rank that failed on its own at or before other ranks' collective timeouts is
 the culprit (:attr:`Failure.victims`); those ranks are its victims (``Death.culprit``).
@@ -50,7 +57,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from vramwatch.runlife.fold import MAX_INCARNATIONS, IncarnationRecord, Moment, RankLife, sample_key
+from vramwatch.runlife.fold import (
+    MAX_INCARNATIONS,
+    MAX_SUSPECTED,
+    IncarnationRecord,
+    Moment,
+    RankLife,
+    SuspectedOom,
+    sample_key,
+)
 from vramwatch.runlife.judgement import (
     Death,
     Failure,
@@ -107,6 +122,7 @@ def fold(samples: Iterable[Sample]) -> dict[str, RunLife]:
 
 
 __all__ = [
-    "MAX_INCARNATIONS", "Death", "Failure", "Incarnation", "IncarnationRecord", "Moment", "RankLife", "RankStory",
-    "RunLife", "RunStory", "RunTally", "first_failure", "fold", "judge", "rank_window", "sample_key",
+    "MAX_INCARNATIONS", "MAX_SUSPECTED", "Death", "Failure", "Incarnation", "IncarnationRecord", "Moment", "RankLife",
+    "RankStory", "RunLife", "RunStory", "RunTally", "SuspectedOom", "first_failure", "fold", "judge", "rank_window",
+    "sample_key",
 ]

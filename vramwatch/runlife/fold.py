@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from vramwatch.causes import LastWords, last_words_of
 from vramwatch.wire import Sample
@@ -11,6 +12,8 @@ from vramwatch.wire import Sample
 #: Incarnations a rank keeps as records; past it the middle ones are summed into counts (a
 #: rank crash-looping all night stays bounded: the first and the latest processes are kept).
 MAX_INCARNATIONS = 256
+#: suspected OOMs a rank keeps as records (the first and the latest); past it they are counted only
+MAX_SUSPECTED = 64
 
 _Key = tuple[float, int, int]  # (ts, step, seq): order of samples within one process
 
@@ -20,6 +23,31 @@ class Moment(NamedTuple):
 
     step: int
     ts: float
+
+
+class SuspectedOom(NamedTuple):
+    """An OOM suspected from device memory alone (no OOM counter: dcgm, nvidia-smi, a hook without
+    the allocator's fields): the trend engine saw the process's memory vanish with the device near
+    full (``near_full``) or at the top of a climb it followed as a leak (``top_of_climb``). A
+    suspicion: a kill or a crash looks the same from the device, so it never counts as an OOM."""
+
+    step: int
+    ts: float
+    used_before_bytes: int  # device used before it vanished
+    used_after_bytes: int  # and after
+    total_bytes: int | None  # the device's capacity, when measured
+    reason: str  # near_full | top_of_climb
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """What was left on the device before it vanished (capacity minus used), when measured."""
+        return None if self.total_bytes is None else max(0, self.total_bytes - self.used_before_bytes)
+
+    @classmethod
+    def of(cls, event: Mapping[str, Any], ts: float) -> SuspectedOom:
+        """From the trend engine's ``suspected_oom`` event (its fields) at the sample's ``ts``."""
+        return cls(int(event["step"]), float(ts), int(event["used_before_bytes"]), int(event["used_after_bytes"]),
+                   None if event.get("total_bytes") is None else int(event["total_bytes"]), str(event["reason"]))
 
 
 class IncarnationRecord(NamedTuple):
@@ -160,7 +188,8 @@ class RankLife:
     """The fold of one (run, host, rank): its incarnations' records. Not thread-safe (the
     collector feeds it under its live-state lock)."""
 
-    __slots__ = ("_current", "_procs", "dropped", "dropped_deaths", "dropped_oom_ts", "dropped_ooms", "host", "rank")
+    __slots__ = ("_current", "_procs", "_suspected", "dropped", "dropped_deaths", "dropped_oom_ts", "dropped_ooms",
+                 "dropped_suspected", "host", "rank")
 
     def __init__(self, host: str, rank: int) -> None:
         self.host, self.rank = host, rank
@@ -171,6 +200,33 @@ class RankLife:
         self.dropped = self.dropped_ooms = self.dropped_deaths = 0
         #: the latest OOM among the dropped incarnations (their records are gone)
         self.dropped_oom_ts: float | None = None
+        #: OOMs suspected from device memory (:meth:`suspect`), by time; those past MAX_SUSPECTED counted only
+        self._suspected: list[SuspectedOom] | None = None
+        self.dropped_suspected = 0
+
+    def suspect(self, found: SuspectedOom) -> None:
+        """Take an OOM the trend engine suspected on this rank (the one who reads samples through an
+        engine tells the fold: the collector's live state, the incidents' tracker). Order-free and
+        idempotent: kept by time, a second report of a kept moment changes nothing. O(kept)."""
+        kept = self._suspected if self._suspected is not None else []
+        if any(k.step == found.step and k.ts == found.ts for k in kept):
+            return
+        kept.append(found)
+        kept.sort(key=lambda k: (k.ts, k.step))
+        if len(kept) > MAX_SUSPECTED:
+            del kept[1]  # the first and the latest stay
+            self.dropped_suspected += 1
+        self._suspected = kept
+
+    @property
+    def suspected(self) -> tuple[SuspectedOom, ...]:
+        """The suspected OOMs kept, by time."""
+        return () if self._suspected is None else tuple(self._suspected)
+
+    @property
+    def suspected_ooms(self) -> int:
+        """OOMs suspected on this rank from device memory: monotonic; never counted in :attr:`ooms`."""
+        return self.dropped_suspected + (0 if self._suspected is None else len(self._suspected))
 
     def feed(self, sample: Sample) -> None:
         """Fold one sample in: O(1) (a dict look-up when the process changes)."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from vramwatch.causes import LastWords, classify, killed_by
-from vramwatch.runlife.fold import IncarnationRecord, Moment, RankLife
+from vramwatch.runlife.fold import IncarnationRecord, Moment, RankLife, SuspectedOom
 from vramwatch.verdicts import (
     DEATHS,
     OWN_FAILURES,
@@ -91,6 +91,14 @@ class RankStory(NamedTuple):
     window_s: float = SILENT_AFTER_S
     #: the interval its samples are expected at (:attr:`IncarnationRecord.cadence_s`), or None
     cadence_s: float | None = None
+    #: OOMs suspected from device memory alone (monotonic; never in ``ooms``) and the ones kept
+    suspected_ooms: int = 0
+    suspected: tuple[SuspectedOom, ...] = ()
+
+    @property
+    def last_suspected_oom_ts(self) -> float | None:
+        """When the latest suspected OOM happened (the sample's own ``ts``), None before one."""
+        return self.suspected[-1].ts if self.suspected else None
 
     @property
     def current(self) -> Incarnation:
@@ -261,7 +269,7 @@ def _rank_story(life: RankLife, records: tuple[IncarnationRecord, ...], peers: _
         died = Death(current.outcome, end.step, end.ts, rec.last_words, by)
     deaths = life.dropped_deaths + sum(1 for inc in judged if inc.outcome in DEATHS)
     return RankStory(life.host, life.rank, liveness, judged, died, life.ooms, life.restarts, deaths, window,
-                     records[-1].cadence_s)
+                     records[-1].cadence_s, life.suspected_ooms, life.suspected)
 
 
 def _failures(story: RankStory) -> Iterator[Failure]:

@@ -15,6 +15,8 @@ What a rank's story means here (docs/architecture.md, "Run life"):
   across its processes: monotonic, so an OOM followed by a restart within a second is still a
   rise of the counter at the next scrape (the wire's ``ooms`` counts per process and starts
   again at 0);
+* ``vramwatch_suspected_ooms_total`` counts the OOMs the model only suspects from device memory
+  (dcgm, nvidia-smi, a hook without the allocator's fields): never part of ``vramwatch_ooms_total``;
 * ``vramwatch_rank_running`` is 1 while the rank's latest process runs (live or silent), 0 once
   it exited, died or ended; the *state* families (memory levels, headroom, trend state, time to
   OOM, ...) are withdrawn for a rank that is not running, so alerts on them resolve at once, and
@@ -45,7 +47,7 @@ from prometheus_client.registry import Collector
 from vramwatch import verdicts
 from vramwatch.__about__ import __version__
 from vramwatch.collector.state.live import LiveState
-from vramwatch.collector.state.snapshot import RankSnapshot
+from vramwatch.collector.state.snapshot import SUSPECTED_OOMS_MEANING, RankSnapshot
 from vramwatch.decisions.readiness import VERDICTS as READINESS_VERDICTS
 from vramwatch.wire import FIELD_TABLE, Sample
 
@@ -82,6 +84,8 @@ class RankRow(NamedTuple):
     last_oom_ts: float | None = None  # the model's latest OOM (rank's clock), any process
     process_start_ts: float | None = None  # its latest process's first sample (rank's clock)
     died: Any = None  # runlife.Death of its latest process, None while it runs or after a clean close
+    suspected_ooms: int = 0  # the run-life model's OOMs suspected from device memory (never in ooms)
+    last_suspected_oom_ts: float | None = None
 
     @classmethod
     def of(cls, labels: str, values: tuple[str, str, str, str, str], rank_labels: str, rank: RankSnapshot) -> RankRow:
@@ -89,7 +93,8 @@ class RankRow(NamedTuple):
         return cls(labels, values, rank_labels, rank, rank.last or {}, rank.last_train,  # type: ignore[arg-type]
                    rank.summary, rank.ooms, rank.restarts, rank.running,
                    verdicts.SILENT_AFTER_S if story is None else story.window_s, rank.last_oom_ts,
-                   rank.process_start_ts, None if story is None else story.died)
+                   rank.process_start_ts, None if story is None else story.died, rank.suspected_ooms,
+                   rank.last_suspected_oom_ts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +158,12 @@ SERIES_FAMILIES: tuple[Family, ...] = (
     Family("vramwatch_ooms", "counter",
            "Out-of-memory errors on this rank, every process of it (a restart does not reset it).",
            lambda row: row.ooms, always=True),
+    Family("vramwatch_suspected_ooms", "counter", SUSPECTED_OOMS_MEANING, lambda row: row.suspected_ooms,
+           always=True),
+    Family("vramwatch_last_suspected_oom_timestamp_seconds", "gauge",
+           "When this rank's memory last vanished in a suspected OOM, inferred from device memory (rank's clock; "
+           "absent before the first). The suspected-OOM alert fires while it is recent.",
+           lambda row: row.last_suspected_oom_ts, always=True, per_rank=True),
     Family("vramwatch_restarts", "counter", "Processes of this rank after the first (restarts).",
            lambda row: row.restarts, always=True),
     Family("vramwatch_rank_running", "gauge",

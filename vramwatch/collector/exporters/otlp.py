@@ -12,8 +12,8 @@ measure is not sent (no zeros for "not measured").
 
 A push reads the same frozen snapshot as ``/metrics`` (:mod:`vramwatch.collector.state.snapshot`)
 and follows its rules: the run-life model's OOM and restart counts per rank
-(``vramwatch.ooms``, ``vramwatch.restarts``: monotonic across the rank's processes) and
-``vramwatch.rank.running``; the state metrics (memory levels, headroom, trend, time to OOM) are
+(``vramwatch.ooms``, ``vramwatch.suspected_ooms``, ``vramwatch.restarts``: monotonic across the
+rank's processes) and ``vramwatch.rank.running``; the state metrics (memory levels, headroom, trend, time to OOM) are
 withdrawn for a rank whose latest process no longer runs (killed alone, OOM, exited), counters stay
 while the run is held.
 
@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 
 from vramwatch.__about__ import __version__
 from vramwatch.collector.state.live import LiveState
-from vramwatch.collector.state.snapshot import RankSnapshot
+from vramwatch.collector.state.snapshot import SUSPECTED_OOMS_MEANING, RankSnapshot
 from vramwatch.verdicts import STATES
 from vramwatch.wire import Sample
 
@@ -129,6 +129,8 @@ METRICS: tuple[MetricSpec, ...] = (
                lambda v: v.summary.get("plateau_breaks"), always=True),
     MetricSpec("vramwatch.ooms", "{oom}", "Out-of-memory errors on this rank, every process of it "
                "(a restart does not reset it).", "counter", lambda v: v.rank.ooms, always=True),
+    MetricSpec("vramwatch.suspected_ooms", "{oom}", SUSPECTED_OOMS_MEANING, "counter",
+               lambda v: v.rank.suspected_ooms, always=True),
     MetricSpec("vramwatch.restarts", "{restart}", "Processes of this rank after the first (restarts).", "counter",
                lambda v: v.rank.restarts, always=True),
     MetricSpec("vramwatch.rank.running", "1", "1 while this rank's latest process runs (live or silent), 0 once "

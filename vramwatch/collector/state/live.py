@@ -31,7 +31,7 @@ from vramwatch.decisions.online import DecisionEngine
 from vramwatch.decisions.readiness import ReadinessConfig
 from vramwatch.decisions.views import RankView
 from vramwatch.errors import VramwatchError
-from vramwatch.runlife import RankLife, RankStory, RunStory, judge
+from vramwatch.runlife import RankLife, RankStory, RunStory, SuspectedOom, judge
 from vramwatch.wire import Sample
 
 #: Engine events kept per series for the API (the engine keeps its own bounded list too).
@@ -269,6 +269,8 @@ class LiveState:
                         event["ts"] = s["ts"]
                         event["incarnation"] = s.get("incarnation", "")
                         state.add_event(event)
+                        if event["type"] == "suspected_oom":  # the model keeps it (never as an OOM)
+                            state.life.suspect(SuspectedOom.of(event, s["ts"]))
                         raised.append({"run": key[0], "host": key[1], "rank": key[2], **event})
             if accepted:
                 for key, count in accepted.items():

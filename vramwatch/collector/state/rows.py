@@ -54,7 +54,7 @@ def rank_row(rank: RankSnapshot) -> dict[str, Any]:
     current = None if rank.story is None else rank.story.current
     return {
         "run": rank.run, "host": rank.host, "rank": rank.rank, "liveness": liveness, "ooms": rank.ooms,
-        "restarts": rank.restarts, "deaths": rank.deaths,
+        "restarts": rank.restarts, "deaths": rank.deaths, "suspected_ooms": rank.suspected_ooms,
         "severity": verdicts.severity(verdict.get("state"), liveness, rank.ooms),
         "died": _died(rank), "outcome": None if current is None else str(current.outcome),
         "silence_window_s": None if rank.story is None else rank.story.window_s,

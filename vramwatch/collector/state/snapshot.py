@@ -6,7 +6,7 @@ under the collector's one lock, into a :class:`RankSnapshot` that carries the ra
 the same instant (a :class:`~vramwatch.runlife.RankStory`), and the run's ranks into a
 :class:`RunSnapshot`. ``/metrics``, the OTLP push, the ``/ranks`` rows, the run documents and the
 post-mortem read these, so they cannot disagree on whether a rank runs, how many OOMs and
-restarts it had or what its engine says.
+restarts it had, which OOMs were only suspected from device memory or what its engine says.
 
 Cost of a freeze: per rank, one engine summary (cached figures, see
 :mod:`vramwatch.decisions.online`) and a few attribute reads; the run's judgement is cached per run
@@ -26,6 +26,11 @@ from vramwatch.runlife import RankStory, RunStory
 from vramwatch.wire import Sample
 
 SeriesKey = tuple[str, str, int]
+
+#: what a rank's suspected-OOM count means, as every exporter's help text says it
+SUSPECTED_OOMS_MEANING = ("Out-of-memory errors suspected on this rank, inferred from device memory alone (no OOM "
+                          "counter: its memory vanished with the device near full or at the top of a climb); never "
+                          "counted with the confirmed OOMs.")
 
 
 class RankEngine(Protocol):
@@ -78,6 +83,16 @@ class RankSnapshot(NamedTuple):
     def ooms(self) -> int:
         """OOMs of every process of this rank (the run-life model's monotonic count)."""
         return 0 if self.story is None else self.story.ooms
+
+    @property
+    def suspected_ooms(self) -> int:
+        """OOMs suspected from device memory on this rank (the run-life model's; never in :attr:`ooms`)."""
+        return 0 if self.story is None else self.story.suspected_ooms
+
+    @property
+    def last_suspected_oom_ts(self) -> float | None:
+        """When the rank's latest suspected OOM happened (its clock), None before one."""
+        return None if self.story is None else self.story.last_suspected_oom_ts
 
     @property
     def restarts(self) -> int:
