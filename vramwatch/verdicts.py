@@ -154,12 +154,13 @@ _SILENT_BONUS = len(STATES) + 1
 _OOM_BONUS = len(STATES)
 
 
-def severity(state: str | None, liveness: str = "live", ooms: int = 0) -> int:
-    """Sort key, higher is worse: a dead or silent rank, then one that hit an OOM, outranks any state."""
+def severity(state: str | None, liveness: str = "live", ooms: int = 0, suspected_ooms: int = 0) -> int:
+    """Sort key, higher is worse: a dead or silent rank, then one that hit an OOM (or, seen from
+    the device only, a suspected one), outranks any state."""
     base = SEVERITY.get(state or "", -1)
     if liveness in (Liveness.DEAD, Liveness.SILENT):
         return base + _SILENT_BONUS + _OOM_BONUS
-    if ooms:
+    if ooms or suspected_ooms:
         return base + _OOM_BONUS
     return base
 

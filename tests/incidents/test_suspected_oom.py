@@ -20,6 +20,7 @@ from vramwatch import wire
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.evidence import postmortem
 from vramwatch.units import capacity, gib
+from vramwatch.verdicts import STATES
 
 GiB = 1 << 30
 RUN = "dcgm-oom"
@@ -78,6 +79,10 @@ def test_the_suspected_oom_is_an_incident_with_the_engines_numbers_and_never_a_c
 
     row = next(r for r in httpx.get(f"{url}/api/v1/runs", timeout=60).json() if r["run"] == RUN)
     assert (row["incidents"], row["ooms"], row["status"]) == (1, 0, "running")
+    ranks = {r["rank"]: r for r in httpx.get(f"{url}/api/v1/runs/{RUN}/ranks", timeout=60).json()}
+    assert (ranks[0]["suspected_ooms"], ranks[1]["suspected_ooms"]) == (1, 0)
+    assert ranks[0]["liveness"] == ranks[1]["liveness"] == "live"
+    assert ranks[0]["severity"] - ranks[1]["severity"] >= len(STATES) - 1  # the suspected OOM sorts as an OOM
 
     text = httpx.get(f"{url}/metrics", timeout=60).text
     assert _metric(text, "vramwatch_suspected_ooms_total") == {"0": 1.0, "1": 0.0}

@@ -542,7 +542,7 @@ def summary_row(frozen: RunSnapshot) -> dict[str, Any]:
     for rank in frozen.ranks:
         summary = rank.summary
         liveness = rank.liveness
-        severity = verdicts.severity(summary.get("state"), liveness, rank.ooms)
+        severity = verdicts.severity(summary.get("state"), liveness, rank.ooms, rank.suspected_ooms)
         if summary.get("state") is not None and severity > worst:
             worst, row["worst_state"], row["worst_rank"] = severity, summary["state"], rank.rank
         headroom = summary.get("headroom_bytes")

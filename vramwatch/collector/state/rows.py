@@ -55,7 +55,7 @@ def rank_row(rank: RankSnapshot) -> dict[str, Any]:
     return {
         "run": rank.run, "host": rank.host, "rank": rank.rank, "liveness": liveness, "ooms": rank.ooms,
         "restarts": rank.restarts, "deaths": rank.deaths, "suspected_ooms": rank.suspected_ooms,
-        "severity": verdicts.severity(verdict.get("state"), liveness, rank.ooms),
+        "severity": verdicts.severity(verdict.get("state"), liveness, rank.ooms, rank.suspected_ooms),
         "died": _died(rank), "outcome": None if current is None else str(current.outcome),
         "silence_window_s": None if rank.story is None else rank.story.window_s,
         "cadence_s": None if rank.story is None else rank.story.cadence_s,
@@ -75,7 +75,7 @@ def compact_row(rank: RankSnapshot) -> list[Any]:
     shown = rank.shown or {}
     return [
         rank.host, rank.rank, liveness, rank.ooms, rank.restarts, rank.deaths,
-        verdicts.severity(verdict.get("state"), liveness, rank.ooms), _died(rank),
+        verdicts.severity(verdict.get("state"), liveness, rank.ooms, rank.suspected_ooms), _died(rank),
         last["step"] if last else None, round(rank.last_seen, 1),
         *(verdict.get(k) for k in _COMPACT_VERDICT), *(shown.get(k) for k in _COMPACT_LAST),
     ]
