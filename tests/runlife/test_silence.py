@@ -102,3 +102,22 @@ def test_a_first_checkpoint_longer_than_the_window_is_not_a_stop_once_its_openin
               for r in range(2)]
     story = story_of(samples + opened + closed, now=T0 + 510)
     assert story.status == "running" and {r.window_s for r in story.ranks} == {1.5 * 300.0}
+
+
+def test_the_stores_records_know_a_rank_is_in_a_phase_as_the_fold_does(tmp_path) -> None:
+    """A run judged from the store's per-process records (a retired run, start-up) keeps the
+    phase-open window: its records equal the fold's."""
+    from vramwatch.collector.store import Store
+
+    samples = job(1.0, 100, ranks=2)
+    samples += [dict(make_sample(99, rank=r, ts=T0 + 99.5 + r * 0.01, seq=1), phase_open=True) for r in range(2)]
+    store = Store(tmp_path / "vw.db")
+    try:
+        store.insert(samples)
+        stored, _ = store.life_records(samples[0]["run"])
+    finally:
+        store.close()
+    (life,) = fold(samples).values()
+    folded = {(rank_life.host, rank_life.rank): rank_life.records() for rank_life in life.ranks()}
+    assert {(host, rank): (rec,) for host, rank, rec in stored} == folded
+    assert all(rec.in_phase for _, _, rec in stored)

@@ -128,7 +128,8 @@ class Aggregates:
         ids = (run,)  # one variable, however many incarnations the run has
         first = {r[0]: r[1:] for r in conn.execute(f"SELECT series, MIN(ts), step {where}", ids)}
         last = {r[0]: r[1:] for r in conn.execute(
-            f"SELECT series, MAX(ts), step, exited, oom_marked, phase, {_LAST_WORDS_COLUMNS} {where}", ids)}
+            f"SELECT series, MAX(ts), step, exited, oom_marked, phase_open, phase, {_LAST_WORDS_COLUMNS} {where}",
+            ids)}
         timed = where.replace("GROUP BY", "AND step_time IS NOT NULL AND phase {} ? GROUP BY")
         step_s = {r[0]: r[2] for r in conn.execute(f"SELECT series, MAX(ts), step_time {timed.format('=')}",
                                                       (*ids, TRAIN_PHASE_ID))}
@@ -137,13 +138,13 @@ class Aggregates:
         out: list[tuple[str, int, IncarnationRecord]] = []
         for sid, max_ooms, counted, marked, exited in counts:
             host, rank, incarnation = ident[sid]
-            (first_ts, first_step), (last_ts, last_step, last_exit, last_oom, *said) = first[sid], last[sid]
+            (first_ts, first_step), (last_ts, last_step, last_exit, last_oom, in_phase, *said) = first[sid], last[sid]
             ooms = max(max_ooms or 0, 1 if marked else 0)  # a marked OOM counts where no counter was sent
             out.append((host, rank, IncarnationRecord(
                 incarnation, Moment(first_step, first_ts), Moment(last_step, last_ts), bool(last_exit),
                 bool(last_oom), ooms, self._first_reaching(conn, sid, ooms) if ooms else None,
                 self._first_reaching(conn, sid, 1) if ooms else None, bool(counted or marked or exited or said[1]),
-                step_s.get(sid), phase_s.get(sid), *self._last_words(said))))
+                step_s.get(sid), phase_s.get(sid), *self._last_words(said), bool(in_phase))))
         return out, max((r[0] for r in last.values()), default=None)
 
     def _last_words(self, said: list[Any]) -> tuple[LastWords | None, int | None, int | None]:
