@@ -40,6 +40,11 @@ def distinct_frame_lists(blocks: int = 200_000, frames: int = 256) -> bytes:
         protocol=4), 9)
 
 
+def mark_bomb(marks: int = 2_000_000) -> bytes:
+    """``marks`` MARKs and nothing else (8 bytes of the unpickler's marks stack per byte)."""
+    return gzip.compress(b"\x80\x04N" + b"(" * marks + b".", 9)
+
+
 def huge_size(bits: int = 1100) -> bytes:
     """A block whose size is 2^``bits`` (LONG4: the integer is built before anything checks it)."""
     return pickle.dumps({"segments": [{"blocks": [{"size": 2**bits, "state": "active_allocated", "frames": []}]}]},
@@ -57,6 +62,7 @@ HOSTILE = {
     "deep tuple key": (deep_tuple_key, "depth"),
     "memo index 2^26": (memo_index, "memo"),
     "DUP bomb": (dup_bomb, "dups"),
+    "MARK bomb": (mark_bomb, "refs"),
     "block size 2^1100": (huge_size, "int_bytes"),
     "block size 10^5000": (decimal_size, "int_digits"),
 }

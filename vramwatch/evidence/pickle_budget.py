@@ -14,8 +14,9 @@ What is bounded, checked as each opcode is read (:class:`Budget`):
 * **opcodes**: only data opcodes (no global, call, persistent id or extension code);
 * **memo**: an index (``PUT``/``BINPUT``/``LONG_BINPUT``) at most ``memo``, and at most
   ``memo`` entries (``MEMOIZE``);
-* **references**: every value pushed (including ``GET`` and ``DUP``) counts; at most
-  ``refs`` in all (``dups`` of them by ``DUP``), so the containers' slots are bounded;
+* **references**: every value pushed (including ``GET`` and ``DUP``) and every ``MARK`` counts;
+  at most ``refs`` in all (``dups`` of them by ``DUP``), so the containers' slots and the marks
+  stack are bounded;
 * **objects**: values created (atoms and containers) at most ``objects``;
 * **containers**: at most ``length`` items each, nested at most ``depth`` deep; a container
   already placed in another cannot grow (what ``pickle.dumps`` writes never does; this keeps
@@ -232,8 +233,9 @@ def walk(data: bytes | memoryview, budget: Budget) -> None:
             if not stack:
                 raise _refuse("opcodes", "a memo put with nothing on the stack")
             memo.append(stack[-1])
-        elif op == 0x28:  # MARK
+        elif op == 0x28:  # MARK: a slot of the marks stack, counted as a reference
             marks.append(len(stack))
+            w.refs += 1
         elif op in _ATOMS:
             pos += _ATOMS[op]
             w.objects += 1

@@ -19,8 +19,8 @@ Why each budget holds for a pickle the grammar takes (:class:`Recognizer`):
   an upper bound (arguments may hold that byte too). A get of an index never put is the C
   unpickler's error, which allocates nothing;
 * **objects** and **references**: at most the count of the bytes that open an object-making
-  (or value-pushing) opcode, again an upper bound; a container's length is at most the
-  references;
+  (or value-pushing, or mark-setting) opcode, again an upper bound; a container's length is at
+  most the references;
 * **keys and depth**: a tuple is made only of the literal atoms just before it (never of a
   reference), so every hashable container is one level deep and hashing never recurses;
   lists, dicts and sets may nest, which CPython builds and frees without C recursion
@@ -73,7 +73,7 @@ _TOKENS = re.compile(rb"(?:" + _TOKEN + rb"){0,%d}+" % TOKENS_PER_CALL)
 
 #: first bytes of the opcodes that make an object, push a reference, or memoize
 _MAKES = b"JKM\x8aN\x88\x89G\x8cX]}\x8f)\x85\x86\x87tld"
-_REFERS = b"hj"
+_REFERS = b"hj("  # a MARK is a slot of the unpickler's marks stack
 _MEMOIZES = b"\x94"
 _BINUNICODE = 0x58  # X: a string of 256 bytes or more, skipped by its length
 _U32 = struct.Struct("<I")
