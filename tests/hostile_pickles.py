@@ -40,7 +40,7 @@ def distinct_frame_lists(blocks: int = 200_000, frames: int = 256) -> bytes:
         protocol=4), 9)
 
 
-def mark_bomb(marks: int = 2_000_000) -> bytes:
+def mark_bomb(marks: int = 400_000) -> bytes:
     """``marks`` MARKs and nothing else (8 bytes of the unpickler's marks stack per byte)."""
     return gzip.compress(b"\x80\x04N" + b"(" * marks + b".", 9)
 
