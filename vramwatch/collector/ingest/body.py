@@ -9,22 +9,27 @@ Guarantees (docs/reliability.md, "memory per request"):
 * NDJSON (and a single JSON object, which is one line) is decoded one block of complete lines
   (about :data:`BLOCK_BYTES`) at a time; at ``max_samples`` + 1 samples the body is refused (413).
   A line may be at most :data:`MAX_LINE_BYTES` long, so one line cannot hide millions of values;
-* a JSON array (``[...]``) is decoded whole, so it may be at most :data:`MAX_ARRAY_BYTES`
-  once inflated (about 10,000 typical samples; NDJSON has no such cap);
-* each block (or the array) is decoded and validated in one C pass
+* a JSON array (``[...]``) is never decoded whole: its top-level items are found without
+  decoding them (one C regular-expression match per item, strings and up to four levels of
+  nesting skipped in C; a deeper item is walked token by token, within its cap) and decoded
+  in blocks of whole items of about :data:`BLOCK_BYTES`, as NDJSON is; the items are counted
+  before a block is decoded (413 at ``max_samples`` + 1) and an item may be at most
+  :data:`MAX_LINE_BYTES` long, like a line;
+* each block is decoded and validated in one C pass
   (:func:`vramwatch.wire.decode_samples`, the wire's one acceptor). A block it does not take
-  whole is parsed again line by line (orjson; its lines are counted before they are decoded)
-  and each item validated (:func:`vramwatch.wire.validate`, the same acceptor), so every bad
-  sample is counted and the first ``max_errors`` are named; only such a block is parsed twice;
+  whole is parsed again line by line or item by item (orjson; its lines are counted before
+  they are decoded) and each item validated (:func:`vramwatch.wire.validate`, the same
+  acceptor), so every bad sample is counted and the first ``max_errors`` are named; only
+  such a block is parsed twice;
 * the kept samples may hold at most :data:`VALUES_PER_SAMPLE` x ``max_samples`` fields and
   extra keys in all (413 past it: the hook halves the batch);
 * JSON nested deeper than :data:`MAX_DEPTH` levels is refused (400), never a RecursionError.
 
-Peak memory of one request is then about: the raw body (at most ``max_body_bytes``) +
-one block and its decoded objects (at most ~10 MB for a hostile block of tiny values) +
-the kept valid samples (~1.7 KB for a typical sample; at most 1.6 M fields in all,
-about 130 MB whatever their shape) — under 256 MB with the defaults (bench/attack_bench.py
-measures it).
+Peak memory of one request is then about: the raw body (at most ``max_body_bytes``; twice
+that while its chunks are joined) + one block and its decoded objects (at most ~10 MB for a
+hostile block of tiny values) + the kept valid samples (~1.7 KB for a typical sample; at most
+1.6 M fields in all, about 130 MB whatever their shape) — under 256 MB with the defaults, array
+or NDJSON, plain or gzip (bench/attack_bench.py and bench/bodies_bench.py measure it).
 """
 
 from __future__ import annotations
@@ -48,8 +53,6 @@ MAX_LINE_BYTES = 64 * 1024
 #: (a hook's sample has 15-30 fields): 50,000 samples with 64 extra keys each would be
 #: ~350 MB of Python objects; the budget stops such a body at ~17,000 (413: split)
 VALUES_PER_SAMPLE = 32
-#: largest JSON array body once inflated (decoded whole: ~35 bytes of Python per byte at worst)
-MAX_ARRAY_BYTES = 4 * 1024 * 1024
 #: deepest JSON nesting a body may hold (orjson's limit; a sample nests two levels)
 MAX_DEPTH = 1024
 #: most fields plus extra keys one valid sample can hold (the field budget is exact only past it)
@@ -217,28 +220,125 @@ def _parse_block(block: _Block, room: int, max_samples: int) -> list[Any]:
     return _decode_lines_slowly(block)
 
 
-def _parse_array(text: bytes, max_samples: int) -> list[Any]:
+# ---------------------------------------------------------------- arrays
+
+_STRING = rb'"(?:[^"\\]++|\\.)*+"'
+
+
+def _nested(levels: int) -> bytes:
+    """A bracketed value nested at most ``levels`` deep, strings skipped (bracket kinds are not
+    matched here: the decoder refuses a mismatch)."""
+    group = rb"[\[{](?:[^\"\[\]{}]++|" + _STRING + rb")*+[\]}]"
+    for _ in range(levels - 1):
+        group = rb"[\[{](?:[^\"\[\]{}]++|" + _STRING + rb"|" + group + rb")*+[\]}]"
+    return group
+
+
+#: one top-level item of an array: anything but a bracket, a quote or a comma, strings, values
+#: nested up to four levels (a sample nests two); possessive throughout: linear time
+_ITEM = re.compile(rb"(?:[^\"\[\]{},]++|" + _STRING + rb"|" + _nested(4) + rb")++", re.S)
+#: what the walk of a deeper item looks at: strings, brackets, commas, a quote that opens no string
+_TOKEN = re.compile(_STRING + rb'|[\[\]{},"]', re.S)
+
+
+def _walk(buf: bytes, pos: int, limit: int) -> int:
+    """Where the item at ``pos`` ends (its comma, or a closing bracket at its level), looking at
+    ``buf[pos:limit]`` token by token; -1 when it does not end there."""
+    depth = 0
+    for token in _TOKEN.finditer(buf, pos, limit):
+        char = buf[token.start()]
+        if char in b"[{":
+            depth += 1
+        elif char in b"]}":
+            if not depth:
+                return token.start()
+            depth -= 1
+        elif char == 44 and not depth:  # ','
+            return token.start()
+        elif char == 34 and token.end() - token.start() == 1:  # a string not closed within the window
+            return -1
+    return -1
+
+
+def _item_end(buf: bytes, pos: int, index: int, final: bool) -> int:
+    """The position of the separator after the item at ``pos`` (',' or the array's ']'); -1 when
+    more of the body is needed to tell. Raises when the item is longer than MAX_LINE_BYTES or the
+    body ends inside it."""
+    limit = min(len(buf), pos + MAX_LINE_BYTES + 1)
+    found = _ITEM.match(buf, pos, limit)
+    end = found.end() if found else pos
+    if end >= limit or buf[end] not in b",]":
+        end = _walk(buf, pos, limit)
+    if end >= 0:
+        if buf[end] not in b",]":
+            raise BodyError(f"item {index}: invalid JSON: unexpected {chr(buf[end])!r}")
+        return end
+    if limit - pos > MAX_LINE_BYTES:
+        raise BodyTooLargeError(f"item {index}: longer than {MAX_LINE_BYTES} bytes")
+    if final:
+        raise BodyError(f"item {index}: invalid JSON: the array is not closed")
+    return -1
+
+
+def _array_items(first: bytes, chunks: Iterator[bytes]) -> Iterator[tuple[bytes, int, int]]:
+    """``(buf, start, end)`` of each top-level item of a JSON array body, in order (``first``: its
+    first chunk, blanks then '['), found without decoding anything; the rest of the body after the
+    closing ']' must be blank. Holds one chunk and at most one unfinished item."""
+    buf, pos, index, final = first, _NOT_BLANK.search(first).end(), 0, False  # type: ignore[union-attr]
+    while True:
+        end = _item_end(buf, pos, index, final)
+        if end < 0:
+            more = next(chunks, None)
+            if more is None:
+                final = True
+            else:
+                buf, pos = buf[pos:] + more, 0
+            continue
+        if _NOT_BLANK.search(buf, pos, end) is None:
+            if buf[end] == 93 and not index:  # '[]'
+                pos = end + 1
+                break
+            raise BodyError(f"item {index}: invalid JSON: no value before {chr(buf[end])!r}")
+        yield buf, pos, end
+        index += 1
+        pos = end + 1
+        if buf[end] == 93:  # ']'
+            break
+    if _NOT_BLANK.search(buf, pos) or any(_NOT_BLANK.search(rest) for rest in chunks):
+        raise BodyError("invalid JSON: more after the array's closing ']'")
+
+
+def _array_blocks(first: bytes, chunks: Iterator[bytes], max_samples: int) -> Iterator[tuple[int, bytes]]:
+    """``(index of its first item, JSON array text)`` of blocks of whole items, about BLOCK_BYTES
+    each; past ``max_samples`` items the body is refused (413) before another block is made."""
+    buf, start, end, count, index = b"", 0, 0, 0, 0
+    for item_buf, item_start, item_end in _array_items(first, chunks):
+        if count and (item_buf is not buf or item_end - start > BLOCK_BYTES):
+            yield index - count, b"[" + buf[start:end] + b"]"
+            count = 0
+        if not count:
+            buf, start = item_buf, item_start
+        end = item_end
+        count += 1
+        index += 1
+        if index > max_samples:
+            raise BodyTooLargeError(f"more than {max_samples} samples; at most {max_samples} per request")
+    if count:
+        yield index - count, b"[" + buf[start:end] + b"]"
+
+
+def _parse_items(first: int, text: bytes) -> list[Any]:
+    """The items of one block of an array (parsed, not validated); a bad one is named by index."""
     try:
-        items = orjson.loads(text)
+        return orjson.loads(text)  # type: ignore[no-any-return]
     except orjson.JSONDecodeError as exc:
-        raise BodyError(_invalid(exc)) from None
-    if type(items) is not list:  # pragma: no cover - '[' always parses to a list
-        raise BodyError("must be a JSON array or NDJSON")
-    if len(items) > max_samples:
-        raise BodyTooLargeError(f"{len(items)} samples; at most {max_samples} per request")
-    return items
-
-
-def _array_text(first: bytes, chunks: Iterator[bytes]) -> bytes:
-    parts, size = [first], len(first)
-    for chunk in chunks:
-        size += len(chunk)
-        if size > MAX_ARRAY_BYTES:
-            raise BodyTooLargeError(
-                f"a JSON array body may be at most {MAX_ARRAY_BYTES} bytes; send NDJSON (one sample "
-                "per line) for bigger batches")
-        parts.append(chunk)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+        whole = exc
+    for index, (buf, start, end) in enumerate(_array_items(text, iter(())), first):
+        try:
+            orjson.loads(buf[start:end])
+        except orjson.JSONDecodeError as exc:
+            raise BodyError(f"item {index}: {_invalid(exc)}") from None
+    raise BodyError(_invalid(whole))  # pragma: no cover - a block's items decode as its whole
 
 
 # ---------------------------------------------------------------- bodies
@@ -270,12 +370,11 @@ class _Batch:
             raise BodyTooLargeError(f"more than {self.max_samples} samples; at most {self.max_samples} per request")
         self._keep(samples)
 
-    def array(self, text: bytes) -> None:
+    def items(self, first: int, text: bytes) -> None:
+        """One block of an array's items (``text``: a JSON array, counted by its maker)."""
         samples = decode_samples(text, now=self.now, max_future_s=self.max_future_s)
         if samples is None:
-            self._validate(_parse_array(text, self.max_samples))
-        elif len(samples) > self.max_samples:
-            raise BodyTooLargeError(f"{len(samples)} samples; at most {self.max_samples} per request")
+            self._validate(_parse_items(first, text))
         else:
             self._keep(samples)
 
@@ -355,7 +454,8 @@ def decode_body(
     else:
         raise BodyError("is empty")
     if _NOT_BLANK.search(first).group() == b"[":  # type: ignore[union-attr]
-        batch.array(_array_text(first, chunks))
+        for index, text in _array_blocks(first, chunks, max_samples):
+            batch.items(index, text)
         return batch.out
 
     def rest() -> Iterator[bytes]:
@@ -375,16 +475,18 @@ def parse_body(data: bytes) -> list[Any]:
     found = _NOT_BLANK.search(data)
     if found is None:
         raise BodyError("is empty")
-    if found.group() == b"[":
-        return _parse_array(_array_text(data, iter(())), 2**62)
     items: list[Any] = []
+    if found.group() == b"[":
+        for index, text in _array_blocks(data, iter(()), 2**62):
+            items.extend(_parse_items(index, text))
+        return items
     for block in _line_blocks((data,)):
         items.extend(_parse_block(block, 2**62, 2**62))
     return items
 
 
 __all__ = [
-    "BLOCK_BYTES", "MAX_ARRAY_BYTES", "MAX_DEPTH", "MAX_LINE_BYTES", "BodyError", "BodyTooLargeError", "DecodedBody",
+    "BLOCK_BYTES", "MAX_DEPTH", "MAX_LINE_BYTES", "BodyError", "BodyTooLargeError", "DecodedBody",
     "InflatedTooLargeError", "SampleError", "decode_body", "gunzip_limited", "gzip_size", "iter_inflated",
     "parse_body",
 ]
