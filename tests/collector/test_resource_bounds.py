@@ -419,7 +419,7 @@ def test_a_burst_of_heavy_reads_gets_503_past_the_slots_while_healthz_answers(tm
                            headers=NDJSON).status_code == 200
         srv.app.state.heavy = slots = HeavyReads(slots=1, queue_s=0.5)
         held: list[httpx.Response] = []
-        holder = threading.Thread(target=lambda: held.append(client.get("/api/v1/compare", params={"a": "a", "b": "b"})))
+        holder = threading.Thread(target=lambda: held.append(client.get("/api/v1/compare?a=a&b=b")))
         holder.start()
         time.sleep(0.2)  # the compare holds the one slot (it waits for `release` inside it)
         burst = ["/api/v1/runs/a/advice", "/api/v1/runs/a/figures", "/api/v1/runs/a/heatmap",
