@@ -197,11 +197,14 @@ def test_a_json_array_body_is_split_into_items_never_decoded_whole(what, make, g
 
 def test_an_array_body_of_any_size_decodes_as_its_ndjson_does() -> None:
     """Arrays have no cap of their own (they had 4 MiB): a gzip array of 20,000 samples, its items
-    cut across inflated blocks, nested values and strings holding brackets and commas, is
-    the same batch as the same samples as NDJSON; a bad item is named by its index."""
+    cut across inflated blocks, nested values and strings holding brackets, commas and the
+    ``}, {`` a block is cut at (a cut that falls in a string does not decode: the block is then
+    read item by item), is the same batch as the same samples as NDJSON; a bad item is named by
+    its index."""
     from vramwatch.collector.ingest.body import BLOCK_BYTES, decode_body
 
-    samples = [make_sample(i, rank=i % 8, run="r,]}[{\"x", extra={"loss": i / 7, "m]": 1.0}) for i in range(20_000)]
+    samples = [make_sample(i, rank=i % 8, run="r,]}, {[\"x" if i % 3 else "plain", extra={"loss": i / 7, "m}, {": 1.0})
+               for i in range(20_000)]
     array = orjson.dumps(samples, option=orjson.OPT_INDENT_2)
     assert len(array) > 16 * BLOCK_BYTES
     kwargs = dict(max_decompressed=1 << 28, max_samples=50_000, now=2e9)

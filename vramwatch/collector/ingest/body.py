@@ -280,51 +280,94 @@ def _item_end(buf: bytes, pos: int, index: int, final: bool) -> int:
     return -1
 
 
-def _array_items(first: bytes, chunks: Iterator[bytes]) -> Iterator[tuple[bytes, int, int]]:
-    """``(buf, start, end)`` of each top-level item of a JSON array body, in order (``first``: its
-    first chunk, blanks then '['), found without decoding anything; the rest of the body after the
-    closing ']' must be blank. Holds one chunk and at most one unfinished item."""
-    buf, pos, index, final = first, _NOT_BLANK.search(first).end(), 0, False  # type: ignore[union-attr]
-    while True:
-        end = _item_end(buf, pos, index, final)
-        if end < 0:
-            more = next(chunks, None)
+def _last_non_blank(buf: bytes, low: int, high: int) -> int:
+    """The position of the last byte in ``buf[low:high]`` that is not JSON whitespace; ``low - 1`` if none."""
+    high -= 1
+    while high >= low and buf[high] in b" \t\r\n":
+        high -= 1
+    return high
+
+
+class _ArrayReader:
+    """The top-level items of a JSON array body arriving in chunks (``first``: blanks, '[', ...),
+    handed out in blocks of whole items of about BLOCK_BYTES, each as JSON array text.
+
+    :meth:`guess` cuts where an object ends and the next begins (``}`` ``,`` ``{``, found by
+    ``rfind``): the decoder proves such a cut, since a block cut inside a string or a nested
+    value cannot decode. Where it does not prove out (a block with a bad item, a cut that fell in
+    a string), :meth:`exact` walks the items one by one (:func:`_item_end`), counting them and
+    naming a bad one. Holds one chunk plus at most a block and a line of lookahead."""
+
+    def __init__(self, first: bytes, chunks: Iterator[bytes]) -> None:
+        self.buf, self.pos = first, _NOT_BLANK.search(first).end()  # type: ignore[union-attr]
+        self.chunks, self.final, self.done, self.index = chunks, False, False, 0
+
+    def _fill(self, need: int) -> None:
+        while not self.final and len(self.buf) - self.pos < need:
+            more = next(self.chunks, None)
             if more is None:
-                final = True
+                self.final = True
             else:
-                buf, pos = buf[pos:] + more, 0
-            continue
-        if _NOT_BLANK.search(buf, pos, end) is None:
-            if buf[end] == 93 and not index:  # '[]'
-                pos = end + 1
+                self.buf, self.pos = self.buf[self.pos:] + more, 0
+
+    def guess(self) -> tuple[bytes, int] | None:
+        """``(text, end)``: a block of whole items if the cut holds (the decoder tells), or None."""
+        self._fill(BLOCK_BYTES + 1)
+        buf, pos = self.buf, self.pos
+        end = pos + BLOCK_BYTES
+        if end < len(buf):  # cut before the last object that begins in the window
+            for _ in range(8):
+                end = buf.rfind(b"{", pos, end)
+                comma = _last_non_blank(buf, pos, end)
+                if comma <= pos:
+                    return None
+                if buf[comma] == 44 and buf[_last_non_blank(buf, pos, comma)] == 125:  # '}' ',' '{'
+                    return b"[" + buf[pos:comma] + b"]", comma + 1
+            return None
+        close = _last_non_blank(buf, pos, len(buf))  # the body's end is here (final): all of it
+        if close < pos or buf[close] != 93 or _NOT_BLANK.search(buf, pos, close) is None:
+            return None
+        return b"[" + buf[pos:close] + b"]", len(buf)
+
+    def advance(self, end: int, items: int) -> None:
+        """A guessed block was taken whole (``items`` of them)."""
+        self.pos, self.index = end, self.index + items
+        self.done = end == len(self.buf) and self.final
+
+    def exact(self, max_samples: int) -> tuple[int, bytes] | None:
+        """``(index of its first item, text)``: the next block, item by item; None for ``[]``.
+        Past ``max_samples`` items the body is refused (413) before the block is decoded."""
+        first, start, end = self.index, -1, 0
+        while not self.done:
+            stop = _item_end(self.buf, self.pos, self.index, self.final)
+            if stop < 0:
+                if start >= 0:
+                    break  # hand out what is whole; the next block starts after more arrived
+                self._fill(len(self.buf) - self.pos + 1)
+                continue
+            buf = self.buf
+            if _NOT_BLANK.search(buf, self.pos, stop) is None:
+                if buf[stop] != 93 or self.index:
+                    raise BodyError(f"item {self.index}: invalid JSON: no value before {chr(buf[stop])!r}")
+                self.pos = stop + 1  # '[]'
+                self._end()
+                return None
+            start, end = self.pos if start < 0 else start, stop
+            self.index += 1
+            self.pos = stop + 1
+            if self.index > max_samples:
+                raise BodyTooLargeError(f"more than {max_samples} samples; at most {max_samples} per request")
+            if buf[stop] == 93:
+                self._end()
+            elif end - start >= BLOCK_BYTES:
                 break
-            raise BodyError(f"item {index}: invalid JSON: no value before {chr(buf[end])!r}")
-        yield buf, pos, end
-        index += 1
-        pos = end + 1
-        if buf[end] == 93:  # ']'
-            break
-    if _NOT_BLANK.search(buf, pos) or any(_NOT_BLANK.search(rest) for rest in chunks):
-        raise BodyError("invalid JSON: more after the array's closing ']'")
+        return first, b"[" + self.buf[start:end] + b"]"
 
-
-def _array_blocks(first: bytes, chunks: Iterator[bytes], max_samples: int) -> Iterator[tuple[int, bytes]]:
-    """``(index of its first item, JSON array text)`` of blocks of whole items, about BLOCK_BYTES
-    each; past ``max_samples`` items the body is refused (413) before another block is made."""
-    buf, start, end, count, index = b"", 0, 0, 0, 0
-    for item_buf, item_start, item_end in _array_items(first, chunks):
-        if count and (item_buf is not buf or item_end - start > BLOCK_BYTES):
-            yield index - count, b"[" + buf[start:end] + b"]"
-            count = 0
-        if not count:
-            buf, start = item_buf, item_start
-        end = item_end
-        count += 1
-        index += 1
-        if index > max_samples:
-            raise BodyTooLargeError(f"more than {max_samples} samples; at most {max_samples} per request")
-    if count:
-        yield index - count, b"[" + buf[start:end] + b"]"
+    def _end(self) -> None:
+        """The array closed: what follows must be blank."""
+        self.done = True
+        if _NOT_BLANK.search(self.buf, self.pos) or any(_NOT_BLANK.search(rest) for rest in self.chunks):
+            raise BodyError("invalid JSON: more after the array's closing ']'")
 
 
 def _parse_items(first: int, text: bytes) -> list[Any]:
@@ -333,15 +376,15 @@ def _parse_items(first: int, text: bytes) -> list[Any]:
         return orjson.loads(text)  # type: ignore[no-any-return]
     except orjson.JSONDecodeError as exc:
         whole = exc
-    for index, (buf, start, end) in enumerate(_array_items(text, iter(())), first):
+    pos, index = 1, first
+    while pos < len(text):  # the block's items are whole: each ends at a ',' or the final ']'
+        end = _item_end(text, pos, index, True)
         try:
-            orjson.loads(buf[start:end])
+            orjson.loads(text[pos:end])
         except orjson.JSONDecodeError as exc:
             raise BodyError(f"item {index}: {_invalid(exc)}") from None
+        pos, index = end + 1, index + 1
     raise BodyError(_invalid(whole))  # pragma: no cover - a block's items decode as its whole
-
-
-# ---------------------------------------------------------------- bodies
 
 
 class _Batch:
@@ -370,13 +413,28 @@ class _Batch:
             raise BodyTooLargeError(f"more than {self.max_samples} samples; at most {self.max_samples} per request")
         self._keep(samples)
 
-    def items(self, first: int, text: bytes) -> None:
-        """One block of an array's items (``text``: a JSON array, counted by its maker)."""
-        samples = decode_samples(text, now=self.now, max_future_s=self.max_future_s)
-        if samples is None:
-            self._validate(_parse_items(first, text))
-        else:
-            self._keep(samples)
+    def array(self, reader: _ArrayReader) -> None:
+        """Every block of an array's items: a guessed block taken whole when it decodes as valid
+        samples (one C pass), else the next block item by item (counted first; bad items named)."""
+        while not reader.done:
+            guessed = reader.guess()
+            if guessed is not None:
+                samples = decode_samples(guessed[0], now=self.now, max_future_s=self.max_future_s)
+                if samples is not None:
+                    if self.out.items + len(samples) > self.max_samples:
+                        raise BodyTooLargeError(f"more than {self.max_samples} samples; at most {self.max_samples} "
+                                                "per request")
+                    reader.advance(guessed[1], len(samples))
+                    self._keep(samples)
+                    continue
+            block = reader.exact(self.max_samples)
+            if block is None:
+                continue
+            samples = decode_samples(block[1], now=self.now, max_future_s=self.max_future_s)
+            if samples is None:
+                self._validate(_parse_items(*block))
+            else:
+                self._keep(samples)
 
     def _keep(self, samples: list[Sample]) -> None:
         out = self.out
@@ -454,8 +512,7 @@ def decode_body(
     else:
         raise BodyError("is empty")
     if _NOT_BLANK.search(first).group() == b"[":  # type: ignore[union-attr]
-        for index, text in _array_blocks(first, chunks, max_samples):
-            batch.items(index, text)
+        batch.array(_ArrayReader(first, chunks))
         return batch.out
 
     def rest() -> Iterator[bytes]:
@@ -477,8 +534,11 @@ def parse_body(data: bytes) -> list[Any]:
         raise BodyError("is empty")
     items: list[Any] = []
     if found.group() == b"[":
-        for index, text in _array_blocks(data, iter(()), 2**62):
-            items.extend(_parse_items(index, text))
+        reader = _ArrayReader(data, iter(()))
+        while not reader.done:
+            block = reader.exact(2**62)
+            if block is not None:
+                items.extend(_parse_items(*block))
         return items
     for block in _line_blocks((data,)):
         items.extend(_parse_block(block, 2**62, 2**62))
