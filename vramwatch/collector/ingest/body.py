@@ -9,12 +9,14 @@ Guarantees (docs/reliability.md, "memory per request"):
 * NDJSON (and a single JSON object, which is one line) is decoded one block of complete lines
   (about :data:`BLOCK_BYTES`) at a time; at ``max_samples`` + 1 samples the body is refused (413).
   A line may be at most :data:`MAX_LINE_BYTES` long, so one line cannot hide millions of values;
-* a JSON array (``[...]``) is never decoded whole: its top-level items are found without
-  decoding them (one C regular-expression match per item, strings and up to four levels of
-  nesting skipped in C; a deeper item is walked token by token, within its cap) and decoded
-  in blocks of whole items of about :data:`BLOCK_BYTES`, as NDJSON is; the items are counted
-  before a block is decoded (413 at ``max_samples`` + 1) and an item may be at most
-  :data:`MAX_LINE_BYTES` long, like a line;
+* a JSON array (``[...]``) is never decoded whole: it is decoded in blocks of whole items of
+  about :data:`BLOCK_BYTES`, as NDJSON is. A block is cut where one object ends and the next
+  begins (``}`` ``,`` ``{``, found by ``rfind``) and taken when it decodes as valid samples: a
+  cut inside a string or a nested value cannot decode, so the decoder proves the cut. Any
+  other block is read item by item (one C regular-expression match per item, strings and up to
+  four levels of nesting skipped in C; a deeper item walked token by token within its cap): its
+  items are counted before it is decoded (413 at ``max_samples`` + 1), an item may be at most
+  :data:`MAX_LINE_BYTES` long, like a line, and a bad one is named by its index;
 * each block is decoded and validated in one C pass
   (:func:`vramwatch.wire.decode_samples`, the wire's one acceptor). A block it does not take
   whole is parsed again line by line or item by item (orjson; its lines are counted before
