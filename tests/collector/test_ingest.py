@@ -19,6 +19,7 @@ import pytest
 from collector_process import CollectorProcess
 from helpers import H200_TOTAL, NDJSON_HEADERS, TOKEN, fresh, make_sample, ndjson, post, stored
 
+from vramwatch.collector.ingest.body import BodyTooLargeError
 from vramwatch.collector.server import BackgroundServer
 
 
@@ -214,6 +215,31 @@ def test_an_array_body_of_any_size_decodes_as_its_ndjson_does() -> None:
     samples[17_001]["ooms"] = -1
     bad = decode_body(orjson.dumps(samples), gzipped=False, **kwargs)
     assert bad.samples == [] and [(e.index, e.field) for e in bad.errors] == [(17_001, "ooms")]
+
+
+@pytest.mark.parametrize("shape", ["ndjson", "array"])
+def test_on_the_event_loop_a_body_gets_the_c_passes_only(collector, shape) -> None:
+    """A body within INLINE_BYTES is decoded on the event loop only while the C pass takes its
+    items: 1 MiB of tiny refused items (32,000 of them validated one by one in Python: a second
+    and more) asks for a worker thread (SlowBody) instead, and the route still answers it."""
+    from vramwatch.collector.ingest.body import SlowBody, decode_body
+    from vramwatch.collector.ingest.routes import INLINE_BYTES
+
+    item, sep = b'{"a":1}', (b"\n" if shape == "ndjson" else b",")
+    body = sep.join([item] * (INLINE_BYTES // 8 - 1))
+    body = body if shape == "ndjson" else b"[" + body + b"]"
+    assert len(body) <= INLINE_BYTES
+    kwargs = dict(gzipped=False, max_decompressed=1 << 26, max_samples=50_000)
+    with pytest.raises(SlowBody):
+        decode_body(body, fast_only=True, **kwargs)
+    with pytest.raises(BodyTooLargeError, match="more than 50000 samples"):
+        decode_body(body, **kwargs)
+    valid = [make_sample(i, ts=time.time()) for i in range(1000)]
+    valid_body = ndjson(valid) if shape == "ndjson" else orjson.dumps(valid)
+    assert decode_body(valid_body, fast_only=True, **kwargs).samples == decode_body(valid_body, **kwargs).samples
+    r = collector.client.post("/api/v1/samples", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "more than 50000 samples" in r.json()["detail"]
+    assert stored(collector.settings.db_path) == 0
 
 
 @pytest.mark.parametrize(("body", "status", "needle"), [

@@ -63,6 +63,12 @@ _MOST_VALUES = len(FIELD_TABLE) + MAX_EXTRA_KEYS
 _NON_BLANK_LINE = re.compile(rb"[^ \t\r\n][^\n]*")
 _NOT_BLANK = re.compile(rb"[^ \t\r\n\x0b\x0c]")  # what bytes.isspace() does not count as blank
 
+class SlowBody(Exception):
+    """A body that needs the slow path (parsed and validated item by item in Python), met while
+    :func:`decode_body` was asked for the C passes only (``fast_only``): decode it again off the
+    event loop."""
+
+
 class BodyError(WireError):
     """The body as a whole is unusable (400): not JSON, bad gzip."""
 
@@ -294,9 +300,9 @@ class _ArrayReader:
     """The top-level items of a JSON array body arriving in chunks (``first``: blanks, '[', ...),
     handed out in blocks of whole items of about BLOCK_BYTES, each as JSON array text.
 
-    :meth:`guess` cuts where an object ends and the next begins (``}`` ``,`` ``{``, found by
-    ``rfind``): the decoder proves such a cut, since a block cut inside a string or a nested
-    value cannot decode. Where it does not prove out (a block with a bad item, a cut that fell in
+    :meth:`guess` cuts where an object (or array) ends and the next begins (``}`` ``,`` ``{``,
+    found by ``rfind``): the decoder proves such a cut, since a block cut inside a string or a
+    nested value cannot decode. Where it does not prove out (a block with a bad item, a cut that fell in
     a string), :meth:`exact` walks the items one by one (:func:`_item_end`), counting them and
     naming a bad one. Holds one chunk plus at most a block and a line of lookahead."""
 
@@ -317,13 +323,13 @@ class _ArrayReader:
         self._fill(BLOCK_BYTES + 1)
         buf, pos = self.buf, self.pos
         end = pos + BLOCK_BYTES
-        if end < len(buf):  # cut before the last object that begins in the window
+        if end < len(buf):  # cut before the last object (or array) that begins in the window
             for _ in range(8):
-                end = buf.rfind(b"{", pos, end)
+                end = max(buf.rfind(b"{", pos, end), buf.rfind(b"[", pos, end))
                 comma = _last_non_blank(buf, pos, end)
                 if comma <= pos:
                     return None
-                if buf[comma] == 44 and buf[_last_non_blank(buf, pos, comma)] == 125:  # '}' ',' '{'
+                if buf[comma] == 44 and buf[_last_non_blank(buf, pos, comma)] in b"}]":  # '}' ',' '{'
                     return b"[" + buf[pos:comma] + b"]", comma + 1
             return None
         close = _last_non_blank(buf, pos, len(buf))  # the body's end is here (final): all of it
@@ -372,6 +378,13 @@ class _ArrayReader:
             raise BodyError("invalid JSON: more after the array's closing ']'")
 
 
+def _loads_or_none(text: bytes) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+
+
 def _parse_items(first: int, text: bytes) -> list[Any]:
     """The items of one block of an array (parsed, not validated); a bad one is named by index."""
     try:
@@ -394,20 +407,21 @@ class _Batch:
     named, counts and the field budget enforced."""
 
     def __init__(self, max_samples: int, now: float | None, max_future_s: float, max_errors: int,
-                 max_values: int) -> None:
+                 max_values: int, fast_only: bool = False) -> None:
         self.out = DecodedBody()
         self.max_samples = max_samples
         self.now = now
         self.max_future_s = max_future_s
         self.max_errors = max_errors
         self.max_values = max_values
+        self.fast_only = fast_only
         self.values_bound = 0  # an upper bound of the kept samples' values, while under the budget
         self.values: int | None = None  # their exact count, once the bound passed the budget
 
     def lines(self, block: _Block) -> None:
         samples = decode_samples(block.view(), now=self.now, max_future_s=self.max_future_s)
         if samples is None:  # not every line accepted as written: parse line by line, name each
-            self._validate(_parse_block(block, self.max_samples - self.out.items, self.max_samples))
+            self._validate(self._slow(_parse_block, block, self.max_samples - self.out.items, self.max_samples))
             return
         if block.end - block.start > MAX_LINE_BYTES and block.has_long_line():
             raise BodyTooLargeError(f"a line near line {block.lineno} is longer than {MAX_LINE_BYTES} bytes")
@@ -422,14 +436,18 @@ class _Batch:
             guessed = reader.guess()
             if guessed is not None:
                 samples = decode_samples(guessed[0], now=self.now, max_future_s=self.max_future_s)
-                if samples is not None:
-                    if self.out.items + len(samples) > self.max_samples:
+                items = samples if samples is not None else self._slow(_loads_or_none, guessed[0])
+                if items is not None:  # the cut holds: the block decodes
+                    if self.out.items + len(items) > self.max_samples:
                         raise BodyTooLargeError(f"more than {self.max_samples} samples; at most {self.max_samples} "
                                                 "per request")
-                    reader.advance(guessed[1], len(samples))
-                    self._keep(samples)
+                    reader.advance(guessed[1], len(items))
+                    if samples is None:
+                        self._validate(items)
+                    else:
+                        self._keep(samples)
                     continue
-            block = reader.exact(self.max_samples)
+            block = self._slow(reader.exact, self.max_samples)
             if block is None:
                 continue
             samples = decode_samples(block[1], now=self.now, max_future_s=self.max_future_s)
@@ -437,6 +455,13 @@ class _Batch:
                 self._validate(_parse_items(*block))
             else:
                 self._keep(samples)
+
+    def _slow(self, work: Any, *args: Any) -> Any:
+        """``work(*args)`` on the slow path (Python per item): refused with :class:`SlowBody` when
+        the caller asked for the C passes only."""
+        if self.fast_only:
+            raise SlowBody()
+        return work(*args)
 
     def _keep(self, samples: list[Sample]) -> None:
         out = self.out
@@ -496,6 +521,7 @@ def decode_body(
     max_future_s: float = 300.0,
     max_errors: int = 50,
     max_values: int | None = None,
+    fast_only: bool = False,
 ) -> DecodedBody:
     """Decode and validate a request body in bounded blocks (see the module docstring).
 
@@ -503,9 +529,11 @@ def decode_body(
     whole (:class:`InflatedTooLargeError` past ``max_decompressed``); per-sample problems are
     returned in ``errors``. CPU: inflating, and one C pass per block of a valid body; a block
     with a refused sample is parsed again (orjson) and its items validated one by one.
+    ``fast_only``: raise :class:`SlowBody` instead of taking that slow path (the caller decodes
+    on the event loop and goes to a worker thread for it).
     """
     budget = max_values if max_values is not None else VALUES_PER_SAMPLE * max_samples
-    batch = _Batch(max_samples, now, max_future_s, max_errors, budget)
+    batch = _Batch(max_samples, now, max_future_s, max_errors, budget, fast_only)
     chunks = iter_inflated(data, max_decompressed) if gzipped else iter((data,))
     first = b""
     for first in chunks:
@@ -549,6 +577,6 @@ def parse_body(data: bytes) -> list[Any]:
 
 __all__ = [
     "BLOCK_BYTES", "MAX_DEPTH", "MAX_LINE_BYTES", "BodyError", "BodyTooLargeError", "DecodedBody",
-    "InflatedTooLargeError", "SampleError", "decode_body", "gunzip_limited", "gzip_size", "iter_inflated",
+    "InflatedTooLargeError", "SampleError", "SlowBody", "decode_body", "gunzip_limited", "gzip_size", "iter_inflated",
     "parse_body",
 ]
