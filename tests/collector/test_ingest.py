@@ -251,7 +251,8 @@ def test_on_the_event_loop_a_body_gets_the_c_passes_only(collector, shape) -> No
     (b'[{}, {"run": "abc', 400, "item 1: invalid JSON: the array is not closed"),
     (b'[{}, {"a": 1} {"b": 2}]', 400, "item 1: invalid JSON"),
     (b"[{}, " + b"[" * 2000 + b"]" * 2000 + b"]", 400, "nested deeper than 1024 levels"),
-    (b'[{}, "' + b"x" * 70_000 + b'"]', 413, "item 1: longer than 65536 bytes"),
+    (b'[{}, "' + b"x" * 300_000 + b'"]', 413, "item 1: longer than 65536 bytes"),
+    (b'[{}, "' + b"x" * 70_000 + b'"]', 422, "sample 0: schema"),
 ])
 def test_a_malformed_array_is_a_400_naming_the_item(collector, body, status, needle) -> None:
     r = collector.client.post("/api/v1/samples", content=body, headers={"content-type": "application/json"})

@@ -16,7 +16,8 @@ Guarantees (docs/reliability.md, "memory per request"):
   other block is read item by item (one C regular-expression match per item, strings and up to
   four levels of nesting skipped in C; a deeper item walked token by token within its cap): its
   items are counted before it is decoded (413 at ``max_samples`` + 1), an item may be at most
-  :data:`MAX_LINE_BYTES` long, like a line, and a bad one is named by its index;
+  :data:`MAX_LINE_BYTES` long, like a line, and a bad one is named by its index. Either way a
+  block is at most about :data:`BLOCK_BYTES` and its items are counted before they are validated;
 * each block is decoded and validated in one C pass
   (:func:`vramwatch.wire.decode_samples`, the wire's one acceptor). A block it does not take
   whole is parsed again line by line or item by item (orjson; its lines are counted before
