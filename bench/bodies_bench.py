@@ -10,7 +10,8 @@ RSS: its VmHWM) with ``/healthz`` polled every 20 ms on its own connection (:mod
 
 Bodies (plain, not gzip, 16 MiB: ``max_body_bytes``): a JSON array of 5.6 M ``{}``, of 8.4 M
 ``0``, one array item holding 8.4 M numbers, 50,000 valid samples as one array, NDJSON of 5.6 M
-``{}``. Heavy reads: a run of 64 ranks x 2,000 steps and 8 more runs, then 24 concurrent
+``{}``; and 1 MiB (``INLINE_BYTES``: decoded on the event loop) of ``{"a":1}`` items, an array
+and NDJSON. Heavy reads: a run of 64 ranks x 2,000 steps and 8 more runs, then 24 concurrent
 advice / figures / compare requests (distinct parameters: no cached answer).
 """
 
@@ -52,6 +53,8 @@ BODIES = [
     ("JSON array of one item of 8.4 M numbers", lambda: b"[" + _filled(b"0", size=BODY - 2) + b"]"),
     ("JSON array of 50,000 valid samples", _valid_array),
     ("NDJSON of 5.6 M `{}`", lambda: _filled(b"{}", b"", b"", b"\n")),
+    ("JSON array of 131,071 `{\"a\":1}` (1 MiB: within INLINE_BYTES)", lambda: _filled(b'{"a":1}', size=MiB)),
+    ("NDJSON of 131,071 `{\"a\":1}` (1 MiB: within INLINE_BYTES)", lambda: _filled(b'{"a":1}', b"", b"", b"\n", MiB)),
 ]
 
 
