@@ -290,11 +290,13 @@ def _item_end(buf: bytes, pos: int, index: int, final: bool) -> int:
 
 
 def _last_non_blank(buf: bytes, low: int, high: int) -> int:
-    """The position of the last byte in ``buf[low:high]`` that is not JSON whitespace; ``low - 1`` if none."""
+    """The position of the last byte in ``buf[low:high]`` that is not JSON whitespace; ``low - 1``
+    if none within 256 bytes (no cut is guessed across a longer run of blanks)."""
+    stop = max(low, high - 256)
     high -= 1
-    while high >= low and buf[high] in b" \t\r\n":
+    while high >= stop and buf[high] in b" \t\r\n":
         high -= 1
-    return high
+    return high if high >= stop else low - 1
 
 
 class _ArrayReader:
@@ -303,9 +305,9 @@ class _ArrayReader:
 
     :meth:`guess` cuts where an object (or array) ends and the next begins (``}`` ``,`` ``{``,
     found by ``rfind``): the decoder proves such a cut, since a block cut inside a string or a
-    nested value cannot decode. Where it does not prove out (a block with a bad item, a cut that fell in
-    a string), :meth:`exact` walks the items one by one (:func:`_item_end`), counting them and
-    naming a bad one. Holds one chunk plus at most a block and a line of lookahead."""
+    nested value cannot decode. Where it does not prove out (a block with a bad item, a cut that
+    fell in a string), :meth:`exact` walks the items one by one (:func:`_item_end`), counting them
+    and naming a bad one. Holds one chunk plus at most a block and a line of lookahead."""
 
     def __init__(self, first: bytes, chunks: Iterator[bytes]) -> None:
         self.buf, self.pos = first, _NOT_BLANK.search(first).end()  # type: ignore[union-attr]
