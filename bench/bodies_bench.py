@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.attack_bench import BASE
+from bench.attack_bench import BASE, HealthPoller
 from bench.attack_inputs import _serve
 from bench.report import table, write_section
 
@@ -101,10 +101,12 @@ def heavy_burst(requests: int, ranks: int = 64, steps: int = 2000, others: int =
             return httpx.get(url + path, timeout=300).status_code
 
         started = time.monotonic()
-        with ThreadPoolExecutor(requests) as pool:
+        with HealthPoller(url, timeout_s=120) as poller, ThreadPoolExecutor(requests) as pool:
             codes = list(pool.map(get, paths))
+        burst = poller.summary()
         return {"status": {c: codes.count(c) for c in sorted(set(codes))}, "answer_s": time.monotonic() - started,
-                "detail": f"one advice alone {one_s:.2f} s"}
+                "detail": f"during the burst /healthz p99 {burst['p99_ms']:,.0f} ms, max {burst['max_ms']:,.0f} ms; "
+                          f"one advice alone {one_s:.2f} s"}
     return attack
 
 
@@ -140,8 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = [(name, _cell(before[i][1]) if before else "—", _cell(r)) for i, (name, r) in enumerate(after)]
     body = table(["input", "before: peak RSS; /healthz max; answer", "after"], rows)
     body += ("\n\nPeak RSS is the collector's (VmHWM of a fresh `vramwatch serve` per row, defaults: "
-             "`max_body_bytes` 16 MiB, 50,000 samples per request); `/healthz` polled every 20 ms on its own "
-             "connection. *Before* is the tree given as `--before`.")
+             "`max_body_bytes` 16 MiB, 50,000 samples per request, 2 heavy-read slots, 10 s queue); `/healthz` "
+             "polled every 20 ms on its own connection (the heavy-read row's first figure spans loading the runs, "
+             "256,000 samples in batches of 32,000, too). *Before* is the tree given as `--before`.")
     if not args.no_write:
         command = "python -m bench.bodies_bench" + (f" --before {args.before}" if args.before else "")
         write_section("Request bodies and heavy reads", body, command)
