@@ -218,12 +218,13 @@ def test_an_array_body_of_any_size_decodes_as_its_ndjson_does() -> None:
 
 
 @pytest.mark.parametrize("shape", ["ndjson", "array"])
-def test_on_the_event_loop_a_body_gets_the_c_passes_only(collector, shape) -> None:
-    """A body within INLINE_BYTES is decoded on the event loop only while the C pass takes its
-    items: 1 MiB of tiny refused items (32,000 of them validated one by one in Python: a second
-    and more) asks for a worker thread (SlowBody) instead, and the route still answers it."""
+def test_on_the_event_loop_a_body_gets_the_c_passes_and_few_slow_items(collector, shape) -> None:
+    """A body within INLINE_BYTES is decoded on the event loop while the C pass takes its items, and
+    with at most INLINE_SLOW_ITEMS items validated one by one (a hook's batch with a bad sample):
+    1 MiB of tiny refused items (32,000 of them validated one by one in Python: a second and
+    more) asks for a worker thread (SlowBody) instead, and the route still answers it."""
     from vramwatch.collector.ingest.body import SlowBody, decode_body
-    from vramwatch.collector.ingest.routes import INLINE_BYTES
+    from vramwatch.collector.ingest.routes import INLINE_BYTES, INLINE_SLOW_ITEMS
 
     item, sep = b'{"a":1}', (b"\n" if shape == "ndjson" else b",")
     body = sep.join([item] * (INLINE_BYTES // 8 - 1))
@@ -231,12 +232,16 @@ def test_on_the_event_loop_a_body_gets_the_c_passes_only(collector, shape) -> No
     assert len(body) <= INLINE_BYTES
     kwargs = dict(gzipped=False, max_decompressed=1 << 26, max_samples=50_000)
     with pytest.raises(SlowBody):
-        decode_body(body, fast_only=True, **kwargs)
+        decode_body(body, max_slow_items=INLINE_SLOW_ITEMS, **kwargs)
     with pytest.raises(BodyTooLargeError, match="more than 50000 samples"):
         decode_body(body, **kwargs)
     valid = [make_sample(i, ts=time.time()) for i in range(1000)]
-    valid_body = ndjson(valid) if shape == "ndjson" else orjson.dumps(valid)
-    assert decode_body(valid_body, fast_only=True, **kwargs).samples == decode_body(valid_body, **kwargs).samples
+    encode = ndjson if shape == "ndjson" else orjson.dumps
+    once = decode_body(encode(valid), max_slow_items=0, **kwargs)  # valid: the C pass alone
+    assert once.samples == decode_body(encode(valid), **kwargs).samples and len(once.samples) == 1000
+    valid[700]["ooms"] = -1  # a hook's batch with a bad sample: validated one by one, on the loop
+    bad = decode_body(encode(valid), max_slow_items=INLINE_SLOW_ITEMS, **kwargs)
+    assert [(e.index, e.field) for e in bad.errors] == [(700, "ooms")]
     r = collector.client.post("/api/v1/samples", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 413 and "more than 50000 samples" in r.json()["detail"]
     assert stored(collector.settings.db_path) == 0

@@ -65,9 +65,8 @@ _NON_BLANK_LINE = re.compile(rb"[^ \t\r\n][^\n]*")
 _NOT_BLANK = re.compile(rb"[^ \t\r\n\x0b\x0c]")  # what bytes.isspace() does not count as blank
 
 class SlowBody(Exception):
-    """A body that needs the slow path (parsed and validated item by item in Python), met while
-    :func:`decode_body` was asked for the C passes only (``fast_only``): decode it again off the
-    event loop."""
+    """A body that needs more of the slow path (items parsed or validated one by one in Python)
+    than :func:`decode_body` was allowed (``max_slow_items``): decode it again off the event loop."""
 
 
 class BodyError(WireError):
@@ -410,21 +409,23 @@ class _Batch:
     named, counts and the field budget enforced."""
 
     def __init__(self, max_samples: int, now: float | None, max_future_s: float, max_errors: int,
-                 max_values: int, fast_only: bool = False) -> None:
+                 max_values: int, max_slow_items: int | None = None) -> None:
         self.out = DecodedBody()
         self.max_samples = max_samples
         self.now = now
         self.max_future_s = max_future_s
         self.max_errors = max_errors
         self.max_values = max_values
-        self.fast_only = fast_only
+        #: items that may still be validated one by one (None: any number)
+        self.slow_room = max_slow_items
         self.values_bound = 0  # an upper bound of the kept samples' values, while under the budget
         self.values: int | None = None  # their exact count, once the bound passed the budget
 
     def lines(self, block: _Block) -> None:
         samples = decode_samples(block.view(), now=self.now, max_future_s=self.max_future_s)
         if samples is None:  # not every line accepted as written: parse line by line, name each
-            self._validate(self._slow(_parse_block, block, self.max_samples - self.out.items, self.max_samples))
+            self._spend(block.buf.count(b"\n", block.start, block.end) + 1)  # its lines, at most
+            self._validate(_parse_block(block, self.max_samples - self.out.items, self.max_samples))
             return
         if block.end - block.start > MAX_LINE_BYTES and block.has_long_line():
             raise BodyTooLargeError(f"a line near line {block.lineno} is longer than {MAX_LINE_BYTES} bytes")
@@ -439,7 +440,7 @@ class _Batch:
             guessed = reader.guess()
             if guessed is not None:
                 samples = decode_samples(guessed[0], now=self.now, max_future_s=self.max_future_s)
-                items = samples if samples is not None else self._slow(_loads_or_none, guessed[0])
+                items = samples if samples is not None else _loads_or_none(guessed[0])
                 if items is not None:  # the cut holds: the block decodes
                     if self.out.items + len(items) > self.max_samples:
                         raise BodyTooLargeError(f"more than {self.max_samples} samples; at most {self.max_samples} "
@@ -450,7 +451,9 @@ class _Batch:
                     else:
                         self._keep(samples)
                     continue
-            block = self._slow(reader.exact, self.max_samples)
+            if self.slow_room is not None:
+                raise SlowBody()  # item by item is the slow path throughout: off the event loop
+            block = reader.exact(self.max_samples)
             if block is None:
                 continue
             samples = decode_samples(block[1], now=self.now, max_future_s=self.max_future_s)
@@ -459,12 +462,12 @@ class _Batch:
             else:
                 self._keep(samples)
 
-    def _slow(self, work: Any, *args: Any) -> Any:
-        """``work(*args)`` on the slow path (Python per item): refused with :class:`SlowBody` when
-        the caller asked for the C passes only."""
-        if self.fast_only:
-            raise SlowBody()
-        return work(*args)
+    def _spend(self, items: int) -> None:
+        """``items`` more for the slow path: :class:`SlowBody` past ``max_slow_items`` in all."""
+        if self.slow_room is not None:
+            self.slow_room -= items
+            if self.slow_room < 0:
+                raise SlowBody()
 
     def _keep(self, samples: list[Sample]) -> None:
         out = self.out
@@ -476,6 +479,7 @@ class _Batch:
         out.samples.extend(samples)
 
     def _validate(self, items: list[Any]) -> None:
+        self._spend(len(items))
         out = self.out
         for item in items:
             index = out.items
@@ -524,7 +528,7 @@ def decode_body(
     max_future_s: float = 300.0,
     max_errors: int = 50,
     max_values: int | None = None,
-    fast_only: bool = False,
+    max_slow_items: int | None = None,
 ) -> DecodedBody:
     """Decode and validate a request body in bounded blocks (see the module docstring).
 
@@ -532,11 +536,11 @@ def decode_body(
     whole (:class:`InflatedTooLargeError` past ``max_decompressed``); per-sample problems are
     returned in ``errors``. CPU: inflating, and one C pass per block of a valid body; a block
     with a refused sample is parsed again (orjson) and its items validated one by one.
-    ``fast_only``: raise :class:`SlowBody` instead of taking that slow path (the caller decodes
-    on the event loop and goes to a worker thread for it).
+    ``max_slow_items``: raise :class:`SlowBody` rather than parse or validate more items one by one
+    (the caller decodes on the event loop and goes to a worker thread for more).
     """
     budget = max_values if max_values is not None else VALUES_PER_SAMPLE * max_samples
-    batch = _Batch(max_samples, now, max_future_s, max_errors, budget, fast_only)
+    batch = _Batch(max_samples, now, max_future_s, max_errors, budget, max_slow_items)
     chunks = iter_inflated(data, max_decompressed) if gzipped else iter((data,))
     first = b""
     for first in chunks:
