@@ -464,3 +464,30 @@ def test_a_hook_sized_body_is_decoded_once_on_the_event_loop_and_a_bigger_one_on
     assert r.status_code == 200 and r.json()["accepted"] == 4000
     assert where == [True, False]
     assert stored_count(collector) == 9000  # the refused batch: nothing
+
+
+def test_every_json_write_route_refuses_another_content_type_naming_the_header(collector) -> None:
+    """Every POST route of the collector but the snapshot upload (gzip bytes) takes JSON only: no
+    content type, text/plain, a form or multipart is a 415 naming ``content-type``, and changes
+    nothing (a browser's cross-site "simple" POST never reaches a handler)."""
+    from test_input_inventory import route_keys
+
+    now = time.time()
+    assert post(collector, [make_sample(0, run="job", ts=now)]).status_code == 200
+    posts = sorted(key.split(" ", 1)[1] for key in route_keys(collector.app.routes) if key.startswith("POST "))
+    assert posts == ["/api/v1/processes", "/api/v1/runs/{run}/capture", "/api/v1/samples", "/api/v1/snapshots"]
+    bodies = {"/api/v1/processes": {"run": "job", "host": "node-1", "rank": 0, "ts": now,
+                                    "processes": [{"pid": 7, "used_bytes": GiB, "name": "other"}]},
+              "/api/v1/runs/{run}/capture": {"rank": 0, "steps": 1},
+              "/api/v1/samples": make_sample(1, run="job", ts=now)}
+    done = {}
+    for path, body in bodies.items():
+        url = path.replace("{run}", "job")
+        for media in (None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=b"):
+            r = collector.client.post(url, content=orjson.dumps(body), headers={"content-type": media} if media else {})
+            assert r.status_code == 415 and r.json()["detail"].startswith("content-type: "), (url, media, r.text)
+        r = collector.client.post(url, content=orjson.dumps(body), headers={"content-type": "application/json"})
+        assert r.status_code == 200, (url, r.text)
+        done[path] = r.json()
+    assert stored_count(collector) == 2 and done["/api/v1/runs/{run}/capture"]["directives"] == 1
+    assert len(collector.app.state.processes.run("job")) == 1

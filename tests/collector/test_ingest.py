@@ -11,6 +11,7 @@ import threading
 import time
 import tracemalloc
 import urllib.parse
+from pathlib import Path
 
 import httpx
 import orjson
@@ -18,6 +19,7 @@ import pytest
 from collector_process import CollectorProcess
 from helpers import H200_TOTAL, NDJSON_HEADERS, TOKEN, fresh, make_sample, ndjson, post, stored
 
+from vramwatch.collector.ingest.body import BodyTooLargeError
 from vramwatch.collector.server import BackgroundServer
 
 
@@ -159,6 +161,121 @@ def test_other_tiny_value_floods_are_bounded_too(unit) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 96 * 1024 * 1024, f"{unit[:10]!r}: peak {peak / 2**20:.0f} MiB"
+
+
+_SIXTEEN_MIB = 16 * 1024 * 1024
+
+
+def _array_of(item: bytes, size: int = _SIXTEEN_MIB) -> bytes:
+    return b"[" + b",".join([item] * ((size - 2) // (len(item) + 1))) + b"]"
+
+
+@pytest.mark.parametrize(("what", "make", "gzipped", "status", "needle"), [
+    ("5.6 M empty objects", lambda: _array_of(b"{}"), False, 413, "at most 50000"),
+    ("8.4 M zeros", lambda: _array_of(b"0"), False, 413, "at most 50000"),
+    ("one item of 8.4 M numbers", lambda: b"[" + _array_of(b"0", _SIXTEEN_MIB - 2) + b"]", False, 413,
+     "item 0: longer than 65536 bytes"),
+    ("items nested past the fast pattern", lambda: _array_of(b"[[[[[[0]]]]]]"), False, 413, "at most 50000"),
+    ("64 MiB of empty objects, gzip", lambda: gzip.compress(_array_of(b"{}", 64 * 1024 * 1024), 6), True, 413,
+     "at most 50000"),
+])
+def test_a_json_array_body_is_split_into_items_never_decoded_whole(what, make, gzipped, status, needle) -> None:
+    """A 16 MiB plain array of tiny items was decoded whole (5.6 M dicts: 572 MB of collector RSS);
+    its items are now counted before a block of them is decoded, like NDJSON lines."""
+    from vramwatch.collector.ingest.body import BodyError, decode_body
+
+    body = make()
+    tracemalloc.start()
+    try:
+        with pytest.raises(BodyError) as refused:
+            decode_body(body, gzipped=gzipped, max_decompressed=64 * 1024 * 1024, max_samples=50_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert refused.value.status == status and needle in str(refused.value), (what, str(refused.value))
+    assert peak < 24 * 1024 * 1024, f"{what}: peak {peak / 2**20:.0f} MiB beside the body"
+
+
+def test_an_array_body_of_any_size_decodes_as_its_ndjson_does() -> None:
+    """Arrays have no cap of their own (they had 4 MiB): a gzip array of 20,000 samples, its items
+    cut across inflated blocks, nested values and strings holding brackets, commas and the
+    ``}, {`` a block is cut at (a cut that falls in a string does not decode: the block is then
+    read item by item), is the same batch as the same samples as NDJSON; a bad item is named by
+    its index."""
+    from vramwatch.collector.ingest.body import BLOCK_BYTES, decode_body
+
+    samples = [make_sample(i, rank=i % 8, run="r,]}, {[\"x" if i % 3 else "plain", extra={"loss": i / 7, "m}, {": 1.0})
+               for i in range(20_000)]
+    array = orjson.dumps(samples, option=orjson.OPT_INDENT_2)
+    assert len(array) > 16 * BLOCK_BYTES
+    kwargs = dict(max_decompressed=1 << 28, max_samples=50_000, now=2e9)
+    as_array = decode_body(gzip.compress(array, 1), gzipped=True, **kwargs)
+    as_lines = decode_body(ndjson(samples), gzipped=False, **kwargs)
+    assert as_array.samples == as_lines.samples and len(as_array.samples) == 20_000 and not as_array.errors
+    samples[17_001]["ooms"] = -1
+    bad = decode_body(orjson.dumps(samples), gzipped=False, **kwargs)
+    assert bad.samples == [] and [(e.index, e.field) for e in bad.errors] == [(17_001, "ooms")]
+
+
+@pytest.mark.parametrize("shape", ["ndjson", "array"])
+def test_on_the_event_loop_a_body_gets_the_c_passes_and_few_slow_items(collector, shape) -> None:
+    """A body within INLINE_BYTES is decoded on the event loop while the C pass takes its items, and
+    with at most INLINE_SLOW_ITEMS items validated one by one (a hook's batch with a bad sample):
+    1 MiB of tiny refused items (32,000 of them validated one by one in Python: a second and
+    more) asks for a worker thread (SlowBody) instead, and the route still answers it."""
+    from vramwatch.collector.ingest.body import SlowBody, decode_body
+    from vramwatch.collector.ingest.routes import INLINE_BYTES, INLINE_SLOW_ITEMS
+
+    item, sep = b'{"a":1}', (b"\n" if shape == "ndjson" else b",")
+    body = sep.join([item] * (INLINE_BYTES // 8 - 1))
+    body = body if shape == "ndjson" else b"[" + body + b"]"
+    assert len(body) <= INLINE_BYTES
+    kwargs = dict(gzipped=False, max_decompressed=1 << 26, max_samples=50_000)
+    with pytest.raises(SlowBody):
+        decode_body(body, max_slow_items=INLINE_SLOW_ITEMS, **kwargs)
+    with pytest.raises(BodyTooLargeError, match="more than 50000 samples"):
+        decode_body(body, **kwargs)
+    valid = [make_sample(i, ts=time.time()) for i in range(1000)]
+    encode = ndjson if shape == "ndjson" else orjson.dumps
+    once = decode_body(encode(valid), max_slow_items=0, **kwargs)  # valid: the C pass alone
+    assert once.samples == decode_body(encode(valid), **kwargs).samples and len(once.samples) == 1000
+    valid[700]["ooms"] = -1  # a hook's batch with a bad sample: validated one by one, on the loop
+    bad = decode_body(encode(valid), max_slow_items=INLINE_SLOW_ITEMS, **kwargs)
+    assert [(e.index, e.field) for e in bad.errors] == [(700, "ooms")]
+    r = collector.client.post("/api/v1/samples", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "more than 50000 samples" in r.json()["detail"]
+    assert stored(collector.settings.db_path) == 0
+
+
+@pytest.mark.parametrize(("body", "status", "needle"), [
+    (b"[1,]", 400, "item 1: invalid JSON: no value before ']'"),
+    (b"[,1]", 400, "item 0: invalid JSON: no value before ','"),
+    (b"[{}]x", 400, "more after the array's closing ']'"),
+    (b"[{}]}", 400, "more after the array's closing ']'"),
+    (b"[{}, {}", 400, "item 1: invalid JSON: the array is not closed"),
+    (b'[{}, {"run": "abc', 400, "item 1: invalid JSON: the array is not closed"),
+    (b'[{}, {"a": 1} {"b": 2}]', 400, "item 1: invalid JSON"),
+    (b"[{}, " + b"[" * 2000 + b"]" * 2000 + b"]", 400, "nested deeper than 1024 levels"),
+    (b'[{}, "' + b"x" * 300_000 + b'"]', 413, "item 1: longer than 65536 bytes"),
+    (b'[{}, "' + b"x" * 70_000 + b'"]', 422, "sample 0: schema"),
+])
+def test_a_malformed_array_is_a_400_naming_the_item(collector, body, status, needle) -> None:
+    r = collector.client.post("/api/v1/samples", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status and needle in r.json()["detail"], r.text[:300]
+    assert stored(collector.settings.db_path) == 0
+
+
+def test_a_16_mib_plain_array_costs_the_collector_a_bounded_peak(tmp_path) -> None:
+    """The attack as it came: 16 MiB of ``[{},{},...]`` (not gzip) at a real ``vramwatch serve``.
+    Before: 572 MB peak RSS; now the body, its copy and one block's objects."""
+    with CollectorProcess(tmp_path / "vw.db") as srv:
+        r = httpx.post(srv.url + "/api/v1/samples", content=_array_of(b"{}"),
+                       headers={"content-type": "application/json"}, timeout=120)
+        assert r.status_code == 413 and "at most 50000" in r.json()["detail"]
+        assert httpx.get(srv.url + "/healthz").status_code == 200
+        status = Path(f"/proc/{srv.pid}/status").read_text()
+        peak_kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
+    assert peak_kb < 200 * 1024, f"peak RSS {peak_kb // 1024} MB"
 
 
 def test_wide_samples_are_bounded_by_a_field_budget_not_only_a_count() -> None:

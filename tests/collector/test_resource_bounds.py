@@ -390,3 +390,61 @@ def test_a_finished_run_leaves_memory_but_stays_listed_and_readable(tmp_path) ->
         assert client.get("/healthz").json()["series"] == 0  # the rebuild is not live state
 
 
+
+
+# ------------------------------------------------------------------ heavy reads
+
+
+def test_a_burst_of_heavy_reads_gets_503_past_the_slots_while_healthz_answers(tmp_path, monkeypatch) -> None:
+    """Every CPU-heavy read (advice, figures, compare, heatmap, post-mortem, suspects) takes one of
+    the same slots: with one slot held by a compare, a burst of the others waits its queue time,
+    then gets 503 with Retry-After naming the read; /healthz and a light read answer meanwhile, and
+    the held read ends with its answer."""
+    from helpers import ending_at
+
+    from vramwatch.collector.reads import advice
+    from vramwatch.collector.reads.heavy import HeavyReads
+
+    release = threading.Event()
+    real_compare = advice.compare_runs
+
+    def held_compare(a, b):  # the real compare, once the test lets it go on
+        assert release.wait(30)
+        return real_compare(a, b)
+
+    monkeypatch.setattr(advice, "compare_runs", held_compare)
+    trace = [make_sample(i, run=run, rank=r) for run in ("a", "b") for r in range(2) for i in range(40)]
+    with BackgroundServer(str(tmp_path / "vw.db")) as srv, httpx.Client(base_url=srv.url, timeout=30) as client:
+        assert client.post("/api/v1/samples", content=ndjson(ending_at(trace, time.time())),
+                           headers=NDJSON).status_code == 200
+        srv.app.state.heavy = slots = HeavyReads(slots=1, queue_s=0.5)
+        held: list[httpx.Response] = []
+        holder = threading.Thread(target=lambda: held.append(client.get("/api/v1/compare?a=a&b=b")))
+        holder.start()
+        time.sleep(0.2)  # the compare holds the one slot (it waits for `release` inside it)
+        burst = ["/api/v1/runs/a/advice", "/api/v1/runs/a/figures", "/api/v1/runs/a/heatmap",
+                 "/api/v1/runs/a/postmortem", "/api/v1/runs/a/suspects", "/api/v1/compare?a=b&b=a"]
+        answers: list[tuple[str, httpx.Response]] = []
+
+        def ask(path: str) -> None:
+            with httpx.Client(base_url=srv.url, timeout=30) as own:
+                answers.append((path, own.get(path)))
+
+        askers = [threading.Thread(target=ask, args=(p,)) for p in burst * 4]
+        for t in askers:
+            t.start()
+        while any(t.is_alive() for t in askers):
+            assert client.get("/healthz").status_code == 200
+            assert client.get("/api/v1/runs").status_code == 200
+            time.sleep(0.02)
+        assert len(answers) == len(burst) * 4
+        for path, r in answers:
+            assert r.status_code == 503, (path, r.status_code, r.text[:200])
+            assert r.headers["retry-after"] == "5" and "1 heavy reads already running" in r.json()["detail"], path
+        assert slots.refused == len(burst) * 4
+        release.set()
+        holder.join(30)
+        assert held[0].status_code == 200 and {m["rank"] for m in held[0].json()["metrics"]} == {0, 1}
+        # the slot is free again: each read answers
+        for path in burst:
+            assert client.get(path).status_code == 200, path

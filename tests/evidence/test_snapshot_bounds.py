@@ -115,6 +115,26 @@ def test_a_file_count_cap_beside_the_byte_cap(tmp_path: Path) -> None:
     assert len(list((tmp_path / "snaps").iterdir())) == 6
 
 
+def test_an_upload_that_evicts_many_snapshots_leaves_one_line_with_count_and_bytes(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """200 small snapshots, then one that needs all their room under the byte cap: one log line
+    says how many went and how many bytes, naming the oldest and the newest of them."""
+    store = SnapshotStore(tmp_path / "snaps", max_total_bytes=200_000)
+    small = [store.save(run="r", host="h", rank=0, step=step, trigger="manual", directive=None,
+                        gz=gzip.compress(os.urandom(900), 1)) for step in range(200)]
+    assert store.evicted == 0
+    with caplog.at_level(logging.INFO, logger="vramwatch.collector"):
+        big = store.save(run="r", host="h", rank=1, step=999, trigger="manual", directive=None,
+                         gz=gzip.compress(os.urandom(190_000), 1))
+    kept = {i.id for i in store.list()}
+    gone = [i for i in small if i.id not in kept]
+    lines = [r.getMessage() for r in caplog.records if "evicted" in r.getMessage()]
+    assert len(gone) > 150 and store.evicted == len(gone) and big.id in kept
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{len(gone)} snapshot(s), {sum(i.bytes for i in gone)} bytes, evicted")
+    assert gone[0].id in lines[0] and gone[-1].id in lines[0] and "max_snapshots_bytes 200000" in lines[0]
+
+
 def test_saves_read_one_index_not_every_sidecar(tmp_path: Path) -> None:
     folder = tmp_path / "snaps"
     store = SnapshotStore(folder)

@@ -217,3 +217,34 @@ def test_an_importer_error_line_echoes_a_bounded_excerpt(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", "analyze", "--from", "nvidia-smi", str(path)],
                           capture_output=True, text=True, timeout=120)
     assert len(proc.stderr) < 2000 and "characters)" in proc.stderr, (proc.returncode, proc.stderr[:500])
+
+
+_LONG = "X" * 100_000
+_SMI = "timestamp, index, memory.used [MiB], memory.total [MiB]\n"
+
+
+@pytest.mark.parametrize(("source", "name", "text", "extra"), [
+    ("nvidia-smi", "cell.csv", _SMI + "2026/01/01 00:00:00.000, 0, " + _LONG + " MiB, 81559 MiB\n", []),
+    ("nvidia-smi", "time.csv", _SMI + _LONG + ", 0, 10 MiB, 81559 MiB\n", []),
+    ("wandb", "time.csv", "_timestamp,system.gpu.0.memoryAllocatedBytes\n" + _LONG + ",5\n", []),
+    ("wandb", "value.csv", "_timestamp,system.gpu.0.memoryAllocatedBytes\n1700000000," + _LONG + "\n", []),
+    ("prometheus", "label.json", orjson.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"__name__": "DCGM_FI_DEV_FB_USED", "Hostname": "h", "UUID": "u", "gpu": _LONG},
+         "values": [[1700000000, "5"]]}]}}).decode(), []),
+    ("prometheus", "status.json", orjson.dumps({"status": "error" + _LONG, "error": _LONG}).decode(), []),
+    ("tensorboard", "events.out.tfevents.1", "", ["--keys", "keys.toml"]),
+])
+def test_an_importer_error_line_echoes_at_most_200_characters_of_a_field(tmp_path, capsys, source, name, text,
+                                                                          extra) -> None:
+    """Whatever the field (a cell, a label, a status, a key table's tag and field), the one error
+    line holds at most ~200 characters of it (it held 400, and 200 more of a key's tag)."""
+    (tmp_path / "keys.toml").write_text(f'[keys."{_LONG}"]\nfield = "{_LONG}"\n')
+    path = tmp_path / name
+    path.write_text(text)
+    extra = [str(tmp_path / e) if e.endswith(".toml") else e for e in extra]
+    code = main(["import", "--db", str(tmp_path / "vw.db"), "--from", source, *extra, str(path)])
+    line = one_line(capsys.readouterr().err)
+    assert code == 2 and "characters)" in line, line[:300]
+    longest = max(len(run) for run in line.replace("'", " ").replace('"', " ").split(" ") if set(run) <= set("X.…"))
+    assert longest <= 205, (longest, line[:300])
+    assert not (tmp_path / "vw.db").exists()

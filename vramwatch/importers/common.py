@@ -70,7 +70,8 @@ class ImportOptions:
 
 
 #: characters of a column name and of a message an error line keeps (a field echoed in a
-#: message can be the whole line: 200 KB of one cell)
+#: message can be the whole line: 200 KB of one cell), so a line echoes at most this much of any
+#: field; the longest message of its own is ~150 characters
 MAX_EXCERPT = 200
 
 
@@ -84,7 +85,7 @@ class RowError(WireError):
     column and the message are bounded excerpts (:func:`excerpt`), whatever they echo."""
 
     def __init__(self, path: str, line: int | str, column: str, message: str) -> None:
-        column, message = excerpt(str(column)), excerpt(str(message), 2 * MAX_EXCERPT)
+        column, message = excerpt(str(column)), excerpt(str(message))
         super().__init__(f"{path}:{line}: {column}", message)
         self.path, self.line, self.column = path, line, column
 

@@ -9,22 +9,30 @@ Guarantees (docs/reliability.md, "memory per request"):
 * NDJSON (and a single JSON object, which is one line) is decoded one block of complete lines
   (about :data:`BLOCK_BYTES`) at a time; at ``max_samples`` + 1 samples the body is refused (413).
   A line may be at most :data:`MAX_LINE_BYTES` long, so one line cannot hide millions of values;
-* a JSON array (``[...]``) is decoded whole, so it may be at most :data:`MAX_ARRAY_BYTES`
-  once inflated (about 10,000 typical samples; NDJSON has no such cap);
-* each block (or the array) is decoded and validated in one C pass
+* a JSON array (``[...]``) is never decoded whole: it is decoded in blocks of whole items of
+  about :data:`BLOCK_BYTES`, as NDJSON is. A block is cut where one object ends and the next
+  begins (``}`` ``,`` ``{``, found by ``rfind``) and taken when it decodes as valid samples: a
+  cut inside a string or a nested value cannot decode, so the decoder proves the cut. Any
+  other block is read item by item (one C regular-expression match per item, strings and up to
+  four levels of nesting skipped in C; a deeper item walked token by token within its cap): its
+  items are counted before it is decoded (413 at ``max_samples`` + 1), an item may be at most
+  :data:`MAX_LINE_BYTES` long, like a line, and a bad one is named by its index. Either way a
+  block is at most about :data:`BLOCK_BYTES` and its items are counted before they are validated;
+* each block is decoded and validated in one C pass
   (:func:`vramwatch.wire.decode_samples`, the wire's one acceptor). A block it does not take
-  whole is parsed again line by line (orjson; its lines are counted before they are decoded)
-  and each item validated (:func:`vramwatch.wire.validate`, the same acceptor), so every bad
-  sample is counted and the first ``max_errors`` are named; only such a block is parsed twice;
+  whole is parsed again line by line or item by item (orjson; its lines are counted before
+  they are decoded) and each item validated (:func:`vramwatch.wire.validate`, the same
+  acceptor), so every bad sample is counted and the first ``max_errors`` are named; only
+  such a block is parsed twice;
 * the kept samples may hold at most :data:`VALUES_PER_SAMPLE` x ``max_samples`` fields and
   extra keys in all (413 past it: the hook halves the batch);
 * JSON nested deeper than :data:`MAX_DEPTH` levels is refused (400), never a RecursionError.
 
-Peak memory of one request is then about: the raw body (at most ``max_body_bytes``) +
-one block and its decoded objects (at most ~10 MB for a hostile block of tiny values) +
-the kept valid samples (~1.7 KB for a typical sample; at most 1.6 M fields in all,
-about 130 MB whatever their shape) — under 256 MB with the defaults (bench/attack_bench.py
-measures it).
+Peak memory of one request is then about: the raw body (at most ``max_body_bytes``; twice
+that while its chunks are joined) + one block and its decoded objects (at most ~10 MB for a
+hostile block of tiny values) + the kept valid samples (~1.7 KB for a typical sample; at most
+1.6 M fields in all, about 130 MB whatever their shape) — under 256 MB with the defaults, array
+or NDJSON, plain or gzip (bench/attack_bench.py and bench/bodies_bench.py measure it).
 """
 
 from __future__ import annotations
@@ -48,8 +56,6 @@ MAX_LINE_BYTES = 64 * 1024
 #: (a hook's sample has 15-30 fields): 50,000 samples with 64 extra keys each would be
 #: ~350 MB of Python objects; the budget stops such a body at ~17,000 (413: split)
 VALUES_PER_SAMPLE = 32
-#: largest JSON array body once inflated (decoded whole: ~35 bytes of Python per byte at worst)
-MAX_ARRAY_BYTES = 4 * 1024 * 1024
 #: deepest JSON nesting a body may hold (orjson's limit; a sample nests two levels)
 MAX_DEPTH = 1024
 #: most fields plus extra keys one valid sample can hold (the field budget is exact only past it)
@@ -57,6 +63,11 @@ _MOST_VALUES = len(FIELD_TABLE) + MAX_EXTRA_KEYS
 
 _NON_BLANK_LINE = re.compile(rb"[^ \t\r\n][^\n]*")
 _NOT_BLANK = re.compile(rb"[^ \t\r\n\x0b\x0c]")  # what bytes.isspace() does not count as blank
+
+class SlowBody(Exception):
+    """A body that needs more of the slow path (items parsed or validated one by one in Python)
+    than :func:`decode_body` was allowed (``max_slow_items``): decode it again off the event loop."""
+
 
 class BodyError(WireError):
     """The body as a whole is unusable (400): not JSON, bad gzip."""
@@ -217,31 +228,180 @@ def _parse_block(block: _Block, room: int, max_samples: int) -> list[Any]:
     return _decode_lines_slowly(block)
 
 
-def _parse_array(text: bytes, max_samples: int) -> list[Any]:
+# ---------------------------------------------------------------- arrays
+
+_STRING = rb'"(?:[^"\\]++|\\.)*+"'
+
+
+def _nested(levels: int) -> bytes:
+    """A bracketed value nested at most ``levels`` deep, strings skipped (bracket kinds are not
+    matched here: the decoder refuses a mismatch)."""
+    group = rb"[\[{](?:[^\"\[\]{}]++|" + _STRING + rb")*+[\]}]"
+    for _ in range(levels - 1):
+        group = rb"[\[{](?:[^\"\[\]{}]++|" + _STRING + rb"|" + group + rb")*+[\]}]"
+    return group
+
+
+#: one top-level item of an array: anything but a bracket, a quote or a comma, strings, values
+#: nested up to four levels (a sample nests two); possessive throughout: linear time
+_ITEM = re.compile(rb"(?:[^\"\[\]{},]++|" + _STRING + rb"|" + _nested(4) + rb")++", re.S)
+#: what the walk of a deeper item looks at: strings, brackets, commas, a quote that opens no string
+_TOKEN = re.compile(_STRING + rb'|[\[\]{},"]', re.S)
+
+
+def _walk(buf: bytes, pos: int, limit: int) -> int:
+    """Where the item at ``pos`` ends (its comma, or a closing bracket at its level), looking at
+    ``buf[pos:limit]`` token by token; -1 when it does not end there."""
+    depth = 0
+    for token in _TOKEN.finditer(buf, pos, limit):
+        char = buf[token.start()]
+        if char in b"[{":
+            depth += 1
+        elif char in b"]}":
+            if not depth:
+                return token.start()
+            depth -= 1
+        elif char == 44 and not depth:  # ','
+            return token.start()
+        elif char == 34 and token.end() - token.start() == 1:  # a string not closed within the window
+            return -1
+    return -1
+
+
+def _item_end(buf: bytes, pos: int, index: int, final: bool) -> int:
+    """The position of the separator after the item at ``pos`` (',' or the array's ']'); -1 when
+    more of the body is needed to tell. Raises when the item is longer than MAX_LINE_BYTES or the
+    body ends inside it."""
+    limit = min(len(buf), pos + MAX_LINE_BYTES + 1)
+    found = _ITEM.match(buf, pos, limit)
+    end = found.end() if found else pos
+    if end >= limit or buf[end] not in b",]":
+        end = _walk(buf, pos, limit)
+    if end >= 0:
+        if buf[end] not in b",]":
+            raise BodyError(f"item {index}: invalid JSON: unexpected {chr(buf[end])!r}")
+        return end
+    if limit - pos > MAX_LINE_BYTES:
+        raise BodyTooLargeError(f"item {index}: longer than {MAX_LINE_BYTES} bytes")
+    if final:
+        raise BodyError(f"item {index}: invalid JSON: the array is not closed")
+    return -1
+
+
+def _last_non_blank(buf: bytes, low: int, high: int) -> int:
+    """The position of the last byte in ``buf[low:high]`` that is not JSON whitespace; ``low - 1``
+    if none within 256 bytes (no cut is guessed across a longer run of blanks)."""
+    stop = max(low, high - 256)
+    high -= 1
+    while high >= stop and buf[high] in b" \t\r\n":
+        high -= 1
+    return high if high >= stop else low - 1
+
+
+class _ArrayReader:
+    """The top-level items of a JSON array body arriving in chunks (``first``: blanks, '[', ...),
+    handed out in blocks of whole items of about BLOCK_BYTES, each as JSON array text.
+
+    :meth:`guess` cuts where an object (or array) ends and the next begins (``}`` ``,`` ``{``,
+    found by ``rfind``): the decoder proves such a cut, since a block cut inside a string or a
+    nested value cannot decode. Where it does not prove out (a block with a bad item, a cut that
+    fell in a string), :meth:`exact` walks the items one by one (:func:`_item_end`), counting them
+    and naming a bad one. Holds one chunk plus at most a block and a line of lookahead."""
+
+    def __init__(self, first: bytes, chunks: Iterator[bytes]) -> None:
+        self.buf, self.pos = first, _NOT_BLANK.search(first).end()  # type: ignore[union-attr]
+        self.chunks, self.final, self.done, self.index = chunks, False, False, 0
+
+    def _fill(self, need: int) -> None:
+        while not self.final and len(self.buf) - self.pos < need:
+            more = next(self.chunks, None)
+            if more is None:
+                self.final = True
+            else:
+                self.buf, self.pos = self.buf[self.pos:] + more, 0
+
+    def guess(self) -> tuple[bytes, int] | None:
+        """``(text, end)``: a block of whole items if the cut holds (the decoder tells), or None."""
+        self._fill(BLOCK_BYTES + 1)
+        buf, pos = self.buf, self.pos
+        end = pos + BLOCK_BYTES
+        if end < len(buf):  # cut before the last object (or array) that begins in the window
+            for _ in range(8):
+                end = max(buf.rfind(b"{", pos, end), buf.rfind(b"[", pos, end))
+                comma = _last_non_blank(buf, pos, end)
+                if comma <= pos:
+                    return None
+                if buf[comma] == 44 and buf[_last_non_blank(buf, pos, comma)] in b"}]":  # '}' ',' '{'
+                    return b"[" + buf[pos:comma] + b"]", comma + 1
+            return None
+        close = _last_non_blank(buf, pos, len(buf))  # the body's end is here (final): all of it
+        if close < pos or buf[close] != 93 or _NOT_BLANK.search(buf, pos, close) is None:
+            return None
+        return b"[" + buf[pos:close] + b"]", len(buf)
+
+    def advance(self, end: int, items: int) -> None:
+        """A guessed block was taken whole (``items`` of them)."""
+        self.pos, self.index = end, self.index + items
+        self.done = end == len(self.buf) and self.final
+
+    def exact(self, max_samples: int) -> tuple[int, bytes] | None:
+        """``(index of its first item, text)``: the next block, item by item; None for ``[]``.
+        Past ``max_samples`` items the body is refused (413) before the block is decoded."""
+        first, start, end = self.index, -1, 0
+        while not self.done:
+            stop = _item_end(self.buf, self.pos, self.index, self.final)
+            if stop < 0:
+                if start >= 0:
+                    break  # hand out what is whole; the next block starts after more arrived
+                self._fill(len(self.buf) - self.pos + 1)
+                continue
+            buf = self.buf
+            if _NOT_BLANK.search(buf, self.pos, stop) is None:
+                if buf[stop] != 93 or self.index:
+                    raise BodyError(f"item {self.index}: invalid JSON: no value before {chr(buf[stop])!r}")
+                self.pos = stop + 1  # '[]'
+                self._end()
+                return None
+            start, end = self.pos if start < 0 else start, stop
+            self.index += 1
+            self.pos = stop + 1
+            if self.index > max_samples:
+                raise BodyTooLargeError(f"more than {max_samples} samples; at most {max_samples} per request")
+            if buf[stop] == 93:
+                self._end()
+            elif end - start >= BLOCK_BYTES:
+                break
+        return first, b"[" + self.buf[start:end] + b"]"
+
+    def _end(self) -> None:
+        """The array closed: what follows must be blank."""
+        self.done = True
+        if _NOT_BLANK.search(self.buf, self.pos) or any(_NOT_BLANK.search(rest) for rest in self.chunks):
+            raise BodyError("invalid JSON: more after the array's closing ']'")
+
+
+def _loads_or_none(text: bytes) -> Any:
     try:
-        items = orjson.loads(text)
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _parse_items(first: int, text: bytes) -> list[Any]:
+    """The items of one block of an array (parsed, not validated); a bad one is named by index."""
+    try:
+        return orjson.loads(text)  # type: ignore[no-any-return]
     except orjson.JSONDecodeError as exc:
-        raise BodyError(_invalid(exc)) from None
-    if type(items) is not list:  # pragma: no cover - '[' always parses to a list
-        raise BodyError("must be a JSON array or NDJSON")
-    if len(items) > max_samples:
-        raise BodyTooLargeError(f"{len(items)} samples; at most {max_samples} per request")
-    return items
-
-
-def _array_text(first: bytes, chunks: Iterator[bytes]) -> bytes:
-    parts, size = [first], len(first)
-    for chunk in chunks:
-        size += len(chunk)
-        if size > MAX_ARRAY_BYTES:
-            raise BodyTooLargeError(
-                f"a JSON array body may be at most {MAX_ARRAY_BYTES} bytes; send NDJSON (one sample "
-                "per line) for bigger batches")
-        parts.append(chunk)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-# ---------------------------------------------------------------- bodies
+        whole = exc
+    pos, index = 1, first
+    while pos < len(text):  # the block's items are whole: each ends at a ',' or the final ']'
+        end = _item_end(text, pos, index, True)
+        try:
+            orjson.loads(text[pos:end])
+        except orjson.JSONDecodeError as exc:
+            raise BodyError(f"item {index}: {_invalid(exc)}") from None
+        pos, index = end + 1, index + 1
+    raise BodyError(_invalid(whole))  # pragma: no cover - a block's items decode as its whole
 
 
 class _Batch:
@@ -249,19 +409,22 @@ class _Batch:
     named, counts and the field budget enforced."""
 
     def __init__(self, max_samples: int, now: float | None, max_future_s: float, max_errors: int,
-                 max_values: int) -> None:
+                 max_values: int, max_slow_items: int | None = None) -> None:
         self.out = DecodedBody()
         self.max_samples = max_samples
         self.now = now
         self.max_future_s = max_future_s
         self.max_errors = max_errors
         self.max_values = max_values
+        #: items that may still be validated one by one (None: any number)
+        self.slow_room = max_slow_items
         self.values_bound = 0  # an upper bound of the kept samples' values, while under the budget
         self.values: int | None = None  # their exact count, once the bound passed the budget
 
     def lines(self, block: _Block) -> None:
         samples = decode_samples(block.view(), now=self.now, max_future_s=self.max_future_s)
         if samples is None:  # not every line accepted as written: parse line by line, name each
+            self._spend(block.buf.count(b"\n", block.start, block.end) + 1)  # its lines, at most
             self._validate(_parse_block(block, self.max_samples - self.out.items, self.max_samples))
             return
         if block.end - block.start > MAX_LINE_BYTES and block.has_long_line():
@@ -270,14 +433,41 @@ class _Batch:
             raise BodyTooLargeError(f"more than {self.max_samples} samples; at most {self.max_samples} per request")
         self._keep(samples)
 
-    def array(self, text: bytes) -> None:
-        samples = decode_samples(text, now=self.now, max_future_s=self.max_future_s)
-        if samples is None:
-            self._validate(_parse_array(text, self.max_samples))
-        elif len(samples) > self.max_samples:
-            raise BodyTooLargeError(f"{len(samples)} samples; at most {self.max_samples} per request")
-        else:
-            self._keep(samples)
+    def array(self, reader: _ArrayReader) -> None:
+        """Every block of an array's items: a guessed block taken whole when it decodes as valid
+        samples (one C pass), else the next block item by item (counted first; bad items named)."""
+        while not reader.done:
+            guessed = reader.guess()
+            if guessed is not None:
+                samples = decode_samples(guessed[0], now=self.now, max_future_s=self.max_future_s)
+                items = samples if samples is not None else _loads_or_none(guessed[0])
+                if items is not None:  # the cut holds: the block decodes
+                    if self.out.items + len(items) > self.max_samples:
+                        raise BodyTooLargeError(f"more than {self.max_samples} samples; at most {self.max_samples} "
+                                                "per request")
+                    reader.advance(guessed[1], len(items))
+                    if samples is None:
+                        self._validate(items)
+                    else:
+                        self._keep(samples)
+                    continue
+            if self.slow_room is not None:
+                raise SlowBody()  # item by item is the slow path throughout: off the event loop
+            block = reader.exact(self.max_samples)
+            if block is None:
+                continue
+            samples = decode_samples(block[1], now=self.now, max_future_s=self.max_future_s)
+            if samples is None:
+                self._validate(_parse_items(*block))
+            else:
+                self._keep(samples)
+
+    def _spend(self, items: int) -> None:
+        """``items`` more for the slow path: :class:`SlowBody` past ``max_slow_items`` in all."""
+        if self.slow_room is not None:
+            self.slow_room -= items
+            if self.slow_room < 0:
+                raise SlowBody()
 
     def _keep(self, samples: list[Sample]) -> None:
         out = self.out
@@ -289,6 +479,7 @@ class _Batch:
         out.samples.extend(samples)
 
     def _validate(self, items: list[Any]) -> None:
+        self._spend(len(items))
         out = self.out
         for item in items:
             index = out.items
@@ -337,6 +528,7 @@ def decode_body(
     max_future_s: float = 300.0,
     max_errors: int = 50,
     max_values: int | None = None,
+    max_slow_items: int | None = None,
 ) -> DecodedBody:
     """Decode and validate a request body in bounded blocks (see the module docstring).
 
@@ -344,9 +536,11 @@ def decode_body(
     whole (:class:`InflatedTooLargeError` past ``max_decompressed``); per-sample problems are
     returned in ``errors``. CPU: inflating, and one C pass per block of a valid body; a block
     with a refused sample is parsed again (orjson) and its items validated one by one.
+    ``max_slow_items``: raise :class:`SlowBody` rather than parse or validate more items one by one
+    (the caller decodes on the event loop and goes to a worker thread for more).
     """
     budget = max_values if max_values is not None else VALUES_PER_SAMPLE * max_samples
-    batch = _Batch(max_samples, now, max_future_s, max_errors, budget)
+    batch = _Batch(max_samples, now, max_future_s, max_errors, budget, max_slow_items)
     chunks = iter_inflated(data, max_decompressed) if gzipped else iter((data,))
     first = b""
     for first in chunks:
@@ -355,7 +549,7 @@ def decode_body(
     else:
         raise BodyError("is empty")
     if _NOT_BLANK.search(first).group() == b"[":  # type: ignore[union-attr]
-        batch.array(_array_text(first, chunks))
+        batch.array(_ArrayReader(first, chunks))
         return batch.out
 
     def rest() -> Iterator[bytes]:
@@ -375,16 +569,21 @@ def parse_body(data: bytes) -> list[Any]:
     found = _NOT_BLANK.search(data)
     if found is None:
         raise BodyError("is empty")
-    if found.group() == b"[":
-        return _parse_array(_array_text(data, iter(())), 2**62)
     items: list[Any] = []
+    if found.group() == b"[":
+        reader = _ArrayReader(data, iter(()))
+        while not reader.done:
+            block = reader.exact(2**62)
+            if block is not None:
+                items.extend(_parse_items(*block))
+        return items
     for block in _line_blocks((data,)):
         items.extend(_parse_block(block, 2**62, 2**62))
     return items
 
 
 __all__ = [
-    "BLOCK_BYTES", "MAX_ARRAY_BYTES", "MAX_DEPTH", "MAX_LINE_BYTES", "BodyError", "BodyTooLargeError", "DecodedBody",
-    "InflatedTooLargeError", "SampleError", "decode_body", "gunzip_limited", "gzip_size", "iter_inflated",
+    "BLOCK_BYTES", "MAX_DEPTH", "MAX_LINE_BYTES", "BodyError", "BodyTooLargeError", "DecodedBody",
+    "InflatedTooLargeError", "SampleError", "SlowBody", "decode_body", "gunzip_limited", "gzip_size", "iter_inflated",
     "parse_body",
 ]

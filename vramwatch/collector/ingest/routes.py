@@ -17,7 +17,10 @@ Where the work runs: one threshold, :data:`INLINE_BYTES` of JSON text. A body ho
 that much (a hook's batch always does) is decoded on the event loop and committed there when
 the writer is free (a thread hop would cost more than the work: ~8 % of ingest CPU at
 1000-sample batches, docs/benchmarks.md); anything bigger is decoded and committed in a worker
-thread, so a big request never freezes ``/healthz``. Every body is decoded once.
+thread, so a big request never freezes ``/healthz``. On the loop a body gets the C passes and at
+most :data:`INLINE_SLOW_ITEMS` items parsed or validated one by one in Python (a hook's batch
+with a bad sample); one that needs more (seconds for 1 MiB of hostile tiny items) is decoded
+again in a worker thread. Every other body is decoded once.
 
 The route: :func:`route` is the one ``POST /api/v1/samples``. The front door
 (:class:`~vramwatch.collector.serving.door.FrontDoor`) calls it before any routing, and the app's
@@ -53,6 +56,7 @@ from vramwatch.collector.ingest.body import (
     BodyTooLargeError,
     DecodedBody,
     InflatedTooLargeError,
+    SlowBody,
     decode_body,
     gzip_size,
 )
@@ -71,6 +75,10 @@ MAX_ERRORS_LISTED = 50
 #: batch is at most this (delivery's max_batch_bytes): ~3 ms of C to decode, about as much to
 #: commit 1000 samples.
 INLINE_BYTES = 1024 * 1024
+#: On the event loop a body may have at most this many items parsed or validated one by one in
+#: Python (a hook's batch with a bad sample: ~1,000, a few ms); past it, the body is decoded again
+#: in a worker thread (1 MiB of tiny refused items: 32,000 validations, a second and more)
+INLINE_SLOW_ITEMS = 2048
 #: the flush interval hinted to hooks: one POST per rank per this many seconds keeps the
 #: collector near this many requests per second in all (see flush_hint)
 HINT_TARGET_RPS = 400.0
@@ -257,11 +265,13 @@ async def _decode(body: bytes, gzipped: bool, settings: Settings, now: float) ->
     if len(body) <= INLINE_BYTES and (not gzipped or gzip_size(body) <= INLINE_BYTES):
         inline_limit = min(limit, INLINE_BYTES) if gzipped else limit
         try:
-            return decode_body(body, max_decompressed=inline_limit, **kwargs), True
+            return decode_body(body, max_decompressed=inline_limit, max_slow_items=INLINE_SLOW_ITEMS, **kwargs), True
         except InflatedTooLargeError:
             if inline_limit == limit:
                 raise
             # the trailer understated the size (several gzip members, or a lie): inflate in a thread
+        except SlowBody:
+            pass  # more items to parse or validate one by one than the loop may: in a thread
     return await asyncio.to_thread(decode_body, body, max_decompressed=limit, **kwargs), False
 
 

@@ -8,7 +8,8 @@ rank (O(ranks x buckets²)), not a replay. An evicted run is revived by the live
 store, kept for the next request). Figures and compare replay the run
 (their step-time medians are not kept live). Answers are cached per run and parameters, keyed by
 the run's sample count in the live state, so a dashboard polling an unchanged run costs a dict
-lookup; any new sample invalidates.
+lookup; any new sample invalidates. All three are heavy reads (:mod:`~vramwatch.collector.reads.heavy`:
+a few at once, in threads of their own, a 503 past the queue).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 
+from vramwatch.collector.reads.heavy import heavy
 from vramwatch.collector.state.live import LiveState
 from vramwatch.decisions import MAX_CHECKPOINTS, MAX_PLATEAU_STEPS
 from vramwatch.decisions.advice import decide
@@ -93,7 +95,7 @@ def _cached(key: tuple[Any, ...], build: Any) -> dict[str, Any]:
 
 
 @router.get("/api/v1/runs/{run:path}/advice")
-def advice(
+async def advice(
     request: Request,
     run: str,
     margin: Margin = LOW_HEADROOM_FRACTION,
@@ -110,35 +112,46 @@ def advice(
     what they proved and where they ran out of memory). ``granularity``: settable batches are
     multiples of it (tokens per rank; default declared by the training loop, else inferred).
     ``target_global_tokens``: a target as the global batch (``target_tokens`` is per rank); one
-    that is not on the grid is a 422 naming the grid.
+    that is not on the grid is a 422 naming the grid. A heavy read (reads/heavy.py).
     """
     refs = tuple(reference or ())
-    versions = tuple(_version(request, r, "reference") for r in refs)
-    key = ("advice", id(request.app), run, _version(request, run), margin, target_tokens, plateau_steps, checkpoints,
-           refs, versions, granularity, target_global_tokens)
     config = ReadinessConfig(plateau_steps=plateau_steps, checkpoints=checkpoints, margin=margin)
-    try:
-        return _cached(key, lambda: decide(
-            run_view_of(request, run, config), [run_view_of(request, r, config, "reference") for r in refs],
-            config=config, margin=margin, target_tokens=target_tokens, granularity=granularity,
-            target_global_tokens=target_global_tokens).as_dict())
-    except OffGrid as exc:
-        field = "target_global_tokens" if target_global_tokens else "target_tokens"
-        raise HTTPException(422, f"{field}: {exc}") from None
+
+    def build() -> dict[str, Any]:
+        versions = tuple(_version(request, r, "reference") for r in refs)
+        key = ("advice", id(request.app), run, _version(request, run), margin, target_tokens, plateau_steps,
+               checkpoints, refs, versions, granularity, target_global_tokens)
+        try:
+            return _cached(key, lambda: decide(
+                run_view_of(request, run, config), [run_view_of(request, r, config, "reference") for r in refs],
+                config=config, margin=margin, target_tokens=target_tokens, granularity=granularity,
+                target_global_tokens=target_global_tokens).as_dict())
+        except OffGrid as exc:
+            field = "target_global_tokens" if target_global_tokens else "target_tokens"
+            raise HTTPException(422, f"{field}: {exc}") from None
+
+    return await heavy(request.app.state).run("advice", build)
 
 
 @router.get("/api/v1/runs/{run:path}/figures")
-def figures(request: Request, run: str) -> dict[str, Any]:
+async def figures(request: Request, run: str) -> dict[str, Any]:
     """Per rank what compare and the CI gate read (plateau, peaks per phase, worst headroom, step
     time): a front joins these from every collector holding part of a run, and ``vramwatch
-    compare``/``gate --url`` compare runs from them."""
-    key = ("figures", id(request.app), run, _version(request, run))
-    return _cached(key, lambda: RunFigures.of(_observe(request, run)).as_dict())
+    compare``/``gate --url`` compare runs from them. A heavy read (a replay of the run)."""
+    def build() -> dict[str, Any]:
+        key = ("figures", id(request.app), run, _version(request, run))
+        return _cached(key, lambda: RunFigures.of(_observe(request, run)).as_dict())
+
+    return await heavy(request.app.state).run("figures", build)
 
 
 @router.get("/api/v1/compare")
-def compare(request: Request, a: Annotated[str, Query(min_length=1)], b: Annotated[str, Query(min_length=1)]
-            ) -> dict[str, Any]:
-    """Two stored runs side by side per rank (plateau, peaks per phase, headroom, step time)."""
-    key = ("compare", id(request.app), a, _version(request, a), b, _version(request, b))
-    return _cached(key, lambda: compare_runs(_observe(request, a), _observe(request, b)).as_dict())
+async def compare(request: Request, a: Annotated[str, Query(min_length=1)], b: Annotated[str, Query(min_length=1)]
+                  ) -> dict[str, Any]:
+    """Two stored runs side by side per rank (plateau, peaks per phase, headroom, step time). A
+    heavy read (a replay of both runs)."""
+    def build() -> dict[str, Any]:
+        key = ("compare", id(request.app), a, _version(request, a), b, _version(request, b))
+        return _cached(key, lambda: compare_runs(_observe(request, a), _observe(request, b)).as_dict())
+
+    return await heavy(request.app.state).run("compare", build)

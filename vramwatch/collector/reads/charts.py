@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 
+from vramwatch.collector.reads.heavy import heavy
 from vramwatch.collector.serving.params import Bound, Points, Rank, check_range, field_list, require_rank
 from vramwatch.collector.store import FIELD_COLUMNS, Store
 from vramwatch.verdicts import headroom_bytes
@@ -248,7 +249,7 @@ def run_heatmap(
 
 
 @router.get("/api/v1/runs/{run:path}/heatmap")
-def get_heatmap(
+async def get_heatmap(
     request: Request,
     run: str,
     field: str = Query("headroom", description="headroom | reserved | peak | allocated"),
@@ -261,7 +262,8 @@ def get_heatmap(
         raise HTTPException(422, f"x: must be step or ts, got {x!r}")
     if not 16 <= cols <= 1000:
         raise HTTPException(422, f"cols: must be between 16 and 1000, got {cols}")
-    doc = run_heatmap(request.app.state.store, run, field=field, x=x, cols=cols)
+    doc = await heavy(request.app.state).run(
+        "heatmap", lambda: run_heatmap(request.app.state.store, run, field=field, x=x, cols=cols))
     if doc is None:
         raise HTTPException(404, f"run: no run named {run!r}")
     return doc

@@ -1,22 +1,31 @@
-"""A bound on CPU-heavy reads: snapshot diffs, leak suspects, the post-mortem.
+"""A bound on CPU-heavy reads: snapshot diffs, leak suspects, the post-mortem, the advice, a run's
+figures, compare, the heatmap.
 
-Each of these reads files or a run's samples and computes for up to seconds. They run in the
-server's worker threads (never on the event loop), each under its own deadline (the snapshot
-budget's, the diff's work budget), and at most :data:`SLOTS` of them at once: a request that
-finds every slot taken waits up to :data:`QUEUE_S` seconds, then gets 503 with
-``Retry-After``. So a burst of heavy reads costs at most ``SLOTS`` threads' CPU, and
-``/healthz``, ingest and the light reads keep answering (their handlers take the GIL between
-the heavy work's bytecodes; no heavy read holds it in one long C call: reader patterns are
-globs, never a backtracking regular expression).
+Each of these reads files or a run's samples and computes for up to seconds (64 ranks x 2,000
+steps: figures and compare ~8 s, the post-mortem ~5 s, a heatmap ~1 s, the advice ~0.2 s,
+growing with the ranks: docs/benchmarks.md). The routes are ``async``: a request waits for a
+slot on the event loop (holding no thread), then its work runs in this object's own
+:data:`SLOTS` worker threads, never on the event loop and never in the threads ingest and the
+other reads share. A request that finds every slot taken waits up to :data:`QUEUE_S` seconds,
+then gets 503 with ``Retry-After``. A slot is given back when the work ends, not when the
+request does: a client that leaves cannot start a third computation beside two still running.
+So a burst of heavy reads costs at most ``SLOTS`` threads' CPU, and ``/healthz``, ingest and
+the light reads keep answering (their handlers take the GIL between the heavy work's
+bytecodes; no heavy read holds it in one long C call: reader patterns are globs, never a
+backtracking regular expression).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator
+import asyncio
+import contextvars
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from fastapi import HTTPException
+
+T = TypeVar("T")
 
 #: heavy reads computed at once
 SLOTS = 2
@@ -25,24 +34,47 @@ QUEUE_S = 10.0
 
 
 class HeavyReads:
-    """At most ``slots`` heavy reads at once; :meth:`slot` waits ``queue_s`` at most, then 503."""
+    """At most ``slots`` heavy reads at once in threads of their own; :meth:`run` waits
+    ``queue_s`` at most for a slot, then 503."""
 
     def __init__(self, slots: int = SLOTS, queue_s: float = QUEUE_S) -> None:
         self.slots = slots
         self.queue_s = queue_s
-        self._free = threading.BoundedSemaphore(slots)
+        self._free = asyncio.Semaphore(slots)  # bound to the serving loop at its first wait
+        self._pool = ThreadPoolExecutor(slots, thread_name_prefix="vramwatch-heavy")
         self.refused = 0
 
-    @contextlib.contextmanager
-    def slot(self, what: str) -> Iterator[None]:
-        if not self._free.acquire(timeout=self.queue_s):
-            self.refused += 1
-            raise HTTPException(503, f"{what}: {self.slots} heavy reads already running; retry later",
-                                headers={"Retry-After": "5"})
+    async def run(self, what: str, work: Callable[[], T]) -> T:
+        """``work()`` in a heavy-read thread once a slot is free; 503 naming ``what`` when none
+        frees within ``queue_s``."""
+        if self._free.locked():
+            try:
+                await asyncio.wait_for(self._free.acquire(), self.queue_s)
+            except TimeoutError:
+                self.refused += 1
+                raise HTTPException(503, f"{what}: {self.slots} heavy reads already running; retry later",
+                                    headers={"Retry-After": "5"}) from None
+        else:
+            await self._free.acquire()
+        loop = asyncio.get_running_loop()
         try:
-            yield
-        finally:
+            future = self._pool.submit(contextvars.copy_context().run, work)
+        except BaseException:
             self._free.release()
+            raise
+        future.add_done_callback(lambda _: _call_soon(loop, self._free.release))
+        return await asyncio.wrap_future(future)
+
+    def close(self) -> None:
+        """No new work; what runs finishes in its thread."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, release: Callable[[], None]) -> None:
+    try:
+        loop.call_soon_threadsafe(release)
+    except RuntimeError:  # the loop closed while the work ran (shutdown): nothing waits for the slot
+        pass
 
 
 def heavy(state: object) -> HeavyReads:

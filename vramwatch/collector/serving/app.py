@@ -102,6 +102,9 @@ def close_state(app: Any, settings: Settings) -> None:
     views = _views()
     if views is not None:
         views.forget_caches(settings.db_path)
+    heavy = getattr(app.state, "heavy", None)
+    if heavy is not None:  # its idle threads end; one still computing ends with its work
+        heavy.close()
     try:
         app.state.store.close()
     except (StoreError, OSError) as exc:

@@ -369,16 +369,24 @@ class SnapshotStore:
 
     def _evict(self, incoming: int) -> None:
         """Oldest first, until the incoming snapshot fits beside the rest and the uploads in flight
-        (called with the lock held)."""
+        (called with the lock held); one log line for all it removed: their count and bytes, the
+        oldest and the newest of them."""
         total = self._stored + sum(self._uploading.values()) + incoming
+        gone: list[SnapshotInfo] = []
         while self._index and (total > self.max_total_bytes or len(self._index) >= self.max_snapshots):
             oldest = next(iter(self._index.values()))
             self._forget(oldest.id)
             total -= oldest.bytes
-            _log.info("snapshot %s (run %r rank %d step %d, %d bytes) evicted to fit the snapshot caps "
-                      "(max_snapshots %d, max_snapshots_bytes %d)", oldest.id, oldest.run, oldest.rank,
-                      oldest.step, oldest.bytes, self.max_snapshots, self.max_total_bytes)
-            self.evicted += 1
+            gone.append(oldest)
+        if not gone:
+            return
+        self.evicted += len(gone)
+        first, last = gone[0], gone[-1]
+        span = "" if len(gone) == 1 else f" to {last.id} (run {last.run!r} rank {last.rank} step {last.step})"
+        _log.info("%d snapshot(s), %d bytes, evicted to fit the snapshot caps (max_snapshots %d, "
+                  "max_snapshots_bytes %d): from %s (run %r rank %d step %d)%s", len(gone),
+                  sum(g.bytes for g in gone), self.max_snapshots, self.max_total_bytes, first.id, first.run,
+                  first.rank, first.step, span)
 
     def _forget(self, snapshot_id: str) -> None:
         """Drop a snapshot from the index and remove its files (called with the lock held)."""

@@ -106,10 +106,10 @@ def make_router(ingest_auth: Callable[..., Any], read_auth: Callable[..., Any]) 
     router.get("/api/v1/snapshots/{snapshot_id}", dependencies=read)(download)
 
     @router.get("/api/v1/runs/{run:path}/postmortem", dependencies=read)
-    def postmortem(request: Request, run: str,
-                   silent_after_s: Annotated[float | None, Query(gt=0, le=86400)] = None) -> dict[str, Any]:
-        with heavy(request.app.state).slot("postmortem"):
-            return postmortem_doc(request.app.state, run, silent_after_s)
+    async def postmortem(request: Request, run: str,
+                         silent_after_s: Annotated[float | None, Query(gt=0, le=86400)] = None) -> dict[str, Any]:
+        state = request.app.state
+        return await heavy(state).run("postmortem", lambda: postmortem_doc(state, run, silent_after_s))
 
     _add_diff_routes(router, read)
     _add_process_routes(router, write, read)
@@ -244,34 +244,36 @@ def postmortem_doc(state: Any, run: str, silent_after_s: float | None) -> dict[s
 
 def _add_diff_routes(router: APIRouter, read: list[Any]) -> None:
     @router.get("/api/v1/runs/{run:path}/snapshots/diff", dependencies=read)
-    def snapshot_diff(request: Request, run: str, old: Annotated[str, Query(max_length=64)],
-                      new: Annotated[str, Query(max_length=64)], top: Annotated[int, Query(ge=1, le=1000)] = 50,
-                      skip: Annotated[list[str] | None, Query()] = None) -> Response:
+    async def snapshot_diff(request: Request, run: str, old: Annotated[str, Query(max_length=64)],
+                            new: Annotated[str, Query(max_length=64)], top: Annotated[int, Query(ge=1, le=1000)] = 50,
+                            skip: Annotated[list[str] | None, Query()] = None) -> Response:
         """Live memory per allocation site in two of the run's snapshots, by growth (the
         ``vramwatch snapshots diff --json`` document, plus both snapshots and the steps between)."""
         state = request.app.state
-        try:
-            patterns = check_skip(skip or [])
-            infos = {name: state.diffs.open(name, ident)[0] for name, ident in (("old", old), ("new", new))}
-            for name, info in infos.items():
-                if info.run != run:
-                    raise SnapshotError(name, f"snapshot {info.id} is not of run {run!r}", 404)
-            with heavy(state).slot("diff"):
+
+        def build() -> Response:
+            try:
+                patterns = check_skip(skip or [])
+                infos = {name: state.diffs.open(name, ident)[0] for name, ident in (("old", old), ("new", new))}
+                for name, info in infos.items():
+                    if info.run != run:
+                        raise SnapshotError(name, f"snapshot {info.id} is not of run {run!r}", 404)
                 result = state.diffs.diff(old, new, patterns)
-        except SnapshotError as exc:
-            return _error(exc)
-        doc = {"run": run, "old": infos["old"].to_dict(), "new": infos["new"].to_dict(),
-               "steps": infos["new"].step - infos["old"].step, **result.to_dict()}
-        doc["sites"] = doc["sites"][:top]
-        return JSONResponse(doc)
+            except SnapshotError as exc:
+                return _error(exc)
+            doc = {"run": run, "old": infos["old"].to_dict(), "new": infos["new"].to_dict(),
+                   "steps": infos["new"].step - infos["old"].step, **result.to_dict()}
+            doc["sites"] = doc["sites"][:top]
+            return JSONResponse(doc)
+
+        return await heavy(state).run("diff", build)
 
     @router.get("/api/v1/runs/{run:path}/suspects", dependencies=read)
-    def suspects(request: Request, run: str) -> list[dict[str, Any]]:
+    async def suspects(request: Request, run: str) -> list[dict[str, Any]]:
         """Each leaking rank's growing allocation sites between two of its snapshots."""
         state = request.app.state
-        infos = state.snapshots.list(run)
-        with heavy(state).slot("suspects"):
-            return [s.to_dict() for s in run_suspects(state.diffs, state.live, run, infos)]
+        return await heavy(state).run("suspects", lambda: [
+            s.to_dict() for s in run_suspects(state.diffs, state.live, run, state.snapshots.list(run))])
 
 
 def _add_process_routes(router: APIRouter, write: list[Any], read: list[Any]) -> None:
