@@ -175,9 +175,11 @@ def test_resident_cost_of_a_series_outside_its_engine_is_small() -> None:
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
     per_series = sum(s.size_diff for s in after.compare_to(before, "filename")) / 2000
-    # was ~2 KB (dataclass __dict__, an empty 500-slot deque, a set); the engine is measured
+    # was ~2 KB (dataclass __dict__, an empty 500-slot deque, a set); now ~770 B: the series'
+    # slots (~260 B with its key), the run-life fold's rank and process records (~300 B: last
+    # words, host memory, suspected OOMs, an open phase) and the indexes; the engine is measured
     # in docs/reliability.md
-    assert per_series < 700, per_series
+    assert per_series < 800, per_series
 
 
 # ------------------------------------------------------------------ shutdown
