@@ -27,7 +27,8 @@ def test_demo_feeds_every_rank_through_the_hook_into_the_collector(tmp_path):
         checkpoints = [r[1] for r in rows if r[0] == rank and r[2] == "checkpoint"]
         assert train == list(range(steps))
         assert checkpoints == [s for s in range(1, steps) if s % 10 == 0]
-    assert summary["delivered"] == summary["samples"] == len(rows) + 3  # and each rank's exit marker at close
+    opened = sum(1 for r in rows if r[2] == "checkpoint")  # each checkpoint is opened by a marker sample
+    assert summary["delivered"] == summary["samples"] == len(rows) + opened + 3  # and each rank's exit marker
 
 
 def test_demo_ranks_look_like_the_h200_story(tmp_path):
