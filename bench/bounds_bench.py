@@ -155,7 +155,8 @@ def hostile(rows: list[list[str]]) -> None:
     cases = {"a tuple nested 10^6 deep as a dict key": hp.deep_tuple_key(),
              "LONG_BINPUT at 2^26 (9 bytes)": hp.memo_index(),
              "a DUP bomb (64 M DUPs)": hp.dup_bomb(),
-             "a block size of 2^1100": hp.huge_size()}
+             "a block size of 2^1100": hp.huge_size(),
+             "a MARK bomb (64 M MARKs)": hp.mark_bomb(64_000_000)}
     with tempfile.TemporaryDirectory() as tmp:
         for name, data in cases.items():
             path = Path(tmp) / "h.pickle.gz"
