@@ -246,7 +246,7 @@ class SnapshotUpload:
         info = self.store._commit(self, info)
         if self._grammar.proven():
             with contextlib.suppress(OSError):  # evicted meanwhile: nothing to remember
-                safe_pickle.remember_file(self.store.folder / f"{info.id}.pickle.gz")
+                safe_pickle.remember_file(self.store.data_path(info.id))
         return info
 
     def abort(self) -> None:
@@ -320,7 +320,7 @@ class SnapshotStore:
                 self.delete(info.id)
         for orphan in data if clean else ():  # data renamed into place, sidecar never written
             if _ID_RE.match(orphan):
-                (self.folder / f"{orphan}.pickle.gz").unlink(missing_ok=True)
+                self.data_path(orphan).unlink(missing_ok=True)
 
     def usage(self) -> dict[str, int]:
         """Snapshots and bytes stored, and uploads (and their bytes) being written now."""
@@ -348,7 +348,7 @@ class SnapshotStore:
             self._evict(info.bytes)
             sidecar = self.folder / f".{info.id}.json.tmp"
             sidecar.write_bytes(json.dumps(asdict(info)).encode())
-            os.replace(upload.path, self.folder / f"{info.id}.pickle.gz")
+            os.replace(upload.path, self.data_path(info.id))
             os.replace(sidecar, self.folder / f"{info.id}.json")
             self._index[info.id] = info
             self._stored += info.bytes
@@ -366,6 +366,10 @@ class SnapshotStore:
         except BaseException:
             upload.abort()
             raise
+
+    def data_path(self, snapshot_id: str) -> Path:
+        """Where a snapshot's gzip-compressed pickle lives (its sidecar is ``<id>.json``)."""
+        return self.folder / f"{snapshot_id}.pickle.gz"
 
     def _evict(self, incoming: int) -> None:
         """Oldest first, until the incoming snapshot fits beside the rest and the uploads in flight
@@ -410,4 +414,4 @@ class SnapshotStore:
         info = self._index.get(snapshot_id) if _ID_RE.match(snapshot_id) else None
         if info is None:
             raise SnapshotError("id", f"no snapshot {snapshot_id}", 404)
-        return info, self.folder / f"{snapshot_id}.pickle.gz"
+        return info, self.data_path(snapshot_id)
