@@ -4,18 +4,20 @@
     python -m bench.engine_ab --ref HEAD~3 --write  # and written to docs/benchmarks.md
 
 The ref's ``vramwatch/engine/`` is read with ``git show`` into a temporary package loaded as
-``vramwatch._engine_ref``: its relative imports resolve to the working tree's ``vramwatch``, so only
-the engine differs. Both engines fold the same pre-validated samples, one engine per series as
-``analyze`` and the collector hold them; rounds alternate which goes first (a noisy neighbour hits
-both alike); CPU time of this process, median of the rounds. Inputs: the 8-rank demo scenario
-(full schema-1 samples: what the hook sends) and the device-used-only corpus
-(``bench/device_corpus.py``, tuning split: what ``watch`` and the importers send).
+``vramwatch._engine_ref``, its imports of ``vramwatch.engine`` pointed at that package (the rest of
+``vramwatch`` is the working tree's), so only the engine differs. Both engines fold the same
+pre-validated samples, one engine per series as ``analyze`` and the collector hold them; rounds
+alternate which goes first (a noisy neighbour hits both alike); CPU time of this process, median of
+the rounds. Inputs: the 8-rank demo scenario (full schema-1 samples: what the hook sends) and the
+device-used-only corpus (``bench/device_corpus.py``, tuning split: what ``watch`` and the importers
+send).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import statistics
 import subprocess
 import sys
@@ -41,6 +43,8 @@ def load_ref(ref: str, into: Path) -> ModuleType:
     for name in names:
         if name.endswith(".py"):
             source = subprocess.run(["git", "show", f"{ref}:{name}"], cwd=ROOT, check=True, capture_output=True).stdout
+            # the engine imports itself absolutely: those imports must reach the ref's modules, not the tree's
+            source = re.sub(rb"\bvramwatch\.engine\b", b"vramwatch._engine_ref", source)
             (package / Path(name).name).write_bytes(source)
     spec = importlib.util.spec_from_file_location("vramwatch._engine_ref", package / "__init__.py",
                                                   submodule_search_locations=[str(package)])

@@ -137,7 +137,8 @@ SCOPES: dict[str, str] = {
 #: Scope of each figure of a ``/ranks`` row (its verdict and counts) and of compare.
 FIGURE_SCOPES: dict[str, str] = {
     "state": "process", "headroom_bytes": "process", "plateau_bytes": "process", "slope_bytes_per_step": "process",
-    "steps_to_oom": "process", "seconds_to_oom": "process", "outside_allocator_bytes": "process",
+    "steps_to_oom": "process", "seconds_to_oom": "process", "seconds_to_oom_low": "process",
+    "seconds_to_oom_high": "process", "outside_allocator_bytes": "process",
     "fragmentation": "process", "min_headroom_bytes": "process",
     # the checkpoint record is the rank's: its latest checkpoint, whichever process saved it
     "checkpoint_peak_bytes": "rank", "checkpoint_headroom_bytes": "rank", "checkpoint_peak_max_bytes": "rank",

@@ -243,3 +243,60 @@ def test_memory_vanishing_near_full_is_a_suspected_oom_and_a_restart_at_a_platea
         assert said[0]["used_before_bytes"] > 0.9 * TOTAL and said[0]["used_after_bytes"] < GiB
         _, events = judge(device_series(restarts, 6.0, clock, 10.0))
         assert [e for e in events if e["type"] == "suspected_oom"] == []
+
+
+def _kept_every(onset_h: float, gaps_min: list[float], step: float) -> list[float]:
+    """Times (s) a tensor of ``step`` bytes is kept: from ``onset_h``, at ``gaps_min`` apart, over and over."""
+    at, t = [], 3600 * onset_h
+    while t < 24 * 3600:
+        for gap in gaps_min:
+            t += 60 * gap
+            at.append(t)
+    return at
+
+
+@pytest.mark.parametrize("clock", list(CLOCKS))
+def test_a_staircase_with_a_neighbour_coming_and_going_is_forecast_within_a_quarter(clock: str) -> None:
+    # 1.2 GiB kept every 15-30 min from 1.5 h on a 40 GiB plateau, while another process's 0.6 GiB
+    # comes and goes every 1-30 min (ten neighbours): its moves are no steps of the leak, nor its rate
+    kept = _kept_every(1.5, [22.0, 15.0, 30.0, 18.0, 25.0], 1.2 * GiB)
+    rate = 1.2 * GiB / (60 * 22.0)  # the mean gap: 22 min
+
+    def own(t: float) -> float:
+        return 40 * GiB + 1.2 * GiB * sum(1 for a in kept if a <= t)
+
+    within = inside = 0
+    for seed in range(1, 11):
+        other = _neighbour(seed, 0.6 * GiB)
+        _, events = judge(device_series(lambda t, other=other: own(t) + other(t), 12.0, clock, 20.0, seed=seed))
+        found = leaks(events)
+        assert found, (seed, [(e["type"], round((e["ts"] - START) / 3600, 2)) for e in events])
+        leak = found[0]
+        left = (TOTAL - own(leak["ts"] - START)) / rate
+        within += abs(leak["seconds_to_oom"] / left - 1) <= 0.25
+        inside += leak["seconds_to_oom_low"] <= left <= leak["seconds_to_oom_high"]
+        assert leak["seconds_to_oom_low"] <= leak["seconds_to_oom"] <= leak["seconds_to_oom_high"]
+    # four or five steps seen whose gaps vary 2x: most forecasts within a quarter, the range holding most
+    assert within >= 7 and inside >= 7, (within, inside)
+
+
+@pytest.mark.parametrize("clock", list(CLOCKS))
+def test_a_leak_whose_neighbour_leaves_during_its_rise_is_forecast_at_its_own_rate(clock: str) -> None:
+    # 4 GiB/h from 2 h on a 40 GiB plateau; another process's 0.8 GiB, there from the start, leaves
+    # 20 min into the rise: read across that fall the slope is a third short, with it out it is the leak's
+    rate = 4 * GiB / 3600
+
+    def own(t: float) -> float:
+        return 40 * GiB + rate * max(0.0, t - 7200)
+
+    engine, events = judge(device_series(lambda t: own(t) + (0.8 * GiB if t < 7200 + 1200 else 0.0), 8.0,
+                                         clock, 20.0, seed=1))
+    found = leaks(events)
+    assert found, [(e["type"], round((e["ts"] - START) / 3600, 2)) for e in events]
+    leak = found[0]
+    left = (TOTAL - own(leak["ts"] - START)) / rate
+    assert leak["seconds_to_oom"] == pytest.approx(left, rel=0.15)
+    # the summary carries the forecast and its range (the collector, /metrics and analyze read it there)
+    summary = engine.summary()
+    assert summary["state"] == "leak"
+    assert summary["seconds_to_oom_low"] <= summary["seconds_to_oom"] <= summary["seconds_to_oom_high"]

@@ -384,6 +384,10 @@ def test_a_leaking_rank_reports_the_plateau_it_grew_from_and_the_onset() -> None
     doc = {"series": [{"run": "r", "host": "h", "rank": 5, "state": "leak", "events": events,
                        "samples": leaking.samples, "summary": s}]}
     assert f"step {leak['step']}: LEAK (allocator) since step {leak['leak_onset_step']}," in format_table(doc)
+    # the forecast's range rides in the summary beside it, and the table shows it beside the forecast
+    assert s["seconds_to_oom_low"] <= s["seconds_to_oom"] <= s["seconds_to_oom_high"]
+    row = next(line for line in format_table(doc).splitlines() if line.startswith("r "))
+    assert row.rstrip().endswith(")") and " to " in row.split("  ")[-1]
     # one headroom formula: worst is the lower of step boundary and checkpoint peak
     assert s["worst_headroom_bytes"] == min(s["headroom_bytes"], s["checkpoint_headroom_bytes"])
     assert s["checkpoint_peak_max_bytes"] >= s["checkpoint_peak_bytes"]
@@ -529,3 +533,48 @@ def test_a_level_that_comes_back_is_taken_out_of_a_staircase_and_the_net_rise_is
     # a warm-up's records (gaps doubling) decelerate; a leak's wandering gaps do not
     assert decelerating([5.0, 10.0, 20.0], 1.0, 0.5)
     assert not decelerating([12.0, 40.0, 15.0, 36.0], 1.0, 0.8)
+
+
+def test_a_forecast_takes_another_process_s_moves_out_of_the_rate() -> None:
+    from vramwatch.engine.forecast import level_shifts, moves_of, stairs_of, steady_rate, without
+
+    gib = float(1 << 30)
+    xs = [float(x) for x in range(0, 21)]
+    # a leak creeping 0.1 GiB per point; another process's 0.8 GiB there until point 7 (a fall the
+    # leak's own floor never makes), and 0.5 GiB that came at 12 and left at 15 (a toggle)
+    ys = [0.1 * gib * x + 0.8 * gib * (x < 7) + 0.5 * gib * (12 <= x < 15) for x in xs]
+    assert theil_sen(xs, ys) < 0.08 * gib  # read across the fall, the slope is a fifth short
+    assert steady_rate(EngineConfig(), xs, ys, 0.8 * gib) == pytest.approx(0.1 * gib)
+    assert steady_rate(EngineConfig(), xs, [0.1 * gib * x for x in xs], 0.8 * gib) == 0.0  # nothing to take out
+    # the moves: over the creep, each of another's moves counts its whole size
+    flat = [y - 0.1 * gib * x for x, y in zip(xs, ys, strict=True)]
+    rises, foreign = level_shifts(moves_of(xs, flat, 0.2 * gib), 1.5)
+    assert rises == [] and sorted(round(size / gib, 1) for _, size in foreign) == [-0.8, -0.5, 0.5]
+    assert without(xs, ys, foreign) == pytest.approx([0.1 * gib * x + 0.8 * gib for x in xs])
+    # a staircase of 1 GiB every 20 points, a neighbour's 0.6 GiB coming at 25 and going at 35, and a
+    # 0.3 GiB rise at 55 (under half a step: no step of its cadence, yet still in its rise): the
+    # envelope is the net rise since the first step over the time its steps took ...
+    def stairs(end: int) -> Any:
+        xs = [float(x) for x in range(0, end + 1)]
+        ys = [gib * sum(1 for at in (10, 30, 50, 70) if x >= at) + 0.6 * gib * (25 <= x < 35)
+              + 0.3 * gib * (x >= 55) for x in xs]
+        return stairs_of(xs, ys, moves_of(xs, ys, 0.1 * gib), 1.5)
+
+    read = stairs(80)
+    assert (read.cadence, read.gaps, read.step) == (pytest.approx(20.0), 3, pytest.approx(1.1 * gib))
+    assert read.rate(80, read.level) == pytest.approx(3.3 * gib / 60)
+    assert read.spread == pytest.approx(0.0)  # evenly spaced, equal steps
+    # ... and, while the next step is overdue, the time waited past a gap (it is at least that long),
+    # unless the level took a step since the window ended
+    assert stairs(100).rate(100, read.level) == pytest.approx(3.3 * gib / (60 + 100 - 69.5 - 20))
+    assert read.rate(100, read.level) == stairs(100).rate(100, read.level)
+    assert read.rate(100, read.level + gib) == pytest.approx(3.3 * gib / 60)
+
+
+def test_the_forecast_range_widens_with_fewer_gaps_seen() -> None:
+    from vramwatch.engine.leak import _t80
+
+    assert _t80(1) == pytest.approx(3.078)
+    assert _t80(2) == pytest.approx(1.886, rel=0.03) and _t80(4) == pytest.approx(1.533, rel=0.01)
+    assert _t80(1000) == pytest.approx(1.2816, rel=0.001)
+    assert [_t80(d) for d in range(1, 12)] == sorted((_t80(d) for d in range(1, 12)), reverse=True)

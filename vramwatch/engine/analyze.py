@@ -217,7 +217,7 @@ def _describe(event: dict[str, Any]) -> str:
             f"step {step}: LEAK ({event.get('source')}) since step {event.get('onset_step')}, "
             f"{rate(event['slope_bytes_per_step'])}, "
             f"OOM in {_steps(event.get('steps_to_oom'))} steps ({_duration(event.get('seconds_to_oom'))}"
-            + _range(event) + ")"
+            + ("" if (span := _range(event)) is None else f", {span}") + ")"
         )
     if kind == "fragmentation":
         return (
@@ -247,10 +247,16 @@ def _describe(event: dict[str, Any]) -> str:
     return f"step {step}: {kind}"
 
 
-def _range(event: dict[str, Any]) -> str:
-    """The forecast's range, when the leak event gives one."""
-    low, high = event.get("seconds_to_oom_low"), event.get("seconds_to_oom_high")
-    return "" if low is None or high is None else f", {_duration(low)} to {_duration(high)}"
+def _range(figures: dict[str, Any]) -> str | None:
+    """The forecast's range (``low to high``), when the leak event or the summary gives one."""
+    low, high = figures.get("seconds_to_oom_low"), figures.get("seconds_to_oom_high")
+    return None if low is None or high is None else f"{_duration(low)} to {_duration(high)}"
+
+
+def _time_to_oom(summary: dict[str, Any]) -> str:
+    """The table's time to OOM: the forecast, and its range beside it when there is one."""
+    span = _range(summary)
+    return _duration(summary.get("seconds_to_oom")) + ("" if span is None else f" ({span})")
 
 
 def _headroom_key(event: dict[str, Any]) -> float:
@@ -275,7 +281,7 @@ def format_table(doc: dict[str, Any], max_events: int = 12) -> str:
                 _gb(summary.get("headroom_bytes")),
                 mib(slope),
                 _steps(summary.get("steps_to_oom")),
-                _duration(summary.get("seconds_to_oom")),
+                _time_to_oom(summary),
             )
         )
     if not rows:

@@ -25,6 +25,7 @@ from itertools import pairwise
 from typing import Literal, NamedTuple, TypeVar
 
 from vramwatch.engine.config import EngineConfig
+from vramwatch.engine.forecast import Stairs, steady_rate
 from vramwatch.engine.stats import mann_kendall_z, rolling_min, theil_sen
 
 T = TypeVar("T")
@@ -129,6 +130,8 @@ class Trend(NamedTuple):
     cadence: float = 0.0  # a staircase's mean gap between steps (steps); 0 for a steady rise
     slope_low: float = 0.0  # the rate's range: the slower and faster of its parts (0: not estimated)
     slope_high: float = 0.0
+    rate: float = 0.0  # the forecast's rate when not the slope: another process's memory that came and went out
+    stairs: Stairs | None = None  # a staircase's forecast inputs (None: a steady rise)
 
 
 class Pyramid:
@@ -334,7 +337,10 @@ class Pyramid:
             return None
         if mann_kendall_z(ys) < self.config.mk_z:
             return None
-        return Trend(slope, span, n, ys[-1], 0.0, min(slope, *slopes), max(slope, *slopes))
+        rate = 0.0
+        if self.ratchet_floor and signal == "floor":  # its own floor never falls: a fall is another's
+            rate = steady_rate(self.config, xs, ys, tol)
+        return Trend(slope, span, n, ys[-1], 0.0, min(slope, *slopes), max(slope, *slopes), max(rate, 0.0))
 
     def flat(self, signal: Signal, s0: float, min_span: float, tol: float, stretch: float = 0.0) -> bool:
         """``signal`` moved less than ``tol`` since ``s0`` (its Theil-Sen slope over the window,

@@ -527,6 +527,8 @@ class TrendEngine:
             slope_bytes_per_step=round(leak.slope, 1) if leak else None,
             steps_to_oom=leak.steps if leak else None,
             seconds_to_oom=round(leak.seconds, 1) if leak and leak.seconds is not None else None,
+            seconds_to_oom_low=round(leak.seconds_range[0], 1) if leak and leak.seconds_range else None,
+            seconds_to_oom_high=round(leak.seconds_range[1], 1) if leak and leak.seconds_range else None,
             leak_source=leak.source if leak else None,
             leak_onset_step=leak.onset if leak else None,
             leak_detected_step=leak.detected_step if leak else None,

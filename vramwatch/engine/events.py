@@ -84,7 +84,7 @@ class LeakEvent(Event):
     plateau_since_step: int | None
     signal: str
     cadence_steps: int | None = None  # a staircase leak: mean steps between its steps; None for a steady rise
-    # the forecast's range: the rise's slower and faster parts (a staircase's halves, a trend's thirds)
+    # the forecast's range: a steady rise's slower and faster parts, a staircase's 80 % interval (docs/engine.md)
     seconds_to_oom_low: float | None = None
     seconds_to_oom_high: float | None = None
 

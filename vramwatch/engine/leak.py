@@ -9,6 +9,7 @@ leak (``outside.py``) shares :class:`LeakState` and :meth:`LeakDetector.follow`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -16,8 +17,9 @@ from vramwatch import verdicts
 from vramwatch.engine.blocks import Block, Signal, Trend
 from vramwatch.engine.context import Context
 from vramwatch.engine.events import LeakEvent
+from vramwatch.engine.forecast import Stairs, steady_rate
 from vramwatch.engine.plateau import PlateauDetector
-from vramwatch.engine.staircase import staircase
+from vramwatch.engine.staircase import staircase, stairs_since
 from vramwatch.engine.stats import theil_sen
 
 ALLOCATOR = "allocator"
@@ -38,6 +40,9 @@ class LeakState:
     cadence: float = 0.0  # a staircase's mean gap between steps (steps); 0 for a steady rise
     spread: tuple[float, float] = (1.0, 1.0)  # the slope's range as multiples of it (slower, faster part)
     seconds_range: tuple[float, float] | None = None  # the time to OOM at the faster and the slower rate
+    rate: float = 0.0  # the forecast's rate when not the slope (another process's moves out)
+    stairs: Stairs | None = None  # a staircase's forecast inputs
+    stairs_u: float = 0.0  # its forecast's relative uncertainty (_stairs_spread)
 
     @property
     def signal(self) -> Signal:
@@ -218,30 +223,50 @@ class LeakDetector:
                 need = max(need, floor + ctx.phase_reach)
             room = total - ctx.outside_now() - need
         steps = max(0, int(room / slope))
+        return steps, steps * LeakDetector.per_step(ctx)
+
+    @staticmethod
+    def per_step(ctx: Context) -> float:
+        """Wall seconds per step: observed, else the sample's own step time, else 0."""
         per_step = ctx.pyramid.seconds_per_step()
         if per_step is None:
-            per_step = float(last.get("step_time_s") or 0.0)
-        return steps, steps * per_step
+            per_step = float((ctx.last or {}).get("step_time_s") or 0.0)
+        return per_step
 
     # ------------------------------------------------------------------ start / follow
-    def _forecast(self, ctx: Context, leak: LeakState) -> None:
-        """Steps and seconds to OOM at the leak's slope, and the seconds' range at its slower and
-        faster rate (one runway, scaled), a staircase's one cadence wider either way."""
-        leak.steps, leak.seconds = self.runway(ctx, leak.source, leak.slope)
-        if leak.seconds is None or leak.spread == (1.0, 1.0):
+    def _forecast(self, ctx: Context, leak: LeakState, refit: bool = False) -> None:
+        """Steps and seconds to OOM at the leak's forecast rate (``forecast.py``: a staircase's
+        envelope, a ratcheting level's slope with another process's moves out, else the slope), and
+        the seconds' range. A steady rise's range: the runway at its faster and its slower part. A
+        staircase's: an 80 % interval (:func:`_stairs_spread`, read again on ``refit``: every fourth
+        block), and one cadence either way (it meets the card at one of its steps, not in between)."""
+        stairs, latest = leak.stairs, ctx.pyramid.last
+        if stairs is not None and latest is not None:
+            rate = stairs.rate(latest.end, latest.floor)
+        else:
+            rate = leak.rate or leak.slope
+        leak.steps, leak.seconds = steps, seconds = self.runway(ctx, leak.source, rate)
+        if seconds is None or steps is None:
             leak.seconds_range = None
-            return
-        low, high = leak.spread
-        # a staircase meets the card at one of its steps, not in between: one cadence either way
-        pad = leak.cadence * leak.seconds / leak.steps if leak.cadence and leak.steps else 0.0
-        leak.seconds_range = (max(0.0, leak.seconds / high - pad), leak.seconds / low + pad)
+        elif stairs is not None:
+            if refit:
+                leak.stairs_u = _stairs_spread(stairs, steps)
+            u = leak.stairs_u
+            pad = stairs.cadence * seconds / steps if steps else 0.0
+            leak.seconds_range = (max(0.0, seconds / (1.0 + u) - pad), seconds / (1.0 - u) + pad)
+        elif leak.spread != (1.0, 1.0):
+            low, high = leak.spread
+            leak.seconds_range = (seconds / high, seconds / low)
+        else:
+            leak.seconds_range = None
 
     def start(self, ctx: Context, step: int, source: str, trend: Trend, onset: int) -> LeakEvent:
         spread = (1.0, 1.0)
         if trend.slope > 0 and 0 < trend.slope_low <= trend.slope <= trend.slope_high:
             spread = (trend.slope_low / trend.slope, trend.slope_high / trend.slope)
-        leak = self.current = LeakState(source, trend.slope, onset, step, cadence=trend.cadence, spread=spread)
-        self._forecast(ctx, leak)
+        leak = self.current = LeakState(source, trend.slope, onset, step, cadence=trend.cadence, spread=spread,
+                                        rate=trend.rate, stairs=trend.stairs)
+        self._forecast(ctx, leak, refit=True)
         steps, seconds = leak.steps, leak.seconds
         low_high = leak.seconds_range
         plateau = ctx.plateau
@@ -284,8 +309,46 @@ class LeakDetector:
         xs, ys, _ = pyramid.window(leak.signal, leak.onset)
         if len(xs) >= 4:
             leak.slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if leak.cadence else theil_sen(xs, ys)
+            self._refit(ctx, leak, xs, ys)
         window = max(min_span, 2 * ctx.tol / leak.slope if leak.slope > 0 else min_span, 2 * leak.cadence)
         if block.end - leak.onset >= 2 * window and pyramid.flat(leak.signal, block.end - window, window, ctx.tol):
             return Ended(window, judged=True)
-        self._forecast(ctx, leak)
+        self._forecast(ctx, leak, refit=True)
         return None
+
+    @staticmethod
+    def _refit(ctx: Context, leak: LeakState, xs: list[float], ys: list[float]) -> None:
+        """The forecast's rate again, on the window since the onset (every fourth block): a
+        staircase's steps once the level has taken a new one (half a step above where their window
+        ended; kept when the window no longer shows two of them), a ratcheting level's slope with
+        another process's moves out."""
+        stairs, latest, cfg = leak.stairs, ctx.pyramid.last, ctx.config
+        if stairs is not None:
+            # a new step, once its window can show it: a point later (ring_blocks points since the onset)
+            if latest is not None and stairs.stepped(latest.floor) and latest.end - stairs.end >= max(
+                    cfg.block_steps, (latest.end - leak.onset) / cfg.ring_blocks):
+                leak.stairs = stairs_since(ctx.pyramid, "floor", leak.onset, ctx.tol) or stairs
+        elif ctx.pyramid.ratchet_floor and leak.source != OUTSIDE:
+            leak.rate = max(0.0, steady_rate(cfg, xs, ys, ctx.tol))
+
+
+#: the 80 % two-sided normal quantile
+_Z80 = 1.2816
+
+
+def _stairs_spread(stairs: Stairs, steps: int) -> float:
+    """A staircase forecast's relative uncertainty (at most 0.8): its mean rate's from the gaps and
+    sizes seen (Student's t on their spread over the root of the count), with the spread of the
+    steps still to come (``steps`` ahead at its cadence)."""
+    ahead = max(1.0, steps / stairs.cadence) if stairs.cadence > 0 else 1.0
+    return min(0.8, stairs.spread * math.hypot(_t80(stairs.gaps - 1) / math.sqrt(stairs.gaps),
+                                               _Z80 / math.sqrt(ahead)))
+
+
+def _t80(dof: int) -> float:
+    """Student's t 80 % two-sided quantile (Cornish-Fisher to the second order; 3.08 at one degree
+    of freedom, where that expansion is short)."""
+    if dof <= 1:
+        return 3.078
+    z = _Z80
+    return z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)

@@ -24,9 +24,11 @@ jitter is not) and above a share of the material size, consecutive ones merged. 
    memory that comes and goes (a rise undone later by a fall of about its size, or the reverse)
    is taken out first (:func:`without_toggles`): its "steps" are no leak, however regular.
 
-The slope is the staircase's rate, its steps after the first over the time they took: what the
-time to OOM needs; its range (``slope_low``..``slope_high``) is an 80 % interval of that mean
-rate from the spread of its gaps and step sizes. Steps closer than one point apart are a smooth rise at
+The slope is the staircase's rate, its steps after the first over the time they took (what the
+leak is followed by); its ``slope_low``..``slope_high`` an 80 % interval of that mean rate from
+the spread of its gaps and step sizes. The time to OOM and its range come from its envelope and
+the spread of its own steps (``forecast.py``: :class:`~vramwatch.engine.forecast.Stairs`, read on
+the same window and moves). Steps closer than one point apart are a smooth rise at
 this resolution and are left to ``Pyramid.trend``. Cost: one window read and a pass over
 <= 48 points (a sort for the noise): tens of microseconds, every fourth block at most.
 """
@@ -37,24 +39,7 @@ import math
 from itertools import pairwise
 
 from vramwatch.engine.blocks import Pyramid, Signal, Trend
-from vramwatch.engine.stats import noise_sigma
-
-
-def moves_of(xs: list[float], ys: list[float], threshold: float) -> list[tuple[float, float]]:
-    """(position, signed size) of each change beyond ``threshold`` between consecutive points;
-    a change spread over consecutive points in one direction (a step straddling a point) is one
-    move at its first position."""
-    moves: list[tuple[float, float]] = []
-    previous = -2
-    for i, (a, b) in enumerate(pairwise(ys)):
-        if abs(b - a) <= threshold:
-            continue
-        if i == previous + 1 and moves and (moves[-1][1] > 0) == (b > a):
-            moves[-1] = (moves[-1][0], moves[-1][1] + b - a)
-        else:
-            moves.append((0.5 * (xs[i] + xs[i + 1]), b - a))
-        previous = i
-    return moves
+from vramwatch.engine.forecast import Stairs, moves_of, split_moves, stairs_of, step_threshold
 
 
 def without_toggles(moves: list[tuple[float, float]], ratio: float) -> tuple[list[tuple[float, float]], float]:
@@ -64,17 +49,8 @@ def without_toggles(moves: list[tuple[float, float]], ratio: float) -> tuple[lis
     rise later undone by a fall of about its size (within ``ratio``), or a fall later undone by a
     rise, is that component's, not the judged process's. Each move cancels the latest unmatched
     opposite move of a similar size. Returns (the rises left, in order; the sum of falls left)."""
-    open_moves: list[tuple[float, float]] = []
-    for at, size in moves:
-        for j in range(len(open_moves) - 1, -1, -1):
-            other = open_moves[j][1]
-            if (other > 0) != (size > 0) and max(abs(other), abs(size)) <= ratio * min(abs(other), abs(size)):
-                del open_moves[j]
-                break
-        else:
-            open_moves.append((at, size))
-    rises = [(at, size) for at, size in open_moves if size > 0]
-    return rises, -sum(size for _, size in open_moves if size < 0)
+    left, _ = split_moves(moves, ratio)
+    return [m for m in left if m[1] > 0], -sum(size for _, size in left if size < 0)
 
 
 def steps_of(xs: list[float], ys: list[float], threshold: float) -> list[tuple[float, float]]:
@@ -101,6 +77,26 @@ def decelerating(gaps: list[float], early: float, late: float) -> bool:
     return (growing and gaps[-1] >= 2.5 * gaps[0]) or late < 0.25 * early
 
 
+def _window(pyramid: Pyramid, signal: Signal, s0: float) -> tuple[list[float], list[float], int]:
+    """The staircase's window since ``s0`` (at most ``ring_blocks`` points: steps need the
+    resolution), from a little before it: a window opened at a break's onset must see the level
+    before the step that broke the plateau, or it misses one step of the staircase."""
+    cfg = pyramid.config
+    last = pyramid.last
+    lead = 2 * max(cfg.block_steps, (last.end - s0) / cfg.ring_blocks) if last is not None else 0
+    return pyramid.window(signal, max(pyramid.start, s0 - lead), points=cfg.ring_blocks)
+
+
+def stairs_since(pyramid: Pyramid, signal: Signal, s0: float, tol: float) -> Stairs | None:
+    """A followed staircase's forecast inputs, read again on its window since ``s0`` (no test:
+    it was found; :func:`vramwatch.engine.forecast.stairs_of`)."""
+    xs, ys, _ = _window(pyramid, signal, s0)
+    if len(xs) < pyramid.config.min_blocks:
+        return None
+    return stairs_of(xs, ys, moves_of(xs, ys, step_threshold(pyramid.config, ys, tol)),
+                     pyramid.config.stair_toggle_ratio)
+
+
 def staircase(pyramid: Pyramid, signal: Signal, s0: float, min_span: float, tol: float) -> Trend | None:
     """A staircase of ``signal`` since ``s0`` (several steps, a regular cadence still going,
     material), or None."""
@@ -109,21 +105,15 @@ def staircase(pyramid: Pyramid, signal: Signal, s0: float, min_span: float, tol:
     before = pyramid.value_before(signal, s0)
     if last is None or before is None or getattr(last, signal) - before < 0.5 * tol:
         return None  # no material rise since s0: no window to read
-    # from a little before s0: a window opened at a break's onset must see the level before the
-    # step that broke the plateau, or it misses one step of the staircase
-    lead = 2 * max(cfg.block_steps, (last.end - s0) / cfg.ring_blocks)
-    xs, ys, block_span = pyramid.window(signal, max(pyramid.start, s0 - lead), points=cfg.ring_blocks)
+    xs, ys, block_span = _window(pyramid, signal, s0)
     n = len(xs)
     if n < cfg.min_blocks:
         return None
     span = xs[-1] - xs[0] + block_span
     if span < min_span - block_span or ys[-1] - ys[0] < 0.5 * tol:
         return None
-    # a step stands out of the point-to-point jitter, and is a share of a material rise (a
-    # staircase of ``stair_steps`` steps adds up to ``tol``): the minima of quiet blocks still
-    # wobble by a MiB or two, which is no step
-    threshold = max(cfg.stair_z * math.sqrt(2.0) * noise_sigma(ys), tol / (2 * cfg.stair_steps))
-    rises, falls = without_toggles(moves_of(xs, ys, threshold), cfg.stair_toggle_ratio)
+    moves = moves_of(xs, ys, step_threshold(cfg, ys, tol))
+    rises, falls = without_toggles(moves, cfg.stair_toggle_ratio)
     net = sum(size for _, size in rises) - falls  # judged on the net rise: what went and came back is no leak
     if len(rises) < cfg.stair_steps or net < tol or falls > 0.5 * net:
         return None
@@ -144,7 +134,8 @@ def staircase(pyramid: Pyramid, signal: Signal, s0: float, min_span: float, tol:
     # rate from this many gaps and sizes (z 1.28 times their spread over the root of the count)
     rate = sum(sizes[1:]) / (positions[-1] - positions[0])
     u = min(0.8, 1.28 * math.hypot(_cv(gaps), _cv(sizes)) / math.sqrt(len(gaps)))
-    return Trend(rate, span, n, ys[-1], cadence, rate * (1.0 - u), rate * (1.0 + u))
+    return Trend(rate, span, n, ys[-1], cadence, rate * (1.0 - u), rate * (1.0 + u),
+                 stairs=stairs_of(xs, ys, moves, cfg.stair_toggle_ratio))
 
 
 def _cv(values: list[float]) -> float:

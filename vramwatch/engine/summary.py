@@ -30,9 +30,11 @@ class Summary(TypedDict):
     checkpoint_peak_bytes: int | None  # latest checkpoint's peak
     checkpoint_peak_max_bytes: int | None  # highest checkpoint peak
     checkpoints: int  # checkpoint phases seen, every process of the series
-    slope_bytes_per_step: float | None  # these six only while leaking
+    slope_bytes_per_step: float | None  # these eight only while leaking
     steps_to_oom: int | None
     seconds_to_oom: float | None
+    seconds_to_oom_low: float | None  # the forecast's range (None when not estimated)
+    seconds_to_oom_high: float | None
     leak_source: str | None  # allocator | outside_allocator | device
     leak_onset_step: int | None
     leak_detected_step: int | None
@@ -41,6 +43,9 @@ class Summary(TypedDict):
     total_bytes: int | None
     samples: int
 
+
+#: The runway figures: a leak's forecast, None where there is no live leak to forecast
+RUNWAY_KEYS: tuple[str, ...] = ("steps_to_oom", "seconds_to_oom", "seconds_to_oom_low", "seconds_to_oom_high")
 
 #: Detector -> the sample fields it needs (all must be measured).
 DETECTOR_NEEDS: dict[str, tuple[str, ...]] = {

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, Protocol
 from vramwatch import verdicts
 from vramwatch.decisions.readiness import ReadinessConfig
 from vramwatch.decisions.views import RankView
+from vramwatch.engine.summary import RUNWAY_KEYS
 from vramwatch.runlife import RankStory, RunStory
 from vramwatch.wire import Sample
 
@@ -112,7 +113,7 @@ class RankSnapshot(NamedTuple):
         A new dict (O(keys))."""
         verdict = dict(self.summary)
         if self.story is not None and self.story.liveness != verdicts.Liveness.LIVE:
-            verdict["steps_to_oom"] = verdict["seconds_to_oom"] = None
+            verdict.update(dict.fromkeys(RUNWAY_KEYS))
         return verdict
 
 
