@@ -180,6 +180,26 @@ def test_another_process_coming_and_going_builds_no_staircase(clock: str, seed: 
 
 
 @pytest.mark.parametrize("clock", list(CLOCKS))
+@pytest.mark.parametrize(("total_gib", "steps"), [
+    (80, ((19, 2.4), (23, 2.4), (35, 1.8), (37, 2.2), (54, 2.2))),  # read as a straight line at the fit's points
+    (40, ((15, 1.9), (21, 2.1), (41, 2.5), (57, 2.1))),  # a young staircase filling the card in under an hour
+])
+def test_nccl_buffers_set_up_in_a_few_irregular_steps_are_no_leak(clock: str, total_gib: int,
+                                                                  steps: tuple[tuple[float, float], ...]) -> None:
+    # a communicator's buffers outside the allocator: a few ~2 GiB steps at irregular moments over the
+    # first hour (minutes, GiB), after a 10-minute warm-up, then nothing for hours
+    base = 0.45 * total_gib * GiB
+
+    def level(t: float) -> float:
+        return base + 2 * GiB * (1 - math.exp(-4 * t / 600)) + GiB * sum(size for at, size in steps if 60 * at <= t)
+
+    samples = ({**s, "total_bytes": total_gib * GiB} for s in device_series(level, 5.0, clock, 20.0, seed=7))
+    engine, events = judge(samples)
+    assert leaks(events) == [], [(e["type"], round((e["ts"] - START) / 3600, 2)) for e in events]
+    assert engine.summary()["state"] != "leak"
+
+
+@pytest.mark.parametrize("clock", list(CLOCKS))
 def test_a_staircase_whose_gaps_vary_threefold_is_a_leak_with_a_range(clock: str) -> None:
     gaps_min = [14, 40, 18, 36, 12, 33, 22, 39, 15, 30, 25, 13, 37]  # 12 to 40 min apart
     at = [3600 * 1.5 + 60 * sum(gaps_min[: k + 1]) for k in range(len(gaps_min))]

@@ -578,3 +578,26 @@ def test_the_forecast_range_widens_with_fewer_gaps_seen() -> None:
     assert _t80(2) == pytest.approx(1.886, rel=0.03) and _t80(4) == pytest.approx(1.533, rel=0.01)
     assert _t80(1000) == pytest.approx(1.2816, rel=0.001)
     assert [_t80(d) for d in range(1, 12)] == sorted((_t80(d) for d in range(1, 12)), reverse=True)
+
+
+def test_a_step_straddling_two_points_counts_whole_and_a_rise_of_steps_is_no_creep() -> None:
+    from vramwatch.engine.forecast import moves_of, stairs_of, stepwise
+
+    gib = float(1 << 30)
+    xs = [float(x) for x in range(0, 61)]
+    # 2 GiB steps at 10, 30 and 50, each landing across two points (half at the point, half at the next)
+    def level(x: float) -> float:
+        return sum(gib * (1.0 if x >= at + 1 else 0.5 if x >= at else 0.0) for at in (10, 30, 50)) * 2
+
+    ys = [level(x) for x in xs]
+    read = stairs_of(xs, ys, moves_of(xs, ys, 0.1 * gib), 1.5)
+    assert read is not None and read.gaps == 2
+    assert read.rise == pytest.approx(4 * gib)  # the two steps after the first, whole
+    assert read.rate(60, read.level) == pytest.approx(4 * gib / 40)
+    cfg = EngineConfig()
+    assert stepwise(cfg, xs, ys, 0.8 * gib)  # all of the rise is in its steps
+    creep = [0.1 * gib * x for x in xs]
+    assert not stepwise(cfg, xs, creep, 0.8 * gib)  # a leak creeping: none of it
+    # a creep with another process's 0.6 GiB coming at 20 and going at 40: still a creep
+    other = [y + 0.6 * gib * (20 <= x < 40) for x, y in zip(xs, creep, strict=True)]
+    assert not stepwise(cfg, xs, other, 0.8 * gib)

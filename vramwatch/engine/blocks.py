@@ -25,7 +25,7 @@ from itertools import pairwise
 from typing import Literal, NamedTuple, TypeVar
 
 from vramwatch.engine.config import EngineConfig
-from vramwatch.engine.forecast import Stairs, steady_rate
+from vramwatch.engine.forecast import Stairs, steady_rate, stepwise
 from vramwatch.engine.stats import mann_kendall_z, rolling_min, theil_sen
 
 T = TypeVar("T")
@@ -339,6 +339,9 @@ class Pyramid:
             return None
         rate = 0.0
         if self.ratchet_floor and signal == "floor":  # its own floor never falls: a fall is another's
+            fine, steps, _ = self.window(signal, s0, points=self.config.ring_blocks)
+            if len(fine) >= self.config.min_blocks and stepwise(self.config, fine, steps, tol):
+                return None  # a few steps, not a creep: the staircase test judges it
             rate = steady_rate(self.config, xs, ys, tol)
         return Trend(slope, span, n, ys[-1], 0.0, min(slope, *slopes), max(slope, *slopes), max(rate, 0.0))
 

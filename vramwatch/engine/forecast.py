@@ -116,27 +116,44 @@ def without(xs: list[float], ys: list[float], shifts: list[Move]) -> list[float]
     return [y - sum(size for at, size in shifts if at < x) for x, y in zip(xs, ys, strict=True)]
 
 
-def steady_rate(cfg: EngineConfig, xs: list[float], ys: list[float], tol: float) -> float:
-    """A ratcheting level's rise: the Theil-Sen slope with another process's moves out (0 when
-    there are none: the slope stands). Moves are read over the rise's own creep (the median rise
-    between points: a neighbour leaving while the leak creeps on counts its whole size), past
-    :func:`step_threshold`'s threshold (the jitter read on those differences). Another's moves
-    always include a fall: without one (one as large as the smallest step between two points, then
-    past the threshold over the creep) nothing more is read."""
-    dys = [b - a for a, b in pairwise(ys)]
-    if min(dys) >= -tol / (2 * cfg.stair_steps):
-        return 0.0
+def _over_creep(cfg: EngineConfig, xs: list[float], ys: list[float], tol: float) -> tuple[list[float], float]:
+    """``ys`` with the rise's own creep (the median rise per step between points) taken out, and
+    the smallest move there that is one: :func:`step_threshold`'s, on the jitter read on those
+    differences. A steady rise is flat there; a step, a neighbour's arrival or its leaving stands
+    out whole."""
     dxs = [b - a for a, b in pairwise(xs)]
+    dys = [b - a for a, b in pairwise(ys)]
     creep = median([dy / dx for dx, dy in zip(dxs, dys, strict=True)])
     excess = [dy - creep * dx for dx, dy in zip(dxs, dys, strict=True)]
     sigma = 1.4826 * median([abs(e) for e in excess]) / math.sqrt(2.0)
     threshold = max(cfg.stair_z * math.sqrt(2.0) * sigma, tol / (2 * cfg.stair_steps))
-    if min(excess) >= -threshold:
-        return 0.0
     x0 = xs[0]
-    flat = [y - creep * (x - x0) for x, y in zip(xs, ys, strict=True)]
+    return [y - creep * (x - x0) for x, y in zip(xs, ys, strict=True)], threshold
+
+
+def steady_rate(cfg: EngineConfig, xs: list[float], ys: list[float], tol: float) -> float:
+    """A ratcheting level's rise: the Theil-Sen slope with another process's moves out (0 when
+    there are none: the slope stands). Moves are read over the rise's own creep (:func:`_over_creep`:
+    a neighbour leaving while the leak creeps on counts its whole size). Another's moves always
+    include a fall: without one (one as large as the smallest step between two points) nothing
+    more is read."""
+    if min(b - a for a, b in pairwise(ys)) >= -tol / (2 * cfg.stair_steps):
+        return 0.0
+    flat, threshold = _over_creep(cfg, xs, ys, tol)
     _, foreign = level_shifts(moves_of(xs, flat, threshold), cfg.stair_toggle_ratio)
     return theil_sen(xs, without(xs, ys, foreign)) if foreign else 0.0
+
+
+def stepwise(cfg: EngineConfig, xs: list[float], ys: list[float], tol: float) -> bool:
+    """The rise of a ratcheting level is carried by its steps, not its creep: the rises standing
+    out over the creep (:func:`_over_creep`; another process's moves out) add up to more than half
+    of the net rise. Such a rise is a staircase (NCCL's set-up, a few kept tensors) and is judged
+    by its cadence (``staircase.py``), however straight a line through it looks at the fit's
+    resolution. O(points)."""
+    flat, threshold = _over_creep(cfg, xs, ys, tol)
+    rises, foreign = level_shifts(moves_of(xs, flat, threshold), cfg.stair_toggle_ratio)
+    net = ys[-1] - ys[0] - sum(size for _, size in foreign)
+    return net > 0 and sum(size for _, size in rises) > 0.5 * net
 
 
 def stairs_of(xs: list[float], ys: list[float], moves: list[Move], ratio: float) -> Stairs | None:
@@ -153,9 +170,11 @@ def stairs_of(xs: list[float], ys: list[float], moves: list[Move], ratio: float)
     gaps = [b[0] - a[0] for a, b in pairwise(own)]
     last = own[-1][0]
     level = without(xs, ys, foreign)
-    after_first = next(i for i, x in enumerate(xs) if x > first)
-    after_last = next(i for i, x in enumerate(xs) if x > last)
-    rise = level[after_last] - level[after_first]
+    # the level once a step is whole: the point before it plus its size (a step straddling points
+    # is one move at its first position: the point after that is halfway up)
+    before_first = max(i for i, x in enumerate(xs) if x < first)
+    before_last = max(i for i, x in enumerate(xs) if x < last)
+    rise = level[before_last] + own[-1][1] - level[before_first] - own[0][1]
     spread = (_cv(gaps) ** 2 + _cv([size for _, size in own]) ** 2) ** 0.5
     if rise <= 0:
         return None  # what rose since its first step went again: no rate to forecast from

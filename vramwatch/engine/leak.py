@@ -113,11 +113,18 @@ class LeakDetector:
 
     def _fills(self, ctx: Context, trend: Trend) -> bool:
         """``trend`` fills the card within the warm-up allowance and has been seen for at least
-        ``young_fill_ratio`` of the time it still needs (a staircase: twice that)."""
+        ``young_fill_ratio`` of the time it still needs (a staircase: twice that). A staircase's
+        fill is judged at the slow end of its range (:func:`_stairs_spread`): a few irregular steps
+        (NCCL's set-up) say little about a rate, a leak's regular chunks say much."""
         cfg = ctx.config
-        _, seconds = self.runway(ctx, self.source_for(ctx), trend.slope)
+        steps, seconds = self.runway(ctx, self.source_for(ctx), trend.slope)
         per_step = ctx.pyramid.seconds_per_step()
-        if seconds is None or not per_step or seconds > cfg.warmup_leak_horizons * cfg.warmup_horizon_s:
+        if seconds is None or steps is None or not per_step:
+            return False
+        slowest = seconds
+        if trend.stairs is not None and steps:
+            slowest = seconds / (1.0 - _stairs_spread(trend.stairs, steps))
+        if slowest > cfg.warmup_leak_horizons * cfg.warmup_horizon_s:
             return False
         # a staircase's steps come when they come (NCCL's set-up, compile records: a handful, then
         # none): seen for as long as it still needs, twice a steady rise's share
