@@ -31,7 +31,7 @@ Why each budget holds for a pickle the grammar takes (:class:`Recognizer`):
   short C call (the GIL is free between them), with the deadline checked between windows.
 
 Cost: about 2x the C unpickler's time on a real snapshot, against 15x for the walk
-(``bench/snapshot_diff_bench.py``); memory: one window's byte counts and the bytes of a
+(``bench/bounds_bench.py``); memory: one window's byte counts and the bytes of a
 token cut by a piece's end (at most a tuple of atoms).
 """
 
