@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from vramwatch.causes import LastWords, last_words_of
@@ -217,6 +217,14 @@ class RankLife:
             del kept[1]  # the first and the latest stay
             self.dropped_suspected += 1
         self._suspected = kept
+
+    def add_suspected(self, kept: Iterable[SuspectedOom], dropped: int) -> None:
+        """Take suspected OOMs kept elsewhere (the store's, :meth:`suspect`'s bound) and the count
+        they dropped: each as :meth:`suspect` takes it; of the two dropped counts the larger (the
+        same reports counted once). Into an empty fold (a run not replayed) it is exact."""
+        self.dropped_suspected = max(self.dropped_suspected, dropped)
+        for found in kept:
+            self.suspect(found)
 
     @property
     def suspected(self) -> tuple[SuspectedOom, ...]:

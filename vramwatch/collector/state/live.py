@@ -323,6 +323,19 @@ class LiveState:
                     state.last_seen = state.last["ts"]
         return count
 
+    def tell_suspected(self, run: str,
+                       records: Mapping[tuple[str, int], tuple[Iterable[SuspectedOom], int]]) -> None:
+        """Tell the run's live folds the suspected OOMs the store kept (``Store.suspected_records``:
+        what its engines said before a restart, which a replay no longer sees once retention took
+        the climb's samples): :meth:`RankLife.add_suspected`, a moment already known is a no-op."""
+        with self._lock:
+            self.version += 1
+            for (host, rank), (kept, dropped) in records.items():
+                state = self._series.get((run, host, rank))
+                if state is not None:
+                    state.life.add_suspected(kept, dropped)
+                    state.version = self.version
+
     def evict_quiet(self, cutoff: float, now: float | None = None) -> list[str]:
         """Drop the live state of runs with no sample received since ``cutoff``; each leaves
         a :class:`RetiredRun` row for the runs list (its status judged as a run that has
@@ -527,7 +540,8 @@ def story_row(story: RunStory) -> dict[str, Any]:
         "last_step": max((r.current.record.last.step for r in story.ranks), default=None),
         "worst_state": None, "worst_rank": None, "min_headroom_bytes": None, "seconds_to_oom": None,
         "last_seen": 0.0 if story.last is None else story.last.ts, "ooms": tally.ooms, "restarts": tally.restarts,
-        "deaths": tally.deaths, "silent_ranks": tally.silent, "dead_ranks": tally.dead, "tally": tally.as_dict(),
+        "deaths": tally.deaths, "silent_ranks": tally.silent, "dead_ranks": tally.dead,
+        "suspected_ooms": tally.suspected_ooms, "tally": tally.as_dict(),
         "incidents": incidents.count(story),
     }
 
