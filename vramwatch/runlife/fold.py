@@ -50,6 +50,11 @@ class SuspectedOom(NamedTuple):
                    None if event.get("total_bytes") is None else int(event["total_bytes"]), str(event["reason"]))
 
 
+#: a run's suspected OOMs kept outside a fold (the store's, ``Store.suspected_records``): per
+#: (host, rank) the records kept (by time) and the count dropped past MAX_SUSPECTED
+SuspectedRecords = Mapping[tuple[str, int], tuple[tuple[SuspectedOom, ...], int]]
+
+
 class IncarnationRecord(NamedTuple):
     """What the fold keeps of one process. Equal for any order of the same samples.
 

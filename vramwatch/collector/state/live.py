@@ -31,7 +31,7 @@ from vramwatch.decisions.online import DecisionEngine
 from vramwatch.decisions.readiness import ReadinessConfig
 from vramwatch.decisions.views import RankView
 from vramwatch.errors import VramwatchError
-from vramwatch.runlife import RankLife, RankStory, RunStory, SuspectedOom, judge
+from vramwatch.runlife import RankLife, RankStory, RunStory, SuspectedOom, SuspectedRecords, judge
 from vramwatch.wire import Sample
 
 #: Engine events kept per series for the API (the engine keeps its own bounded list too).
@@ -173,10 +173,14 @@ class LiveState:
     the only lock guarding the engines."""
 
     def __init__(self, engine_factory: Callable[[], RankEngine] = collector_engine, *,
-                 silent_after_s: float | None = None) -> None:
+                 silent_after_s: float | None = None, kept_suspected: Callable[[str], SuspectedRecords] | None = None,
+                 ) -> None:
         self._engine_factory = engine_factory
         #: one silence window for every rank, or None: each rank's own (vramwatch.runlife.rank_window)
         self.silent_after_s = silent_after_s
+        #: a run's suspected OOMs as the store kept them (``Store.suspected_records``): told to a run
+        #: rebuilt on demand (:meth:`revived`), whose replay may no longer see them
+        self.kept_suspected = kept_suspected
         self._series: dict[SeriesKey, SeriesState] = {}
         self._ranks_per_run: dict[str, int] = {}
         self._retired: dict[str, RetiredRun] = {}
@@ -323,8 +327,7 @@ class LiveState:
                     state.last_seen = state.last["ts"]
         return count
 
-    def tell_suspected(self, run: str,
-                       records: Mapping[tuple[str, int], tuple[Iterable[SuspectedOom], int]]) -> None:
+    def tell_suspected(self, run: str, records: SuspectedRecords) -> None:
         """Tell the run's live folds the suspected OOMs the store kept (``Store.suspected_records``:
         what its engines said before a restart, which a replay no longer sees once retention took
         the climb's samples): :meth:`RankLife.add_suspected`, a moment already known is a no-op."""
@@ -398,6 +401,8 @@ class LiveState:
         if states is None:
             scratch = LiveState(self._engine_factory, silent_after_s=self.silent_after_s)
             scratch.rebuild(replay(run))
+            if self.kept_suspected is not None:
+                scratch.tell_suspected(run, self.kept_suspected(run))
             states = scratch.for_run(run)
         with self._lock:
             self._revived[run] = states

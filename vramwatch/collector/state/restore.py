@@ -23,8 +23,8 @@ import logging
 import time
 
 from vramwatch.collector.state.live import LiveState, RetiredRun, story_row
-from vramwatch.collector.store import Store, SuspectedRecords
-from vramwatch.runlife import IncarnationRecord, RunLife, RunStory, judge
+from vramwatch.collector.store import Store
+from vramwatch.runlife import IncarnationRecord, RunLife, RunStory, SuspectedRecords, judge
 
 log = logging.getLogger("vramwatch.collector")
 

@@ -35,11 +35,11 @@ from vramwatch.collector.store.schema import (
     SERIES_OPTIONAL,
     TRAIN_PHASE_ID,
 )
-from vramwatch.collector.store.suspected import SuspectedRecords, SuspectedReport
+from vramwatch.collector.store.suspected import SuspectedReport
 
 __all__ = [
     "FIELD_COLUMNS", "MIGRATIONS", "SAMPLE_COLUMNS", "SCHEMA_VERSION", "SERIES_OPTIONAL", "TRAIN_PHASE_ID",
     "WAL_AUTOCHECKPOINT_PAGES", "WAL_SIZE_LIMIT_BYTES", "InsertResult", "RetentionResult", "RunFullError",
     "SeriesRow", "Store", "StoreBusyError", "StoreCloseError", "StoreError", "StoreLockedError", "StoreReadError",
-    "SuspectedRecords", "SuspectedReport", "default_db_path", "thread_reader",
+    "SuspectedReport", "default_db_path", "thread_reader",
 ]

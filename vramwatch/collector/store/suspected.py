@@ -18,10 +18,8 @@ import threading
 from collections.abc import Iterable, Iterator
 
 from vramwatch.collector.store.errors import StoreBusyError, StoreError
-from vramwatch.runlife import MAX_SUSPECTED, SuspectedOom
+from vramwatch.runlife import MAX_SUSPECTED, SuspectedOom, SuspectedRecords
 
-#: (host, rank) -> the suspected OOMs kept (by moment) and the count dropped past the bound
-SuspectedRecords = dict[tuple[str, int], tuple[tuple[SuspectedOom, ...], int]]
 #: one report: the rank (run, host, rank) and what was suspected there
 SuspectedReport = tuple[str, str, int, SuspectedOom]
 
