@@ -1,6 +1,6 @@
 /* The runs list (#/): every run with its status (the collector's model: running, finished,
- * recovered, crashed, ended; meanings from /api/v1/meta), OOM count, worst rank's state and
- * least headroom, newest first. Updated in place on every poll. */
+ * recovered, crashed, ended; meanings from /api/v1/meta), OOM count (the OOMs suspected from device
+ * memory beside it), worst rank's state and least headroom, newest first. Updated in place on every poll. */
 
 import { age, clock, duration, gib, intText, isNum } from "./format.js";
 import { $, clear, el, setText } from "./dom.js";
@@ -44,10 +44,14 @@ function fillRow(tr, r) {
   const sb = c[1].firstChild;
   setText(sb, status);
   sb.dataset.status = status;
-  setText(c[2], isNum(r.ooms) ? intText(r.ooms) : "—");
-  c[2].className = "num" + (r.ooms > 0 ? " bad" : " muted");
+  // OOMs suspected from device memory alone (no OOM counter: dcgm, nvidia-smi) beside the confirmed ones, never in them
+  const suspected = isNum(r.suspected_ooms) ? r.suspected_ooms : 0;
+  setText(c[2], (isNum(r.ooms) ? intText(r.ooms) : "—") + (suspected > 0 ? " + " + intText(suspected) + " suspected" : ""));
+  c[2].className = "num" + (r.ooms > 0 || suspected > 0 ? " bad" : " muted");
+  c[2].dataset.suspected = suspected;
   // what else happened to the run's processes, as the collector counts it
   const more = [];
+  if (suspected > 0) more.push(intText(suspected) + " suspected OOM" + (suspected === 1 ? "" : "s") + " (device memory only, not confirmed)");
   if (r.dead_ranks > 0) more.push(intText(r.dead_ranks) + " dead rank" + (r.dead_ranks === 1 ? "" : "s"));
   if (r.restarts > 0) more.push(intText(r.restarts) + " restart" + (r.restarts === 1 ? "" : "s"));
   if (r.silent_ranks > 0) more.push(intText(r.silent_ranks) + " silent rank" + (r.silent_ranks === 1 ? "" : "s"));

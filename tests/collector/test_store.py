@@ -336,6 +336,43 @@ def test_a_read_only_open_of_an_old_database_says_how_to_migrate(tmp_path) -> No
     assert [s["step"] for s in Store(path, readonly=True).iter_samples("old")] == [7]
 
 
+def test_a_database_without_the_suspected_oom_tables_reads_none_and_gets_them_when_opened_for_writing(
+        tmp_path) -> None:
+    """The suspected-OOM tables came after the last migration: a file written before them opens
+    read-only (the CLI's commands) and reads no suspected OOM, what a writer's open then creates."""
+    from vramwatch.collector.store.schema import LATER_TABLES
+    from vramwatch.runlife import SuspectedOom
+
+    path = tmp_path / "before.db"
+    store = Store(path)
+    store.insert([make_sample(i) for i in range(5)])
+    store.close()
+    with closing(sqlite3.connect(path)) as conn, conn:
+        for table in LATER_TABLES:
+            conn.execute(f"DROP TABLE {table}")
+    store = Store(path, readonly=True)
+    try:
+        assert store.suspected_records("run-a") == {} and len(store.life_records("run-a")[0]) == 1
+    finally:
+        store.close()
+    proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", "postmortem", "run-a", "--db", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    store = Store(path)  # a writer's open creates them
+    try:
+        found = SuspectedOom(3, 1_760_000_003.0, 78 * GiB, GiB // 2, 80 * GiB, "near_full")
+        assert store.keep_suspected([("run-a", "node-1", 0, found)]) == 1
+        assert store.suspected_records("run-a") == {("node-1", 0): ((found,), 0)}
+    finally:
+        store.close()
+    store = Store(path, readonly=True)
+    try:
+        with pytest.raises(StoreError, match="read-only"):
+            store.keep_suspected([("run-a", "node-1", 0, found)])
+    finally:
+        store.close()
+
+
 def test_the_wire_schema_of_each_sample_is_kept(tmp_path) -> None:
     store = Store(tmp_path / "a.db")
     v2_full = {**make_sample(1), "schema": 2}
@@ -412,6 +449,7 @@ def test_incarnations_are_bounded_per_rank_and_no_statement_grows_with_them(tmp_
     ("UPDATE series SET rank = 'zero'", "rank"),
     ("UPDATE samples SET extra = zeroblob(8 * 1024 * 1024) WHERE step = 1", "extra"),
     ("UPDATE phases SET name = zeroblob(10) WHERE id = 0", "name"),
+    ("INSERT INTO suspected_ooms VALUES ('run-a', 'node-1', 0, 1.0, 1, 'lots', 0, NULL, 'near_full')", "used_before"),
 ])
 def test_a_database_with_wrong_values_is_one_line_and_exit_2(tmp_path, sql: str, column: str) -> None:
     path = tmp_path / "bad.db"

@@ -131,6 +131,25 @@ def test_runs_list_counts_incidents(collector: dict[str, Any], page: Page) -> No
     assert page.errors == []
 
 
+def test_runs_list_shows_suspected_ooms_beside_the_oom_count(collector: dict[str, Any], page: Page) -> None:
+    """The device-only run: its OOMs cell reads "0 + 1 suspected" (the collector's row, never an OOM)
+    and says what a suspicion is; a run without one shows its OOM count alone."""
+    p = page.page
+    p.goto(collector["url"] + "/#/")
+    p.wait_for_selector("#runs-table tbody tr[data-run='dcgm-oom']")
+    head = p.eval_on_selector_all("#runs-table thead th", "ths => ths.map(t => t.textContent)")
+    col = head.index("OOMs")
+    row = next(r for r in httpx.get(collector["url"] + "/api/v1/runs", timeout=30).json() if r["run"] == "dcgm-oom")
+    assert (row["ooms"], row["suspected_ooms"]) == (0, 1)
+    cell = p.locator("#runs-table tbody tr[data-run='dcgm-oom'] td").nth(col)
+    assert cell.text_content() == "0 + 1 suspected"
+    assert "bad" in (cell.get_attribute("class") or "").split()
+    assert "1 suspected OOM (device memory only, not confirmed)" in (cell.get_attribute("title") or "")
+    other = p.locator("#runs-table tbody tr[data-run='leak-ckpt'] td").nth(col).text_content()
+    assert "suspected" not in other and other.strip().isdigit()
+    assert page.errors == []
+
+
 def test_the_wall_time_chart_puts_the_oom_before_the_restart(collector: dict[str, Any], page: Page) -> None:
     p = page.page
     p.goto(run_url(collector["url"], "leak-ckpt", rank=5, x="time"))

@@ -32,14 +32,15 @@ from vramwatch.front.server import BackgroundFront
 def test_merge_runs_sums_counts_and_keeps_the_worst():
     a = ShardAnswer("a", [{"run": "r", "ranks": 8, "hosts": 1, "samples": 80, "ooms": 0, "last_ts": 10.0,
                            "last_step": 9, "worst_state": "plateau", "worst_rank": 0, "min_headroom_bytes": 5,
-                           "seconds_to_oom": None, "status": "running"}])
+                           "seconds_to_oom": None, "status": "running", "suspected_ooms": 2}])
     b = ShardAnswer("b", [{"run": "r", "ranks": 8, "hosts": 1, "samples": 70, "ooms": 1, "last_ts": 12.0,
                            "last_step": 11, "worst_state": "leak", "worst_rank": 9, "min_headroom_bytes": 3,
-                           "seconds_to_oom": 60.0, "status": "crashed"}, {"run": "other", "ranks": 1}],
+                           "seconds_to_oom": 60.0, "status": "crashed", "suspected_ooms": 1},
+                          {"run": "other", "ranks": 1}],
                      stale=True)
     runs = {r["run"]: r for r in merge_runs([a, b])}
     r = runs["r"]
-    assert (r["ranks"], r["hosts"], r["samples"], r["ooms"]) == (16, 2, 150, 1)
+    assert (r["ranks"], r["hosts"], r["samples"], r["ooms"], r["suspected_ooms"]) == (16, 2, 150, 1, 3)
     assert (r["last_ts"], r["last_step"], r["min_headroom_bytes"], r["seconds_to_oom"]) == (12.0, 11, 3, 60.0)
     assert (r["worst_state"], r["worst_rank"], r["status"]) == ("leak", 9, "crashed")
     assert r["shards"] == ["a", "b"] and r["unreachable_shards"] == ["b"]
@@ -276,6 +277,28 @@ def test_postmortem_through_the_front(tmp_path: Path):
             proc = subprocess.run([sys.executable, "-m", "vramwatch.cli", "postmortem", "nope", "--url", front.url],
                                   capture_output=True, text=True, timeout=60)
             assert proc.returncode == 2 and "404" in proc.stderr
+
+
+def test_a_front_adds_up_the_shards_suspected_ooms(tmp_path: Path):
+    """Device-only samples of one job (rank 0's memory vanishes near full, rank 1 flat) split over
+    two shards, each a real collector: the front's runs row and tally count the suspected OOM that
+    one shard's engine raised, once, and never as an OOM; a tally without the count (an older
+    shard) adds as 0."""
+    from incident_runs import device_oom
+
+    from vramwatch.runlife import RunTally
+
+    trace = device_oom("dev-split", end=time.time() - 1)
+    with BackgroundServer(str(tmp_path / "a.db")) as a, BackgroundServer(str(tmp_path / "b.db")) as b:
+        for shard, rank in ((a, 0), (b, 1)):
+            _post_all(shard.url, [s for s in trace if s["rank"] == rank])
+        settings = FrontSettings(peers=PeerSource(static=parse_peers([a.url, b.url])), timeout_s=5.0)
+        with BackgroundFront(settings) as front:
+            (row,) = [r for r in httpx.get(front.url + "/api/v1/runs", timeout=30).json() if r["run"] == "dev-split"]
+    assert (row["ranks"], row["suspected_ooms"], row["ooms"]) == (2, 1, 0)
+    assert (row["tally"]["suspected_ooms"], row["tally"]["ooms"], row["status"]) == (1, 0, "running")
+    older = {k: v for k, v in row["tally"].items() if k != "suspected_ooms"}
+    assert (RunTally.from_dict(older) + RunTally.from_dict(row["tally"])).suspected_ooms == 1
 
 
 # ---------------------------------------------------------------- run-level answers over --url

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vramwatch import wire
 from vramwatch.collector.server import BackgroundServer
+from vramwatch.collector.store import Store
 from vramwatch.evidence import postmortem
 from vramwatch.units import capacity, gib
 from vramwatch.verdicts import STATES
@@ -100,3 +101,47 @@ def test_the_cli_postmortem_of_the_samples_alone_tells_the_same_incident(
     pm = postmortem.build(RUN, lambda: iter(trace), now=trace[-1]["ts"] + 1)
     assert pm.incidents == api["incidents"] and pm.next == api["next"]
     assert pm.tally["ooms"] == 0 and pm.first_failure is None
+
+
+def test_a_restarted_collector_counts_the_suspected_oom_without_a_replay(tmp_path) -> None:
+    """The suspected OOM is kept in the store (SQLite on disk): a collector restarted on the same
+    file counts it once on /metrics (the replay's and the store's are one moment); still once after
+    retention took the climb's samples, so that the replay no longer sees it; and a run retired at
+    start-up (not replayed, its page never opened) counts it in its runs row and tally."""
+    db = str(tmp_path / "vw.db")
+    trace = [wire.validate(s) for s in device_oom(RUN, end=time.time() - 1)]
+    with BackgroundServer(db) as srv, httpx.Client(base_url=srv.url, timeout=60) as client:
+        assert client.post("/api/v1/samples", content=ndjson(trace), headers=NDJSON_HEADERS).status_code == 200
+        (said,) = [e for e in client.get(f"/api/v1/runs/{RUN}/events", params={"rank": 0}).json()
+                   if e["type"] == "suspected_oom"]
+        row = next(r for r in client.get("/api/v1/runs").json() if r["run"] == RUN)
+        assert (row["suspected_ooms"], row["tally"]["suspected_ooms"], row["ooms"]) == (1, 1, 0)
+    with BackgroundServer(db) as srv:  # start-up replays the run and reads the store: one moment, counted once
+        assert _metric(httpx.get(f"{srv.url}/metrics").text, "vramwatch_suspected_ooms_total") == {"0": 1.0, "1": 0.0}
+
+    vanished = trace[0]["ts"] + DEVICE_OOM_T
+    store = Store(db)
+    try:  # retention takes every sample up to two minutes after the vanish: the climb is gone
+        store.retain(vanished + 120)
+        left = [s for s in store.iter_samples(RUN) if s["rank"] == 0]
+    finally:
+        store.close()
+    assert left and max(s["nvml_used_bytes"] for s in left) < GiB  # what is left never climbed
+    with BackgroundServer(db) as srv, httpx.Client(base_url=srv.url, timeout=60) as client:
+        assert not [e for e in client.get(f"/api/v1/runs/{RUN}/events", params={"rank": 0}).json()
+                    if e["type"] == "suspected_oom"], "the replay itself no longer suspects it"
+        assert _metric(client.get("/metrics").text, "vramwatch_suspected_ooms_total") == {"0": 1.0, "1": 0.0}
+        assert _metric(client.get("/metrics").text, "vramwatch_last_suspected_oom_timestamp_seconds") == {
+            "0": said["ts"]}
+        ranks = {r["rank"]: r for r in client.get(f"/api/v1/runs/{RUN}/ranks").json()}
+        assert (ranks[0]["suspected_ooms"], ranks[1]["suspected_ooms"]) == (1, 0)
+
+    time.sleep(max(0.0, trace[-1]["ts"] + 2.5 - time.time()))
+    with BackgroundServer(db, finished_after_s=1.0) as srv, httpx.Client(base_url=srv.url, timeout=60) as client:
+        assert client.get("/healthz").json()["series"] == 0  # retired: not replayed
+        row = next(r for r in client.get("/api/v1/runs").json() if r["run"] == RUN)
+        assert (row["suspected_ooms"], row["tally"]["suspected_ooms"], row["ooms"], row["tally"]["ooms"]) == (
+            1, 1, 0, 0)
+        assert client.get("/healthz").json()["series"] == 0  # the runs list opened no page
+        pm = client.get(f"/api/v1/runs/{RUN}/postmortem").json()  # its page, rebuilt on demand, says the same
+        assert pm["tally"]["suspected_ooms"] == 1 and [i["kind"] for i in pm["incidents"]] == ["suspected_oom"]

@@ -254,3 +254,79 @@ def test_compare_and_gate_count_ooms_restarts_and_deaths_from_the_model() -> Non
     assert [(r.rank, r.ooms, r.restarts, r.deaths) for r in again.ranks] == [(0, 0, 1, 1), (1, 1, 1, 1), (2, 0, 1, 1),
                                                                              (3, 0, 1, 1)]
     assert gate(baseline, baseline).passed
+
+
+def test_the_stores_suspected_ooms_equal_the_folds_in_any_order_and_past_the_bound(tmp_path) -> None:
+    """The OOMs suspected from device memory, kept in the store (SQLite on disk, one transaction
+    per batch, reopened between batches) and told to a fold in the same order: the same records,
+    the same first and latest past MAX_SUSPECTED, the same count dropped; a report told twice is a
+    no-op in both; a run judged from the store's records (start-up's retired run) counts them all."""
+    from vramwatch.collector.state.restore import stopped_story
+    from vramwatch.collector.store import Store
+
+    found = [runlife.SuspectedOom(100 * k, T0 + 100 * k, 78 * 2**30, 2**29, None if k % 7 else 80 * 2**30,
+                                  "near_full" if k % 2 else "top_of_climb")
+             for k in range(1, runlife.MAX_SUSPECTED + 41)]
+    told = random.Random(5).sample(found, len(found))
+    told += found[-10:]  # told again (a replay, a resend): kept moments, so nothing changes
+    life = RunLife("dev")
+    for i in range(10):
+        life.feed(make_sample(i, run="dev", ts=T0 + i))
+    rank = life.ranks()[0]
+    path, new = tmp_path / "vw.db", 0
+    for start in range(0, len(told), 30):
+        store = Store(path)
+        try:
+            new += store.keep_suspected([("dev", "node-1", 0, f) for f in told[start:start + 30]])
+            store.insert([make_sample(i, run="dev", ts=T0 + i) for i in range(10)])
+        finally:
+            store.close()
+        for f in told[start:start + 30]:
+            rank.suspect(f)
+    store = Store(path, readonly=True)
+    try:
+        stored = store.suspected_records("dev")
+        records, _ = store.life_records("dev")
+        assert store.suspected_records("no-such-run") == {}
+    finally:
+        store.close()
+    assert new == len(found) and stored == {("node-1", 0): (rank.suspected, rank.dropped_suspected)}
+    assert len(rank.suspected) == runlife.MAX_SUSPECTED and rank.dropped_suspected == 40
+    assert rank.suspected[0] == found[0] and rank.suspected[-1] == found[-1]
+    story = stopped_story("dev", records, T0 + 3600, stored)
+    (r,) = story.ranks
+    assert (r.suspected_ooms, r.suspected, r.ooms) == (len(found), rank.suspected, 0)
+    assert story.tally.suspected_ooms == len(found) and story.tally.ooms == 0
+    assert stopped_story("dev", records, T0 + 3600).tally.suspected_ooms == 0  # what the store alone said before
+
+
+def test_the_stores_suspected_ooms_from_the_engine_equal_the_folds(tmp_path) -> None:
+    """Device-only samples (device used 78 GiB -> 0.4 GiB on an 80 GiB card) through the
+    collector's live state: the engine suspects one OOM on rank 0; the store keeps what it raised,
+    equal to the fold's record, and a retention that leaves the rank nothing forgets it."""
+    from incident_runs import device_oom
+
+    from vramwatch import wire
+    from vramwatch.collector.state.live import LiveState
+    from vramwatch.collector.store import Store
+
+    trace = [wire.validate(s) for s in device_oom("dev-oom", end=T0)]
+    live = LiveState()
+    raised = live.ingest(trace, received_at=T0)
+    reports = [(e["run"], e["host"], e["rank"], runlife.SuspectedOom.of(e, e["ts"])) for e in raised
+               if e["type"] == "suspected_oom"]
+    store = Store(tmp_path / "vw.db")
+    try:
+        store.insert(trace)
+        assert store.keep_suspected(reports) == 1 and store.keep_suspected(reports) == 0
+        folded = {(s.host, s.rank): (s.life.suspected, s.life.dropped_suspected) for s in live.for_run("dev-oom")
+                  if s.life.suspected}
+        assert store.suspected_records("dev-oom") == folded and list(folded) == [("node-a", 0)]
+        ((found,), _) = folded[("node-a", 0)]
+        assert found.used_before_bytes > 0.9 * 80 * 2**30 and found.used_after_bytes < 2**30
+        store.retain(T0 - 7200.0)  # older than the run: nothing goes
+        assert store.suspected_records("dev-oom") == folded
+        store.retain(T0 + 1)  # every sample goes: the rank and its suspected OOM with it
+        assert store.suspected_records("dev-oom") == {}
+    finally:
+        store.close()

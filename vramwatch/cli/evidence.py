@@ -75,7 +75,7 @@ def cmd_postmortem(args: argparse.Namespace) -> int:
         if args.run not in store.runs():
             raise UsageError(f"no run named {args.run!r} in {db}")
         pm = postmortem.build(args.run, lambda: store.iter_samples(args.run), now=time.time(),
-                              silent_after_s=args.silent_after)
+                              silent_after_s=args.silent_after, kept_suspected=store.suspected_records(args.run))
     finally:
         store.close()
     snapshots = SnapshotStore.beside(db)

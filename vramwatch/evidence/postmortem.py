@@ -189,13 +189,15 @@ def build(
     now: float,
     silent_after_s: float | None = None,
     story: runlife.RunStory | None = None,
+    kept_suspected: runlife.SuspectedRecords | None = None,
 ) -> PostMortem:
     """The post-mortem of ``run``; ``samples`` is called once or twice (streaming passes).
 
     ``story``: the run as a collector's live state judged it (the route and the report pass it, so
     the post-mortem and ``/runs`` read one judgement): the samples are read once and not folded.
     Without it the first pass folds and judges them at ``now``, a second finds what each rank held
-    at the first failure."""
+    at the first failure. ``kept_suspected``: the OOMs suspected from device memory as a store kept
+    them (``Store.suspected_records``), told to that fold with its engines' own."""
     failed_at = None if story is None or story.first_failure is None else story.first_failure.ts
     tracker = _incidents.Tracker()
     lives, last, oom_samples, at_failure = _read(samples(), tracker, fold=story is None, failed_at=failed_at)
@@ -203,6 +205,10 @@ def build(
         return PostMortem(run=run, status=str(runlife.RunTally().status), first_failure=None, ranks=[])
     if story is None:
         tracker.tell(lives[run])  # the OOMs its engines suspected from device memory
+        known = {(r.host, r.rank) for r in lives[run].ranks()}
+        for key, (kept, dropped) in (kept_suspected or {}).items():  # and those kept before the samples went
+            if key in known:
+                lives[run].rank(*key).add_suspected(kept, dropped)
         story = runlife.judge(run, lives[run].ranks(), now, silent_after_s=silent_after_s)
     f = story.first_failure
     first = None

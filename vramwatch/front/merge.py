@@ -4,7 +4,7 @@ Pure functions over the shards' JSON documents (no I/O). Rules, each defined onc
 
 * a rank row is tagged with the ``shard`` that owns it; a shard that did not answer keeps
   its last known rows, marked ``unreachable: true`` and ``liveness: "unreachable"``;
-* a run row sums counts (ranks, hosts, samples, OOMs, restarts, deaths), keeps the latest time
+* a run row sums counts (ranks, hosts, samples, OOMs, suspected OOMs, restarts, deaths), keeps the latest time
   and step, the minimum headroom and the soonest OOM, the worst state by
   :func:`verdicts.severity`; its status is the run-life model's rule applied to the sum of the
   shards' tallies (:class:`vramwatch.runlife.RunTally`: one shard's ranks all ended while
@@ -75,7 +75,8 @@ def _max(a: Any, b: Any) -> Any:
 
 
 def _merge_run_row(into: dict[str, Any], row: dict[str, Any], shard: str) -> None:
-    for key in ("ranks", "hosts", "samples", "ooms", "restarts", "deaths", "silent_ranks", "dead_ranks"):
+    for key in ("ranks", "hosts", "samples", "ooms", "restarts", "deaths", "silent_ranks", "dead_ranks",
+                "suspected_ooms"):
         if isinstance(row.get(key), int):
             into[key] = (into.get(key) or 0) + row[key]
     for key in ("last_ts", "last_step", "last_seen"):

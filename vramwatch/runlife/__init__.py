@@ -64,6 +64,7 @@ from vramwatch.runlife.fold import (
     Moment,
     RankLife,
     SuspectedOom,
+    SuspectedRecords,
     sample_key,
 )
 from vramwatch.runlife.judgement import (
@@ -123,6 +124,6 @@ def fold(samples: Iterable[Sample]) -> dict[str, RunLife]:
 
 __all__ = [
     "MAX_INCARNATIONS", "MAX_SUSPECTED", "Death", "Failure", "Incarnation", "IncarnationRecord", "Moment", "RankLife",
-    "RankStory", "RunLife", "RunStory", "RunTally", "SuspectedOom", "first_failure", "fold", "judge", "rank_window",
-    "sample_key",
+    "RankStory", "RunLife", "RunStory", "RunTally", "SuspectedOom", "SuspectedRecords", "first_failure", "fold",
+    "judge", "rank_window", "sample_key",
 ]

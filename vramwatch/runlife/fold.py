@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from vramwatch.causes import LastWords, last_words_of
@@ -48,6 +48,11 @@ class SuspectedOom(NamedTuple):
         """From the trend engine's ``suspected_oom`` event (its fields) at the sample's ``ts``."""
         return cls(int(event["step"]), float(ts), int(event["used_before_bytes"]), int(event["used_after_bytes"]),
                    None if event.get("total_bytes") is None else int(event["total_bytes"]), str(event["reason"]))
+
+
+#: a run's suspected OOMs kept outside a fold (the store's, ``Store.suspected_records``): per
+#: (host, rank) the records kept (by time) and the count dropped past MAX_SUSPECTED
+SuspectedRecords = Mapping[tuple[str, int], tuple[tuple[SuspectedOom, ...], int]]
 
 
 class IncarnationRecord(NamedTuple):
@@ -217,6 +222,14 @@ class RankLife:
             del kept[1]  # the first and the latest stay
             self.dropped_suspected += 1
         self._suspected = kept
+
+    def add_suspected(self, kept: Iterable[SuspectedOom], dropped: int) -> None:
+        """Take suspected OOMs kept elsewhere (the store's, :meth:`suspect`'s bound) and the count
+        they dropped: each as :meth:`suspect` takes it; of the two dropped counts the larger (the
+        same reports counted once). Into an empty fold (a run not replayed) it is exact."""
+        self.dropped_suspected = max(self.dropped_suspected, dropped)
+        for found in kept:
+            self.suspect(found)
 
     @property
     def suspected(self) -> tuple[SuspectedOom, ...]:

@@ -128,6 +128,9 @@ class RunTally:
     ooms: int = 0
     restarts: int = 0
     deaths: int = 0
+    #: OOMs suspected from device memory alone (:attr:`RankStory.suspected_ooms`): never in ``ooms``
+    #: nor in the status
+    suspected_ooms: int = 0
 
     @property
     def status(self) -> RunStatus:
@@ -149,7 +152,7 @@ class RunTally:
 
     def as_tuple(self) -> tuple[int, ...]:
         return (self.ranks, self.live, self.silent, self.exited, self.dead, self.ended, self.ooms, self.restarts,
-                self.deaths)
+                self.deaths, self.suspected_ooms)
 
     def as_dict(self) -> dict[str, int]:
         return dict(zip(_TALLY_FIELDS, self.as_tuple(), strict=True))
@@ -168,10 +171,11 @@ class RunTally:
             counts["ooms"] += r.ooms
             counts["restarts"] += r.restarts
             counts["deaths"] += r.deaths
+            counts["suspected_ooms"] += r.suspected_ooms
         return cls(**counts)
 
 
-_TALLY_FIELDS = ("ranks", "live", "silent", "exited", "dead", "ended", "ooms", "restarts", "deaths")
+_TALLY_FIELDS = ("ranks", "live", "silent", "exited", "dead", "ended", "ooms", "restarts", "deaths", "suspected_ooms")
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,7 +64,8 @@ from vramwatch.collector.serving.deps import RateLimitedLog, bearer_value, refus
 from vramwatch.collector.settings import Settings
 from vramwatch.collector.snapshots.routes import reply_directives
 from vramwatch.collector.state.live import SeriesLimitError
-from vramwatch.collector.store import InsertResult, RunFullError, Store, StoreBusyError, StoreError
+from vramwatch.collector.store import InsertResult, RunFullError, Store, StoreBusyError, StoreError, SuspectedReport
+from vramwatch.runlife import SuspectedOom
 
 log = logging.getLogger("vramwatch.collector")
 
@@ -83,6 +84,8 @@ INLINE_SLOW_ITEMS = 2048
 #: collector near this many requests per second in all (see flush_hint)
 HINT_TARGET_RPS = 400.0
 HINT_MIN_S, HINT_MAX_S = 1.0, 30.0
+#: suspected OOMs waiting for the database (locked elsewhere) at most; past it the oldest go
+SUSPECTED_PENDING_MAX = 4096
 
 #: media types a hook or a tool may send; a browser's cross-site "simple" POST
 #: (text/plain, forms, no type at all) is refused before it is read
@@ -162,6 +165,9 @@ class Ingestor:
         #: clients that left before sending their whole body: counted, one log line now and then
         self.clients_left = 0
         self._left_log = RateLimitedLog(log, interval_s=10.0)
+        #: suspected OOMs the engines raised that the store has not taken yet (:meth:`_keep_suspected`)
+        self._suspected: list[SuspectedReport] = []
+        self._suspected_log = RateLimitedLog(log, interval_s=60.0)
 
     # A hook-sized batch is committed right on the event loop (a thread hop costs more than it
     # saves under load). When the database is locked by someone else, the lock is held by a
@@ -175,7 +181,23 @@ class Ingestor:
         raised = live.ingest(samples, received_at=now, accepted=result.accepted_by_series)
         if raised:  # events may ask ranks for evidence (capture directives, routes_evidence.py)
             self.state.directives.on_events(raised, lambda run: [x.key for x in live.for_run(run)], now)
+            self._suspected += [(e["run"], e["host"], e["rank"], SuspectedOom.of(e, e["ts"])) for e in raised
+                                if e["type"] == "suspected_oom"]
+        if self._suspected:
+            self._keep_suspected(busy_timeout_s)
         return result
+
+    def _keep_suspected(self, busy_timeout_s: float | None) -> None:
+        """Keep the OOMs the engines suspected in the store (as the run-life fold keeps them), so a
+        run listed or restored without a replay counts them. The samples are committed already: a
+        database locked elsewhere now leaves them for the next commit, never fails the request."""
+        try:
+            self.state.store.keep_suspected(self._suspected, busy_timeout_s=busy_timeout_s)
+            self._suspected = []
+        except StoreError as exc:
+            del self._suspected[:-SUSPECTED_PENDING_MAX]
+            self._suspected_log.warning("ingest: %d suspected OOMs wait for the database: %s",
+                                        len(self._suspected), exc)
 
     def _commit_waiting(self, samples: list[Any], now: float) -> InsertResult:
         with self.commit_lock:

@@ -69,6 +69,7 @@ def report_data(db_path: str, run: str, *, points: int | None = None) -> dict[st
             raise ReportError(f"run: no run named {run!r} in {db_path}{hint}")
         live = LiveState()
         live.rebuild(store.iter_samples(run))  # the one replay of the run's life
+        live.tell_suspected(run, store.suspected_records(run))  # and what no replay rebuilds
         # one frozen snapshot, one judgement: the table, the runs row, the post-mortem and the advice
         frozen = live.freeze(run, time.time(), events=EVENTS_KEPT)
         if frozen is None:

@@ -150,7 +150,7 @@ def open_state(app: Any, settings: Settings) -> None:
     from vramwatch.collector.exporters.metrics import build_registry
 
     store = Store(settings.db_path, exclusive=True)  # a second collector on the file refuses to start
-    live = LiveState(silent_after_s=settings.silent_after_s)
+    live = LiveState(silent_after_s=settings.silent_after_s, kept_suspected=store.suspected_records)
     tune_gc_for_serving()
     try:
         done = restore(live, store, cutoff=time.time() - settings.finished_after_s)

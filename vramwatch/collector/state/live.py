@@ -31,7 +31,7 @@ from vramwatch.decisions.online import DecisionEngine
 from vramwatch.decisions.readiness import ReadinessConfig
 from vramwatch.decisions.views import RankView
 from vramwatch.errors import VramwatchError
-from vramwatch.runlife import RankLife, RankStory, RunStory, SuspectedOom, judge
+from vramwatch.runlife import RankLife, RankStory, RunStory, SuspectedOom, SuspectedRecords, judge
 from vramwatch.wire import Sample
 
 #: Engine events kept per series for the API (the engine keeps its own bounded list too).
@@ -173,10 +173,14 @@ class LiveState:
     the only lock guarding the engines."""
 
     def __init__(self, engine_factory: Callable[[], RankEngine] = collector_engine, *,
-                 silent_after_s: float | None = None) -> None:
+                 silent_after_s: float | None = None, kept_suspected: Callable[[str], SuspectedRecords] | None = None,
+                 ) -> None:
         self._engine_factory = engine_factory
         #: one silence window for every rank, or None: each rank's own (vramwatch.runlife.rank_window)
         self.silent_after_s = silent_after_s
+        #: a run's suspected OOMs as the store kept them (``Store.suspected_records``): told to a run
+        #: rebuilt on demand (:meth:`revived`), whose replay may no longer see them
+        self.kept_suspected = kept_suspected
         self._series: dict[SeriesKey, SeriesState] = {}
         self._ranks_per_run: dict[str, int] = {}
         self._retired: dict[str, RetiredRun] = {}
@@ -323,6 +327,18 @@ class LiveState:
                     state.last_seen = state.last["ts"]
         return count
 
+    def tell_suspected(self, run: str, records: SuspectedRecords) -> None:
+        """Tell the run's live folds the suspected OOMs the store kept (``Store.suspected_records``:
+        what its engines said before a restart, which a replay no longer sees once retention took
+        the climb's samples): :meth:`RankLife.add_suspected`, a moment already known is a no-op."""
+        with self._lock:
+            self.version += 1
+            for (host, rank), (kept, dropped) in records.items():
+                state = self._series.get((run, host, rank))
+                if state is not None:
+                    state.life.add_suspected(kept, dropped)
+                    state.version = self.version
+
     def evict_quiet(self, cutoff: float, now: float | None = None) -> list[str]:
         """Drop the live state of runs with no sample received since ``cutoff``; each leaves
         a :class:`RetiredRun` row for the runs list (its status judged as a run that has
@@ -385,6 +401,8 @@ class LiveState:
         if states is None:
             scratch = LiveState(self._engine_factory, silent_after_s=self.silent_after_s)
             scratch.rebuild(replay(run))
+            if self.kept_suspected is not None:
+                scratch.tell_suspected(run, self.kept_suspected(run))
             states = scratch.for_run(run)
         with self._lock:
             self._revived[run] = states
@@ -527,7 +545,8 @@ def story_row(story: RunStory) -> dict[str, Any]:
         "last_step": max((r.current.record.last.step for r in story.ranks), default=None),
         "worst_state": None, "worst_rank": None, "min_headroom_bytes": None, "seconds_to_oom": None,
         "last_seen": 0.0 if story.last is None else story.last.ts, "ooms": tally.ooms, "restarts": tally.restarts,
-        "deaths": tally.deaths, "silent_ranks": tally.silent, "dead_ranks": tally.dead, "tally": tally.as_dict(),
+        "deaths": tally.deaths, "silent_ranks": tally.silent, "dead_ranks": tally.dead,
+        "suspected_ooms": tally.suspected_ooms, "tally": tally.as_dict(),
         "incidents": incidents.count(story),
     }
 

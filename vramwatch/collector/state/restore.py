@@ -6,8 +6,10 @@ engines that were evicted right after. :func:`restore` replays only the runs tha
 sample in the last ``finished_after_s``; every other run gets a small
 :class:`~vramwatch.collector.state.live.RetiredRun` row (its page is rebuilt on demand, see
 ``LiveState.revived``) whose status and counts are the run-life model's judgement of the
-store's per-process records (``Store.life_records``: the same records the fold builds, so a
-finished run reads as it did before the restart).
+store's per-process records (``Store.life_records``: the same records the fold builds) and the
+OOMs its engines suspected from device memory (``Store.suspected_records``, kept as the fold keeps
+them), so a finished run reads as it did before the restart. A replayed run's folds are told the
+stored suspected OOMs too (a replay no longer sees one whose climb retention deleted).
 
 Which runs are recent is read from the store: the run's newest series first (one indexed
 query answers for a running run), then the records' one query over the whole run (a C-level
@@ -22,7 +24,7 @@ import time
 
 from vramwatch.collector.state.live import LiveState, RetiredRun, story_row
 from vramwatch.collector.store import Store
-from vramwatch.runlife import IncarnationRecord, RunLife, RunStory, judge
+from vramwatch.runlife import IncarnationRecord, RunLife, RunStory, SuspectedRecords, judge
 
 log = logging.getLogger("vramwatch.collector")
 
@@ -36,12 +38,17 @@ def _newest_is_recent(store: Store, run: str, cutoff: float) -> bool:
     return bool(xs)
 
 
-def stopped_story(run: str, records: list[tuple[str, int, IncarnationRecord]], now: float) -> RunStory:
-    """The model's judgement of a run not replayed: from the store's records, as a run that
-    has stopped (judged at least the silence window after its newest sample)."""
+def stopped_story(run: str, records: list[tuple[str, int, IncarnationRecord]], now: float,
+                  suspected: SuspectedRecords | None = None) -> RunStory:
+    """The model's judgement of a run not replayed: from the store's records and suspected OOMs,
+    as a run that has stopped (judged at least the silence window after its newest sample)."""
     life = RunLife(run)
     for host, rank, record in records:
         life.rank(host, rank).add_record(record)
+    stored = {(host, rank) for host, rank, _ in records}
+    for key, (kept, dropped) in (suspected or {}).items():
+        if key in stored:  # a rank with no process stored has no story
+            life.rank(*key).add_suspected(kept, dropped)
     return judge(run, life.ranks(), now, stopped=True)
 
 
@@ -54,12 +61,15 @@ def restore(live: LiveState, store: Store, *, cutoff: float) -> dict[str, float]
     for run in store.runs():
         if _newest_is_recent(store, run, cutoff):
             replayed += live.rebuild(store.iter_samples(run))
+            live.tell_suspected(run, store.suspected_records(run))
             continue
         records, newest = store.life_records(run)
         if newest is not None and newest >= cutoff:
             replayed += live.rebuild(store.iter_samples(run))
+            live.tell_suspected(run, store.suspected_records(run))
         elif records:
-            live.retire(run, RetiredRun(story_row(stopped_story(run, records, now))))
+            story = stopped_story(run, records, now, store.suspected_records(run))
+            live.retire(run, RetiredRun(story_row(story)))
             retired += 1
     live.evict_quiet(cutoff)
     return {"samples": replayed, "retired_runs": retired, "seconds": time.perf_counter() - started}

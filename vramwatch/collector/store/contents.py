@@ -14,7 +14,7 @@ table, the column, the count and the first offending key
 (:class:`~vramwatch.collector.store.errors.StoreError`: the CLI's exit 2). Nothing is read into
 Python but the count, so a 64 MiB value costs nothing. Cost: one scan of a run's samples the
 first time a store reads it (a fraction of what reading them into Python costs), one of the
-series and phases tables at open.
+series, phases and suspected-OOM tables at open (:data:`AT_OPEN`).
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ def rules() -> dict[str, list[tuple[str, str]]]:
         "samples": [("series", _INTEGER), ("seq", _INTEGER)],
         "series": [("id", _INTEGER)],
         "phases": [("id", _INTEGER), ("name", _TEXT)],
+        # the suspected OOMs the collector kept (schema.LATER_TABLES): bounded per rank, checked at open
+        "suspected_ooms": [("run", _TEXT), ("host", _TEXT), ("rank", _INTEGER), ("ts", _NUMBER), ("step", _INTEGER),
+                           ("used_before", _INTEGER), ("used_after", _INTEGER), ("total", _INTEGER),
+                           ("reason", _TEXT)],
+        "suspected_dropped": [("run", _TEXT), ("host", _TEXT), ("rank", _INTEGER), ("dropped", _INTEGER)],
     }
     for f in FIELD_TABLE:
         rule = _BY_KIND.get(f.kind)
@@ -56,7 +61,11 @@ def rules() -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def check(conn: sqlite3.Connection, path: str, tables: tuple[str, ...] = ("series", "phases"),
+#: the small tables checked when a store opens (a run's samples are checked when it is first read)
+AT_OPEN = ("series", "phases", "suspected_ooms", "suspected_dropped")
+
+
+def check(conn: sqlite3.Connection, path: str, tables: tuple[str, ...] = AT_OPEN,
           run: str | None = None) -> None:
     """:class:`StoreError` naming the first column of one of ``tables`` that holds a value of the
     wrong type or size (see the module docstring); nothing when every row is well formed.
@@ -84,4 +93,4 @@ def check(conn: sqlite3.Connection, path: str, tables: tuple[str, ...] = ("serie
                                  f"DELETE FROM {table} WHERE {pred}")
 
 
-__all__ = ["MAX_EXTRA", "MAX_TEXT", "check", "rules"]
+__all__ = ["AT_OPEN", "MAX_EXTRA", "MAX_TEXT", "check", "rules"]

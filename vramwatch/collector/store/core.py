@@ -34,6 +34,7 @@ from vramwatch.collector.store.errors import (
 )
 from vramwatch.collector.store.reads import Reads, SeriesRow
 from vramwatch.collector.store.schema import VALUE_NAMES, insert_sql, migrate
+from vramwatch.collector.store.suspected import Suspicions
 from vramwatch.runlife import MAX_INCARNATIONS
 from vramwatch.wire import Sample
 
@@ -130,7 +131,7 @@ def _take_lock(path: str) -> IO[str] | None:
     return fh
 
 
-class Store(Reads, Aggregates):
+class Store(Reads, Aggregates, Suspicions):
     """One SQLite database file. Thread-safe: writes are serialised by a lock; each reading
     thread gets its own connection (WAL readers never block the writer)."""
 
@@ -463,8 +464,9 @@ class Store(Reads, Aggregates):
         ).fetchall())
 
     def retain(self, cutoff_ts: float) -> RetentionResult:
-        """Retention: delete samples stamped before ``cutoff_ts``, the series left empty, and
-        report which series and runs are gone (live state evicts them).
+        """Retention: delete samples stamped before ``cutoff_ts``, the series left empty (and the
+        suspected OOMs of a rank left with none), and report which series and runs are gone (live
+        state evicts them).
 
         One short transaction per series, so ingest is never held up for long.
         """
@@ -505,6 +507,7 @@ class Store(Reads, Aggregates):
         if self._run_counts is not None:
             for run in gone_runs:
                 self._run_counts.pop(run, None)
+        self._forget_suspected(gone_keys)
         return RetentionResult(deleted, gone_series, gone_runs, gone_keys)
 
     def delete_before(self, cutoff_ts: float) -> int:
@@ -580,8 +583,8 @@ class Store(Reads, Aggregates):
             raise error
 
 
-# every public read (Reads, Aggregates) raises StoreError, never sqlite3's errors: a damaged page met
-# deep inside a command or a request is one line naming the file
-for _name in sorted({name for base in (Reads, Aggregates) for name, value in vars(base).items()
-                     if inspect.isfunction(value) and not name.startswith("_")}):
+# every public read (Reads, Aggregates, Suspicions.suspected_records) raises StoreError, never sqlite3's
+# errors: a damaged page met deep inside a command or a request is one line naming the file
+for _name in sorted({name for base in (Reads, Aggregates, Suspicions) for name, value in vars(base).items()
+                     if inspect.isfunction(value) and not name.startswith(("_", "keep_"))}):
     setattr(Store, _name, reads_translated(getattr(Store, _name)))

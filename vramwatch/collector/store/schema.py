@@ -14,7 +14,17 @@ Layout (chosen for size and for the idempotency key):
 
 Migrations are versioned (``PRAGMA user_version``) and never edited once released. A field
 added to :data:`vramwatch.wire.FIELD_TABLE` later needs no migration: a nullable column is
-added on open (:func:`add_missing_columns`).
+added on open for writing (:func:`add_missing_columns`); so is a table added later
+(:data:`LATER_TABLES`, :func:`add_missing_tables`), which a read-only open of a file that lacks it
+reads as empty (what opening it for writing would create).
+
+Tables added later:
+
+* ``suspected_ooms``: the OOMs the trend engine suspected from device memory alone
+  (:class:`vramwatch.runlife.SuspectedOom`), per ``(run, host, rank)`` as the run-life fold keeps
+  them: at most :data:`vramwatch.runlife.MAX_SUSPECTED` a rank, the first and the latest, keyed
+  by the moment (``ts``, ``step``) so a second report is a no-op;
+* ``suspected_dropped``: per rank, how many were dropped past that bound (counted only).
 """
 
 from __future__ import annotations
@@ -156,6 +166,29 @@ def insert_sql(names: tuple[str, ...]) -> str:
     return f"INSERT INTO samples ({cols}) VALUES ({', '.join('?' * (4 + len(names)))}) ON CONFLICT DO NOTHING"
 
 
+#: tables added after the last migration, created on open for writing (:func:`add_missing_tables`)
+LATER_TABLES: dict[str, str] = {
+    "suspected_ooms": """CREATE TABLE IF NOT EXISTS suspected_ooms (
+    run TEXT NOT NULL,
+    host TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    step INTEGER NOT NULL,
+    used_before INTEGER NOT NULL,
+    used_after INTEGER NOT NULL,
+    total INTEGER,
+    reason TEXT NOT NULL,
+    PRIMARY KEY (run, host, rank, ts, step)
+) WITHOUT ROWID""",
+    "suspected_dropped": """CREATE TABLE IF NOT EXISTS suspected_dropped (
+    run TEXT NOT NULL,
+    host TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    dropped INTEGER NOT NULL,
+    PRIMARY KEY (run, host, rank)
+) WITHOUT ROWID""",
+}
+
 _SQL_TYPES = {"i": "INTEGER", "b": "INTEGER", "flag": "INTEGER", "s": "TEXT", "phase": "INTEGER",
               "allocator": "TEXT", "ts": "REAL", "f": "REAL", "extra": "BLOB"}
 
@@ -182,6 +215,7 @@ def migrate(conn: sqlite3.Connection, path: str) -> None:
             conn.execute("ROLLBACK")
             raise
     add_missing_columns(conn)
+    add_missing_tables(conn)
 
 
 def add_missing_columns(conn: sqlite3.Connection) -> list[str]:
@@ -193,4 +227,15 @@ def add_missing_columns(conn: sqlite3.Connection) -> list[str]:
         if f.column not in have:
             conn.execute(f"ALTER TABLE samples ADD COLUMN {f.column} {_SQL_TYPES[f.kind]}")
             added.append(f.column)
+    return added
+
+
+def add_missing_tables(conn: sqlite3.Connection) -> list[str]:
+    """Create every table of :data:`LATER_TABLES` the database does not have yet; returns those created."""
+    have = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    added = []
+    for name, ddl in LATER_TABLES.items():
+        if name not in have:
+            conn.execute(ddl)
+            added.append(name)
     return added

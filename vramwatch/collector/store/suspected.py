@@ -1,0 +1,130 @@
+"""The OOMs the trend engine suspected from device memory alone, kept in the store as the run-life
+fold keeps them (:meth:`vramwatch.runlife.RankLife.suspect`), so a run listed or restored without
+its engine being replayed (a retired run, start-up, the runs list) counts them. Mixed into ``Store``.
+
+Per ``(run, host, rank)``: at most :data:`~vramwatch.runlife.MAX_SUSPECTED` records, by moment
+(``ts``, then ``step``); past it the second-oldest is dropped (the first and the latest stay) and
+counted in ``suspected_dropped``, the fold's rule, so :meth:`Suspicions.suspected_records` equals
+the fold's records and count for the same reports in any order (tests/runlife/test_runlife_readers.py).
+A report of a kept moment is a no-op (the primary key). Tables: ``schema.LATER_TABLES``, created on
+open for writing; a read-only open of a file without them reads none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+
+from vramwatch.collector.store.errors import StoreBusyError, StoreError
+from vramwatch.runlife import MAX_SUSPECTED, SuspectedOom, SuspectedRecords
+
+#: one report: the rank (run, host, rank) and what was suspected there
+SuspectedReport = tuple[str, str, int, SuspectedOom]
+
+_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+_INSERT = ("INSERT INTO suspected_ooms (run, host, rank, ts, step, used_before, used_after, total, reason)"
+           " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING")
+_RANK = "run = ? AND host = ? AND rank = ?"
+
+
+class Suspicions:
+    """Writes and reads of the suspected OOMs; ``Store`` provides the connections and the lock."""
+
+    path: str
+    readonly: bool
+    _conn: sqlite3.Connection
+    _lock: threading.Lock
+    _busy_timeout_s: float
+    _busy_ms: int
+
+    def _reader(self) -> sqlite3.Connection:  # pragma: no cover - provided by Store
+        raise NotImplementedError
+
+    def keep_suspected(self, reports: Iterable[SuspectedReport], *, busy_timeout_s: float | None = None) -> int:
+        """Store suspected OOMs in one transaction (the fold's bound per rank); returns how many
+        were new. ``busy_timeout_s``: how long to wait for a write lock held elsewhere (default: the
+        store's); past it :class:`StoreBusyError`, nothing stored. Cost: per new report an insert,
+        a count of its rank's rows (at most MAX_SUSPECTED + 1) and, past the bound, one delete."""
+        reports = list(reports)
+        if self.readonly:
+            raise StoreError("store is read-only")
+        if not reports:
+            return 0
+        new = 0
+        with self._writing(busy_timeout_s, "write to") as conn:
+            for run, host, rank, found in reports:
+                new += self._keep_one(conn, (run, host, rank), found)
+        return new
+
+    @staticmethod
+    def _keep_one(conn: sqlite3.Connection, key: tuple[str, str, int], found: SuspectedOom) -> int:
+        before = conn.total_changes
+        conn.execute(_INSERT, (*key, found.ts, found.step, found.used_before_bytes, found.used_after_bytes,
+                               found.total_bytes, found.reason))
+        if conn.total_changes == before:
+            return 0  # a moment already kept
+        if conn.execute(f"SELECT COUNT(*) FROM suspected_ooms WHERE {_RANK}", key).fetchone()[0] > MAX_SUSPECTED:
+            # the fold's rule: the second-oldest goes, the first and the latest stay
+            conn.execute(f"DELETE FROM suspected_ooms WHERE {_RANK} AND (ts, step) = (SELECT ts, step FROM"
+                         f" suspected_ooms WHERE {_RANK} ORDER BY ts, step LIMIT 1 OFFSET 1)", (*key, *key))
+            conn.execute("INSERT INTO suspected_dropped (run, host, rank, dropped) VALUES (?, ?, ?, 1)"
+                         " ON CONFLICT (run, host, rank) DO UPDATE SET dropped = dropped + 1", key)
+        return 1
+
+    def suspected_records(self, run: str) -> SuspectedRecords:
+        """Every rank of ``run`` with a suspected OOM: the records kept (by moment) and the count
+        dropped past the bound, as :class:`vramwatch.runlife.RankLife` keeps them. Cost: a primary-key
+        range scan of the run's rows (at most MAX_SUSPECTED per rank)."""
+        conn = self._reader()
+        have = {r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('suspected_ooms', 'suspected_dropped')")}
+        if "suspected_ooms" not in have:
+            return {}  # a file no writer of this version opened: none kept (what a migration would create)
+        kept: dict[tuple[str, int], list[SuspectedOom]] = {}
+        for host, rank, ts, step, before, after, total, reason in conn.execute(
+                "SELECT host, rank, ts, step, used_before, used_after, total, reason FROM suspected_ooms"
+                " WHERE run = ? ORDER BY host, rank, ts, step", (run,)):
+            kept.setdefault((host, rank), []).append(SuspectedOom(step, ts, before, after, total, reason))
+        dropped = dict.fromkeys(kept, 0)
+        if "suspected_dropped" in have:
+            for host, rank, count in conn.execute("SELECT host, rank, dropped FROM suspected_dropped WHERE run = ?",
+                                                  (run,)):
+                dropped[(host, rank)] = count
+        return {key: (tuple(kept.get(key, ())), count) for key, count in dropped.items()}
+
+    def _forget_suspected(self, keys: Iterable[tuple[str, str, int]]) -> None:
+        """Delete the suspected OOMs of ranks with nothing left stored (retention: the live state
+        forgets those ranks too). One transaction."""
+        keys = list(keys)
+        if keys:
+            with self._writing(None, "delete from") as conn:
+                for key in keys:
+                    conn.execute(f"DELETE FROM suspected_ooms WHERE {_RANK}", key)
+                    conn.execute(f"DELETE FROM suspected_dropped WHERE {_RANK}", key)
+
+    @contextlib.contextmanager
+    def _writing(self, busy_timeout_s: float | None, verb: str) -> Iterator[sqlite3.Connection]:
+        """The writer's connection in one transaction under the write lock: committed, or rolled
+        back and :class:`StoreBusyError` (locked elsewhere past the busy timeout) / :class:`StoreError`."""
+        with self._lock:
+            conn = self._conn
+            try:
+                busy_ms = int(1000 * (self._busy_timeout_s if busy_timeout_s is None else busy_timeout_s))
+                if busy_ms != self._busy_ms:
+                    conn.execute(f"PRAGMA busy_timeout={busy_ms}")
+                    self._busy_ms = busy_ms
+                conn.execute("BEGIN IMMEDIATE")
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                if isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF in _BUSY_CODES:
+                    raise StoreBusyError(f"cannot {verb} {self.path}: {exc}") from None
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(f"cannot {verb} {self.path}: {exc}") from None
+                raise
