@@ -601,3 +601,16 @@ def test_a_step_straddling_two_points_counts_whole_and_a_rise_of_steps_is_no_cre
     # a creep with another process's 0.6 GiB coming at 20 and going at 40: still a creep
     other = [y + 0.6 * gib * (20 <= x < 40) for x, y in zip(xs, creep, strict=True)]
     assert not stepwise(cfg, xs, other, 0.8 * gib)
+
+
+def test_a_rise_many_times_a_staircase_s_step_is_no_step_of_it() -> None:
+    from vramwatch.engine.forecast import moves_of, stairs_of
+
+    gib = float(1 << 30)
+    xs = [float(x) for x in range(0, 81)]
+    # 0.2 GiB kept every 10 points; another process's 0.8 GiB arrives at 45 and stays
+    ys = [0.2 * gib * sum(1 for at in range(10, 81, 10) if x >= at) + 0.8 * gib * (x >= 45) for x in xs]
+    read = stairs_of(xs, ys, moves_of(xs, ys, 0.05 * gib), 1.5)
+    assert read is not None and read.gaps == 7
+    assert read.rate(80, read.level) == pytest.approx(0.02 * gib)  # the chunks' own rate, the arrival out
+    assert read.step == pytest.approx(0.2 * gib)

@@ -16,7 +16,8 @@ rise since its first step (another process's moves out, any creep between the st
 fine staircase makes below the step threshold) over the time its steps took, and, when the next
 step is overdue (more than a mean gap since the latest), the time waited past that gap as well: a
 gap not over yet is at least that long. Its steps are its own: a rise under half the typical one
-(a neighbour arriving, one of the allocator's ratchets) is no step of its cadence. Its spread (the
+(one of the allocator's ratchets) is no step of its cadence, nor one over three times it (another
+process arriving, a one-time ratchet), which is taken out of the level as another's move. Its spread (the
 coefficient of variation of its gaps and of its sizes, a sample's, n - 1) is what the forecast's
 range is made of (``leak.py``). O(points) once per verdict, and again while the leak is followed
 only once the level has taken a new step, on at most ``ring_blocks`` points.
@@ -33,6 +34,9 @@ from vramwatch.engine.stats import median, noise_sigma, theil_sen
 
 #: a rise under this share of the typical step is no step of the staircase's cadence
 OWN_STEP_SHARE = 0.5
+#: a rise over this many typical steps is no step of it either: another process arriving, a
+#: one-time ratchet (a leak's chunks are alike; two landing between the same points make twice one)
+ALIEN_STEP_RATIO = 3.0
 
 Move = tuple[float, float]  # (position on the step axis, signed size in bytes)
 
@@ -164,6 +168,8 @@ def stairs_of(xs: list[float], ys: list[float], moves: list[Move], ratio: float)
         return None
     typical = median([size for _, size in rises])
     own = [(at, size) for at, size in rises if size >= OWN_STEP_SHARE * typical]
+    foreign += [(at, size) for at, size in own if size > ALIEN_STEP_RATIO * typical]
+    own = [(at, size) for at, size in own if size <= ALIEN_STEP_RATIO * typical]
     if len(own) < 2:
         return None
     first = own[0][0]
