@@ -320,3 +320,28 @@ def test_a_leak_whose_neighbour_leaves_during_its_rise_is_forecast_at_its_own_ra
     summary = engine.summary()
     assert summary["state"] == "leak"
     assert summary["seconds_to_oom_low"] <= summary["seconds_to_oom"] <= summary["seconds_to_oom_high"]
+
+
+@pytest.mark.parametrize("clock", list(CLOCKS))
+@pytest.mark.parametrize(("total_gib", "size_gib"), [(80, 1.8), (40, 1.0)])
+def test_a_large_neighbour_coming_and_going_is_no_sawtooth_and_the_leak_beneath_is_found(
+        clock: str, total_gib: int, size_gib: float) -> None:
+    # another process's memory, more than twice the material size, on and off for 1-30 min at a time:
+    # its leaving is no clear of this process's memory (its floor only ratchets), so the rise is not
+    # judged on the troughs of a two-hour "sawtooth"; a leak from 1.5 h filling the card by 7 h is found
+    total = total_gib * GiB
+    other = _neighbour(11, size_gib * GiB)
+    rate = 0.45 * total / (5.5 * 3600)
+
+    def level(t: float) -> float:
+        return 0.45 * total + rate * max(0.0, t - 5400) + other(t)
+
+    samples = ({**s, "total_bytes": total} for s in device_series(level, 6.0, clock, 20.0, seed=5))
+    engine, events = judge(samples)
+    assert engine.ctx.pyramid.saw_period == 0
+    found = leaks(events)
+    assert found, [(e["type"], round((e["ts"] - START) / 3600, 2)) for e in events]
+    detected = found[0]["ts"] - START
+    assert 5400 < detected < 5 * 3600
+    left = (total - 0.45 * total - rate * (detected - 5400)) / rate
+    assert found[0]["seconds_to_oom"] == pytest.approx(left, rel=0.25)

@@ -25,7 +25,7 @@ from itertools import pairwise
 from typing import Literal, NamedTuple, TypeVar
 
 from vramwatch.engine.config import EngineConfig
-from vramwatch.engine.forecast import Stairs, steady_rate, stepwise
+from vramwatch.engine.forecast import Stairs, foreign_moves, stepwise, without
 from vramwatch.engine.stats import mann_kendall_z, rolling_min, theil_sen
 
 T = TypeVar("T")
@@ -137,7 +137,7 @@ class Trend(NamedTuple):
 class Pyramid:
     """The rings of one process (reset on restart) plus the sawtooth it has shown."""
 
-    __slots__ = ("config", "levels", "ratchet_floor", "saw_drops", "saw_period", "start")
+    __slots__ = ("arrivals", "config", "levels", "ratchet_floor", "saw_drops", "saw_period", "start")
 
     def __init__(self, config: EngineConfig, start: int, ratchet_floor: bool = False) -> None:
         self.config = config
@@ -148,6 +148,9 @@ class Pyramid:
         self.levels: list[Level] = []  # created as blocks reach them (push)
         self.saw_drops: list[int] = []  # block starts where the floor fell back (the latest 6)
         self.saw_period = 0  # longest gap between clears (0: no sawtooth seen)
+        #: a ratcheting floor's sudden rises not yet undone (block start, size; the latest 6), None
+        #: before one: another process arriving, whose leaving is no clear of this one's
+        self.arrivals: list[tuple[int, float]] | None = None
 
     @property
     def blocks(self) -> list[Block] | tuple[()]:
@@ -187,13 +190,38 @@ class Pyramid:
             child = merge(pending)
             keep_last(level.blocks, child, ring)
             pending.clear()
-        if previous is not None and previous.floor - block.floor > 2 * tol:
+        if previous is None:
+            return
+        move = block.floor - previous.floor
+        if self.ratchet_floor and abs(move) > 2 * tol / cfg.stair_toggle_ratio and self._another(block, move):
+            return
+        if -move > 2 * tol:
             # a sawtooth: the floor falls back by more than the material size, repeatedly;
             # until a second drop, the time since the process started bounds the period
             drops = self.saw_drops
             keep_last(drops, block.start, 6)
             marks = [self.start, *drops] if len(drops) == 1 else list(drops)
             self.saw_period = int(max(b - a for a, b in pairwise(marks)))
+
+    def _another(self, block: Block, move: float) -> bool:
+        """A sudden move of a ratcheting floor is another process's when it undoes an earlier rise
+        of about its size (within ``stair_toggle_ratio``): that process arrived and left. A rise is
+        kept as a possible arrival unless it refills what fell in the block before (a cache emptied
+        and filled again: the sawtooth's own rise). O(6)."""
+        arrivals = self.arrivals if self.arrivals is not None else []
+        ratio = self.config.stair_toggle_ratio
+        if move > 0:
+            refill = bool(self.saw_drops) and self.saw_drops[-1] >= block.start - 2 * (block.end - block.start + 1)
+            if not refill:
+                keep_last(arrivals, (block.start, move), 6)
+                self.arrivals = arrivals
+            return False
+        for i in range(len(arrivals) - 1, -1, -1):
+            size = arrivals[i][1]
+            if max(size, -move) <= ratio * min(size, -move):
+                del arrivals[i]
+                return True
+        return False
 
     # ------------------------------------------------------------------ reads
     def recent_peak(self, blocks: int = 4) -> float | None:
@@ -325,6 +353,10 @@ class Pyramid:
             return None
         if max(ys) - min(ys) < 0.5 * tol:
             return None  # cannot hold a material rise: skip the O(n^2) estimators
+        last = ys[-1]
+        foreign = foreign_moves(self.config, xs, ys, tol) if self.ratchet_floor and signal == "floor" else []
+        if foreign:  # its own floor never falls: judged (and its slope read) with another process's moves out
+            ys = without(xs, ys, foreign)
         slope = theil_sen(xs, ys)
         if slope <= 0 or slope * span < tol:
             return None
@@ -337,13 +369,9 @@ class Pyramid:
             return None
         if mann_kendall_z(ys) < self.config.mk_z:
             return None
-        rate = 0.0
-        if self.ratchet_floor and signal == "floor":  # its own floor never falls: a fall is another's
-            fine, steps, _ = self.window(signal, s0, points=self.config.ring_blocks)
-            if len(fine) >= self.config.min_blocks and stepwise(self.config, fine, steps, tol):
-                return None  # a few steps, not a creep: the staircase test judges it
-            rate = steady_rate(self.config, xs, ys, tol)
-        return Trend(slope, span, n, ys[-1], 0.0, min(slope, *slopes), max(slope, *slopes), max(rate, 0.0))
+        if self.ratchet_floor and signal == "floor" and stepwise(self.config, xs, ys, tol):
+            return None  # a few steps, not a creep: the staircase test judges it
+        return Trend(slope, span, n, last, 0.0, min(slope, *slopes), max(slope, *slopes))
 
     def flat(self, signal: Signal, s0: float, min_span: float, tol: float, stretch: float = 0.0) -> bool:
         """``signal`` moved less than ``tol`` since ``s0`` (its Theil-Sen slope over the window,

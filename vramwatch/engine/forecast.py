@@ -135,16 +135,21 @@ def _over_creep(cfg: EngineConfig, xs: list[float], ys: list[float], tol: float)
     return [y - creep * (x - x0) for x, y in zip(xs, ys, strict=True)], threshold
 
 
-def steady_rate(cfg: EngineConfig, xs: list[float], ys: list[float], tol: float) -> float:
-    """A ratcheting level's rise: the Theil-Sen slope with another process's moves out (0 when
-    there are none: the slope stands). Moves are read over the rise's own creep (:func:`_over_creep`:
-    a neighbour leaving while the leak creeps on counts its whole size). Another's moves always
-    include a fall: without one (one as large as the smallest step between two points) nothing
-    more is read."""
+def foreign_moves(cfg: EngineConfig, xs: list[float], ys: list[float], tol: float) -> list[Move]:
+    """Another process's moves on a ratcheting level (toggles, falls left unmatched: its own floor
+    never falls while it rises), read over the rise's own creep (:func:`_over_creep`: a neighbour
+    leaving while the leak creeps on counts its whole size). Another's moves always include a fall:
+    without one (one as large as the smallest step between two points) nothing more is read."""
     if min(b - a for a, b in pairwise(ys)) >= -tol / (2 * cfg.stair_steps):
-        return 0.0
+        return []
     flat, threshold = _over_creep(cfg, xs, ys, tol)
-    _, foreign = level_shifts(moves_of(xs, flat, threshold), cfg.stair_toggle_ratio)
+    return level_shifts(moves_of(xs, flat, threshold), cfg.stair_toggle_ratio)[1]
+
+
+def steady_rate(cfg: EngineConfig, xs: list[float], ys: list[float], tol: float) -> float:
+    """A ratcheting level's rise: the Theil-Sen slope with another process's moves out
+    (:func:`foreign_moves`; 0 when there are none: the slope stands)."""
+    foreign = foreign_moves(cfg, xs, ys, tol)
     return theil_sen(xs, without(xs, ys, foreign)) if foreign else 0.0
 
 
@@ -152,8 +157,9 @@ def stepwise(cfg: EngineConfig, xs: list[float], ys: list[float], tol: float) ->
     """The rise of a ratcheting level is carried by its steps, not its creep: the rises standing
     out over the creep (:func:`_over_creep`; another process's moves out) add up to more than half
     of the net rise. Such a rise is a staircase (NCCL's set-up, a few kept tensors) and is judged
-    by its cadence (``staircase.py``), however straight a line through it looks at the fit's
-    resolution. O(points)."""
+    by its cadence (``staircase.py``), however straight a line through it looks. A leak that
+    creeps, or ratchets its cache every point or two, rises between most points: its creep is the
+    rise. O(points log points)."""
     flat, threshold = _over_creep(cfg, xs, ys, tol)
     rises, foreign = level_shifts(moves_of(xs, flat, threshold), cfg.stair_toggle_ratio)
     net = ys[-1] - ys[0] - sum(size for _, size in foreign)
