@@ -3,6 +3,7 @@
     from bench.device_wild import corpus
     traces = corpus("tune")   # the split the device rules may be tuned on
     traces = corpus("eval")   # other seeds and other parameter ranges: judged only
+    traces = corpus("wide")   # wider ranges than both: what holds beyond them
 
 Built on ``bench/device_corpus.py``'s simulation (a caching allocator in wall time, device used =
 context + NCCL + reserved + another process + reading jitter) with what that corpus lacks:
@@ -64,6 +65,9 @@ class Ranges:
     stair_fill_h: tuple[float, float]  # onset -> OOM
     plateau_leak_fill_h: tuple[float, float]
     slow_warm_min: tuple[float, float]
+    nccl_count: tuple[int, int] = (5, 5)  # NCCL's set-up steps ...
+    nccl_until_min: float = 60.0  # ... within this many minutes of the start ...
+    nccl_gib: tuple[float, float] = (1.5, 2.5)  # ... each this size
 
 
 SPLITS = {
@@ -73,6 +77,12 @@ SPLITS = {
     "eval": Ranges(820_000, (("dcgm", 1.0), ("smi", 10.0), ("dcgm", 10.0), ("smi", 4.0), ("hook", 0.0)), (4.5, 10.0),
                    (0.45, 0.75), (1.5, 25.0), (22.0, 38.0), (1.2, 1.8), (15.0, 55.0), (0.45, 1.65), (3.5, 9.0),
                    (2.5, 9.0), (12.0, 45.0)),
+    # wider than either: neighbours of 0.2-2 GiB on and off for up to an hour (more than twice the
+    # material size on 40 and 80 GB cards), gaps varying up to 5.7x, 3-8 NCCL steps of 0.35-3.9 GiB
+    # within 30-90 min; reported only, to see what holds beyond the ranges the rules were read on
+    "wide": Ranges(555_000, (("dcgm", 1.0), ("smi", 15.0), ("dcgm", 5.0), ("smi", 2.0), ("hook", 0.0)), (4.0, 10.0),
+                   (0.2, 2.0), (0.5, 60.0), (15.0, 45.0), (1.0, 2.5), (5.0, 70.0), (0.3, 1.7), (2.5, 10.0),
+                   (1.5, 10.0), (8.0, 50.0), (3, 8), 90.0, (0.5, 3.0)),
 }
 
 
@@ -151,9 +161,16 @@ def _leaking(family: str, story: Story, rng: random.Random, ranges: Ranges) -> S
 def _clean(family: str, story: Story, rng: random.Random, ranges: Ranges) -> Story:
     if family == "neighbour_plateau":
         return _neighbour(story, rng, ranges)
-    if family == "nccl_steps":  # five irregular ~2 GiB steps over the first hour, then nothing
-        times = sorted(rng.uniform(3.0, 60.0) * 60.0 for _ in range(5))
-        return replace(story, nccl_steps=tuple((t, rng.uniform(1.5, 2.5) * GiB) for t in times),
+    if family == "nccl_steps":  # a few irregular ~2 GiB steps over the first hour, then nothing
+        if ranges.nccl_count[0] == ranges.nccl_count[1]:
+            times = sorted(rng.uniform(3.0, ranges.nccl_until_min) * 60.0 for _ in range(ranges.nccl_count[0]))
+            sizes = [rng.uniform(*ranges.nccl_gib) for _ in times]
+        else:  # how many, how soon and how large vary too
+            count, until = rng.randint(*ranges.nccl_count), rng.uniform(30.0, ranges.nccl_until_min)
+            times = sorted(rng.uniform(3.0, until) * 60.0 for _ in range(count))
+            size = rng.uniform(*ranges.nccl_gib)
+            sizes = [size * rng.uniform(0.7, 1.3) for _ in times]
+        return replace(story, nccl_steps=tuple((t, g * GiB) for t, g in zip(times, sizes, strict=True)),
                        warm=min(story.warm, 0.03 * story.total))
     if family == "slowing_warmup":
         return replace(story, warm_kind="exp", warm=rng.uniform(0.1, 0.25) * story.total,

@@ -21,7 +21,7 @@ import sys
 import time
 
 from bench.device_bench import DETECTORS, Outcome, _found, run_trace, score
-from bench.device_wild import FAMILIES, corpus
+from bench.device_wild import FAMILIES, SPLITS, corpus
 from bench.report import table, write_section
 
 HEADING = "Device used only: neighbours, NCCL, young processes, irregular staircases"
@@ -107,7 +107,9 @@ filling the card in 1.1-1.9 h, staircases whose gaps vary 3-4x, a few large regu
 that are fast at first then slow down, restarts with a neighbour present; H200 / H100 / A100-80 / A100-40; dcgm-exporter
 every 1-15 s, `nvidia-smi -l` every 2-10 s, a hook without allocator fields; a trace whose process runs out of memory
 goes on being scraped for 10 min without it. *tune* is the split the device rules were adjusted on; *eval* draws
-every parameter from other ranges with other seeds and was only run to be reported. Leak found: the first alarm
+every parameter from other ranges with other seeds and was only run to be reported; *wide* draws from wider
+ranges than both (neighbours of 0.2-2 GiB on and off for up to an hour, gaps varying up to 5.7x, 3-8 NCCL steps of
+0.35-3.9 GiB within 30-90 min), reported only, to see what holds beyond them. Leak found: the first alarm
 between onset and OOM; runway left = (OOM - detection) / (OOM - onset), a miss counts 0 %. Forecast error =
 (forecast - actual) / actual time to OOM at the engine's first alarm; "in range": the actual time within the leak
 event's `seconds_to_oom_low`..`seconds_to_oom_high`. Suspected OOM: a `suspected_oom` event within 10 min of the
@@ -147,7 +149,7 @@ def show(outcomes: list[Outcome]) -> None:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.device_wild_bench")
-    parser.add_argument("--split", choices=("tune", "eval"), action="append")
+    parser.add_argument("--split", choices=tuple(SPLITS), action="append")
     parser.add_argument("--per-family", type=int, default=8)
     parser.add_argument("--family", action="append", help="only these phenomena")
     parser.add_argument("--show", action="store_true")
@@ -155,7 +157,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     results: dict[str, list[Outcome]] = {}
-    for split in args.split or ["tune", "eval"]:
+    for split in args.split or list(SPLITS):
         results[split] = [run_trace(t) for t in corpus(split, args.per_family, args.family)]
     took = time.perf_counter() - started
     if args.show:
