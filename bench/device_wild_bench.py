@@ -16,6 +16,7 @@ other).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -153,11 +154,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--per-family", type=int, default=8)
     parser.add_argument("--family", action="append", help="only these phenomena")
     parser.add_argument("--show", action="store_true")
+    parser.add_argument("--seed-base", type=int, help="draw the split's stories from other seeds (more draws)")
     parser.add_argument("--write", action="store_true", help="write the section into docs/benchmarks.md")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     results: dict[str, list[Outcome]] = {}
     for split in args.split or list(SPLITS):
+        if args.seed_base is not None:
+            SPLITS[split] = dataclasses.replace(SPLITS[split], seed_base=args.seed_base)
         results[split] = [run_trace(t) for t in corpus(split, args.per_family, args.family)]
     took = time.perf_counter() - started
     if args.show:
