@@ -137,6 +137,9 @@ function fillRow(tr, r, cmp, sel) {
   setText(c[8], showSlope ? slopeText(v.slope_bytes_per_step) : "—"); c[8].className = "num" + (leaking ? " bad" : " muted");
   const oom = oomText(r);
   setText(c[9], oom); c[9].className = "num" + (oom !== "—" ? " bad" : " muted");
+  const range = oom !== "—" && !r.vw.death && isNum(v.seconds_to_oom_low) && isNum(v.seconds_to_oom_high)
+    ? "80 % range: " + duration(v.seconds_to_oom_low) + " to " + duration(v.seconds_to_oom_high) : "";
+  if (c[9].title !== range) c[9].title = range;  // the forecast's spread (the engine's), on hover
   setText(c[10], gib(v.outside_allocator_bytes)); c[10].className = "num";
   setText(c[11], intText(r.last_step)); c[11].className = "num";
 }

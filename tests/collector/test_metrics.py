@@ -113,6 +113,12 @@ def test_trend_state_has_one_series_per_state_and_follows_the_engine(live_run) -
     assert seconds["1"] > 0
     summary = live.get("job", "node-a", 1).engine.summary()
     assert seconds["1"] == pytest.approx(summary["seconds_to_oom"])
+    # and the forecast's range around it, the engine's own numbers
+    low = one(metrics["vramwatch_seconds_to_oom_low"], rank=1)
+    high = one(metrics["vramwatch_seconds_to_oom_high"], rank=1)
+    assert (low, high) == (pytest.approx(summary["seconds_to_oom_low"]), pytest.approx(summary["seconds_to_oom_high"]))
+    assert low <= seconds["1"] <= high
+    assert not [v for lab, v in metrics.get("vramwatch_seconds_to_oom_low", []) if lab["rank"] == "2"]
     assert one(metrics["vramwatch_leak_slope_bytes_per_step"], rank=1) == pytest.approx(summary["slope_bytes_per_step"])
     # checkpoints: the engine's checkpoint peak is exported for the checkpointing rank
     ckpt = live.get("job", "node-a", 0).engine.summary()["checkpoint_peak_bytes"]

@@ -19,7 +19,7 @@ import pytest
 
 from vramwatch.collector.server import BackgroundServer
 from vramwatch.probe.simulated import simulate_trace
-from vramwatch.units import rate
+from vramwatch.units import duration, rate
 
 pytestmark = pytest.mark.browser
 
@@ -208,6 +208,10 @@ def test_run_page_tells_the_story(collector: dict[str, Any], page: Page) -> None
     # the one units rule (vramwatch/units.py, mirrored by format.js): the CLI's text reads the same
     assert "+" + rate(verdict["slope_bytes_per_step"]) in rows[0]["cells"]
     assert f"{verdict['steps_to_oom']:,} steps" in " ".join(rows[0]["cells"])
+    # the forecast's 80 % range on hover, the engine's numbers in the one units rule
+    assert verdict["seconds_to_oom_low"] <= verdict["seconds_to_oom"] <= verdict["seconds_to_oom_high"]
+    assert p.get_attribute("#verdict-strip tbody tr:first-child td:nth-child(10)", "title") == (
+        f"80 % range: {duration(verdict['seconds_to_oom_low'])} to {duration(verdict['seconds_to_oom_high'])}")
     oom_card = p.text_content("#cards .card:nth-child(3) .value")
     assert oom_card not in ("no leak", "—")
 

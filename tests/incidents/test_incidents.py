@@ -11,7 +11,7 @@ import pytest
 from incident_runs import SCENARIOS, MiB, Truth
 
 from vramwatch.evidence import postmortem
-from vramwatch.units import rate
+from vramwatch.units import duration, rate
 
 
 @cache
@@ -114,6 +114,11 @@ def test_a_run_that_finished_while_leaking_says_so() -> None:
     assert pm.status == "finished" and pm.incidents == []
     text = postmortem.render_text(pm)
     assert "still open: rank 1 leaks" in text and "steps (" in text  # runway in steps with hours beside
+    leak = next(f for f in pm.open_findings if f["kind"] == "leak")
+    # the forecast's range beside it, the engine's own numbers
+    assert leak["seconds_to_oom_low"] <= leak["seconds_to_oom"] <= leak["seconds_to_oom_high"]
+    assert (f"(80 % range {duration(leak['seconds_to_oom_low'])} to {duration(leak['seconds_to_oom_high'])})"
+            in leak["text"])
 
 
 def _numbers(text: str) -> list[str]:
@@ -140,6 +145,12 @@ def test_no_sentence_says_what_the_data_does_not_show(name: str, seed: int) -> N
         if f["kind"] == "leak":
             assert rate(f["slope_bytes_per_step"]) in f["text"] and f"{f['since_step']:,}" in f["text"]
             assert f["slope_bytes_per_step"] > 1 * MiB
+            low, high = f["seconds_to_oom_low"], f["seconds_to_oom_high"]
+            ranged = low is not None and f["seconds_to_oom"] is not None and bool(f["steps_to_oom"])
+            assert ("80 % range" in f["text"]) == ranged
+            if ranged:
+                assert f"range {duration(low)} to {duration(high)})" in f["text"]
+                assert low <= f["seconds_to_oom"] <= high
         if f["kind"] == "fragmentation" and "of " in f["text"] and f["unused_bytes"] is not None:
             assert f["split_bytes"] <= f["unused_bytes"] or "reserved but unused" not in f["text"]
         if f["kind"] == "not_memory":

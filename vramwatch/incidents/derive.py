@@ -152,9 +152,12 @@ def _leak(p: Process, *, runway: bool = True) -> F.Leak | None:
     """The process's leak; ``runway`` False for a cause (the OOM it projected has happened)."""
     if p.leak is None:
         return None
+    low_high = p.leak.get("seconds_range") if runway else None
     return F.Leak(p.rank, p.host, p.leak["since_step"], p.ts_at(p.leak["since_step"]), round(p.leak["slope"], 1),
                   p.leak["source"], p.leak["steps_to_oom"] if runway else None,
-                  p.leak["seconds_to_oom"] if runway else None)
+                  p.leak["seconds_to_oom"] if runway else None,
+                  None if low_high is None else round(low_high[0], 1),
+                  None if low_high is None else round(low_high[1], 1))
 
 
 def _fragmentation(p: Process) -> F.Fragmentation | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from vramwatch.units import capacity, gib, rate, runway
+from vramwatch.units import capacity, duration, gib, rate, runway
 
 
 class Finding:
@@ -40,6 +40,9 @@ class Leak(Finding):
     source: str  # allocator | outside_allocator | device
     steps_to_oom: int | None = None
     seconds_to_oom: float | None = None
+    #: the forecast's 80 % range (the engine's ``seconds_to_oom_low``..``_high``), when it gave one
+    seconds_to_oom_low: float | None = None
+    seconds_to_oom_high: float | None = None
 
     @property
     def text(self) -> str:
@@ -50,6 +53,10 @@ class Leak(Finding):
             out += ", no room left: its next peak does not fit at this level"
         elif self.steps_to_oom is not None:
             out += f", out of memory in {runway(self.steps_to_oom, self.seconds_to_oom)} at this rate"
+            if self.seconds_to_oom is not None and self.seconds_to_oom_low is not None \
+                    and self.seconds_to_oom_high is not None:
+                out += (f" (80 % range {duration(self.seconds_to_oom_low)} to "
+                        f"{duration(self.seconds_to_oom_high)})")
         return out
 
 

@@ -147,7 +147,8 @@ class Tracker:
         if engine.state == "leak" and engine.leak.current is not None:
             leak = engine.leak.current
             proc.leak = {"since_step": leak.onset, "slope": leak.slope, "source": leak.source,
-                         "steps_to_oom": leak.steps, "seconds_to_oom": leak.seconds}
+                         "steps_to_oom": leak.steps, "seconds_to_oom": leak.seconds,
+                         "seconds_range": leak.seconds_range}
         elif engine.state != "leak" and proc.oom_step is None:
             proc.leak = None
 

@@ -125,6 +125,10 @@ METRICS: tuple[MetricSpec, ...] = (
                lambda v: v.summary.get("steps_to_oom")),
     MetricSpec("vramwatch.time_to_oom", "s", "Projected time until out of memory.", "gauge",
                lambda v: v.summary.get("seconds_to_oom")),
+    MetricSpec("vramwatch.time_to_oom.low", "s", "Low end of the 80 % range of the projected time until out of "
+               "memory.", "gauge", lambda v: v.summary.get("seconds_to_oom_low")),
+    MetricSpec("vramwatch.time_to_oom.high", "s", "High end of the 80 % range of the projected time until out of "
+               "memory.", "gauge", lambda v: v.summary.get("seconds_to_oom_high")),
     MetricSpec("vramwatch.plateau.breaks", "{break}", "Plateau breaks so far.", "counter",
                lambda v: v.summary.get("plateau_breaks"), always=True),
     MetricSpec("vramwatch.ooms", "{oom}", "Out-of-memory errors on this rank, every process of it "
