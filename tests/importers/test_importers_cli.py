@@ -124,3 +124,34 @@ def test_analyze_judges_nvidia_smi_logs_of_a_leak_and_a_healthy_gpu(tmp_path, ca
     # nvidia-smi rows are steps in file order; the simulator's leak starts at step 1500
     assert leak["step"] > 1500
     assert series[1]["summary"]["seconds_to_oom"] is not None
+
+
+@pytest.mark.parametrize("source", ["nvidia-smi", "jsonl"])
+def test_an_imported_device_only_run_keeps_its_suspected_oom_without_a_replay(tmp_path, capsys, source) -> None:
+    """The importer runs the collector's engine on what it stores: rank 0's memory vanishing near
+    full is kept as a suspected OOM (never an OOM), read back from the file by a read-only store;
+    a second import of the same file adds nothing."""
+    from incident_runs import device_oom
+
+    trace = device_oom("imported")
+    path = tmp_path / ("smi.csv" if source == "nvidia-smi" else "trace.jsonl")
+    if source == "nvidia-smi":
+        write_nvidia_smi(path, {s_rank: [dict(s, uuid=f"GPU-{s_rank}") for s in trace if s["rank"] == s_rank]
+                                for s_rank in (0, 1)})
+        argv = ["--from", "nvidia-smi", "--run", "imported", "--host", "node-a"]
+    else:
+        path.write_bytes(b"".join(orjson.dumps(s) + b"\n" for s in trace))
+        argv = []
+    db = tmp_path / "vw.db"
+    for _ in range(2):
+        code, _, err = run_cli(capsys, "import", *argv, str(path), "--db", str(db))
+        assert code == 0, err
+    store = Store(str(db), readonly=True)
+    try:
+        kept = store.suspected_records("imported")
+    finally:
+        store.close()
+    assert list(kept) == [("node-a", 0)]
+    (found,), dropped = kept[("node-a", 0)]
+    assert dropped == 0 and found.reason == "near_full"
+    assert found.used_before_bytes > 70 * 1024**3 and found.used_after_bytes < 1024**3

@@ -183,7 +183,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         from vramwatch.cli.importers import cmd_import as import_other
 
         return import_other(args, db_path(args), UsageError)
-    from vramwatch.cli.importers import report_skipped
+    from vramwatch.cli.importers import ImportSuspicions, report_skipped
     from vramwatch.importers import ImportStats
 
     paths = existing_files(args.paths)
@@ -196,9 +196,11 @@ def cmd_import(args: argparse.Namespace) -> int:
         store = Store(db_path(args))
     except WireError as exc:
         raise UsageError(f"{exc} (nothing imported; use --skip-invalid to skip bad rows)") from None
+    suspicions = ImportSuspicions()
     try:
-        accepted, duplicates = store.insert_stream(_trace_samples(paths, (lambda e: None) if on_bad else None,
-                                                                  args.max_line_bytes))
+        accepted, duplicates = store.insert_stream(suspicions.judged(_trace_samples(
+            paths, (lambda e: None) if on_bad else None, args.max_line_bytes)))
+        suspicions.keep(store)
     finally:
         store.close()
     report_skipped(check, "import")
