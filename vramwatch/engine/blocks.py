@@ -148,8 +148,9 @@ class Pyramid:
         self.levels: list[Level] = []  # created as blocks reach them (push)
         self.saw_drops: list[int] = []  # block starts where the floor fell back (the latest 6)
         self.saw_period = 0  # longest gap between clears (0: no sawtooth seen)
-        #: a ratcheting floor's sudden rises not yet undone (block start, size; the latest 6), None
-        #: before one: another process arriving, whose leaving is no clear of this one's
+        #: a ratcheting floor's sudden moves not yet undone (block start, signed size; the latest 6),
+        #: None before one: another process arriving (its leaving is no clear of this one's), or a
+        #: drop taken for a clear until a rise of its size shows it was another process leaving
         self.arrivals: list[tuple[int, float]] | None = None
 
     @property
@@ -198,29 +199,43 @@ class Pyramid:
         if -move > 2 * tol:
             # a sawtooth: the floor falls back by more than the material size, repeatedly;
             # until a second drop, the time since the process started bounds the period
-            drops = self.saw_drops
-            keep_last(drops, block.start, 6)
-            marks = [self.start, *drops] if len(drops) == 1 else list(drops)
-            self.saw_period = int(max(b - a for a, b in pairwise(marks)))
+            keep_last(self.saw_drops, block.start, 6)
+            if self.ratchet_floor:  # until a rise of its size shows it was another process leaving
+                self._shift(block.start, move)
+            self._period()
+
+    def _period(self) -> None:
+        drops = self.saw_drops
+        marks = [self.start, *drops] if len(drops) == 1 else list(drops)
+        self.saw_period = int(max(b - a for a, b in pairwise(marks))) if drops else 0
+
+    def _shift(self, at: int, move: float) -> None:
+        shifts = self.arrivals if self.arrivals is not None else []
+        keep_last(shifts, (at, move), 6)
+        self.arrivals = shifts
 
     def _another(self, block: Block, move: float) -> bool:
-        """A sudden move of a ratcheting floor is another process's when it undoes an earlier rise
-        of about its size (within ``stair_toggle_ratio``): that process arrived and left. A rise is
-        kept as a possible arrival unless it refills what fell in the block before (a cache emptied
-        and filled again: the sawtooth's own rise). O(6)."""
-        arrivals = self.arrivals if self.arrivals is not None else []
+        """A sudden move of a ratcheting floor that undoes an earlier one of about its size (within
+        ``stair_toggle_ratio``) is another process's: a fall after a rise, it arrived and left (no
+        clear: True); a rise after a fall taken for a clear, it left and came back (that fall is no
+        clear: it leaves the sawtooth's drops). A rise refilling what fell in the block before is
+        the sawtooth's own (a cache emptied and filled again). O(6)."""
+        shifts = self.arrivals if self.arrivals is not None else []
         ratio = self.config.stair_toggle_ratio
+        if move > 0 and self.saw_drops and self.saw_drops[-1] >= block.start - 2 * (block.end - block.start + 1):
+            return False  # a refill
+        for i in range(len(shifts) - 1, -1, -1):
+            at, size = shifts[i]
+            if (size > 0) != (move > 0) and max(abs(size), abs(move)) <= ratio * min(abs(size), abs(move)):
+                del shifts[i]
+                if move < 0:
+                    return True
+                if at in self.saw_drops:
+                    self.saw_drops.remove(at)
+                    self._period()
+                break
         if move > 0:
-            refill = bool(self.saw_drops) and self.saw_drops[-1] >= block.start - 2 * (block.end - block.start + 1)
-            if not refill:
-                keep_last(arrivals, (block.start, move), 6)
-                self.arrivals = arrivals
-            return False
-        for i in range(len(arrivals) - 1, -1, -1):
-            size = arrivals[i][1]
-            if max(size, -move) <= ratio * min(size, -move):
-                del arrivals[i]
-                return True
+            self._shift(block.start, move)
         return False
 
     # ------------------------------------------------------------------ reads
