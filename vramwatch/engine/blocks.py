@@ -137,7 +137,7 @@ class Trend(NamedTuple):
 class Pyramid:
     """The rings of one process (reset on restart) plus the sawtooth it has shown."""
 
-    __slots__ = ("arrivals", "config", "levels", "ratchet_floor", "saw_drops", "saw_period", "start")
+    __slots__ = ("config", "levels", "ratchet_floor", "saw_drops", "saw_period", "shifts", "start")
 
     def __init__(self, config: EngineConfig, start: int, ratchet_floor: bool = False) -> None:
         self.config = config
@@ -151,7 +151,7 @@ class Pyramid:
         #: a ratcheting floor's sudden moves not yet undone (block start, signed size; the latest 6),
         #: None before one: another process arriving (its leaving is no clear of this one's), or a
         #: drop taken for a clear until a rise of its size shows it was another process leaving
-        self.arrivals: list[tuple[int, float]] | None = None
+        self.shifts: list[tuple[int, float]] | None = None
 
     @property
     def blocks(self) -> list[Block] | tuple[()]:
@@ -210,9 +210,9 @@ class Pyramid:
         self.saw_period = int(max(b - a for a, b in pairwise(marks))) if drops else 0
 
     def _shift(self, at: int, move: float) -> None:
-        shifts = self.arrivals if self.arrivals is not None else []
+        shifts = self.shifts if self.shifts is not None else []
         keep_last(shifts, (at, move), 6)
-        self.arrivals = shifts
+        self.shifts = shifts
 
     def _another(self, block: Block, move: float) -> bool:
         """A sudden move of a ratcheting floor that undoes an earlier one of about its size (within
@@ -220,7 +220,7 @@ class Pyramid:
         clear: True); a rise after a fall taken for a clear, it left and came back (that fall is no
         clear: it leaves the sawtooth's drops). A rise refilling what fell in the block before is
         the sawtooth's own (a cache emptied and filled again). O(6)."""
-        shifts = self.arrivals if self.arrivals is not None else []
+        shifts = self.shifts if self.shifts is not None else []
         ratio = self.config.stair_toggle_ratio
         if move > 0 and self.saw_drops and self.saw_drops[-1] >= block.start - 2 * (block.end - block.start + 1):
             return False  # a refill
