@@ -26,15 +26,16 @@ from vramwatch.collector.store.aggregates import Aggregates
 from vramwatch.collector.store.columns import ColumnCache
 from vramwatch.collector.store.errors import (
     RunFullError,
-    StoreBusyError,
     StoreCloseError,
     StoreError,
     StoreLockedError,
     reads_translated,
+    write_error,
 )
 from vramwatch.collector.store.reads import Reads, SeriesRow
 from vramwatch.collector.store.schema import VALUE_NAMES, insert_sql, migrate
 from vramwatch.collector.store.suspected import Suspicions
+from vramwatch.collector.store.transactions import Transactions
 from vramwatch.runlife import MAX_INCARNATIONS
 from vramwatch.wire import Sample
 
@@ -131,7 +132,7 @@ def _take_lock(path: str) -> IO[str] | None:
     return fh
 
 
-class Store(Reads, Aggregates, Suspicions):
+class Store(Reads, Aggregates, Suspicions, Transactions):
     """One SQLite database file. Thread-safe: writes are serialised by a lock; each reading
     thread gets its own connection (WAL readers never block the writer)."""
 
@@ -417,10 +418,7 @@ class Store(Reads, Aggregates, Suspicions):
             self._fields_before = {}
             conn = self._conn
             try:
-                busy_ms = int(1000 * (self._busy_timeout_s if busy_timeout_s is None else busy_timeout_s))
-                if busy_ms != self._busy_ms:
-                    conn.execute(f"PRAGMA busy_timeout={busy_ms}")
-                    self._busy_ms = busy_ms
+                self._wait_for_lock(busy_timeout_s)
                 if max_samples_per_run is not None and self._run_counts is None:
                     self._run_counts = self._count_runs()
                 conn.execute("BEGIN IMMEDIATE")
@@ -449,12 +447,10 @@ class Store(Reads, Aggregates, Suspicions):
                 except sqlite3.Error:
                     pass
                 self._forget_since(n_series, n_phases)
-                if isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF in (
-                        sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                    raise StoreBusyError(f"cannot write to {self.path}: {exc}") from None
-                if isinstance(exc, sqlite3.Error):
-                    raise StoreError(f"cannot write to {self.path}: {exc}") from None
-                raise
+                error = write_error(self.path, "write to", exc)
+                if error is exc:
+                    raise
+                raise error from None
         accepted = sum(by_key.values())
         return InsertResult(accepted, len(samples) - accepted, by_key)
 

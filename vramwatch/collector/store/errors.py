@@ -65,6 +65,17 @@ def translated(path: str, exc: sqlite3.DatabaseError) -> StoreError:
     return StoreReadError(f"cannot read {path}: {exc} (check it with: sqlite3 FILE 'PRAGMA integrity_check')")
 
 
+def write_error(path: str, verb: str, exc: BaseException) -> BaseException:
+    """What a failed write transaction raises: :class:`StoreBusyError` when another connection
+    held the lock past the busy timeout, :class:`StoreError` for any other ``sqlite3`` error
+    (``cannot {verb} {path}: ...``), anything else as it is."""
+    if isinstance(exc, sqlite3.OperationalError) and (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in _BUSY_CODES:
+        return StoreBusyError(f"cannot {verb} {path}: {exc}")
+    if isinstance(exc, sqlite3.Error):
+        return StoreError(f"cannot {verb} {path}: {exc}")
+    return exc
+
+
 def reads_translated(method: F) -> F:
     """``method`` (a store read, a generator too) raising :class:`StoreError` instead of
     ``sqlite3`` errors. Cost: one frame per call (a generator: per call, not per item)."""

@@ -12,32 +12,27 @@ open for writing; a read-only open of a file without them reads none.
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
-from vramwatch.collector.store.errors import StoreBusyError, StoreError
+from vramwatch.collector.store.errors import StoreError
+from vramwatch.collector.store.transactions import Transactions
 from vramwatch.runlife import MAX_SUSPECTED, SuspectedOom, SuspectedRecords
 
 #: one report: the rank (run, host, rank) and what was suspected there
 SuspectedReport = tuple[str, str, int, SuspectedOom]
 
-_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 _INSERT = ("INSERT INTO suspected_ooms (run, host, rank, ts, step, used_before, used_after, total, reason)"
            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING")
 _RANK = "run = ? AND host = ? AND rank = ?"
 
 
-class Suspicions:
-    """Writes and reads of the suspected OOMs; ``Store`` provides the connections and the lock."""
+class Suspicions(Transactions):
+    """Writes and reads of the suspected OOMs; ``Store`` provides the connections and the lock,
+    :class:`~vramwatch.collector.store.transactions.Transactions` the write transaction."""
 
     path: str
     readonly: bool
-    _conn: sqlite3.Connection
-    _lock: threading.Lock
-    _busy_timeout_s: float
-    _busy_ms: int
 
     def _reader(self) -> sqlite3.Connection:  # pragma: no cover - provided by Store
         raise NotImplementedError
@@ -103,28 +98,3 @@ class Suspicions:
                 for key in keys:
                     conn.execute(f"DELETE FROM suspected_ooms WHERE {_RANK}", key)
                     conn.execute(f"DELETE FROM suspected_dropped WHERE {_RANK}", key)
-
-    @contextlib.contextmanager
-    def _writing(self, busy_timeout_s: float | None, verb: str) -> Iterator[sqlite3.Connection]:
-        """The writer's connection in one transaction under the write lock: committed, or rolled
-        back and :class:`StoreBusyError` (locked elsewhere past the busy timeout) / :class:`StoreError`."""
-        with self._lock:
-            conn = self._conn
-            try:
-                busy_ms = int(1000 * (self._busy_timeout_s if busy_timeout_s is None else busy_timeout_s))
-                if busy_ms != self._busy_ms:
-                    conn.execute(f"PRAGMA busy_timeout={busy_ms}")
-                    self._busy_ms = busy_ms
-                conn.execute("BEGIN IMMEDIATE")
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-                if isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF in _BUSY_CODES:
-                    raise StoreBusyError(f"cannot {verb} {self.path}: {exc}") from None
-                if isinstance(exc, sqlite3.Error):
-                    raise StoreError(f"cannot {verb} {self.path}: {exc}") from None
-                raise
