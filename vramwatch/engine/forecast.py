@@ -30,7 +30,7 @@ from itertools import pairwise
 from typing import NamedTuple
 
 from vramwatch.engine.config import EngineConfig
-from vramwatch.engine.stats import median, noise_sigma, theil_sen
+from vramwatch.engine.stats import cv, median, noise_sigma, theil_sen
 
 #: a rise under this share of the typical step is no step of the staircase's cadence
 OWN_STEP_SHARE = 0.5
@@ -187,16 +187,8 @@ def stairs_of(xs: list[float], ys: list[float], moves: list[Move], ratio: float)
     before_first = max(i for i, x in enumerate(xs) if x < first)
     before_last = max(i for i, x in enumerate(xs) if x < last)
     rise = level[before_last] + own[-1][1] - level[before_first] - own[0][1]
-    spread = (_cv(gaps) ** 2 + _cv([size for _, size in own]) ** 2) ** 0.5
+    spread = (cv(gaps, ddof=1) ** 2 + cv([size for _, size in own], ddof=1) ** 2) ** 0.5
     if rise <= 0:
         return None  # what rose since its first step went again: no rate to forecast from
     return Stairs(rise, first, last, len(gaps), spread, xs[-1], ys[-1], (last - first) / len(gaps), rise / len(gaps))
 
-
-def _cv(values: list[float]) -> float:
-    """The coefficient of variation of a sample (n - 1; 0 for one value)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2 or mean <= 0:
-        return 0.0
-    return (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5 / mean

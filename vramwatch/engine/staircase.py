@@ -40,6 +40,7 @@ from itertools import pairwise
 
 from vramwatch.engine.blocks import Pyramid, Signal, Trend
 from vramwatch.engine.forecast import Stairs, moves_of, split_moves, stairs_of, step_threshold
+from vramwatch.engine.stats import cv
 
 
 def without_toggles(moves: list[tuple[float, float]], ratio: float) -> tuple[list[tuple[float, float]], float]:
@@ -51,12 +52,6 @@ def without_toggles(moves: list[tuple[float, float]], ratio: float) -> tuple[lis
     opposite move of a similar size. Returns (the rises left, in order; the sum of falls left)."""
     left, _ = split_moves(moves, ratio)
     return [m for m in left if m[1] > 0], -sum(size for _, size in left if size < 0)
-
-
-def steps_of(xs: list[float], ys: list[float], threshold: float) -> list[tuple[float, float]]:
-    """(position, size) of each rise above ``threshold`` between consecutive points; a rise spread
-    over consecutive points (a step straddling a point) is one step at its first position."""
-    return [(at, size) for at, size in moves_of(xs, ys, threshold) if size > 0]
 
 
 def half_rates(positions: list[float], sizes: list[float]) -> tuple[float, float]:
@@ -133,12 +128,7 @@ def staircase(pyramid: Pyramid, signal: Signal, s0: float, min_span: float, tol:
     # and went is out; a fall left is no rate of the leak's). Its range: an 80 % interval of a mean
     # rate from this many gaps and sizes (z 1.28 times their spread over the root of the count)
     rate = sum(sizes[1:]) / (positions[-1] - positions[0])
-    u = min(0.8, 1.28 * math.hypot(_cv(gaps), _cv(sizes)) / math.sqrt(len(gaps)))
+    u = min(0.8, 1.28 * math.hypot(cv(gaps), cv(sizes)) / math.sqrt(len(gaps)))  # population CV
     return Trend(rate, span, n, ys[-1], cadence, rate * (1.0 - u), rate * (1.0 + u),
                  stairs=stairs_of(xs, ys, moves, cfg.stair_toggle_ratio))
 
-
-def _cv(values: list[float]) -> float:
-    """Coefficient of variation (population): the spread of a staircase's gaps or step sizes."""
-    mean = sum(values) / len(values)
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) / mean if mean > 0 else 0.0

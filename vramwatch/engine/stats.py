@@ -18,6 +18,17 @@ def median(values: Sequence[float]) -> float:
     return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
+def cv(values: Sequence[float], ddof: int = 0) -> float:
+    """The coefficient of variation of ``values``: their standard deviation (over n - ``ddof``:
+    0 for the values themselves, 1 for a sample's estimate) over their mean; 0 when the mean is not
+    positive or there are no more values than ``ddof``."""
+    n = len(values)
+    mean = sum(values) / n
+    if n <= ddof or mean <= 0:
+        return 0.0
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - ddof)) / mean
+
+
 def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> float:
     """Median of pairwise slopes: up to ~29 % of the points can be wild without moving it."""
     n = len(xs)
