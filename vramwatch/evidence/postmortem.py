@@ -205,10 +205,7 @@ def build(
         return PostMortem(run=run, status=str(runlife.RunTally().status), first_failure=None, ranks=[])
     if story is None:
         tracker.tell(lives[run])  # the OOMs its engines suspected from device memory
-        known = {(r.host, r.rank) for r in lives[run].ranks()}
-        for key, (kept, dropped) in (kept_suspected or {}).items():  # and those kept before the samples went
-            if key in known:
-                lives[run].rank(*key).add_suspected(kept, dropped)
+        lives[run].add_suspected(kept_suspected)  # and those kept before the samples went
         story = runlife.judge(run, lives[run].ranks(), now, silent_after_s=silent_after_s)
     f = story.first_failure
     first = None

@@ -103,6 +103,14 @@ class RunLife:
     def ranks(self) -> list[RankLife]:
         return list(self._ranks.values())
 
+    def add_suspected(self, records: SuspectedRecords | None) -> None:
+        """Tell the ranks this fold knows the suspected OOMs kept elsewhere (``Store.suspected_records``;
+        :meth:`RankLife.add_suspected`); a rank it has no process of has no story and is skipped."""
+        for key, (kept, dropped) in (records or {}).items():
+            life = self._ranks.get(key)
+            if life is not None:
+                life.add_suspected(kept, dropped)
+
     def __len__(self) -> int:
         return len(self._ranks)
 

@@ -45,10 +45,7 @@ def stopped_story(run: str, records: list[tuple[str, int, IncarnationRecord]], n
     life = RunLife(run)
     for host, rank, record in records:
         life.rank(host, rank).add_record(record)
-    stored = {(host, rank) for host, rank, _ in records}
-    for key, (kept, dropped) in (suspected or {}).items():
-        if key in stored:  # a rank with no process stored has no story
-            life.rank(*key).add_suspected(kept, dropped)
+    life.add_suspected(suspected)
     return judge(run, life.ranks(), now, stopped=True)
 
 
