@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vramwatch.importers import (
     CHOICES,
@@ -25,6 +25,10 @@ from vramwatch.importers import (
     parse_size,
 )
 from vramwatch.wire import Sample
+
+if TYPE_CHECKING:  # the engine and the store load only when an import runs
+    from vramwatch.collector.store import Store, SuspectedReport
+    from vramwatch.engine import TrendEngine
 
 #: samples per store transaction (as the JSON Lines import)
 BATCH = 5000
@@ -79,26 +83,24 @@ class ImportSuspicions:
     engine per rank (a few KB)."""
 
     def __init__(self) -> None:
-        from vramwatch.engine import TrendEngine
-
-        self._engine = TrendEngine
-        self._engines: dict[tuple[str, str, int], Any] = {}
-        self.found: list[tuple[str, str, int, Any]] = []
+        self._engines: dict[tuple[str, str, int], TrendEngine] = {}
+        self.found: list[SuspectedReport] = []
 
     def judged(self, samples: Iterable[Sample]) -> Iterator[Sample]:
+        from vramwatch.engine import TrendEngine
         from vramwatch.runlife import SuspectedOom
 
         for sample in samples:
             key = (sample["run"], sample["host"], sample["rank"])
             engine = self._engines.get(key)
             if engine is None:
-                engine = self._engines[key] = self._engine()
+                engine = self._engines[key] = TrendEngine()
             for event in engine.update(sample):
                 if event["type"] == "suspected_oom":
                     self.found.append((*key, SuspectedOom.of(event, sample["ts"])))
             yield sample
 
-    def keep(self, store: Any) -> None:
+    def keep(self, store: Store) -> None:
         """Store what was suspected (a second import of the same file adds nothing)."""
         if self.found:
             store.keep_suspected(self.found)
