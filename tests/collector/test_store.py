@@ -373,6 +373,36 @@ def test_a_database_without_the_suspected_oom_tables_reads_none_and_gets_them_wh
         store.close()
 
 
+def test_a_database_holding_more_suspected_ooms_than_any_writer_keeps_is_read_bounded(tmp_path) -> None:
+    """A database file is input too: 200,000 suspected OOMs on one rank and 20,000 ranks that have
+    no process in the run are read as the writer's rule keeps them: the first and the latest 63
+    records, the rest counted as dropped, and only the ranks with a series."""
+    from vramwatch.runlife import MAX_SUSPECTED
+
+    path = tmp_path / "hostile.db"
+    store = Store(path)
+    store.insert([make_sample(i) for i in range(5)])  # run-a, node-1, rank 0
+    store.close()
+    rows = 200_000
+    with closing(sqlite3.connect(path)) as conn, conn:
+        conn.executemany("INSERT INTO suspected_ooms VALUES ('run-a', 'node-1', 0, ?, ?, 1, 1, NULL, 'near_full')",
+                         ((float(i), i) for i in range(rows)))
+        conn.execute("INSERT INTO suspected_dropped VALUES ('run-a', 'node-1', 0, 5)")
+        conn.executemany("INSERT INTO suspected_dropped VALUES ('run-a', 'elsewhere', ?, 1)",
+                         ((r,) for r in range(20_000)))
+        conn.executemany("INSERT INTO suspected_ooms VALUES ('run-a', 'elsewhere', ?, 1.0, 1, 1, 1, NULL, 'near_full')",
+                         ((r,) for r in range(20_000)))
+    store = Store(path, readonly=True)
+    try:
+        records = store.suspected_records("run-a")
+    finally:
+        store.close()
+    assert list(records) == [("node-1", 0)]
+    kept, dropped = records[("node-1", 0)]
+    assert len(kept) == MAX_SUSPECTED and dropped == 5 + rows - MAX_SUSPECTED
+    assert [k.step for k in kept] == [0, *range(rows - MAX_SUSPECTED + 1, rows)]
+
+
 def test_the_wire_schema_of_each_sample_is_kept(tmp_path) -> None:
     store = Store(tmp_path / "a.db")
     v2_full = {**make_sample(1), "schema": 2}

@@ -25,6 +25,15 @@ SuspectedReport = tuple[str, str, int, SuspectedOom]
 _INSERT = ("INSERT INTO suspected_ooms (run, host, rank, ts, step, used_before, used_after, total, reason)"
            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING")
 _RANK = "run = ? AND host = ? AND rank = ?"
+#: a row's rank has a process stored in the run (its run bound as the second parameter)
+_HAS_SERIES = "(host, rank) IN (SELECT host, rank FROM series WHERE run = ?)"
+#: the run's records a rank at a time, at most MAX_SUSPECTED of them (the first and the latest),
+#: each with the count of its rank's rows (the rest are counted as dropped)
+_BOUNDED_READ = f"""SELECT host, rank, ts, step, used_before, used_after, total, reason, n FROM (
+    SELECT *, ROW_NUMBER() OVER w AS i, COUNT(*) OVER (PARTITION BY host, rank) AS n
+    FROM suspected_ooms WHERE run = ? AND {_HAS_SERIES}
+    WINDOW w AS (PARTITION BY host, rank ORDER BY ts, step))
+WHERE i = 1 OR i > n - {MAX_SUSPECTED - 1} ORDER BY host, rank, ts, step"""
 
 
 class Suspicions(Transactions):
@@ -69,24 +78,26 @@ class Suspicions(Transactions):
         return 1
 
     def suspected_records(self, run: str) -> SuspectedRecords:
-        """Every rank of ``run`` with a suspected OOM: the records kept (by moment) and the count
-        dropped past the bound, as :class:`vramwatch.runlife.RankLife` keeps them. Cost: a primary-key
-        range scan of the run's rows (at most MAX_SUSPECTED per rank)."""
+        """Every rank of ``run`` with a process stored and a suspected OOM: the records kept (by
+        moment) and the count dropped past the bound, as :class:`vramwatch.runlife.RankLife` keeps
+        them. Bounded whatever the file holds (a database is input too): at most MAX_SUSPECTED
+        records a rank, the first and the latest, the rows past them counted as dropped (what the
+        writer's rule keeps), and only ranks with a series in the run. Cost: one scan of the run's
+        rows in SQLite (a window over each rank's), at most MAX_SUSPECTED per rank into Python."""
         conn = self._reader()
         have = {r[0] for r in conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('suspected_ooms', 'suspected_dropped')")}
         if "suspected_ooms" not in have:
             return {}  # a file no writer of this version opened: none kept (what a migration would create)
         kept: dict[tuple[str, int], list[SuspectedOom]] = {}
-        for host, rank, ts, step, before, after, total, reason in conn.execute(
-                "SELECT host, rank, ts, step, used_before, used_after, total, reason FROM suspected_ooms"
-                " WHERE run = ? ORDER BY host, rank, ts, step", (run,)):
+        dropped: dict[tuple[str, int], int] = {}
+        for host, rank, ts, step, before, after, total, reason, n in conn.execute(_BOUNDED_READ, (run, run)):
             kept.setdefault((host, rank), []).append(SuspectedOom(step, ts, before, after, total, reason))
-        dropped = dict.fromkeys(kept, 0)
+            dropped[(host, rank)] = max(0, n - MAX_SUSPECTED)
         if "suspected_dropped" in have:
-            for host, rank, count in conn.execute("SELECT host, rank, dropped FROM suspected_dropped WHERE run = ?",
-                                                  (run,)):
-                dropped[(host, rank)] = count
+            for host, rank, count in conn.execute(
+                    f"SELECT host, rank, dropped FROM suspected_dropped WHERE run = ? AND {_HAS_SERIES}", (run, run)):
+                dropped[(host, rank)] = dropped.get((host, rank), 0) + count
         return {key: (tuple(kept.get(key, ())), count) for key, count in dropped.items()}
 
     def _forget_suspected(self, keys: Iterable[tuple[str, str, int]]) -> None:
