@@ -155,3 +155,27 @@ def test_an_imported_device_only_run_keeps_its_suspected_oom_without_a_replay(tm
     (found,), dropped = kept[("node-a", 0)]
     assert dropped == 0 and found.reason == "near_full"
     assert found.used_before_bytes > 70 * 1024**3 and found.used_after_bytes < 1024**3
+
+
+def test_an_import_judges_at_most_as_many_ranks_as_a_collector_and_says_so(tmp_path, capsys) -> None:
+    """Each rank judged costs an engine: a file naming a new GPU on every row would make one per
+    row. Past the cap the samples are stored unjudged, counted, and one line says so."""
+    from incident_runs import device_oom
+
+    from vramwatch import wire
+    from vramwatch.cli.importers import ImportSuspicions
+    from vramwatch.collector.settings import Settings
+
+    assert ImportSuspicions().max_ranks == Settings.max_series
+    trace = [wire.validate(s) for s in device_oom("capped")]  # rank 0 suspected, rank 1 flat
+    suspicions = ImportSuspicions(max_ranks=1)
+    store = Store(str(tmp_path / "vw.db"))
+    try:
+        assert store.insert_stream(suspicions.judged(iter(trace)))[0] == len(trace)  # every sample stored
+        suspicions.keep(store)
+        assert list(store.suspected_records("capped")) == [("node-a", 0)]
+    finally:
+        store.close()
+    assert suspicions.unjudged == sum(1 for s in trace if s["rank"] == 1)
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"{suspicions.unjudged} samples of ranks past the first 1 not judged" in line

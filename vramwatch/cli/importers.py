@@ -80,10 +80,16 @@ class ImportSuspicions:
     engine per rank fed the samples as they go to the store (:meth:`judged`), so an imported
     device-only run (dcgm, nvidia-smi) is listed with them without a replay. Costs the engine's
     per-sample time (200,000 nvidia-smi rows: 20.9 s of CPU against 18.9 s without, 1.10x) and one
-    engine per rank (a few KB)."""
+    engine per rank (about 2 KB), for at most ``max_ranks`` ranks, as many as a collector judges
+    by default (``Settings.max_series``): a file naming more (each row a new GPU) is stored whole,
+    the ranks past the cap judged when their run is replayed, and one line says so."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_ranks: int | None = None) -> None:
+        from vramwatch.collector.settings import Settings  # not at the CLI's start: only when an import runs
+
         self._engines: dict[tuple[str, str, int], TrendEngine] = {}
+        self.max_ranks = Settings.max_series if max_ranks is None else max_ranks
+        self.unjudged = 0  # samples of the ranks past max_ranks
         self.found: list[SuspectedReport] = []
 
     def judged(self, samples: Iterable[Sample]) -> Iterator[Sample]:
@@ -94,6 +100,10 @@ class ImportSuspicions:
             key = (sample["run"], sample["host"], sample["rank"])
             engine = self._engines.get(key)
             if engine is None:
+                if len(self._engines) >= self.max_ranks:
+                    self.unjudged += 1
+                    yield sample
+                    continue
                 engine = self._engines[key] = TrendEngine()
             for event in engine.update(sample):
                 if event["type"] == "suspected_oom":
@@ -101,9 +111,13 @@ class ImportSuspicions:
             yield sample
 
     def keep(self, store: Store) -> None:
-        """Store what was suspected (a second import of the same file adds nothing)."""
+        """Store what was suspected (a second import of the same file adds nothing); one line on
+        stderr when ranks past the cap were not judged."""
         if self.found:
             store.keep_suspected(self.found)
+        if self.unjudged:
+            print(f"import: {self.unjudged} samples of ranks past the first {self.max_ranks:,} not judged for "
+                  "suspected OOMs (their run's page or report judges them)", file=sys.stderr)
 
 
 def report_skipped(stats: ImportStats, what: str) -> None:
